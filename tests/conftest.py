@@ -1,0 +1,28 @@
+"""Test setup: without a GPU, run every Triton kernel through the interpreter.
+
+TRITON_INTERPRET must be set before any @triton.jit function is defined, i.e. before the
+blockscaled kernels are imported, so it is done here at collection start.
+"""
+
+import os
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords and not HAS_CUDA:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def device():
+    return DEVICE
