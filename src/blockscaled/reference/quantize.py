@@ -1,7 +1,13 @@
 """Pure-torch reference quantizers: the definition the Triton kernels match bit for bit.
 
-All arithmetic is fp32 with IEEE round-to-nearest-even (``/`` and ``*`` on fp32 tensors), in
-the order written here; kernels perform the same operations in the same order.
+All arithmetic is fp32 with IEEE round-to-nearest-even, in the order written here; kernels perform
+the same operations in the same order. Divisions go through :func:`_div` (tensor / tensor):
+PyTorch's CUDA backend turns ``tensor / python_scalar`` into a multiplication by the rounded
+reciprocal, which is not bitwise IEEE division (seen on the H100: 1983 of 3584 fp8_block scales
+differed from the CPU result), so the reference never divides by a Python scalar.
+
+NaN payloads are not part of the contract (CPU and GPU produce different quiet-NaN bits); the
+bitwise comparisons in ``blockscaled.testing`` treat every NaN of a dtype as one value.
 
 NaN/Inf policy (all formats): never raise, propagate. A block containing NaN gets a NaN
 scale (fp32 NaN, E8M0 0xFF or e4m3 NaN) and dequantizes to NaN. A block containing +-Inf
@@ -37,6 +43,15 @@ FP32_MIN_NORMAL = 2.0**-126
 _BITS_2POW_M127 = 0x00400000
 #: Largest finite fp32.
 FP32_MAX = torch.finfo(torch.float32).max
+
+
+def _div(num, den) -> torch.Tensor:
+    """IEEE fp32 division ``num / den`` on any device (see the module docstring)."""
+    if not isinstance(num, torch.Tensor):
+        num = torch.full_like(den, float(num), dtype=torch.float32)
+    if not isinstance(den, torch.Tensor):
+        den = torch.full_like(num, float(den), dtype=torch.float32)
+    return torch.div(num, den)
 
 
 # --------------------------------------------------------------------------- element codecs
@@ -125,7 +140,7 @@ def pow2_ceil(v: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------- scale rules
 def fp8_block_scale(amax: torch.Tensor, rounding: ScaleRounding) -> torch.Tensor:
     """fp32 scale of an fp8_block block from its fp32 ``amax`` (see ScaleRounding)."""
-    s = amax / E4M3_MAX
+    s = _div(amax, E4M3_MAX)
     s = torch.where(s < FP32_MIN_NORMAL, FP32_MIN_NORMAL, s)  # NaN compares false: stays NaN
     if rounding is ScaleRounding.RCEIL:
         s = pow2_ceil(s)
@@ -139,7 +154,7 @@ def e8m0_scale(amax: torch.Tensor, fmt: Format, rounding: ScaleRounding) -> torc
         b = (exp - fmt.elem_emax).clamp(0, 254)
         return torch.where(exp == 255, 255, b)
     # RCEIL: amax / elem_max rounded up to a power of two (cvt.rp.satfinite.ue8m0x2.f32).
-    v = amax / fmt.elem_max
+    v = _div(amax, fmt.elem_max)
     bits = v.view(torch.int32)
     exp = (bits >> 23) & 0xFF
     b = exp + ((bits & 0x7FFFFF) != 0).to(torch.int32)
@@ -174,7 +189,7 @@ def tensor_amax(x: torch.Tensor) -> torch.Tensor:
 def nvfp4_global_scale(amax: torch.Tensor) -> torch.Tensor:
     """NVFP4 encode scale ``gs = 448 * 6 / amax`` (fp32, 0-d): 1.0 for amax == 0, capped at
     the largest fp32 for tiny amax; NaN for NaN amax, 0 for infinite amax."""
-    gs = (E4M3_MAX * E2M1_MAX) / amax.float()
+    gs = _div(E4M3_MAX * E2M1_MAX, amax.float())
     gs = torch.where(amax == 0, 1.0, gs)
     return torch.where(gs > FP32_MAX, FP32_MAX, gs)
 
@@ -199,7 +214,7 @@ def quantize(
             xb = _blocks_1d(xf, 128)  # [..., nb, 128]
             amax = xb.abs().amax(-1)  # [..., nb]
             scale = fp8_block_scale(amax, rounding)
-            data = e4m3_satfinite(xb / scale[..., None]).flatten(-2)[..., :k]
+            data = e4m3_satfinite(_div(xb, scale[..., None].expand_as(xb))).flatten(-2)[..., :k]
         else:
             r = shape[-2]
             pr, pk = (-r) % 128, (-k) % 128
@@ -208,7 +223,7 @@ def quantize(
             xb = xp.view(*lead, xp.shape[-2] // 128, 128, xp.shape[-1] // 128, 128)
             amax = xb.abs().amax(dim=(-3, -1))  # [..., nr, nc]
             scale = fp8_block_scale(amax, rounding)
-            q = e4m3_satfinite(xb / scale[..., :, None, :, None])
+            q = e4m3_satfinite(_div(xb, scale[..., :, None, :, None].expand_as(xb)))
             data = q.view(xp.shape)[..., :r, :k]
         return ScaledTensor(data.contiguous(), scale.contiguous(), f, torch.Size(shape), block, rounding)
 
@@ -229,10 +244,10 @@ def quantize(
         gs = as_global_scale(global_scale, x.device)
     xb = _blocks_1d(xf, 16)
     amax = xb.abs().amax(-1)
-    t = (gs * amax) / E2M1_MAX
+    t = _div(gs * amax, E2M1_MAX)
     sf = e4m3_satfinite(t)
     sff = sf.float()
-    inv = torch.where(sff == 0, 0.0, gs / sff)
+    inv = torch.where(sff == 0, 0.0, _div(gs.expand_as(sff), sff))
     v = (xb * inv[..., None]).flatten(-2)[..., :k]
     data = pack_fp4(e2m1_encode(v))
     return ScaledTensor(
@@ -268,7 +283,7 @@ def dequantize(q: ScaledTensor, dtype: torch.dtype = torch.float32) -> torch.Ten
         s_full = s.repeat_interleave(br, dim=-2).repeat_interleave(bk, dim=-1)[..., : shape[-2], :k]
     out = vals * s_full
     if f.has_global_scale:
-        out = out / q.global_scale
+        out = _div(out, q.global_scale.expand_as(out))
     return out.to(dtype)
 
 

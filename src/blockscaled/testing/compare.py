@@ -8,9 +8,14 @@ from ..tensor import ScaledTensor
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
-    """Reinterpret any tensor as unsigned integers of its width (NaN payloads compared too)."""
+    """Reinterpret a tensor as integers of its width, with every NaN mapped to one pattern:
+    NaN payloads (and the sign of NaN) are not part of the numerics contract, CPU and GPU
+    produce different quiet-NaN bits. Everything else, including the sign of zero, counts."""
     view = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
-    return t.contiguous().view(view)
+    b = t.contiguous().view(view)
+    if t.is_floating_point():
+        b = torch.where(torch.isnan(t.float()), torch.full_like(b, -1), b)
+    return b
 
 
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -1,0 +1,8 @@
+"""``python -m blockscaled.bench [options]`` == ``blockscaled bench [options]``."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
