@@ -100,7 +100,7 @@ def pack_fp4(codes: torch.Tensor) -> torch.Tensor:
     k = codes.shape[-1]
     if k % 2:
         codes = torch.nn.functional.pad(codes, (0, 1))
-    c = codes.view(*codes.shape[:-1], -1, 2)
+    c = codes.view(*codes.shape[:-1], codes.shape[-1] // 2, 2)
     return (c[..., 0] | (c[..., 1] << 4)).to(torch.uint8)
 
 
@@ -108,7 +108,7 @@ def unpack_fp4(data: torch.Tensor, k: int) -> torch.Tensor:
     """``[..., ceil(K/2)]`` bytes -> ``[..., K]`` codes."""
     lo = data & 0xF
     hi = data >> 4
-    return torch.stack((lo, hi), dim=-1).view(*data.shape[:-1], -1)[..., :k]
+    return torch.stack((lo, hi), dim=-1).view(*data.shape[:-1], 2 * data.shape[-1])[..., :k]
 
 
 def _e8m0_table() -> torch.Tensor:
@@ -176,7 +176,7 @@ def _blocks_1d(xf: torch.Tensor, bk: int) -> torch.Tensor:
     pad = (-k) % bk
     if pad:
         xf = torch.nn.functional.pad(xf, (0, pad))
-    return xf.view(*xf.shape[:-1], -1, bk)
+    return xf.view(*xf.shape[:-1], xf.shape[-1] // bk, bk)  # explicit: -1 is ambiguous with 0 rows
 
 
 def tensor_amax(x: torch.Tensor) -> torch.Tensor:
