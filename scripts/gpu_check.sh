@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The one command the lead runs on the GPU machine:  OUT=/some/dir bash scripts/gpu_check.sh
+#
+# 1. prints the environment; 2. runs the whole test suite (GPU tests included) into
+# $OUT/pytest.log; 3. runs the bench (quantize, deepseek, moe, default test cases), each step
+# under its own time limit, writing json + md; 4. prints the markdown summaries to stdout.
+# A failing or timed-out step does not stop the next one (a timed-out bench still writes what it
+# measured: SIGTERM ends its sweep early). Whole script: about 9 minutes.
+# Files left in $OUT (few, because only the latest 8 come back): pytest.log, bench.log,
+# summary.md, results.tar.gz (json + md + png of every bench step, laid out as benchmarks/results/).
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:?set OUT to the output directory}
+mkdir -p "$OUT"
+PY=${PYTHON:-python}
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+unset TRITON_INTERPRET
+WORK=$(mktemp -d)
+RES="$WORK/results"
+mkdir -p "$RES"
+T0=$(date +%s)
+elapsed() { echo $(( $(date +%s) - T0 )); }
+
+echo "=== environment ($(date -u +%FT%TZ))"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>&1 | head -4
+"$PY" - <<'PYEOF' 2>&1
+import torch, triton, sys
+print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print(p.name, f"sm_{p.major}{p.minor}", p.multi_processor_count, "SMs", "L2", getattr(p, "L2_cache_size", "?"))
+try:
+    import deep_gemm; print("deep_gemm", getattr(deep_gemm, "__version__", "?"))
+except Exception as e:
+    print("deep_gemm: not importable:", type(e).__name__)
+PYEOF
+git rev-parse --short HEAD 2>/dev/null; git status --porcelain 2>/dev/null | head -5
+
+echo "=== pytest (limit 200 s) -> pytest.log"
+PYT_TIMEOUT=""
+"$PY" -c "import pytest_timeout" 2>/dev/null && PYT_TIMEOUT="--timeout 120"
+timeout -k 10 200 "$PY" -m pytest -q -x $PYT_TIMEOUT -p no:cacheprovider tests > "$OUT/pytest.log" 2>&1
+echo "pytest exit $? after $(elapsed) s"; tail -15 "$OUT/pytest.log"
+
+bench() {  # bench NAME LIMIT_S ARGS...
+  local name=$1 limit=$2; shift 2
+  echo "=== bench $name (limit ${limit} s, t=$(elapsed) s)"
+  timeout -k 15 "$limit" "$PY" -m blockscaled.bench "$@" --save-results "$RES" \
+      --plot "$RES/$name.png" >> "$WORK/bench.log" 2>&1
+  echo "bench $name exit $?"
+}
+# Iterations / warm-up chosen so the whole script fits in ~9 min on an H100.
+# Step limits add up to ~520 s + ~15 s of setup: under the 600 s a device command may run.
+# The moe suite lists E=8 first, so a sweep cut by its limit still has the DeepSeek-like configs.
+bench quantize 45 --suite quantize --iterations 50
+bench deepseek 110 --suite deepseek --iterations 30 --warmup 5
+bench moe 110 --suite moe --iterations 10 --warmup 2
+bench test-cases 55 --iterations 30 --warmup 5
+
+cp "$WORK/bench.log" "$OUT/bench.log"
+: > "$OUT/summary.md"
+for f in $(ls "$RES"/*/*.md 2>/dev/null); do cat "$f" >> "$OUT/summary.md"; echo >> "$OUT/summary.md"; done
+tar -czf "$OUT/results.tar.gz" -C "$RES" . 2>/dev/null
+echo "=== summaries (also in \$OUT/summary.md; json/md/png in \$OUT/results.tar.gz)"
+cat "$OUT/summary.md"
+echo "=== bench log tail"; tail -20 "$OUT/bench.log"
+echo "done in $(elapsed) s"
+rm -rf "$WORK"

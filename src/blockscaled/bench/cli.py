@@ -1,0 +1,279 @@
+"""``blockscaled bench``: time block-scaled quantize / GEMM / linear / grouped / SwiGLU ops
+against cuBLAS, Triton and DeepGEMM baselines on the same inputs, with correctness checks.
+
+Examples::
+
+    blockscaled bench                                  # test cases small, medium, large
+    blockscaled bench --test-cases small --use-profiler
+    blockscaled bench --custom 512,1024,2048 --custom 1,7168,2048 --formats mxfp8,nvfp4
+    blockscaled bench --suite deepseek --output ds.json --plot ds.png
+    blockscaled bench --suite moe --iterations 30 --save-results benchmarks/results
+    python -m blockscaled.bench --suite quantize
+
+Without a CUDA GPU it says that timings need CUDA and runs the correctness part of the chosen
+suites on tiny shapes through the Triton interpreter (exit code 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import os
+import shlex
+import signal
+import sys
+
+__all__ = ["main", "build_parser", "parse_args", "select_cases"]
+
+TEST_CASE_NAMES = ("small", "medium", "large")
+SUITE_NAMES = ("deepseek", "moe", "masked", "nvfp4-group", "dual-gemm", "quantize")
+OP_NAMES = ("quantize", "gemm", "linear", "grouped", "swiglu")
+FORMAT_NAMES = ("fp8_block", "mxfp8", "mxfp4", "nvfp4")
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+def _mnk(text: str) -> tuple[int, int, int]:
+    parts = text.split(",")
+    if len(parts) != 3:
+        raise argparse.ArgumentTypeError(f"expected M,N,K (three comma-separated integers), got {text!r}")
+    try:
+        m, n, k = (int(p.strip()) for p in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected M,N,K as integers, got {text!r}") from None
+    if m < 0 or n <= 0 or k <= 0:
+        raise argparse.ArgumentTypeError(f"expected M >= 0 and N, K > 0, got {text!r}")
+    return m, n, k
+
+
+def _choices_list(allowed: tuple[str, ...], what: str, extra: tuple[str, ...] = ()):
+    def parse(text: str) -> tuple[str, ...]:
+        items = tuple(t.strip() for t in text.split(",") if t.strip())
+        bad = [t for t in items if t not in allowed + extra]
+        if not items or bad:
+            raise argparse.ArgumentTypeError(
+                f"invalid {what} {', '.join(map(repr, bad)) or repr(text)}; choose from {', '.join(allowed + extra)}"
+            )
+        return items
+
+    return parse
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
+
+
+def _nonneg(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .baselines import BASELINE_NAMES
+
+    p = argparse.ArgumentParser(
+        prog="blockscaled bench",
+        description="Profile blockscaled ops against cuBLAS / Triton / DeepGEMM on the same inputs.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Ratios in A/B tables are baseline time / blockscaled time (> 1: blockscaled faster).",
+    )
+    g = p.add_argument_group("what to run")
+    g.add_argument("--test-cases", type=_choices_list(TEST_CASE_NAMES, "test case", ("all",)), default=None,
+                   metavar="small|medium|large|all",
+                   help="comma-separated test-case sets (default small,medium,large when no --suite/--custom)")
+    g.add_argument("--custom", type=_mnk, action="append", default=[], metavar="M,N,K",
+                   help="a custom GEMM shape; repeatable")
+    g.add_argument("--suite", type=_choices_list(SUITE_NAMES, "suite"), action="append", default=[],
+                   metavar="|".join(SUITE_NAMES), help="named suite(s), comma-separated or repeated")
+    g.add_argument("--formats", type=_choices_list(FORMAT_NAMES, "format"), default=None,
+                   metavar=",".join(FORMAT_NAMES), help="formats to run (default: per suite)")
+    g.add_argument("--ops", type=_choices_list(OP_NAMES, "op"), default=None, metavar="|".join(OP_NAMES),
+                   help="ops to run (default: quantize,gemm,linear for GEMM cases; grouped / swiglu for MoE / dual-GEMM suites)")
+    g.add_argument("--baselines", type=_choices_list(BASELINE_NAMES, "baseline", ("all", "none")), default=("all",),
+                   metavar="all|none|" + ",".join(BASELINE_NAMES), help="baselines to run (default all available)")
+    g.add_argument("--deepseek-small-m", action="store_true", help="deepseek suite: also M in {1, 16}")
+    g.add_argument("--limit", type=_positive, default=None, help="run only the first N cases (quick looks)")
+    t = p.add_argument_group("how to time")
+    t.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="output dtype (default bfloat16)")
+    t.add_argument("--iterations", type=_positive, default=100, help="timed samples per measurement (default 100)")
+    t.add_argument("--warmup", type=_nonneg, default=10, help="untimed calls before timing (default 10)")
+    t.add_argument("--no-graph", action="store_true", help="time eager calls with CUDA events, no CUDA-graph replay")
+    t.add_argument("--no-correctness", action="store_true", help="skip the float64 reference checks")
+    t.add_argument("--no-roofline", action="store_true", help="skip measuring copy BW and cuBLAS peaks")
+    t.add_argument("--seed", type=int, default=0)
+    o = p.add_argument_group("output")
+    o.add_argument("--use-profiler", action="store_true",
+                   help="write a torch.profiler Chrome trace (kernels named by shape) to --trace-file")
+    o.add_argument("--trace-file", default="blockscaled_trace.json", help="Chrome trace path (default %(default)s)")
+    o.add_argument("--output", default=None, metavar="FILE.json|FILE.csv|FILE.md", help="write results (tidy rows)")
+    o.add_argument("--plot", default=None, metavar="FILE.png", help="roofline + A/B ratio charts")
+    o.add_argument("--save-results", default=None, metavar="DIR",
+                   help="also write DIR/<gpu>/<suite>-<date>.md and .json (e.g. benchmarks/results)")
+    o.add_argument("--strict", action="store_true", help="exit 1 if any correctness check fails or an op errors")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "bench":  # `blockscaled bench ...` (console script) == `python -m blockscaled.bench ...`
+        argv = argv[1:]
+    p = build_parser()
+    a = p.parse_args(argv)
+    a.suite = tuple(dict.fromkeys(s for group in a.suite for s in group))
+    if a.output and not a.output.endswith((".json", ".csv", ".md")):
+        p.error(f"--output: expected a .json, .csv or .md file name, got {a.output!r}")
+    if a.plot and not a.plot.endswith(".png"):
+        p.error(f"--plot: expected a .png file name, got {a.plot!r}")
+    if a.baselines == ("none",):
+        a.baselines = ()
+    elif "all" in a.baselines:
+        from .baselines import BASELINE_NAMES
+
+        a.baselines = BASELINE_NAMES
+    return a
+
+
+def select_cases(a: argparse.Namespace):
+    """[(suite label, [Case])] in run order."""
+    from . import suites
+
+    out = []
+    tc = a.test_cases
+    if tc is None and not a.suite and not a.custom:
+        tc = TEST_CASE_NAMES
+    if tc:
+        names = TEST_CASE_NAMES if "all" in tc else tuple(n for n in TEST_CASE_NAMES if n in tc)
+        out.append(("test-cases", suites.test_case_suite(list(names))))
+    if a.custom:
+        out.append(("custom", suites.custom_cases(a.custom)))
+    for s in a.suite:
+        out.append((s, suites.get_suite(s, deepseek_small_m=a.deepseek_small_m)))
+    if a.limit:
+        out = [(s, cs[: a.limit]) for s, cs in out]
+    return out
+
+
+def _ensure_interpreter(argv_given: bool) -> None:
+    """No GPU: kernels must run in the Triton interpreter, which has to be chosen before any
+    @triton.jit kernel is defined. Re-exec ourselves with TRITON_INTERPRET=1 when run as a
+    command; when called in-process (tests) just set it (conftest sets it first anyway)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return
+    os.environ["TRITON_INTERPRET"] = "1"
+    kernels_loaded = any(m.startswith("blockscaled.kernels") for m in sys.modules)
+    if kernels_loaded and not argv_given:
+        os.execv(sys.executable, [sys.executable, "-m", "blockscaled.bench", *sys.argv[1:]])
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    import torch
+
+    from .env import environment, has_cuda
+
+    cuda = has_cuda()
+    if not cuda:
+        _ensure_interpreter(argv is not None)
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from . import suites as S
+    from .report import print_report, save_results_dir, write_results
+    from .runner import RunConfig, Runner, measure_roofline
+
+    console = Console()
+    if not console.is_terminal:  # logs / CI: wide enough for the A/B tables
+        console = Console(width=180)
+    dtype = getattr(torch, a.dtype)
+    plan = select_cases(a)
+    if not cuda:
+        console.print("[yellow]timings need CUDA[/yellow]: no GPU found, so this run checks correctness only, "
+                      "on tiny versions of the chosen cases, through the Triton interpreter (TRITON_INTERPRET=1).")
+        plan = [(s, S.dedupe([S.tiny(c) for c in cs])) for s, cs in plan]
+    env = environment()
+    console.print(f"GPU: {env['gpu']}   CUDA: {env['cuda']}   torch: {env['torch']}   triton: {env['triton']}   git: {env['git_rev']}")
+
+    roofline = {}
+    if cuda and not a.no_roofline:
+        console.print("measuring the roofline (copy bandwidth, cuBLAS bf16 and FP8 at 8192^3) ...")
+        roofline = measure_roofline(iterations=min(a.iterations, 30), log=console.print)
+
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=console, transient=True, disable=not console.is_terminal)
+    cfg = RunConfig(
+        formats=a.formats, ops=a.ops, baselines=tuple(a.baselines) if cuda else (), out_dtype=dtype,
+        iterations=a.iterations, warmup=a.warmup, correctness=not a.no_correctness, timing=cuda,
+        use_graph=not a.no_graph, profiler_trace=a.trace_file if a.use_profiler else None, seed=a.seed,
+        log=lambda m: progress.console.print(m),
+    )
+    runner = Runner(cfg, roofline)
+    jobs = []
+    for suite, cases in plan:
+        fmts = a.formats or S.DEFAULT_FORMATS.get(suite, S.DEFAULT_FORMATS["test-cases"])
+        jobs += [(suite, c, f) for c in cases for f in fmts]
+    # SIGTERM (e.g. `timeout`) ends the sweep early but still reports and writes what was measured.
+    def _term(signum, frame):
+        raise KeyboardInterrupt
+
+    old_term = signal.signal(signal.SIGTERM, _term)
+    done = 0
+    try:
+        with progress:
+            task = progress.add_task("bench", total=len(jobs))
+            for suite, case, fmt in jobs:
+                progress.update(task, description=f"{suite}: {case.name} {fmt}")
+                if not progress.console.is_terminal:
+                    console.print(f"[{suite}] {case.name} {fmt}", markup=False, highlight=False)
+                runner.run_case(case, fmt)
+                done += 1
+                progress.advance(task)
+    except KeyboardInterrupt:
+        runner.note(f"interrupted: {done} of {len(jobs)} (case, format) jobs measured; the rest were not run")
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+
+    result = {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": "blockscaled bench " + " ".join(shlex.quote(x) for x in (sys.argv[1:] if argv is None else argv)),
+        "args": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(a).items()},
+        "env": env,
+        "roofline": roofline,
+        "timing": cuda,
+        "notes": runner.notes,
+        "rows": runner.rows,
+    }
+    print_report(result, console)
+    if a.use_profiler:
+        console.print(f"Chrome trace: {runner.write_trace()} (open in chrome://tracing or ui.perfetto.dev)")
+    if a.output:
+        write_results(result, a.output)
+        console.print(f"results: {a.output}")
+    if a.save_results:
+        label = "+".join(s for s, _ in plan) or "bench"
+        md, js = save_results_dir(result, a.save_results, label)
+        console.print(f"saved: {md} {js}")
+    if a.plot:
+        from .plot import plot_results
+
+        console.print(f"plot: {plot_results(result, a.plot)}")
+    if a.strict:
+        bad = [r for r in runner.rows if r.get("check") == "FAIL" or r.get("status") == "error"]
+        if bad:
+            console.print(f"[red]{len(bad)} failing rows[/red]")
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

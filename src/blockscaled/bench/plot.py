@@ -1,0 +1,80 @@
+"""--plot: a roofline chart and an A/B ratio chart in one PNG (matplotlib, Agg backend)."""
+
+from __future__ import annotations
+
+
+from .report import OURS, ab_pairs, ratio_stats
+
+__all__ = ["plot_results"]
+
+
+def plot_results(result: dict, path: str) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in result["rows"] if r.get("status") == "ok" and r.get("median_ms")]
+    rl = result.get("roofline") or {}
+    pairs = ab_pairs(result["rows"])
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(15, 6.5), gridspec_kw={"width_ratios": [1.1, 1]})
+    env = result.get("env", {})
+    fig.suptitle(f"blockscaled bench — {env.get('gpu', '?')} — git {env.get('git_rev', '?')}", fontsize=12)
+
+    # ---- roofline: TFLOP/s against arithmetic intensity (FLOP per byte incl. scales)
+    pts = [r for r in rows if r.get("flops") and r.get("bytes")]
+    if pts:
+        ai = [r["flops"] / r["bytes"] for r in pts]
+        lo, hi = max(min(ai) / 2, 0.1), max(ai) * 2
+        xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+        bw = rl.get("copy_gbps")
+        for name, peak, ls in (("cuBLAS FP8 peak", rl.get("fp8_tflops"), "-"), ("cuBLAS bf16 peak", rl.get("bf16_tflops"), "--")):
+            if peak:
+                ys = [min(peak, bw * 1e9 * x / 1e12) if bw else peak for x in xs]
+                ax1.plot(xs, ys, ls, color="gray", lw=1.2, label=f"{name} {peak:.0f} TFLOP/s" + (f" / copy {bw:.0f} GB/s" if bw else ""))
+        impls = sorted({r["impl"] for r in pts}, key=lambda s: (s != OURS, s))
+        markers = "o^sDvP*Xh<>"
+        for i, impl in enumerate(impls):
+            sel = [r for r in pts if r["impl"] == impl]
+            ax1.scatter([r["flops"] / r["bytes"] for r in sel], [r["tflops"] for r in sel],
+                        marker=markers[i % len(markers)], s=42 if impl == OURS else 26,
+                        zorder=3 if impl == OURS else 2, label=impl, alpha=0.9)
+        ax1.set_xscale("log")
+        ax1.set_yscale("log")
+        ax1.set_xlabel("arithmetic intensity (FLOP / byte, scales included)")
+        ax1.set_ylabel("TFLOP/s")
+        ax1.grid(True, which="both", alpha=0.3)
+        ax1.legend(fontsize=8, loc="lower right")
+        ax1.set_title("Roofline (measured on this GPU, this run)")
+    else:
+        ax1.text(0.5, 0.5, "no timed GEMM rows\n(timings need CUDA)", ha="center", va="center", fontsize=12)
+        ax1.set_axis_off()
+
+    # ---- ratios: baseline time / ours per config, one colour per baseline
+    if pairs:
+        labels, vals, colors = [], [], []
+        cmap = plt.get_cmap("tab10")
+        for j, (base, ps) in enumerate(pairs.items()):
+            for p in ps:
+                labels.append(f"{p['op']} {p['format']} {p['case']}"[:48] + f"  [{base}]")
+                vals.append(p["ratio"])
+                colors.append(cmap(j % 10))
+        y = list(range(len(vals)))
+        ax2.barh(y, vals, color=colors)
+        ax2.axvline(1.0, color="black", lw=1)
+        ax2.set_xscale("log")
+        ax2.set_yticks(y)
+        ax2.set_yticklabels(labels, fontsize=max(4, min(8, 400 // max(1, len(vals)))))
+        ax2.invert_yaxis()
+        ax2.set_xlabel("baseline time / blockscaled time  (> 1: blockscaled faster)")
+        geos = ", ".join(f"{b} {ratio_stats([p['ratio'] for p in ps]).get('geomean', float('nan')):.2f}x"
+                         for b, ps in pairs.items())
+        ax2.set_title(f"A/B ratio (geomean: {geos})", fontsize=9)
+        ax2.grid(True, axis="x", which="both", alpha=0.3)
+    else:
+        ax2.text(0.5, 0.5, "no A/B pairs\n(baselines need CUDA)", ha="center", va="center", fontsize=12)
+        ax2.set_axis_off()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

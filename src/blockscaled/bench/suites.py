@@ -1,0 +1,219 @@
+"""Shape suites as data: each suite is a list of :class:`Case` records.
+
+Kinds of case:
+  ``gemm``     dense ``[M,K] x [N,K]^T`` (ops: quantize, gemm, linear)
+  ``grouped``  MoE contiguous: ``ms[e]`` rows per expert, weights ``[E,N,K]`` (op: grouped)
+  ``masked``   MoE masked: A ``[E, max_m, K]``, ``ms[e]`` valid rows (op: grouped)
+  ``swiglu``   dual GEMM ``silu(A Wg^T) * (A Wu^T)`` (op: swiglu)
+  ``quantize`` quantizer only, input ``[M, K]`` (op: quantize)
+
+Sources:
+  deepseek     DeepSeek-V3 dense N,K (design.md section 7) x M in {64,128,4096}; M in {1,16} with
+               ``--deepseek-small-m``.
+  moe          seed 002: E in {1,4,8} x m/expert in {64,128,512} x N,K in {2048,4096,7168} (81).
+  masked       design.md section 7 masked runs: E=8, max_m=256, m in {64,128}, (N,K) in
+               {(4096,7168),(7168,2048)}, plus skewed/empty counts.
+  nvfp4-group  GPU MODE ``nvfp4_group_gemm`` benchmarks, the version in seed 004 (varying M per
+               group, one N,K per case).
+  dual-gemm    GPU MODE ``nvfp4_dual_gemm`` task.yml benchmarks (M,N,K; L=1).
+  quantize     16384x7168 bf16 (issue 2's 2.5 TB/s target) plus a few engine shapes.
+  small/medium/large  the MXFP8 profiling script's test cases (seeds 000/001).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field, replace
+
+__all__ = [
+    "Case",
+    "SUITES",
+    "TEST_CASES",
+    "DEEPSEEK_NK",
+    "get_suite",
+    "test_case_suite",
+    "custom_cases",
+    "tiny",
+    "dedupe",
+    "DEFAULT_FORMATS",
+    "DEFAULT_OPS",
+]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmark configuration (no tensors; inputs are made by the runner)."""
+
+    suite: str
+    kind: str  # gemm | grouped | masked | swiglu | quantize
+    m: int  # rows (gemm/swiglu/quantize); max_m for masked; sum of ms for grouped
+    n: int
+    k: int
+    ms: tuple[int, ...] = ()  # rows per expert / group (grouped, masked)
+    label: str = ""
+    tags: tuple[str, ...] = field(default=())
+
+    @property
+    def experts(self) -> int:
+        return len(self.ms)
+
+    @property
+    def name(self) -> str:
+        if self.kind in ("grouped", "masked"):
+            ms = set(self.ms)
+            mdesc = f"m={self.ms[0]}" if len(ms) == 1 else f"m={min(self.ms)}..{max(self.ms)}"
+            base = f"E={self.experts} {mdesc} N={self.n} K={self.k}"
+            if self.kind == "masked":
+                base += f" max_m={self.m}"
+        else:
+            base = f"M={self.m} N={self.n} K={self.k}" if self.kind != "quantize" else f"{self.m}x{self.k}"
+        return f"{self.label} {base}".strip() if self.label else base
+
+
+# DeepSeek-V3 dense GEMM (N, K) pairs, design.md section 7 (same order as its table).
+DEEPSEEK_NK = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
+
+
+def _deepseek(small_m: bool = False) -> list[Case]:
+    ms = (1, 16, 64, 128, 4096) if small_m else (64, 128, 4096)
+    return [Case("deepseek", "gemm", m, n, k) for m in ms for (n, k) in DEEPSEEK_NK]
+
+
+def _moe() -> list[Case]:
+    out = []
+    dims = (2048, 4096, 7168)
+    # E=8 first: the DeepSeek-V3-like configs come first in a sweep cut short by a time limit.
+    for e, m, n, k in itertools.product((8, 4, 1), (64, 128, 512), dims, dims):
+        out.append(Case("moe", "grouped", e * m, n, k, ms=(m,) * e))
+    return out
+
+
+def _masked() -> list[Case]:
+    out = []
+    for (n, k), m in itertools.product(((4096, 7168), (7168, 2048)), (64, 128)):
+        out.append(Case("masked", "masked", 256, n, k, ms=(m,) * 8))
+    # Skewed and empty experts (correctness-relevant; timing shows load imbalance).
+    out.append(Case("masked", "masked", 256, 4096, 7168, ms=(256, 0, 1, 64, 0, 200, 17, 128), label="skewed"))
+    return out
+
+
+# GPU MODE nvfp4_group_gemm benchmarks (the version quoted by seed 004: M varies per group,
+# N and K fixed per case). A later revision of gpu-mode/reference-kernels task.yml
+# (commit ca68dc5) uses M=128 for all groups with varying N; see NVFP4_GROUP_V2.
+NVFP4_GROUP = (
+    ((80, 176, 128, 72, 64, 248, 96, 160), 4096, 7168),
+    ((40, 76, 168, 72, 164, 148, 196, 160), 7168, 2048),
+    ((192, 320), 3072, 4096),
+    ((128, 384), 4096, 1536),
+)
+
+
+def _nvfp4_group() -> list[Case]:
+    return [
+        Case("nvfp4-group", "grouped", sum(ms), n, k, ms=ms, label=f"gpumode#{i}")
+        for i, (ms, n, k) in enumerate(NVFP4_GROUP, 1)
+    ]
+
+
+# GPU MODE nvfp4_dual_gemm task.yml benchmarks (M, N, K), L = 1.
+DUAL_GEMM = ((256, 4096, 7168), (512, 4096, 7168), (256, 3072, 4096), (512, 3072, 7168))
+
+
+def _dual_gemm() -> list[Case]:
+    return [Case("dual-gemm", "swiglu", m, n, k, label=f"gpumode#{i}") for i, (m, n, k) in enumerate(DUAL_GEMM, 1)]
+
+
+def _quantize() -> list[Case]:
+    shapes = ((16384, 7168), (4096, 7168), (128, 7168), (8192, 2048), (16384, 18432))
+    return [Case("quantize", "quantize", m, 0, k, tags=("target",) if (m, k) == (16384, 7168) else ()) for m, k in shapes]
+
+
+# The MXFP8 profiling script's test cases (seeds 000/001), including the shapes the old kernel
+# failed on (M=256, N=512, K=1024; N not a multiple of 256).
+TEST_CASES: dict[str, tuple[tuple[int, int, int], ...]] = {
+    "small": ((128, 256, 512), (256, 512, 1024), (1, 384, 640)),
+    "medium": ((512, 1024, 2048), (1024, 2048, 4096), (777, 1536, 2112)),
+    "large": ((4096, 4096, 4096), (8192, 8192, 8192), (4096, 7168, 2048)),
+}
+
+
+def test_case_suite(names: list[str]) -> list[Case]:
+    out = []
+    for name in names:
+        out += [Case(name, "gemm", m, n, k) for (m, n, k) in TEST_CASES[name]]
+    return out
+
+
+def custom_cases(triples: list[tuple[int, int, int]]) -> list[Case]:
+    return [Case("custom", "gemm", m, n, k) for (m, n, k) in triples]
+
+
+SUITES = {
+    "deepseek": _deepseek,
+    "moe": _moe,
+    "masked": _masked,
+    "nvfp4-group": _nvfp4_group,
+    "dual-gemm": _dual_gemm,
+    "quantize": _quantize,
+}
+
+#: formats run when --formats is not given
+DEFAULT_FORMATS = {
+    "deepseek": ("fp8_block",),
+    "moe": ("fp8_block",),
+    "masked": ("fp8_block",),
+    "nvfp4-group": ("nvfp4",),
+    "dual-gemm": ("nvfp4",),
+    "quantize": ("fp8_block", "mxfp8", "mxfp4", "nvfp4"),
+    "test-cases": ("fp8_block", "mxfp8", "mxfp4", "nvfp4"),
+}
+
+#: ops run per case kind when --ops is not given
+DEFAULT_OPS = {
+    "gemm": ("quantize", "gemm", "linear"),
+    "grouped": ("grouped",),
+    "masked": ("grouped",),
+    "swiglu": ("swiglu",),
+    "quantize": ("quantize",),
+}
+
+#: ops a case kind can run at all
+ALLOWED_OPS = {
+    "gemm": ("quantize", "gemm", "linear", "swiglu"),
+    "grouped": ("grouped",),
+    "masked": ("grouped",),
+    "swiglu": ("swiglu",),
+    "quantize": ("quantize",),
+}
+
+
+def get_suite(name: str, *, deepseek_small_m: bool = False) -> list[Case]:
+    if name == "deepseek":
+        return _deepseek(deepseek_small_m)
+    return SUITES[name]()
+
+
+def dedupe(cases: list[Case]) -> list[Case]:
+    """Drop cases with the same kind and shape as an earlier one (keeps order)."""
+    seen, out = set(), []
+    for c in cases:
+        key = (c.kind, c.m, c.n, c.k, c.ms)
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+    return out
+
+
+def tiny(case: Case) -> Case:
+    """A small stand-in of ``case`` for the interpreter (CPU) correctness run: keeps the kind,
+    the expert count (capped at 3) and some of the awkwardness (unaligned N and K derived from
+    the original sizes, so different cases stay different) but shrinks every dimension."""
+    m = min(case.m, 5)
+    n = (case.n if case.n <= 64 else 32 + case.n % 33) if case.n else 0
+    k = case.k if case.k <= 192 else 96 + case.k % 97
+    ms = tuple(min(x, 4) for x in case.ms[:3])
+    if case.kind == "masked":
+        m = max(ms) if ms else 1
+    elif case.kind == "grouped":
+        m = sum(ms)
+    return replace(case, m=m, n=n, k=k, ms=ms)

@@ -1,0 +1,175 @@
+"""The one timing helper of the bench.
+
+Method (design.md section 7):
+  * first call timed apart (wall clock, synchronised): compile / autotune / first-launch cost;
+  * ``warmup`` untimed calls;
+  * inputs rotated over ``n_sets`` copies so the working set exceeds 2x the L2 size (read
+    from the device; 50 MB default), so no run hits data a previous run left in L2;
+  * CUDA graph of ``reps_per_graph`` calls (cycling over the input copies) replayed
+    ``iterations`` times, each replay bracketed by CUDA events: per-call time = replay time /
+    calls. Graphs remove the Python launch overhead that would otherwise dominate 5-20 us
+    kernels. If capture fails (an op that syncs or allocates unsafely), CUDA events around
+    each eager call are used instead and the row says ``method=events``.
+  * reported: median, p20 and p80 over the replays / calls, and min.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from .env import l2_bytes
+
+__all__ = ["Timing", "time_op", "rotation_count", "quantiles"]
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    min_ms: float
+    first_call_ms: float  # compile + first launch, wall clock
+    runs: int
+    method: str  # "graph" | "events"
+    n_sets: int  # input copies rotated
+
+    def asdict(self) -> dict:
+        return asdict(self)
+
+
+def quantiles(xs: Sequence[float]) -> tuple[float, float, float, float]:
+    """(median, p20, p80, min) of ``xs`` (linear interpolation)."""
+    s = sorted(xs)
+    if not s:
+        nan = float("nan")
+        return nan, nan, nan, nan
+
+    def q(p: float) -> float:
+        pos = p * (len(s) - 1)
+        lo = int(pos)
+        hi = min(lo + 1, len(s) - 1)
+        return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+    return statistics.median(s), q(0.2), q(0.8), s[0]
+
+
+def rotation_count(bytes_per_set: int, l2: int | None = None, max_sets: int = 64) -> int:
+    """Number of input copies so that all copies together exceed 2x L2 (at least 1)."""
+    l2 = l2_bytes() if l2 is None else l2
+    if bytes_per_set <= 0:
+        return 1
+    return max(1, min(max_sets, -(-2 * l2 // bytes_per_set)))
+
+
+def _cap(iterations: int, sample_ms: float, budget_ms: float) -> int:
+    if sample_ms <= 0:
+        return iterations
+    return max(min(5, iterations), min(iterations, int(budget_ms / sample_ms)))
+
+
+def _sync():
+    torch.cuda.synchronize()
+
+
+def time_op(
+    fn: Callable,
+    arg_sets: Sequence[tuple],
+    *,
+    warmup: int = 10,
+    iterations: int = 100,
+    use_graph: bool = True,
+    reps_per_graph: int | None = None,
+    budget_ms: float = 2000.0,
+) -> Timing:
+    """Time ``fn(*arg_sets[i % len(arg_sets)])`` on the current CUDA device (see module doc).
+
+    ``arg_sets``: rotated input copies (make them with :func:`rotation_count` copies).
+    ``iterations``: number of timed samples (graph replays or eager calls); lowered (to no
+    fewer than 5) when the samples would take more than ``budget_ms`` in total, so that a slow
+    baseline (e.g. the eager torch reference quantizer on 300M elements) cannot eat a sweep's
+    time budget."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("timings need CUDA")
+    n_sets = len(arg_sets)
+    _sync()
+    t0 = time.perf_counter()
+    fn(*arg_sets[0])
+    _sync()
+    first_ms = (time.perf_counter() - t0) * 1e3
+    t0 = time.perf_counter()
+    for i in range(warmup):
+        fn(*arg_sets[i % n_sets])
+    _sync()
+    per_call_ms = (time.perf_counter() - t0) * 1e3 / warmup if warmup else first_ms
+    iterations = _cap(iterations, per_call_ms, budget_ms)
+
+    if use_graph:
+        try:
+            return _time_graph(fn, arg_sets, iterations, reps_per_graph, first_ms, budget_ms)
+        except Exception:  # capture not possible for this fn: fall back to eager + events
+            try:
+                torch.cuda.synchronize()
+            except Exception:
+                pass
+    return _time_events(fn, arg_sets, iterations, first_ms)
+
+
+def _time_events(fn, arg_sets, iterations, first_ms) -> Timing:
+    n_sets = len(arg_sets)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
+    for i in range(iterations):
+        args = arg_sets[i % n_sets]
+        starts[i].record()
+        fn(*args)
+        ends[i].record()
+    _sync()
+    times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    med, p20, p80, mn = quantiles(times)
+    return Timing(med, p20, p80, mn, first_ms, iterations, "events", n_sets)
+
+
+def _time_graph(fn, arg_sets, iterations, reps_per_graph, first_ms, budget_ms) -> Timing:
+    n_sets = len(arg_sets)
+    reps = reps_per_graph or max(n_sets, 10)
+    reps = -(-reps // n_sets) * n_sets  # every input copy equally often
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm the side stream (allocator pools) before capture
+        for i in range(n_sets):
+            fn(*arg_sets[i])
+    torch.cuda.current_stream().wait_stream(stream)
+    _sync()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(reps):
+            fn(*arg_sets[i % n_sets])
+    g.replay()
+    _sync()
+    # Keep each sample >= ~1 ms so event resolution (~0.5 us) does not matter.
+    t0 = torch.cuda.Event(enable_timing=True)
+    t1 = torch.cuda.Event(enable_timing=True)
+    t0.record()
+    g.replay()
+    t1.record()
+    _sync()
+    one = t0.elapsed_time(t1)
+    inner = max(1, min(50, int(1.0 / max(one, 1e-3))))
+    iterations = _cap(iterations, one * inner, budget_ms)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
+    for i in range(iterations):
+        starts[i].record()
+        for _ in range(inner):
+            g.replay()
+        ends[i].record()
+    _sync()
+    times = [s.elapsed_time(e) / (inner * reps) for s, e in zip(starts, ends)]
+    del g
+    med, p20, p80, mn = quantiles(times)
+    return Timing(med, p20, p80, mn, first_ms, iterations, "graph", n_sets)

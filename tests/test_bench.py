@@ -1,0 +1,321 @@
+"""Tests of the `blockscaled bench` CLI: arguments, suites, FLOP/byte counting, reports, plots,
+the CPU (interpreter) fallback end to end, and an AOT compile of the tl.dot_scaled baseline."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from blockscaled.bench import counting, suites
+from blockscaled.bench.cli import parse_args, select_cases
+from blockscaled.bench.report import ab_pairs, markdown_report, print_report, ratio_stats, write_results
+from blockscaled.bench.timing import quantiles, rotation_count
+
+ROOT = Path(__file__).resolve().parents[1]
+HAS_CUDA = torch.cuda.is_available()
+
+
+# --------------------------------------------------------------------------- arguments
+@pytest.mark.parametrize("bad", ["1,2", "a,b,c", "1,2,3,4", "-1,2,3", "4,0,8", "4,8,", ""])
+def test_bad_custom_is_a_usage_error(bad, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--custom", bad])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage:" in err and "--custom" in err and "M,N,K" in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--suite", "nope"], ["--test-cases", "huge"], ["--dtype", "int8"], ["--iterations", "0"],
+     ["--formats", "fp8"], ["--ops", "conv"], ["--output", "x.txt"], ["--plot", "x.pdf"], ["--baselines", "mkl"]],
+)
+def test_bad_options_are_usage_errors(argv):
+    with pytest.raises(SystemExit) as e:
+        parse_args(argv)
+    assert e.value.code == 2
+
+
+def test_defaults_and_bench_prefix():
+    a = parse_args(["bench"])
+    assert a.dtype == "bfloat16" and a.iterations == 100 and not a.use_profiler
+    assert [s for s, _ in select_cases(a)] == ["test-cases"]
+    names = {c.suite for c in select_cases(a)[0][1]}
+    assert names == {"small", "medium", "large"}
+    a = parse_args(["--custom", "512,1024,2048", "--custom", "1, 7168, 2048", "--suite", "deepseek,moe", "--suite", "moe"])
+    assert a.custom == [(512, 1024, 2048), (1, 7168, 2048)]
+    assert a.suite == ("deepseek", "moe")
+    plan = select_cases(a)
+    assert [s for s, _ in plan] == ["custom", "deepseek", "moe"]  # no default test cases with --custom/--suite
+    a = parse_args(["--test-cases", "all", "--baselines", "none", "--formats", "mxfp8,nvfp4"])
+    assert len(select_cases(a)[0][1]) == sum(len(v) for v in suites.TEST_CASES.values())
+    assert a.baselines == () and a.formats == ("mxfp8", "nvfp4")
+    assert "cublas-fp8-block" in parse_args([]).baselines
+
+
+# --------------------------------------------------------------------------- suites
+def test_moe_suite_has_81_configs():
+    cs = suites.get_suite("moe")
+    assert len(cs) == 81 and len(set(cs)) == 81
+    assert {c.experts for c in cs} == {1, 4, 8}
+    assert {c.ms[0] for c in cs} == {64, 128, 512}
+    assert {c.n for c in cs} == {c.k for c in cs} == {2048, 4096, 7168}
+    assert all(c.m == sum(c.ms) and c.kind == "grouped" for c in cs)
+
+
+def test_deepseek_suite():
+    cs = suites.get_suite("deepseek")
+    assert len(cs) == 18
+    assert {(c.n, c.k) for c in cs} == {(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)}
+    assert {c.m for c in cs} == {64, 128, 4096}
+    assert {c.m for c in suites.get_suite("deepseek", deepseek_small_m=True)} == {1, 16, 64, 128, 4096}
+
+
+def test_gpumode_and_other_suites():
+    g = suites.get_suite("nvfp4-group")
+    assert [(c.ms, c.n, c.k) for c in g][0] == ((80, 176, 128, 72, 64, 248, 96, 160), 4096, 7168)
+    assert len(g) == 4 and all(c.kind == "grouped" for c in g)
+    d = suites.get_suite("dual-gemm")
+    assert [(c.m, c.n, c.k) for c in d] == [(256, 4096, 7168), (512, 4096, 7168), (256, 3072, 4096), (512, 3072, 7168)]
+    q = suites.get_suite("quantize")
+    assert (16384, 7168) in {(c.m, c.k) for c in q}
+    m = suites.get_suite("masked")
+    assert all(c.kind == "masked" and max(c.ms) <= c.m for c in m) and any(0 in c.ms for c in m)
+    # tiny versions keep the kind and odd shapes but shrink
+    for c in g + d + m + q:
+        t = suites.tiny(c)
+        assert t.kind == c.kind and t.k <= 192 and t.n <= 64 and t.m <= 12
+
+
+# --------------------------------------------------------------------------- counting
+def test_quantized_bytes_hand_computed():
+    # fp8_block activations 4096 x 7168: 1 B/elem + fp32 per 128
+    assert counting.quantized_nbytes("fp8_block", (4096, 7168)) == 4096 * 7168 + 4096 * 56 * 4
+    # fp8_block weights 2112 x 7168, 128x128 blocks: ceil(2112/128)=17 x 56 fp32
+    assert counting.quantized_nbytes("fp8_block", (2112, 7168), (128, 128)) == 2112 * 7168 + 17 * 56 * 4
+    # mxfp4, odd K = 33: 17 packed bytes + 2 E8M0 scales per row
+    assert counting.quantized_nbytes("mxfp4", (3, 33)) == 3 * (17 + 2)
+    # nvfp4: half a byte per element, e4m3 per 16, + 4 B global scale
+    assert counting.quantized_nbytes("nvfp4", (16384, 7168)) == 16384 * 3584 + 16384 * 448 + 4
+    # quantize traffic = bf16 read + everything written (issue 2's 16384x7168 target)
+    c = counting.quantize_count("mxfp8", (16384, 7168), torch.bfloat16)
+    assert c.bytes == 16384 * 7168 * 2 + 16384 * 7168 + 16384 * 224 and c.flops == 0
+    assert math.isclose(c.gbps(0.1), c.bytes / 1e-4 / 1e9)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_block", "mxfp8", "mxfp4", "nvfp4"])
+@pytest.mark.parametrize("shape,block", [((5, 77), None), ((130, 200), "weight"), ((2, 3, 40), None)])
+def test_byte_counter_matches_real_tensors(fmt, shape, block):
+    from blockscaled.reference.quantize import quantize
+
+    blk = counting.weight_block(fmt) if block == "weight" else None
+    q = quantize(torch.randn(*shape), fmt, block=blk)
+    assert counting.quantized_nbytes(fmt, shape, blk) == q.nbytes()
+
+
+def test_gemm_count_matches_design_memory_floor():
+    # design.md section 7: M=64, N=2112, K=7168 fp8_block has a 5.3 us floor at 3.0 TB/s
+    c = counting.gemm_count(64, 2112, 7168, "fp8_block", "fp8_block", torch.bfloat16)
+    assert c.flops == 2 * 64 * 2112 * 7168
+    want = 64 * 7168 + 64 * 56 * 4 + 2112 * 7168 + 17 * 56 * 4 + 64 * 2112 * 2
+    assert c.bytes == want
+    assert abs(c.bytes / 3.0e12 * 1e6 - 5.3) < 0.05
+    assert math.isclose(c.tflops(1.0), c.flops / 1e-3 / 1e12)
+
+
+def test_grouped_and_swiglu_counts():
+    c = counting.grouped_count((3, 0, 5), 256, 128, "fp8_block", torch.bfloat16)
+    a = 8 * 128 + 8 * 1 * 4
+    b = 3 * (256 * 128 + 2 * 1 * 4)
+    assert c.bytes == a + b + 8 * 256 * 2 and c.flops == 2 * 8 * 256 * 128
+    s = counting.swiglu_count(4, 64, 32, "nvfp4", torch.float16)
+    assert s.flops == 4 * 4 * 64 * 32
+    assert s.bytes == (4 * 16 + 4 * 2 + 4) + 2 * (64 * 16 + 64 * 2 + 4) + 4 * 64 * 2
+    l = counting.linear_count(2, 8, 32, "mxfp8")
+    assert l.bytes == 2 * 32 * 2 + (8 * 32 + 8) + 2 * 8 * 2
+
+
+# --------------------------------------------------------------------------- timing helpers
+def test_quantiles_and_rotation():
+    med, p20, p80, mn = quantiles([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert (med, mn) == (3.0, 1.0) and math.isclose(p20, 1.8) and math.isclose(p80, 4.2)
+    assert rotation_count(10 * 2**20, l2=50 * 2**20) == 10  # 100 MB rotated > 2 x 50 MB
+    assert rotation_count(10**9, l2=50 * 2**20) == 1
+    assert rotation_count(1, l2=50 * 2**20) == 64  # capped
+
+
+# --------------------------------------------------------------------------- reports
+def _fake_result():
+    rows = []
+    for i, (ours, base) in enumerate([(1.0, 1.0), (1.0, 2.0), (2.0, 8.0)]):
+        common = {"suite": "deepseek", "case": f"M={64 * (i + 1)} N=2112 K=7168", "kind": "gemm", "format": "fp8_block",
+                  "M": 64 * (i + 1), "N": 2112, "K": 7168, "E": "", "status": "ok", "note": ""}
+        c = counting.gemm_count(common["M"], 2112, 7168, "fp8_block", "fp8_block")
+        for impl, ms in ((("blockscaled"), ours), ("cublas-fp8-block", base)):
+            rows.append({**common, "op": "gemm", "impl": impl, "median_ms": ms, "p20_ms": ms, "p80_ms": ms,
+                         "flops": c.flops, "bytes": c.bytes, "tflops": c.tflops(ms), "gbps": c.gbps(ms),
+                         "roof_pct": 50.0, "mem_floor_pct": 40.0, "check": "ok", "rel_err": 1e-3})
+        rows.append({**common, "op": "quantize", "impl": "blockscaled", "median_ms": 0.01, "gbps": 2600.0,
+                     "mem_floor_pct": 87.0, "check": "bitwise", "flops": 0, "bytes": 100,
+                     "tags": "target" if i == 0 else ""})
+    return {"env": {"gpu": "NVIDIA H100 80GB HBM3", "git_rev": "abc"}, "timing": True, "notes": ["n1"], "rows": rows,
+            "roofline": {"copy_gbps": 3000.0, "bf16_tflops": 700.0, "fp8_tflops": 1300.0}, "args": {"iterations": 5}}
+
+
+def test_ratio_stats_and_ab_pairs():
+    st = ratio_stats([1.0, 2.0, 4.0, float("nan"), None])
+    assert st["n"] == 3 and st["min"] == 1.0 and st["max"] == 4.0 and st["median"] == 2.0
+    assert math.isclose(st["geomean"], 2.0)
+    pairs = ab_pairs(_fake_result()["rows"])
+    assert list(pairs) == ["cublas-fp8-block"]
+    assert [p["ratio"] for p in pairs["cublas-fp8-block"]] == [1.0, 2.0, 4.0]
+
+
+def test_report_text_and_files(tmp_path):
+    from rich.console import Console
+
+    res = _fake_result()
+    con = Console(record=True, width=200)
+    print_report(res, con)
+    text = con.export_text()
+    assert "A/B vs cublas-fp8-block" in text and "geomean=2.00x" in text and "min=1.00x" in text and "max=4.00x" in text
+    assert "Summary" in text and "Quantize" in text and "copy 3000 GB/s" in text
+    assert "The bar" in text
+    from blockscaled.bench.report import bar_checks
+
+    bar = {b[0]: b for b in bar_checks(res["rows"])}
+    small = bar["fp8_block GEMM, M<=128: % of memory floor (worst of 2)"]
+    assert small[1] == "40%" and small[3] == "MISS"
+    q = [b for k, b in bar.items() if k.startswith("quantize")]
+    assert len(q) == 1 and q[0][3] == "PASS"
+    md = markdown_report(res)
+    assert "| case |" in md and "geomean=2.00x" in md and "## Notes" in md
+    for ext in ("json", "csv", "md"):
+        write_results(res, str(tmp_path / f"r.{ext}"))
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert len(data["rows"]) == 9 and data["roofline"]["copy_gbps"] == 3000.0
+    assert (tmp_path / "r.csv").read_text().splitlines()[0].startswith("suite,case")
+
+
+def test_plot_writes_png(tmp_path):
+    from blockscaled.bench.plot import plot_results
+
+    for name, res in (("a.png", _fake_result()), ("b.png", {"rows": [], "env": {}})):
+        p = tmp_path / name
+        plot_results(res, str(p))
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
+
+
+# --------------------------------------------------------------------------- end to end
+def _run_cli(args, tmp_path, env_extra=None, timeout=240):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the CLI must set it itself
+    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "blockscaled.bench", *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the CPU fallback runs only without CUDA")
+def test_cpu_fallback_quantize_suite(tmp_path):
+    r = _run_cli(["--suite", "quantize", "--limit", "1", "--output", "q.json", "--plot", "q.png"], tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "timings need CUDA" in r.stdout
+    assert "bitwise" in r.stdout  # Triton quantizers (interpreter) bit-equal to the reference
+    data = json.loads((tmp_path / "q.json").read_text())
+    rows = [x for x in data["rows"] if x["impl"] == "blockscaled" and x["op"] == "quantize"]
+    assert {x["format"] for x in rows} == {"fp8_block", "mxfp8", "mxfp4", "nvfp4"}
+    assert data["timing"] is False and data["env"]["triton_interpret"] == "1"
+    assert (tmp_path / "q.png").exists()
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the CPU fallback runs only without CUDA")
+def test_cpu_fallback_gemm_custom(tmp_path):
+    r = _run_cli(["bench", "--custom", "3,40,100", "--formats", "fp8_block,nvfp4", "--ops", "gemm,linear",
+                  "--output", "g.csv"], tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Correctness" in r.stdout and "timings need CUDA" in r.stdout
+    import csv
+
+    rows = list(csv.DictReader(open(tmp_path / "g.csv")))
+    ours = {(x["format"], x["op"]): x for x in rows if x["impl"] == "blockscaled"}
+    for key in ((f, o) for f in ("fp8_block", "nvfp4") for o in ("gemm", "linear")):
+        if key in ours and ours[key]["status"] == "ok":  # ops being written elsewhere may be missing
+            assert ours[key]["check"] == "ok" and float(ours[key]["rel_err"]) < 1e-2, ours[key]
+
+
+# --------------------------------------------------------------------------- GPU
+@pytest.mark.gpu
+def test_gpu_bench_small_run(tmp_path):
+    r = _run_cli(["--custom", "256,512,1024", "--formats", "fp8_block,mxfp8", "--iterations", "5", "--warmup", "1",
+                  "--no-roofline", "--output", "g.json", "--use-profiler", "--trace-file", "t.json"], tmp_path, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    data = json.loads((tmp_path / "g.json").read_text())
+    timed = [x for x in data["rows"] if x.get("median_ms")]
+    assert timed and all(x["median_ms"] > 0 for x in timed)
+    assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+
+
+# --------------------------------------------------------------------------- AOT compile of the baseline kernel
+_AOT = r"""
+import sys, triton
+from triton.backends.compiler import GPUTarget
+from blockscaled.bench.triton_baseline import _mx_dot_scaled_kernel as k
+fmt = sys.argv[1]
+sig = {"a_ptr": "*u8", "as_ptr": "*u8", "b_ptr": "*u8", "bs_ptr": "*u8", "c_ptr": "*bf16",
+       "M": "i32", "N": "i32", "K": "i32", "stride_am": "i32", "stride_asm": "i32", "stride_bn": "i32",
+       "stride_bsn": "i32", "stride_cm": "i32", "FMT": "constexpr", "BLOCK_M": "constexpr",
+       "BLOCK_N": "constexpr", "BLOCK_K": "constexpr"}
+src = triton.compiler.ASTSource(fn=k, signature=sig, constexprs={"FMT": fmt, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128})
+c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 3})
+print("WGMMA" if "wgmma.mma_async" in c.asm["ptx"] else "NO-WGMMA")
+"""
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+def test_dot_scaled_baseline_compiles_for_hopper(fmt):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT / "src")
+    r = subprocess.run([sys.executable, "-c", _AOT, fmt], env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "WGMMA" in r.stdout  # emulated via bf16 wgmma on sm_90
+
+
+def test_time_op_events_path_with_fake_cuda(monkeypatch):
+    """The eager / CUDA-events path of the timing helper, with a fake CUDA clock (CPU only)."""
+    import time
+
+    from blockscaled.bench import timing
+
+    class FakeEvent:
+        def __init__(self, enable_timing=True):
+            self.t = None
+
+        def record(self, stream=None):
+            self.t = time.perf_counter()
+
+        def elapsed_time(self, other):
+            return (other.t - self.t) * 1e3
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    calls = []
+
+    def fn(x):
+        calls.append(x)
+        time.sleep(0.002)
+
+    t = timing.time_op(fn, [(0,), (1,), (2,)], warmup=2, iterations=7, use_graph=False)
+    assert t.method == "events" and t.runs == 7 and t.n_sets == 3
+    assert len(calls) == 1 + 2 + 7 and set(calls) == {0, 1, 2}  # inputs rotated
+    assert 1.5 < t.median_ms < 50 and t.p20_ms <= t.median_ms <= t.p80_ms and t.first_call_ms > 1.5
+    # the time budget caps slow functions at >= 5 samples
+    t = timing.time_op(fn, [(0,)], warmup=1, iterations=1000, use_graph=False, budget_ms=20)
+    assert 5 <= t.runs < 1000
