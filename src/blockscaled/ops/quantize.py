@@ -1,17 +1,393 @@
-"""Public quantize / dequantize ops (launchers: validate, allocate, launch)."""
+"""Public quantize / dequantize ops (launchers: validate, allocate, launch).
+
+Every op here is bit-for-bit equal to its pure-torch twin in
+:mod:`blockscaled.reference.quantize` run on the CPU (data, scales and global scale); the
+kernels are in :mod:`blockscaled.kernels.triton.quantize`.
+
+NaN / Inf policy (as the reference): never raise, propagate. A block containing NaN gets a
+NaN scale (fp32 NaN, E8M0 0xFF, e4m3 NaN) and dequantizes to NaN. A block containing +-Inf and
+no NaN gets an infinite fp32 scale (fp8_block: finite elements -> +-0, infinite ones -> NaN) or
+a NaN E8M0 scale (MX: every element NaN); nvfp4 with the computed global scale gets gs = 0 and
+NaN scales, with a user global scale the block scale saturates to 448 and the Inf element
+encodes as the saturated magnitude 6.0 (code 7): it dequantizes to a finite 6 * 448 / gs,
+not NaN (the reference docstring says otherwise; noted in TEAM.md).
+NaN payloads and the sign of NaN in fp32 / e4m3 outputs are outside the bitwise contract
+(``blockscaled.testing`` compares every NaN of a float dtype as one value). The sign bit of
+e2m1 NaN codes *is* compared (packed uint8 data) and follows the CPU reference: MX NaN blocks
+encode every element as code 7; nvfp4 NaN blocks as 7 or 15 by the sign of the block's NaN
+reciprocal (15 for an Inf input with the computed gs, where 0 * Inf is x86's negative NaN).
+Denormal inputs are honoured, not flushed.
+"""
 
 from __future__ import annotations
 
+import math
+
 import torch
+import triton
+import triton.language as tl
 
-from ..reference import quantize as _ref
-from ..tensor import ScaledTensor
+from .._checks import FLOAT_INPUT_DTYPES, as_global_scale, check_row_contiguous, check_tensor, resolve_quantize_args
+from ..formats import Format, ScaleRounding, get_format
+from ..kernels.triton import quantize as _k
+from ..tensor import ScaledTensor, scale_shape
+
+__all__ = ["quantize", "dequantize", "silu_mul_quantize", "tensor_amax"]
+
+_FMT_CODE = {"fp8_block": 0, "mxfp8": 1, "mxfp4": 2, "nvfp4": 3}
+_ROUND_CODE = {ScaleRounding.EXACT: 0, ScaleRounding.RCEIL: 1, ScaleRounding.FLOOR: 2, ScaleRounding.NVFP4: 3}
+
+#: Elements per program of the 1 x BK kernels: 4096 = 8 KB of bf16 read per program, i.e.
+#: 128 threads (4 warps) x 2 x 16-byte loads in flight each, and for 16384 x 7168 about
+#: 28.7k programs (>200 per SM on 132 SMs), so tail effects are negligible. Tiles span at
+#: most 1024 columns so that K = 7168 splits into whole tiles (7 x 1024) with no waste.
+_TILE_ELEMS = 4096
+_MAX_TILE_K = 1024
+_NUM_WARPS = 4
+#: On CUDA, round fp32 -> e4m3 with the hardware cast (cvt.rn.satfinite, 2 elements per
+#: instruction) instead of the integer-rounding path the interpreter needs (~12 integer ops per
+#: element, which would make the kernels compute-bound). Both are RNE with saturation; set this
+#: to False if a GPU run ever shows a data mismatch confined to e4m3 rounding.
+GPU_HW_CVT = True
 
 
-def quantize(x, fmt, *, block=None, rounding=None, global_scale=None) -> ScaledTensor:
-    # TEMPORARY: reference path until the Triton kernels land.
-    return _ref.quantize(x, fmt, block=block, rounding=rounding, global_scale=global_scale)
+def _pow2(n: int) -> int:
+    return 1 if n <= 1 else triton.next_power_of_2(n)
+
+
+def _tile_1xk(m: int, k: int, bk: int) -> tuple[int, int]:
+    """(ROWS, GROUPS) for a 1 x bk kernel on ``[m, k]``."""
+    groups = min(_MAX_TILE_K // bk, _pow2(triton.cdiv(k, bk)))
+    rows = max(1, min(_pow2(m), _TILE_ELEMS // (groups * bk)))
+    return rows, groups
+
+
+def _rows_view(t: torch.Tensor) -> torch.Tensor:
+    """``[..., K]`` -> ``[M, K]`` view (no copy; check_row_contiguous guaranteed it is possible)."""
+    if t.ndim == 2:
+        return t
+    return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
+
+
+def tensor_amax(x: torch.Tensor) -> torch.Tensor:
+    """0-d fp32 ``max(|x|)`` of a ``[..., K]`` bf16/fp16/fp32 tensor (rows may be strided,
+    last dim unit stride). NaN if any element is NaN (payload unspecified, outside the
+    contract), 0 for an empty tensor. No host sync: one kernel with a deterministic int32
+    atomic max on the bit patterns of |x| (plus a memset)."""
+    check_tensor("x", x, dtypes=FLOAT_INPUT_DTYPES, min_ndim=1)
+    check_row_contiguous("x", x)
+    return torch.ops.blockscaled.tensor_amax(x)
+
+
+def _amax_bits(x: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros(1, dtype=torch.int32, device=x.device)
+    if x.numel() == 0:
+        return out
+    x2 = _rows_view(x)
+    m, k = x2.shape
+    block_k = min(_MAX_TILE_K, _pow2(k))
+    rows = max(1, min(_pow2(m), _TILE_ELEMS // block_k))
+    # 8 row tiles (32k elements, 64 KB of bf16) per program: 3.6k atomics for 16384x7168.
+    iters = max(1, min(8, triton.cdiv(m, rows)))
+    grid = (triton.cdiv(m, rows * iters), triton.cdiv(k, block_k))
+    _k.tensor_amax_kernel[grid](x2, out, m, k, x2.stride(0), ROWS=rows, BLOCK_K=block_k, ITERS=iters,
+                                num_warps=_NUM_WARPS)
+    # (a NaN comes back with the payload of the largest-bits NaN; payloads are outside the
+    # contract, and the nvfp4 kernel canonicalises it when it reads the amax)
+    return out
+
+
+def _launch_1xk(x2, f: Format, rounding: ScaleRounding, gs_ptr, gs_out, gs_mode, silu, k, inter):
+    """Allocate ``[M, packed K]`` data and ``[M, ceil(K/bk)]`` scales, launch the 1 x bk kernel
+    on ``x2 [M, K]`` (``[M, 2K]`` gate_up when ``silu``). gs_mode: 0 none, 1 gs read from
+    ``gs_ptr`` (fp32), 2 gs computed from the int32 amax bits at ``gs_ptr`` and stored to
+    ``gs_out``."""
+    m = x2.shape[0]
+    bk = f.block_k
+    data = torch.empty((m, f.packed_k(k)), dtype=f.data_dtype, device=x2.device)
+    scale = torch.empty((m, f.scale_k(k)), dtype=f.scale_dtype, device=x2.device)
+    if m == 0 or k == 0:
+        return data, scale
+    rows, groups = _tile_1xk(m, k, bk)
+    grid = (triton.cdiv(m, rows), triton.cdiv(k, groups * bk))
+    q_arg = data.view(torch.uint8)
+    s_arg = scale.view(torch.uint8) if f.scale_dtype == torch.float8_e4m3fn else scale
+    dummy = gs_ptr if gs_ptr is not None else scale
+    _k.quantize_1xk_kernel[grid](
+        x2, q_arg, s_arg, dummy, gs_out if gs_out is not None else dummy,
+        m, k, f.packed_k(k), x2.stride(0), data.stride(0), scale.stride(0),
+        FMT=_FMT_CODE[f.name], ROUND=_ROUND_CODE[rounding], BK=bk, ROWS=rows, GROUPS=groups,
+        GS_MODE=gs_mode, SILU=silu, INTER=inter,
+        LIBDEVICE=x2.device.type == "cuda", HW_CVT=GPU_HW_CVT and x2.device.type == "cuda",
+        num_warps=_NUM_WARPS, enable_fp_fusion=False,
+    )
+    return data, scale
+
+
+def quantize(
+    x: torch.Tensor,
+    fmt: str | Format,
+    *,
+    block: tuple[int, int] | None = None,
+    rounding: ScaleRounding | str | None = None,
+    global_scale: torch.Tensor | float | None = None,
+) -> ScaledTensor:
+    """Quantize ``x`` to a block-scaled format (Triton kernels; bitwise equal to the reference).
+
+    Args:
+        x: ``[..., K]`` bf16 / fp16 / fp32 on CPU (interpreter) or CUDA, any K >= 0 (a partial
+            last block is zero-padded for the amax). Rows may be strided (e.g. a column slice of a
+            wider tensor) but the last dim must have unit stride and leading dims must flatten
+            without a copy; no silent ``.contiguous()``.
+        fmt: ``"fp8_block"``, ``"mxfp8"``, ``"mxfp4"``, ``"nvfp4"`` or a :class:`Format`.
+        block: ``(1, 128)`` (default) or ``(128, 128)`` for fp8_block (``x`` of rank >= 2; rank 3
+            ``[E, N, K]`` gives per-expert scales); ``(1, 32)`` MX; ``(1, 16)`` nvfp4.
+        rounding: fp8_block ``EXACT`` (default, ``amax / 448``) or ``RCEIL`` (power-of-two /
+            UE8M0); MX ``RCEIL`` (default) or ``FLOOR``; nvfp4 ``NVFP4``. Enum or its value.
+        global_scale: nvfp4 only: the fp32 encode scale ``gs`` as a float or a 1-element fp32
+            tensor on ``x``'s device (read by the kernel from device memory, no host sync).
+            ``None``: ``gs = 448 * 6 / amax(|x|)`` computed on the device: a tensor-amax kernel
+            then the quantize kernel (two passes over ``x``); with a given gs, one pass. A
+            Python float is copied to the device on every call: pass a device tensor on hot paths.
+
+    Returns:
+        :class:`ScaledTensor`: contiguous ``data`` ``[..., K]`` e4m3 or ``[..., ceil(K/2)]``
+        uint8 (packed e2m1, element 2i in the low nibble, odd K: high nibble of the last byte
+        0), row-major ``scale`` ``[..., ceil(K/bk)]`` (``[..., ceil(N/128), ceil(K/128)]`` for
+        128x128 blocks), and for nvfp4 a 0-d fp32 ``global_scale``.
+
+    Empty tensors return empty results without a launch. NaN/Inf: see the module docstring.
+    """
+    f, block, rounding = resolve_quantize_args(x, fmt, block, rounding, global_scale)
+    gs = None if global_scale is None else as_global_scale(global_scale, x.device)
+    data, scale, gs_out = torch.ops.blockscaled.quantize(x, f.name, block[0], rounding.value, gs)
+    if f.has_global_scale and gs is None:
+        gs = gs_out
+    return ScaledTensor(data, scale, f, torch.Size(x.shape), block, rounding, global_scale=gs)
+
+
+def _quantize_impl(x, f: Format, block, rounding: ScaleRounding, gs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(data, scale, computed gs: 0-d for nvfp4 without a given gs, else an empty (0,) tensor)."""
+    shape = tuple(x.shape)
+    k = shape[-1]
+    no_gs = torch.empty(0, dtype=torch.float32, device=x.device)
+    if block[0] > 1:
+        return (*_quantize_128x128(x, f, block, rounding), no_gs)
+    x2 = _rows_view(x)
+    gs_out = no_gs
+    if f.has_global_scale and x.numel() > 0:
+        if gs is not None:
+            data, scale = _launch_1xk(x2, f, rounding, gs, None, 1, False, k, torch.bfloat16)
+        else:
+            amax_bits = _amax_bits(x)
+            gs_out = torch.empty((), dtype=torch.float32, device=x.device)
+            data, scale = _launch_1xk(x2, f, rounding, amax_bits, gs_out, 2, False, k, torch.bfloat16)
+    else:
+        if f.has_global_scale and gs is None:
+            gs_out = torch.ones((), dtype=torch.float32, device=x.device)  # reference: amax 0 -> gs 1
+        data, scale = _launch_1xk(x2, f, rounding, None, None, 0, False, k, torch.bfloat16)
+    return data.view(*shape[:-1], data.shape[-1]), scale.view(*shape[:-1], scale.shape[-1]), gs_out
+
+
+def _quantize_128x128(x: torch.Tensor, f: Format, block, rounding) -> tuple[torch.Tensor, torch.Tensor]:
+    shape = tuple(x.shape)
+    n, k = shape[-2], shape[-1]
+    data = torch.empty(shape, dtype=f.data_dtype, device=x.device)
+    scale = torch.empty(scale_shape(shape, f, block), dtype=torch.float32, device=x.device)
+    if x.numel() > 0:
+        x3 = x.reshape(-1, n, k)  # a view: check_row_contiguous guaranteed it
+        e = x3.shape[0]
+        d3 = data.view(e, n, k)
+        s3 = scale.view(e, scale.shape[-2], scale.shape[-1])
+        grid = (triton.cdiv(k, 128), triton.cdiv(n, 128), e)
+        # One 128x128 block per program: 32 KB of bf16 in registers with 8 warps is
+        # 64 fp32 per thread, one read of x, and scales written once per block.
+        _k.quantize_128x128_kernel[grid](
+            x3, d3.view(torch.uint8), s3, e, n, k, x3.stride(0), x3.stride(1), d3.stride(0), d3.stride(1),
+            s3.stride(0), s3.stride(1), ROUND=_ROUND_CODE[rounding], BR=128, BC=128,
+            HW_CVT=GPU_HW_CVT and x.device.type == "cuda",
+            num_warps=8, enable_fp_fusion=False,
+        )
+    return data, scale
 
 
 def dequantize(q: ScaledTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return _ref.dequantize(q, dtype=dtype)
+    """``q.data * q.scale`` (``/ q.global_scale`` for nvfp4) as a contiguous ``q.shape`` tensor
+    of ``dtype`` (bf16 / fp16 / fp32), computed in fp32 then cast once.
+
+    Bitwise equal to the reference for all finite values; NaN elements come out NaN (their
+    sign / payload after the final cast is not part of the contract)."""
+    if not isinstance(q, ScaledTensor):
+        raise TypeError(f"q: expected a ScaledTensor, got {type(q).__name__}")
+    if dtype not in FLOAT_INPUT_DTYPES:
+        raise TypeError(f"dtype: expected one of {[str(d) for d in FLOAT_INPUT_DTYPES]}, got {dtype}")
+    check_row_contiguous("q.data", q.data)
+    check_row_contiguous("q.scale", q.scale)
+    return torch.ops.blockscaled.dequantize(
+        q.data, q.scale, q.global_scale, q.format.name, q.shape[-1], q.block[0], dtype
+    )
+
+
+def _dequantize_impl(data, scale, global_scale, f: Format, shape, block, dtype) -> torch.Tensor:
+    k = shape[-1]
+    out = torch.empty(shape, dtype=dtype, device=data.device)
+    if out.numel() == 0:
+        return out
+    if block[0] > 1:
+        n = shape[-2]
+        e = out.numel() // (n * k)
+        q3 = data.reshape(e, n, k).view(torch.uint8)
+        s3 = scale.reshape(e, scale.shape[-2], scale.shape[-1])
+        o3 = out.view(e, n, k)
+        grid = (triton.cdiv(k, 128), triton.cdiv(n, 128), e)
+        _k.dequantize_128x128_kernel[grid](
+            q3, s3, o3, n, k, q3.stride(0), q3.stride(1), s3.stride(0), s3.stride(1), o3.stride(0), o3.stride(1),
+            BR=128, BC=128, num_warps=8,
+        )
+        return out
+    q2 = _rows_view(data).view(torch.uint8)
+    s2 = _rows_view(scale)
+    if s2.dtype == torch.float8_e4m3fn:
+        s2 = s2.view(torch.uint8)
+    o2 = out.view(-1, k)
+    m = o2.shape[0]
+    rows, groups = _tile_1xk(m, k, f.block_k)
+    grid = (triton.cdiv(m, rows), triton.cdiv(k, groups * f.block_k))
+    gs = global_scale if global_scale is not None else s2
+    _k.dequantize_1xk_kernel[grid](
+        q2, s2, gs, o2, m, k, f.packed_k(k), q2.stride(0), s2.stride(0), o2.stride(0),
+        FMT=_FMT_CODE[f.name], BK=f.block_k, ROWS=rows, GROUPS=groups, num_warps=_NUM_WARPS,
+        enable_fp_fusion=False,
+    )
+    return out
+
+
+def silu_mul_quantize(
+    gate_up: torch.Tensor,
+    fmt: str | Format = "fp8_block",
+    *,
+    rounding: ScaleRounding | str | None = None,
+    intermediate_dtype: torch.dtype = torch.bfloat16,
+) -> ScaledTensor:
+    """Fused ``quantize((silu(g) * u).to(intermediate_dtype), fmt)`` in one kernel.
+
+    Args:
+        gate_up: ``[..., 2I]`` bf16/fp16/fp32, gate half first then up (vLLM / SGLang layout);
+            rows may be strided, last dim unit stride.
+        fmt: fp8_block (1x128 blocks; the MoE activation path), mxfp8 or mxfp4 (1x32).
+            nvfp4 needs a tensor amax of the intermediate and is not fused: raises.
+        rounding: as for :func:`quantize`.
+        intermediate_dtype: the unfused pipeline's intermediate (bf16 default, fp16, fp32).
+
+    Returns a :class:`ScaledTensor` of logical shape ``[..., I]``.
+
+    Numerics: ``silu(g) * u = g / (1 + exp(-g)) * u`` in fp32 with IEEE division, rounded to
+    the intermediate dtype, then the quantizer's exact arithmetic. ``exp`` is libdevice
+    ``expf`` on the GPU (numpy's in the interpreter) and the CPU reference uses torch's
+    vectorised expf; these may differ by 1 ulp, which can flip the rounding of a bf16
+    intermediate. So: scales are bitwise equal wherever the bf16 intermediates of a block
+    agree, and data is bitwise equal except where an intermediate differs by one bf16 ulp
+    (tested: >= 99.99% of elements bitwise equal, the rest within one e4m3 ulp).
+    """
+    check_tensor("gate_up", gate_up, dtypes=FLOAT_INPUT_DTYPES, min_ndim=1)
+    if gate_up.shape[-1] % 2:
+        raise ValueError(
+            f"gate_up: last dimension must be even (gate then up halves), got {tuple(gate_up.shape)}"
+        )
+    check_row_contiguous("gate_up", gate_up)
+    f = get_format(fmt)
+    if f.has_global_scale:
+        raise ValueError(f"fmt: silu_mul_quantize fuses 1xK formats without a global scale, got {f.name}")
+    if intermediate_dtype not in FLOAT_INPUT_DTYPES:
+        raise TypeError(
+            f"intermediate_dtype: expected one of {[str(d) for d in FLOAT_INPUT_DTYPES]}, got {intermediate_dtype}"
+        )
+    i = gate_up.shape[-1] // 2
+    out_shape = (*gate_up.shape[:-1], i)
+    # Validate fmt / rounding exactly as quantize does (on a meta stand-in of the output).
+    f, block, rounding = resolve_quantize_args(
+        torch.empty(out_shape, dtype=gate_up.dtype, device="meta"), f, None, rounding, None
+    )
+    data, scale = torch.ops.blockscaled.silu_mul_quantize(gate_up, f.name, rounding.value, intermediate_dtype)
+    return ScaledTensor(data, scale, f, torch.Size(out_shape), block, rounding)
+
+
+def _silu_mul_quantize_impl(gate_up, f: Format, rounding: ScaleRounding, intermediate_dtype):
+    i = gate_up.shape[-1] // 2
+    inter = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[
+        intermediate_dtype
+    ]
+    data, scale = _launch_1xk(_rows_view(gate_up), f, rounding, None, None, 0, True, i, inter)
+    lead = gate_up.shape[:-1]
+    return data.view(*lead, data.shape[-1]), scale.view(*lead, scale.shape[-1])
+
+
+# --------------------------------------------------------------------------- torch custom ops
+# Namespace ``blockscaled`` (shared with ops/_custom_ops.py). ScaledTensor is not a Tensor, so
+# the ops take and return its fields; the public functions above validate, pack and unpack.
+# Fake (meta) implementations give torch.compile the output shapes without running kernels.
+#   blockscaled::quantize(x, fmt, block_rows, rounding, global_scale?) -> (data, scale, gs)
+#       gs: the computed 0-d nvfp4 global scale, or an empty (0,) tensor (given gs / no gs)
+#   blockscaled::dequantize(data, scale, global_scale?, fmt, k, block_rows, dtype) -> out
+#   blockscaled::silu_mul_quantize(gate_up, fmt, rounding, intermediate_dtype) -> (data, scale)
+#   blockscaled::tensor_amax(x) -> 0-d fp32
+def _block_of(f: Format, block_rows: int) -> tuple[int, int]:
+    return (block_rows, f.block_k) if block_rows == 1 else (block_rows, block_rows)
+
+
+@torch.library.custom_op("blockscaled::quantize", mutates_args=())
+def _quantize_op(
+    x: torch.Tensor, fmt: str, block_rows: int, rounding: str, global_scale: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    f = get_format(fmt)
+    return _quantize_impl(x, f, _block_of(f, block_rows), ScaleRounding(rounding), global_scale)
+
+
+@_quantize_op.register_fake
+def _(x, fmt, block_rows, rounding, global_scale):
+    f = get_format(fmt)
+    shape = tuple(x.shape)
+    data = x.new_empty((*shape[:-1], f.packed_k(shape[-1])), dtype=f.data_dtype)
+    scale = x.new_empty(scale_shape(shape, f, _block_of(f, block_rows)), dtype=f.scale_dtype)
+    gs = x.new_empty(() if (f.has_global_scale and global_scale is None) else (0,), dtype=torch.float32)
+    return data, scale, gs
+
+
+@torch.library.custom_op("blockscaled::dequantize", mutates_args=())
+def _dequantize_op(
+    data: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor | None, fmt: str, k: int,
+    block_rows: int, dtype: torch.dtype,
+) -> torch.Tensor:
+    f = get_format(fmt)
+    shape = (*data.shape[:-1], k)
+    return _dequantize_impl(data, scale, global_scale, f, shape, _block_of(f, block_rows), dtype)
+
+
+@_dequantize_op.register_fake
+def _(data, scale, global_scale, fmt, k, block_rows, dtype):
+    return data.new_empty((*data.shape[:-1], k), dtype=dtype)
+
+
+@torch.library.custom_op("blockscaled::silu_mul_quantize", mutates_args=())
+def _silu_mul_quantize_op(
+    gate_up: torch.Tensor, fmt: str, rounding: str, intermediate_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _silu_mul_quantize_impl(gate_up, get_format(fmt), ScaleRounding(rounding), intermediate_dtype)
+
+
+@_silu_mul_quantize_op.register_fake
+def _(gate_up, fmt, rounding, intermediate_dtype):
+    f = get_format(fmt)
+    lead, i = tuple(gate_up.shape[:-1]), gate_up.shape[-1] // 2
+    return (gate_up.new_empty((*lead, f.packed_k(i)), dtype=f.data_dtype),
+            gate_up.new_empty((*lead, f.scale_k(i)), dtype=f.scale_dtype))
+
+
+@torch.library.custom_op("blockscaled::tensor_amax", mutates_args=())
+def _tensor_amax_op(x: torch.Tensor) -> torch.Tensor:
+    return _amax_bits(x).view(torch.float32).reshape(())
+
+
+@_tensor_amax_op.register_fake
+def _(x):
+    return x.new_empty((), dtype=torch.float32)

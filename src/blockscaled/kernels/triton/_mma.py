@@ -1,0 +1,218 @@
+"""Block-scaled tile MMA core: the K loop every portable GEMM kernel shares.
+
+``scaled_mma`` returns the fp32 accumulator tile ``A[rows] @ B[cols].T`` for one
+``[BLOCK_M, BLOCK_N]`` output tile of a block-scaled (or weight-only) GEMM. Dense, grouped,
+masked and dual (SwiGLU) kernels call it with pointers already offset to the right
+batch / expert and with their own row / column index vectors.
+
+Operands (logical shapes; pointers and strides in elements of the stored dtype)
+-----------------------------------------------------------------------------
+A: ``[M, K]`` row-major-ish data (``stride_ak`` along K, normally 1). Quantized formats
+   store one scale per 1 x SCALE_K block: ``a_s [M, ceil(K/SCALE_K)]``. Dense A
+   (``A_FMT == FMT_DENSE``): bf16/fp16 values, ``a_s_ptr`` ignored.
+B: ``[N, K]`` (the weight, K contiguous). Scales ``b_s [ceil(N/B_SCALE_ROWS), ceil(K/SCALE_K)]``
+   (``B_SCALE_ROWS`` = 128 for fp8_block 128x128 weights, else 1).
+Packed fp4 (mxfp4, nvfp4): data is bytes ``[rows, ceil(K/2)]``, element ``2i`` in the low
+nibble of byte ``i``; strides are byte strides; ``K`` is the logical (element) count and may
+be odd.
+
+Two ways to apply the scales (constexpr ``PROMOTE``)
+----------------------------------------------------
+* ``PROMOTE=True`` (fp8_block always): one ``tl.dot`` per K chunk of raw element values
+  (e4m3 FP8 dot; fp4 codes decoded to e4m3 exactly, every e2m1 value is an e4m3 value;
+  weight-only: raw B values cast to A's dtype, exact in fp16/bf16), then
+  ``acc += part * a_scale[:, None] * b_scale[None, :]`` in fp32. Needs the chunk inside one
+  scale block: ``SCALE_K % BLOCK_K == 0``. This is DeepSeek's "promotion" recipe.
+* ``PROMOTE=False`` (dequantize in registers): each tile is decoded to fp32, multiplied by
+  its per-element scale and cast to ``DOT_DTYPE`` (bf16 on GPUs), then one dot per
+  ``BLOCK_K`` (any multiple of 16, independent of the scale block). For MX/NV formats this is
+  exact in bf16: e4m3/e2m1 times a power of two (E8M0) or times an e4m3 scale has at most
+  6 significant bits (< 8 of bf16) and bf16 has fp32's exponent range. NOT exact for
+  fp8_block (fp32 scales), so fp8_block must use PROMOTE.
+
+Choice for fp4 (not measured here, see config/): the default is PROMOTE=False, bf16 dot with
+BLOCK_K=64/128: FP8 wgmma needs K >= 32 per instruction, so nvfp4 (16-element blocks) cannot
+promote through an FP8 dot at all, and mxfp4 promotion per 32 K pays a full accumulator FMA
+pass per 32 K. design.md run C measured MXFP8 per-32 promotion >= bf16 upcast at M <= 128
+(112 vs 87 TFLOP/s at M=128), so the heuristic may pick PROMOTE for mxfp8 / mxfp4 at small M.
+
+Interpreter: triton 3.6's interpreter returns garbage for bf16 ``tl.dot`` (and bf16
+elementwise math), so launchers pass ``DOT_DTYPE=tl.float32`` there; the products are
+exact in either dtype, only the (fp32) accumulation order differs.
+
+Indexing: row offsets are widened to int64 before multiplying by strides (``rows * K`` can
+exceed 2**31); K offsets stay int32 (K < 2**31).
+
+Global scales (nvfp4) are NOT applied here: the epilogue multiplies by ``1/(gs_a*gs_b)``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# Operand format codes (pass as tl.constexpr). Host code maps Format.name -> code with
+# FORMAT_CODES.
+FMT_FP8_BLOCK = tl.constexpr(0)
+FMT_MXFP8 = tl.constexpr(1)
+FMT_MXFP4 = tl.constexpr(2)
+FMT_NVFP4 = tl.constexpr(3)
+FMT_DENSE = tl.constexpr(4)  # A only: bf16 / fp16 activations (weight-only GEMM)
+
+FORMAT_CODES = {"fp8_block": 0, "mxfp8": 1, "mxfp4": 2, "nvfp4": 3, "dense": 4}
+#: elements sharing one scale along K, per format code
+SCALE_K_OF = {0: 128, 1: 32, 2: 32, 3: 16, 4: 1}
+
+
+@triton.jit
+def decode_e2m1(code):
+    """e2m1 codes (int32, 0..15) -> exact fp32 values (0, .5, 1, 1.5, 2, 3, 4, 6, signed)."""
+    mag = code & 7
+    # mag >= 2: exponent (mag >> 1) - 1, mantissa bit (mag & 1) -> fp32 bits
+    # ((mag >> 1) + 126) << 23 | (mag & 1) << 22 == (mag << 22) + (126 << 23).
+    big = ((mag << 22) + (126 << 23)).to(tl.float32, bitcast=True)
+    small = mag.to(tl.float32) * 0.5  # mag 0 -> 0, mag 1 -> 0.5
+    v = tl.where(mag >= 2, big, small)
+    return tl.where((code & 8) != 0, -v, v)
+
+
+@triton.jit
+def decode_scale(s, FMT: tl.constexpr):
+    """Stored scale -> fp32: fp32 as is; E8M0 uint8 -> 2**(s-127) (0 -> 2**-127, 255 -> NaN);
+    e4m3 -> its value."""
+    if FMT == FMT_FP8_BLOCK:
+        r = s.to(tl.float32)
+    elif FMT == FMT_NVFP4:
+        r = s.to(tl.float32)
+    else:
+        si = s.to(tl.int32)
+        r = (si << 23).to(tl.float32, bitcast=True)
+        r = tl.where(si == 0, tl.full(si.shape, 0x00400000, tl.int32).to(tl.float32, bitcast=True), r)
+        r = tl.where(si == 255, float("nan"), r)
+    return r
+
+
+@triton.jit
+def _load_values(ptr, row_off, mask_r, offs_k, stride_k, K, FMT: tl.constexpr, EVEN_K: tl.constexpr):
+    """Raw element values of a [R, BK] tile at absolute K indices ``offs_k``.
+
+    fp8 formats and dense: the stored dtype. fp4: fp32 decoded values. Masked -> 0."""
+    if EVEN_K:
+        mask = mask_r[:, None]
+    else:
+        mask = mask_r[:, None] & (offs_k < K)[None, :]
+    if FMT == FMT_MXFP4 or FMT == FMT_NVFP4:
+        # Gather: each element reads its byte (k // 2) and shifts by 4 * (k % 2). Every byte
+        # is read twice from L1 but fetched once from DRAM; avoids join/reshape shuffles.
+        byte = tl.load(ptr + row_off[:, None] + (offs_k // 2)[None, :] * stride_k, mask=mask, other=0)
+        code = (byte.to(tl.int32) >> ((offs_k % 2) * 4)[None, :]) & 15
+        v = decode_e2m1(code)
+    else:
+        v = tl.load(ptr + row_off[:, None] + offs_k[None, :] * stride_k, mask=mask, other=0.0)
+    return v
+
+
+@triton.jit
+def _load_tile(
+    ptr, s_ptr, row_off, s_row_off, mask_r, k0, offs_kb, stride_k, stride_sk, K,
+    FMT: tl.constexpr, SCALE_K: tl.constexpr, PROMOTE: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):
+    """One operand K chunk starting at ``k0``: returns (tile [R, BK] in the dot dtype,
+    per-row fp32 scale [R] (PROMOTE only; ones otherwise or for dense))."""
+    offs_k = k0 + offs_kb
+    v = _load_values(ptr, row_off, mask_r, offs_k, stride_k, K, FMT, EVEN_K)
+    if FMT == FMT_DENSE:
+        tile = v.to(DOT_DTYPE)
+        sc = tl.full(mask_r.shape, 1.0, tl.float32)
+    elif PROMOTE:
+        # whole chunk inside one scale block: one scale per row
+        s = tl.load(s_ptr + s_row_off + (k0 // SCALE_K) * stride_sk, mask=mask_r, other=0.0)
+        sc = decode_scale(s, FMT)
+        tile = v.to(DOT_DTYPE)
+    else:
+        if EVEN_K:
+            mask = mask_r[:, None]
+        else:
+            mask = mask_r[:, None] & (offs_k < K)[None, :]
+        s = tl.load(s_ptr + s_row_off[:, None] + (offs_k // SCALE_K)[None, :] * stride_sk, mask=mask, other=0.0)
+        tile = (v.to(tl.float32) * decode_scale(s, FMT)).to(DOT_DTYPE)
+        sc = tl.full(mask_r.shape, 1.0, tl.float32)
+    return tile, sc
+
+
+@triton.jit
+def scaled_mma(
+    a_ptr, a_s_ptr, stride_am, stride_ak, stride_asm, stride_ask,
+    b_ptr, b_s_ptr, b2_ptr, b2_s_ptr, stride_bn, stride_bk, stride_bsn, stride_bsk,
+    offs_m, offs_n, mask_m, mask_n, k_lo, k_hi,
+    A_FMT: tl.constexpr, B_FMT: tl.constexpr, B_SCALE_ROWS: tl.constexpr,
+    PROMOTE: tl.constexpr, DUAL: tl.constexpr, DOT_DTYPE: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """fp32 ``(acc, acc2)``, each [BLOCK_M, BLOCK_N]: ``sum_k A[offs_m, k] * B[offs_n, k]`` over
+    ``k in [k_lo, k_hi)`` with all block scales applied (not nvfp4 global scales).
+    ``acc2`` uses ``b2_ptr`` / ``b2_s_ptr`` (same shape, strides, format as B) when DUAL,
+    sharing the A loads; without DUAL ``acc2`` is ``acc`` (ignore it).
+
+    ``k_lo`` must be a multiple of BLOCK_K (and of the scale block when PROMOTE); rows /
+    columns with ``mask_m`` / ``mask_n`` False and ``k >= k_hi`` read as zero.
+    ``EVEN_K``: caller guarantees ``(k_hi - k_lo) % BLOCK_K == 0`` (drops the K mask).
+    """
+    SCALE_K: tl.constexpr = 128 if B_FMT == FMT_FP8_BLOCK else (16 if B_FMT == FMT_NVFP4 else 32)
+    if PROMOTE:
+        tl.static_assert(SCALE_K % BLOCK_K == 0, "PROMOTE needs BLOCK_K dividing the scale block")
+    else:
+        tl.static_assert(B_FMT != FMT_FP8_BLOCK, "fp8_block needs PROMOTE (fp32 scales are not exact in bf16)")
+    if A_FMT != FMT_DENSE:
+        tl.static_assert(A_FMT == B_FMT, "A and B formats differ")
+
+    a_row = offs_m.to(tl.int64) * stride_am
+    a_srow = offs_m.to(tl.int64) * stride_asm
+    b_row = offs_n.to(tl.int64) * stride_bn
+    b_srow = (offs_n // B_SCALE_ROWS).to(tl.int64) * stride_bsn
+    offs_kb = tl.arange(0, BLOCK_K)
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        a, sa = _load_tile(a_ptr, a_s_ptr, a_row, a_srow, mask_m, k0, offs_kb, stride_ak, stride_ask,
+                           k_hi, A_FMT, SCALE_K, PROMOTE, DOT_DTYPE, EVEN_K)
+        b, sb = _load_tile(b_ptr, b_s_ptr, b_row, b_srow, mask_n, k0, offs_kb, stride_bk, stride_bsk,
+                           k_hi, B_FMT, SCALE_K, PROMOTE, DOT_DTYPE, EVEN_K)
+        if PROMOTE:
+            part = tl.dot(a, tl.trans(b))
+            if A_FMT == FMT_DENSE:
+                acc += part * sb[None, :]
+            else:
+                acc += part * sa[:, None] * sb[None, :]
+        else:
+            acc = tl.dot(a, tl.trans(b), acc)
+        if DUAL:
+            b2, sb2 = _load_tile(b2_ptr, b2_s_ptr, b_row, b_srow, mask_n, k0, offs_kb, stride_bk, stride_bsk,
+                                 k_hi, B_FMT, SCALE_K, PROMOTE, DOT_DTYPE, EVEN_K)
+            if PROMOTE:
+                part2 = tl.dot(a, tl.trans(b2))
+                if A_FMT == FMT_DENSE:
+                    acc2 += part2 * sb2[None, :]
+                else:
+                    acc2 += part2 * sa[:, None] * sb2[None, :]
+            else:
+                acc2 = tl.dot(a, tl.trans(b2), acc2)
+    if DUAL:
+        return acc, acc2
+    else:
+        return acc, acc
+
+
+@triton.jit
+def nvfp4_output_scale(gs_a_ptr, gs_b_ptr, A_DENSE: tl.constexpr):
+    """fp32 ``1 / (gs_a * gs_b)`` (``1 / gs_b`` for weight-only) from device memory."""
+    gb = tl.load(gs_b_ptr).to(tl.float32)
+    one = tl.full([], 1.0, tl.float32)
+    if A_DENSE:
+        r = tl.math.div_rn(one, gb)  # IEEE division (``/`` lowers to the approximate div.full)
+    else:
+        ga = tl.load(gs_a_ptr).to(tl.float32)
+        r = tl.math.div_rn(one, ga * gb)
+    return r

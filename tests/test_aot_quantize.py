@@ -1,0 +1,146 @@
+"""Every quantize / dequantize kernel compiles for Hopper (sm_90) without a GPU.
+
+The compile runs in a subprocess without TRITON_INTERPRET (conftest sets it for this process).
+Pointers, K and row strides are marked divisible by 16, as Triton's runtime specialisation
+does for the shapes that matter (K = 7168, 16-byte aligned allocations); the PTX is then
+checked for 16-byte global loads / vectorised stores and IEEE division (``div.rn.f32``, never
+the approximate ``div.full.f32`` that ``/`` lowers to).
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = r'''
+import json, re, sys
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from blockscaled.kernels.triton import quantize as K
+
+TGT = GPUTarget("cuda", 90, 32)
+DIV16 = ("K", "KP", "N", "stride_xm", "stride_qm", "stride_sm", "stride_om", "stride_xn", "stride_qn",
+         "stride_xe", "stride_qe", "stride_oe", "stride_on")
+
+def comp(fn, sig, const, **opts):
+    # (every constexpr is passed explicitly: ASTSource does not apply a jit default)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items())
+             if t != "constexpr" and (t.startswith("*") or n in DIV16)}
+    src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs)
+    k = triton.compile(src, target=TGT, options=opts)
+    ptx = k.asm["ptx"]
+    return {
+        "ld": sorted(set(re.findall(r"ld\.global[\.\w]*", ptx))),
+        "st": sorted(set(re.findall(r"st\.global[\.\w]*", ptx))),
+        "div": sorted(set(re.findall(r"div\.[a-z]+\.f32", ptx))),
+        "atom": sorted(set(re.findall(r"atom\.[\.\w]*", ptx))),
+        "cvt8": sorted(set(re.findall(r"cvt\.[\.\w]*e4m3x2[\.\w]*", ptx))),
+        "cubin": len(k.asm.get("cubin", b"")),
+    }
+
+out = {}
+FMTS = [("fp8_block", 0, (0, 1), 128, "*fp32"), ("mxfp8", 1, (1, 2), 32, "*u8"),
+        ("mxfp4", 2, (1, 2), 32, "*u8"), ("nvfp4", 3, (3,), 16, "*u8")]
+for name, fmt, rounds, bk, sdt in FMTS:
+    for rnd in rounds:
+        for xdt in ("bf16", "fp32"):
+            for silu in ((False, True) if fmt != 3 else (False,)):
+                sig = {"x_ptr": "*" + xdt, "q_ptr": "*u8", "s_ptr": sdt,
+                       "gs_ptr": "*i32" if fmt == 3 else sdt, "gs_out_ptr": "*fp32",
+                       "M": "i32", "K": "i32", "KP": "i32", "stride_xm": "i32", "stride_qm": "i32",
+                       "stride_sm": "i32", "FMT": "constexpr", "ROUND": "constexpr", "BK": "constexpr",
+                       "ROWS": "constexpr", "GROUPS": "constexpr", "GS_MODE": "constexpr",
+                       "SILU": "constexpr", "INTER": "constexpr", "LIBDEVICE": "constexpr", "HW_CVT": "constexpr"}
+                const = {"FMT": fmt, "ROUND": rnd, "BK": bk, "ROWS": 4, "GROUPS": 1024 // bk,
+                         "GS_MODE": 2 if fmt == 3 else 0, "SILU": silu, "INTER": tl.bfloat16,
+                         "LIBDEVICE": True, "HW_CVT": True}
+                out[f"q_{name}_{rnd}_{xdt}_{int(silu)}"] = comp(K.quantize_1xk_kernel, sig, const, num_warps=4,
+                                                               enable_fp_fusion=False)
+        if fmt == 3:  # nvfp4 with a user global scale (fp32 pointer, one pass)
+            out["q_nvfp4_gs_given"] = comp(K.quantize_1xk_kernel, dict(sig, x_ptr="*bf16", gs_ptr="*fp32"),
+                                           dict(const, GS_MODE=1, SILU=False), num_warps=4, enable_fp_fusion=False)
+        if rnd == rounds[0]:  # the integer-rounding e4m3 path (HW_CVT=False) compiles too
+            const = dict(const, HW_CVT=False, SILU=False)
+            sig = dict(sig, x_ptr="*bf16")
+            out[f"q_{name}_{rnd}_intcvt"] = comp(K.quantize_1xk_kernel, sig, const, num_warps=4,
+                                                 enable_fp_fusion=False)
+        if fmt == 0:
+            sig = {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*fp32", "E": "i32", "N": "i32", "K": "i32",
+                   "stride_xe": "i32", "stride_xn": "i32", "stride_qe": "i32", "stride_qn": "i32",
+                   "stride_se": "i32", "stride_sn": "i32", "ROUND": "constexpr", "BR": "constexpr", "BC": "constexpr",
+                   "HW_CVT": "constexpr"}
+            out[f"w_{rnd}"] = comp(K.quantize_128x128_kernel, sig, {"ROUND": rnd, "BR": 128, "BC": 128, "HW_CVT": True},
+                                   num_warps=8, enable_fp_fusion=False)
+    for odt in ("bf16", "fp32"):
+        sig = {"q_ptr": "*u8", "s_ptr": sdt, "gs_ptr": "*fp32", "out_ptr": "*" + odt, "M": "i32", "K": "i32",
+               "KP": "i32", "stride_qm": "i32", "stride_sm": "i32", "stride_om": "i32", "FMT": "constexpr",
+               "BK": "constexpr", "ROWS": "constexpr", "GROUPS": "constexpr"}
+        out[f"dq_{name}_{odt}"] = comp(K.dequantize_1xk_kernel, sig,
+                                       {"FMT": fmt, "BK": bk, "ROWS": 4, "GROUPS": 1024 // bk}, num_warps=4)
+sig = {"q_ptr": "*u8", "s_ptr": "*fp32", "out_ptr": "*bf16", "N": "i32", "K": "i32", "stride_qe": "i32",
+       "stride_qn": "i32", "stride_se": "i32", "stride_sn": "i32", "stride_oe": "i32", "stride_on": "i32",
+       "BR": "constexpr", "BC": "constexpr"}
+out["dq_w"] = comp(K.dequantize_128x128_kernel, sig, {"BR": 128, "BC": 128}, num_warps=8)
+sig = {"x_ptr": "*bf16", "out_ptr": "*i32", "M": "i32", "K": "i32", "stride_xm": "i32",
+       "ROWS": "constexpr", "BLOCK_K": "constexpr", "ITERS": "constexpr"}
+out["amax"] = comp(K.tensor_amax_kernel, sig, {"ROWS": 4, "BLOCK_K": 1024, "ITERS": 8}, num_warps=4)
+print("JSON" + json.dumps(out))
+'''
+
+
+@pytest.fixture(scope="module")
+def ptx_info():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-4000:]
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("JSON")][-1]
+    return json.loads(line[4:])
+
+
+def test_all_kernels_compile_for_sm90(ptx_info):
+    # 26 quantize (format x rounding x dtype x silu) + 4 integer-cvt variants + nvfp4 with a
+    # given gs, 2 weight, 8 + 1 dequantize, 1 amax
+    assert len(ptx_info) == 43
+    for name, info in ptx_info.items():
+        assert info["cubin"] > 0, name
+
+
+def test_quantize_loads_are_16_bytes(ptx_info):
+    for name, info in ptx_info.items():
+        if name.startswith(("q_", "w_", "amax")):
+            assert "ld.global.v4.b32" in info["ld"], (name, info["ld"])
+
+
+def test_ieee_division_only(ptx_info):
+    for name, info in ptx_info.items():
+        assert "div.full.f32" not in info["div"] and "div.approx.f32" not in info["div"], (name, info["div"])
+    assert "div.rn.f32" in ptx_info["q_fp8_block_0_bf16_0"]["div"]  # EXACT scales divide
+    assert ptx_info["q_mxfp4_2_bf16_0"]["div"] == []  # MX FLOOR: power-of-two multiply only
+
+
+def test_data_stores_vectorised(ptx_info):
+    # e4m3 data (1 byte / element): 16-byte stores for fp8_block and mxfp8.
+    for name in ("q_fp8_block_0_bf16_0", "q_fp8_block_1_bf16_0", "q_mxfp8_1_bf16_0", "q_fp8_block_0_bf16_1"):
+        assert any(s.startswith("st.global.v") for s in ptx_info[name]["st"]), (name, ptx_info[name]["st"])
+    # packed e2m1 and dequantized outputs: at least 32-bit stores.
+    for name in ("q_mxfp4_1_bf16_0", "q_nvfp4_3_bf16_0", "dq_fp8_block_bf16", "dq_mxfp4_fp32", "dq_w"):
+        st = ptx_info[name]["st"]
+        assert any(s.startswith("st.global.v") or s.endswith("b32") for s in st), (name, st)
+
+
+def test_amax_uses_int_atomic_max(ptx_info):
+    assert any("max" in a for a in ptx_info["amax"]["atom"]), ptx_info["amax"]["atom"]
+
+
+def test_e4m3_hardware_cast(ptx_info):
+    """HW_CVT (the GPU default) lowers fp32 -> e4m3 to cvt.rn.satfinite (RNE, saturating,
+    what torch's clamp-then-cast computes); the interpreter-exact path uses no cvt."""
+    for name in ("q_fp8_block_0_bf16_0", "q_mxfp8_1_bf16_0", "w_0", "q_nvfp4_3_bf16_0"):
+        assert any("cvt.rn.satfinite.e4m3x2.f32" in c for c in ptx_info[name]["cvt8"]), (name, ptx_info[name]["cvt8"])
+    assert ptx_info["q_fp8_block_0_intcvt"]["cvt8"] == []
+

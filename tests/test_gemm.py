@@ -1,0 +1,352 @@
+"""Dense GEMM / linear: every format x output dtype against the float64 reference (CPU: the
+Triton interpreter; also runs on a GPU). Small shapes only; big ones live in test_gemm_gpu.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from blockscaled.config import GemmConfig, choose_gemm_config
+from blockscaled.kernels.triton._mma import FORMAT_CODES, scaled_mma
+from blockscaled.ops.gemm import gemm
+from blockscaled.ops.linear import linear
+from blockscaled.reference import gemm as ref_gemm_mod
+from blockscaled.reference.quantize import quantize
+from blockscaled.testing.inputs import randn_like_activations
+from blockscaled.testing.tolerances import assert_gemm_close, assert_no_nan_survivors, gemm_errors
+
+FORMATS = ("fp8_block", "mxfp8", "mxfp4", "nvfp4")
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _weights(n, k, fmt, device, seed=1, block=None):
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(n, k, generator=g) * 0.05).to(device)
+    if block is None:
+        block = (128, 128) if fmt == "fp8_block" else None
+    return quantize(w, fmt, block=block)
+
+
+def _acts(m, k, fmt, device, seed=0, dtype=torch.bfloat16):
+    x = randn_like_activations(m, k, dtype=dtype, device=device, seed=seed)
+    return x, quantize(x, fmt)
+
+
+def _check(a, b, fmt, out_dtype, config=None, what=""):
+    m = a.shape[0]
+    out = torch.full((m, b.shape[0]), float("nan"), dtype=out_dtype, device=b.device)
+    got = gemm(a, b, out_dtype, out=out, config=config)
+    assert got is out
+    ref = ref_gemm_mod.gemm(a, b)
+    assert_gemm_close(out, ref, fmt, out_dtype, what=what)
+    return out
+
+
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=str)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_formats_x_out_dtypes(fmt, out_dtype, device):
+    _, a = _acts(17, 129, fmt, device)
+    b = _weights(100, 129, fmt, device)
+    _check(a, b, fmt, out_dtype)
+    # default path (no out=): the custom op
+    y = gemm(a, b, out_dtype)
+    assert y.shape == (17, 100) and y.dtype == out_dtype
+    assert_gemm_close(y, ref_gemm_mod.gemm(a, b), fmt, out_dtype)
+
+
+SHAPES = [(1, 1, 16), (1, 24, 32), (3, 100, 127), (17, 129, 128), (64, 24, 129), (130, 24, 300), (3, 24, 50)]
+
+
+@pytest.mark.parametrize("mnk", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_shape_suite(fmt, mnk, device):
+    m, n, k = mnk
+    _, a = _acts(m, k, fmt, device)
+    b = _weights(n, k, fmt, device)
+    _check(a, b, fmt, torch.float32, what=str(mnk))
+
+
+def test_fp8_block_1x128_weights(device):
+    _, a = _acts(5, 300, "fp8_block", device)
+    b = _weights(40, 300, "fp8_block", device, block=(1, 128))
+    _check(a, b, "fp8_block", torch.float32)
+
+
+@pytest.mark.parametrize("a_dtype", (torch.bfloat16, torch.float16), ids=str)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_weight_only(fmt, a_dtype, device):
+    x, _ = _acts(9, 127, fmt, device, dtype=a_dtype)
+    b = _weights(33, 127, fmt, device)
+    for out_dtype in (torch.float32, a_dtype):
+        _check(x, b, fmt, out_dtype, what=f"weight-only {a_dtype}")
+
+
+def _forced_configs(fmt):
+    """Every tile class the heuristic can pick, split-K, both scale modes, dequant_matmul."""
+    cfgs = []
+    for i, bm in enumerate((16, 32, 64, 128)):
+        if fmt == "fp8_block":
+            cfgs.append(GemmConfig(block_m=bm, block_n=32, block_k=(64, 128)[i % 2], num_warps=4, num_stages=2,
+                                   promote=True))
+        else:
+            cfgs.append(GemmConfig(block_m=bm, block_n=32, block_k=(64, 128)[i % 2], num_warps=4, num_stages=2,
+                                   promote=False))
+    sk = {"fp8_block": 128, "mxfp8": 32, "mxfp4": 32, "nvfp4": 64}[fmt]
+    cfgs.append(GemmConfig(block_m=16, block_n=64, block_k=sk, num_warps=4, num_stages=2, split_k=3,
+                           promote=fmt != "nvfp4"))
+    if fmt in ("mxfp8", "mxfp4"):
+        cfgs.append(GemmConfig(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=2, promote=True))
+        cfgs.append(GemmConfig(block_m=16, block_n=32, block_k=16, num_warps=4, num_stages=2, promote=True))
+    cfgs.append(GemmConfig(strategy="dequant_matmul"))
+    return cfgs
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_forced_configs(fmt, device):
+    _, a = _acts(19, 200, fmt, device)
+    b = _weights(45, 200, fmt, device)
+    for cfg in _forced_configs(fmt):
+        for out_dtype in (torch.float32, torch.bfloat16):
+            _check(a, b, fmt, out_dtype, config=cfg, what=str(cfg))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_forced_weight_only_variants(fmt, device):
+    x, _ = _acts(5, 96, fmt, device)
+    b = _weights(20, 96, fmt, device)
+    bk = 16 if fmt == "nvfp4" else 32
+    for cfg in (GemmConfig(block_m=16, block_n=32, block_k=bk, num_warps=4, num_stages=2, split_k=2, promote=True),
+                GemmConfig(strategy="dequant_matmul")):
+        _check(x, b, fmt, torch.float32, config=cfg, what=str(cfg))
+        _check(x.half(), b, fmt, torch.float32, config=cfg, what=f"fp16 {cfg}")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_deterministic(fmt, device):
+    _, a = _acts(20, 160, fmt, device)
+    b = _weights(40, 160, fmt, device)
+    for cfg in (None, GemmConfig(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=2, split_k=4,
+                                 promote=fmt != "nvfp4")):
+        y1 = gemm(a, b, torch.float32, config=cfg)
+        y2 = gemm(a, b, torch.float32, config=cfg)
+        assert torch.equal(y1.view(torch.int32), y2.view(torch.int32))
+
+
+def _empty_scaled(m, k, fmt, device):
+    from blockscaled.formats import get_format
+    from blockscaled.tensor import ScaledTensor
+
+    f = get_format(fmt)
+    gs = torch.ones((), device=device) if f.has_global_scale else None
+    return ScaledTensor(torch.empty(m, f.packed_k(k), dtype=f.data_dtype, device=device),
+                        torch.empty(m, f.scale_k(k), dtype=f.scale_dtype, device=device),
+                        f, torch.Size((m, k)), (1, f.block_k), f.default_rounding, gs)
+
+
+def test_zero_size(device):
+    for fmt in FORMATS:
+        a = _empty_scaled(0, 64, fmt, device)
+        b = _weights(24, 64, fmt, device)
+        y = gemm(a, b)
+        assert y.shape == (0, 24) and y.dtype == torch.bfloat16
+        y = linear(torch.zeros(0, 64, dtype=torch.bfloat16, device=device), b)
+        assert y.shape == (0, 24)
+        y = gemm(torch.zeros(2, 0, 64, dtype=torch.bfloat16, device=device), b)
+        assert y.shape == (2, 0, 24)
+    # N = 0 and K = 0 (K = 0: the K loop is empty, every element is written as 0)
+    _, a = _acts(3, 32, "mxfp8", device)
+    assert gemm(a, _empty_scaled(0, 32, "mxfp8", device)).shape == (3, 0)
+    for fmt in FORMATS:
+        a, b = _empty_scaled(3, 0, fmt, device), _empty_scaled(5, 0, fmt, device)
+        out = torch.full((3, 5), float("nan"), device=device)
+        gemm(a, b, torch.float32, out=out)
+        assert torch.equal(out, torch.zeros(3, 5, device=device))
+
+
+def test_batched_a_and_1d(device):
+    x = randn_like_activations(2, 3, 64, device=device)
+    a = quantize(x, "mxfp8")
+    b = _weights(24, 64, "mxfp8", device)
+    y = gemm(a, b, torch.float32)
+    assert y.shape == (2, 3, 24)
+    assert_gemm_close(y, ref_gemm_mod.gemm(a, b), "mxfp8", torch.float32)
+    a1 = quantize(x[0, 0], "mxfp8")
+    y1 = gemm(a1, b, torch.float32)
+    assert y1.shape == (24,)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_linear(fmt, device):
+    x = randn_like_activations(2, 5, 130, device=device)
+    w = _weights(36, 130, fmt, device)
+    bias = torch.randn(36, device=device).to(torch.bfloat16)
+    y = linear(x, w, bias)
+    assert y.shape == (2, 5, 36) and y.dtype == torch.bfloat16
+    ref = ref_gemm_mod.linear(x, w, bias)
+    assert_gemm_close(y, ref, fmt, torch.bfloat16)
+    # fp32 output and weight-only
+    y = linear(x, w, bias, out_dtype=torch.float32)
+    assert_gemm_close(y, ref, fmt, torch.float32)
+    yw = linear(x, w, bias, out_dtype=torch.float32, weight_only=True)
+    assert_gemm_close(yw, ref_gemm_mod.linear(x, w, bias, weight_only=True), fmt, torch.float32)
+    out = torch.full((2, 5, 36), float("nan"), dtype=torch.bfloat16, device=device)
+    assert linear(x, w, out=out) is out
+    assert_no_nan_survivors(out)
+
+
+def test_linear_uses_weight_rounding(device):
+    x = randn_like_activations(4, 128, device=device)
+    w = quantize(torch.randn(8, 128, device=device), "mxfp4", rounding="floor")
+    y = linear(x, w, out_dtype=torch.float32)
+    assert_gemm_close(y, ref_gemm_mod.linear(x, w), "mxfp4", torch.float32)
+
+
+def test_heuristic_small_m_tiles():
+    cpu = torch.device("cpu")
+    assert choose_gemm_config("fp8_block", 1, 4096, 7168, cpu).block_m == 16
+    assert choose_gemm_config("fp8_block", 1, 4096, 7168, cpu).block_k == 128
+    assert choose_gemm_config("nvfp4", 64, 4096, 7168, cpu).promote is False
+    assert choose_gemm_config("mxfp8", 64, 4096, 7168, cpu).block_k == 32
+    assert choose_gemm_config("mxfp8", 4096, 4096, 7168, cpu).strategy == "triton"  # no dequant off Hopper
+
+
+def test_heuristic_hopper_rules(monkeypatch):
+    from blockscaled.config import gemm as cg
+
+    h100 = cg.DeviceInfo("cuda", 132, (9, 0), 232448)
+    monkeypatch.setattr(cg, "device_info", lambda d: h100)
+    dev = torch.device("cuda")
+    for fmt in ("mxfp8", "mxfp4", "nvfp4"):
+        assert cg.choose_gemm_config(fmt, 4096, 7168, 2048, dev).strategy == "dequant_matmul"
+        assert cg.choose_gemm_config(fmt, 4096, 7168, 2048, dev, a_dtype=torch.bfloat16).strategy == "dequant_matmul"
+        assert cg.choose_gemm_config(fmt, 1, 7168, 2048, dev).strategy == "triton"
+    c = cg.choose_gemm_config("fp8_block", 4096, 7168, 16384, dev)
+    assert (c.strategy, c.block_m, c.block_n, c.block_k, c.num_warps) == ("triton", 128, 128, 128, 8)
+    assert 3 <= c.num_stages <= 4
+    # decode: 64-row tiles (smallest FP8 wgmma), split-K to fill the SMs
+    c = cg.choose_gemm_config("fp8_block", 1, 2112, 7168, dev)
+    assert c.block_m == 64 and c.split_k > 1
+    assert cg.choose_gemm_config("nvfp4", 1, 2112, 7168, dev).block_m == 16
+    assert cg.choose_gemm_config("fp8_block", 4096, 7168, 2048, dev, out_dtype=torch.float32).strategy == "triton"
+
+
+# --------------------------------------------------------------------------- errors
+def test_errors(device):
+    _, a = _acts(4, 64, "mxfp8", device)
+    b = _weights(8, 64, "mxfp8", device)
+    with pytest.raises(ValueError, match="a.format"):
+        gemm(quantize(torch.randn(4, 64, device=device), "mxfp4"), b)
+    with pytest.raises(ValueError, match="K mismatch"):
+        gemm(quantize(torch.randn(4, 96, device=device), "mxfp8"), b)
+    with pytest.raises(ValueError, match="a.block"):
+        w8 = _weights(8, 128, "fp8_block", device)
+        gemm(w8, w8)  # 128x128 A
+    with pytest.raises(TypeError, match="out_dtype"):
+        gemm(a, b, torch.int32)
+    with pytest.raises(ValueError, match="out: expected shape"):
+        gemm(a, b, out=torch.empty(4, 9, dtype=torch.bfloat16, device=device))
+    with pytest.raises(TypeError, match="out: expected dtype"):
+        gemm(a, b, out=torch.empty(4, 8, dtype=torch.float16, device=device))
+    with pytest.raises(ValueError, match="contiguous"):
+        gemm(a, b, out=torch.empty(8, 4, dtype=torch.bfloat16, device=device).t())
+    with pytest.raises(TypeError, match="b: expected a ScaledTensor"):
+        gemm(a, torch.randn(8, 64, device=device))
+    with pytest.raises(TypeError, match="a: a dense"):
+        gemm(torch.randn(4, 64, device=device), b)
+    with pytest.raises(ValueError, match="b: expected a 2-D"):
+        gemm(a, quantize(torch.randn(2, 8, 64, device=device), "mxfp8"))
+    with pytest.raises(ValueError, match="promote"):
+        gemm(_acts(4, 128, "fp8_block", device)[1], _weights(8, 128, "fp8_block", device),
+             config=GemmConfig(promote=False))
+    with pytest.raises(ValueError, match="block_k"):
+        gemm(a, b, config=GemmConfig(block_k=64, promote=True))
+    with pytest.raises(ValueError, match="GemmConfig.strategy"):
+        GemmConfig(strategy="magic")
+    with pytest.raises(ValueError, match="x: K mismatch"):
+        linear(torch.randn(4, 32, dtype=torch.bfloat16, device=device), b)
+    with pytest.raises(TypeError, match="x: expected dtype"):
+        linear(torch.randn(4, 64, device=device), b)
+    with pytest.raises(ValueError, match="bias: expected shape"):
+        linear(torch.randn(4, 64, dtype=torch.bfloat16, device=device), b, torch.zeros(7, device=device))
+
+
+def test_errors_device_mismatch():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a second device type")
+    _, a = _acts(4, 64, "mxfp8", "cpu")
+    b = _weights(8, 64, "mxfp8", "cuda")
+    with pytest.raises(ValueError, match="one device"):
+        gemm(a, b)
+
+
+# --------------------------------------------------------------------------- DUAL mode of the core
+@triton.jit
+def _dual_test_kernel(a_ptr, a_s_ptr, b_ptr, b_s_ptr, b2_ptr, b2_s_ptr, c_ptr, c2_ptr, M, N, K,
+                      stride_am, stride_asm, stride_bn, stride_bsn,
+                      A_FMT: tl.constexpr, B_FMT: tl.constexpr, B_SCALE_ROWS: tl.constexpr,
+                      PROMOTE: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    acc, acc2 = scaled_mma(a_ptr, a_s_ptr, stride_am, 1, stride_asm, 1,
+                           b_ptr, b_s_ptr, b2_ptr, b2_s_ptr, stride_bn, 1, stride_bsn, 1,
+                           offs_m, offs_n, mask_m, mask_n, 0, K,
+                           A_FMT, B_FMT, B_SCALE_ROWS, PROMOTE, True, DOT_DTYPE, False,
+                           BLOCK_M, BLOCK_N, BLOCK_K)
+    off = offs_m[:, None] * N + offs_n[None, :]
+    mask = mask_m[:, None] & mask_n[None, :]
+    tl.store(c_ptr + off, acc, mask=mask)
+    tl.store(c2_ptr + off, acc2, mask=mask)
+
+
+@pytest.mark.parametrize("fmt", ("fp8_block", "mxfp8", "mxfp4"))
+def test_core_dual_mode(fmt, device):
+    m, n, k = 9, 40, 150
+    _, a = _acts(m, k, fmt, device)
+    b = _weights(n, k, fmt, device, seed=1)
+    b2 = _weights(n, k, fmt, device, seed=2)
+    c = torch.full((m, n), float("nan"), device=device)
+    c2 = torch.full((m, n), float("nan"), device=device)
+    promote = fmt != "mxfp4"
+    bk = 128 if fmt == "fp8_block" else (32 if promote else 64)
+    dot = tl.float8e4nv if promote else (tl.float32 if device == "cpu" else tl.bfloat16)
+    _dual_test_kernel[(triton.cdiv(m, 16), triton.cdiv(n, 32))](
+        a.data, a.scale, b.data, b.scale, b2.data, b2.scale, c, c2, m, n, k,
+        a.data.stride(0), a.scale.stride(0), b.data.stride(0), b.scale.stride(0),
+        A_FMT=FORMAT_CODES[fmt], B_FMT=FORMAT_CODES[fmt], B_SCALE_ROWS=b.block[0], PROMOTE=promote,
+        DOT_DTYPE=dot, BLOCK_M=16, BLOCK_N=32, BLOCK_K=bk)
+    assert_gemm_close(c, ref_gemm_mod.gemm(a, b), fmt, torch.float32)
+    assert_gemm_close(c2, ref_gemm_mod.gemm(a, b2), fmt, torch.float32)
+
+
+# --------------------------------------------------------------------------- torch.compile
+def test_torch_compile_fullgraph(device):
+    backend = "inductor" if device == "cuda" else "aot_eager"
+    _, a = _acts(8, 64, "nvfp4", device)
+    b = _weights(24, 64, "nvfp4", device)
+    x = randn_like_activations(8, 64, device=device)
+
+    def f(a, b, x, o1, o2):
+        gemm(a, b, torch.float32, out=o1)  # mutating custom ops (destination passing)
+        linear(x, b, out=o2, out_dtype=torch.float32)
+        return gemm(a, b, torch.float32), linear(x, b, out_dtype=torch.float32)
+
+    torch._dynamo.reset()
+    cf = torch.compile(f, fullgraph=True, backend=backend)
+    o1 = torch.full((8, 24), float("nan"), device=device)
+    o2 = torch.full((8, 24), float("nan"), device=device)
+    y, z = cf(a, b, x, o1, o2)
+    ref_y, ref_z = ref_gemm_mod.gemm(a, b), ref_gemm_mod.linear(x, b)
+    for got, ref in ((y, ref_y), (o1, ref_y), (z, ref_z), (o2, ref_z)):
+        assert_gemm_close(got, ref, "nvfp4", torch.float32)
+
+
+def test_errors_metric_helper():
+    r = torch.tensor([[1.0, -2.0]])
+    assert gemm_errors(r, r) == (0.0, 0.0)
+    with pytest.raises(AssertionError, match="NaN"):
+        assert_no_nan_survivors(torch.tensor([1.0, float("nan")]))

@@ -1,0 +1,540 @@
+"""Triton quantizers / dequantizers vs the pure-torch reference (bit for bit), golden cases,
+round-trip bounds, bad input. CPU runs go through the Triton interpreter (conftest)."""
+
+import importlib
+import math
+
+import pytest
+import torch
+
+from blockscaled.formats import ScaleRounding
+from blockscaled.ops.quantize import dequantize, quantize, silu_mul_quantize, tensor_amax
+from blockscaled.tensor import ScaledTensor
+from blockscaled.testing import assert_scaled_equal, bitwise_equal, randn_like_activations, special_values
+
+# numpy warnings from the interpreter (exp overflow in SiLU, masked lanes) are expected.
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+R = importlib.import_module("blockscaled.reference.quantize")
+
+FMT_ROUNDINGS = [
+    ("fp8_block", "exact"), ("fp8_block", "rceil"),
+    ("mxfp8", "rceil"), ("mxfp8", "floor"),
+    ("mxfp4", "rceil"), ("mxfp4", "floor"),
+    ("nvfp4", None),
+]
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+SHAPES = [(1, 1), (1, 7), (3, 16), (2, 33), (5, 129), (4, 300), (2, 3, 257), (1, 1024)]
+
+
+def _x(shape, dtype, device, seed=0):
+    x = randn_like_activations(*shape, dtype=torch.float32, seed=seed)
+    if dtype == torch.float16:
+        x = x.clamp(-6e4, 6e4)
+    return x.to(dtype).to(device)
+
+
+def _check(x, fmt, rounding=None, **kw):
+    got = quantize(x, fmt, rounding=rounding, **kw)
+    want = R.quantize(x.cpu(), fmt, rounding=rounding, **{k: (v.cpu() if isinstance(v, torch.Tensor) else v)
+                                                          for k, v in kw.items()})
+    assert_scaled_equal(got.cpu(), want)
+    assert got.device == x.device
+    return got, want
+
+
+def _deq_equal(a, b):
+    """Bitwise equal, except that NaN only has to meet NaN (sign/payload after the final cast
+    is not part of dequantize's contract)."""
+    a, b = a.cpu(), b.cpu()
+    assert a.shape == b.shape and a.dtype == b.dtype
+    na, nb = torch.isnan(a), torch.isnan(b)
+    assert torch.equal(na, nb)
+    assert bitwise_equal(torch.where(na, 0, a), torch.where(nb, 0, b))
+
+
+# --------------------------------------------------------------------------- bitwise, random
+@pytest.mark.parametrize("fmt,rounding", FMT_ROUNDINGS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_bitwise_random(fmt, rounding, dtype, device):
+    for i, shape in enumerate(SHAPES):
+        x = _x(shape, dtype, device, seed=i)
+        got, want = _check(x, fmt, rounding)
+        _deq_equal(dequantize(got, torch.float32), R.dequantize(want, torch.float32))
+
+
+@pytest.mark.parametrize("fmt,rounding", FMT_ROUNDINGS)
+def test_dequantize_dtypes(fmt, rounding, device):
+    x = _x((3, 200), torch.bfloat16, device)
+    got = quantize(x, fmt, rounding=rounding)
+    for dt in DTYPES:
+        out = dequantize(got, dt)
+        assert out.dtype == dt and out.shape == x.shape and out.is_contiguous()
+        _deq_equal(out, R.dequantize(got.cpu(), dt))
+
+
+@pytest.mark.parametrize("fmt,rounding", FMT_ROUNDINGS)
+def test_strided_rows(fmt, rounding, device):
+    wide = _x((6, 400), torch.bfloat16, device, seed=3)
+    x = wide[:, 16:316]  # column slice: row stride 400, unit last-dim stride
+    assert not x.is_contiguous()
+    _check(x, fmt, rounding)
+    x3 = _x((2, 3, 80), torch.float32, device)[..., :47]
+    _check(x3, fmt, rounding)
+
+
+@pytest.mark.parametrize("fmt,rounding", FMT_ROUNDINGS)
+def test_special_values_bitwise(fmt, rounding, device):
+    """NaN, +-Inf, signed zeros, denormals, ties, huge values: each in its own block and all
+    mixed in one block; bitwise equal to the CPU reference, NaN signs included."""
+    for dt in DTYPES:
+        sv = special_values(dt)
+        n = sv.numel()
+        blocks = torch.zeros(n + 1, 48, dtype=dt)
+        blocks[:n, 0] = sv
+        blocks[:n, 1] = 1.5
+        blocks[:n, 2] = -3.0
+        blocks[n, :n] = sv
+        blocks[:, 40] = -sv[-1]  # a negative NaN in every row's second MX / nvfp4 block
+        _check(blocks.to(device), fmt, rounding)
+
+
+def test_nvfp4_user_global_scale(device):
+    x = _x((4, 100), torch.bfloat16, device)
+    for gs in (1.0, 0.37, torch.tensor(5.5, device=device), torch.tensor([123.0], device=device)):
+        _check(x, "nvfp4", global_scale=gs)
+    got, _ = _check(x, "nvfp4")
+    assert got.global_scale.shape == () and got.global_scale.dtype == torch.float32
+
+
+def test_nvfp4_infinite_input(device):
+    x = torch.tensor([[1.0, float("inf")] + [0.5] * 30], device=device)
+    _check(x, "nvfp4")  # computed gs = 0 -> NaN scales
+    _check(x, "nvfp4", global_scale=2.0)  # user gs: scale saturates to 448, Inf -> NaN code
+
+
+# --------------------------------------------------------------------------- hypothesis shapes
+try:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+except ImportError:  # pragma: no cover - hypothesis is a test extra
+    given = None
+
+if given is not None:
+
+    @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(
+        m=st.integers(0, 9),
+        k=st.integers(1, 400),
+        pad=st.integers(0, 40),
+        fr=st.sampled_from(FMT_ROUNDINGS),
+        dtype=st.sampled_from(DTYPES),
+        seed=st.integers(0, 2**16),
+    )
+    def test_bitwise_hypothesis(m, k, pad, fr, dtype, seed):
+        """Random shapes, row strides (a column slice of a wider tensor) and formats."""
+        from conftest import DEVICE
+
+        fmt, rounding = fr
+        wide = _x((m, k + pad), dtype, DEVICE, seed=seed)
+        x = wide[:, pad:]
+        q = quantize(x, fmt, rounding=rounding)
+        if m == 0:
+            assert q.shape == x.shape and q.data.numel() == 0
+            return
+        assert_scaled_equal(q.cpu(), R.quantize(x.cpu(), fmt, rounding=rounding))
+        _deq_equal(dequantize(q), R.dequantize(q.cpu()))
+
+
+# --------------------------------------------------------------------------- fp8_block weights
+@pytest.mark.parametrize("rounding", ["exact", "rceil"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_weights_128x128(rounding, dtype, device):
+    for i, shape in enumerate([(1, 1), (130, 300), (3, 129, 257), (128, 128)]):
+        x = _x(shape, dtype, device, seed=i)
+        got, want = _check(x, "fp8_block", rounding, block=(128, 128))
+        _deq_equal(dequantize(got, torch.bfloat16), R.dequantize(want, torch.bfloat16))
+
+
+def test_weights_special_and_strided(device):
+    x = _x((200, 300), torch.float32, device)
+    x[5, 7] = float("nan")
+    x[150, 280] = float("inf")
+    x[130:, :128] = 0.0
+    _check(x, "fp8_block", block=(128, 128))
+    _check(x[:, 10:250], "fp8_block", "rceil", block=(128, 128))
+
+
+# --------------------------------------------------------------------------- zero-size
+@pytest.mark.parametrize("fmt,rounding", FMT_ROUNDINGS)
+def test_zero_size(fmt, rounding, device):
+    for shape in [(0, 300), (3, 0), (0,), (2, 0, 40)]:
+        x = torch.empty(shape, device=device)
+        q = quantize(x, fmt, rounding=rounding)
+        assert q.shape == x.shape and q.data.numel() == 0
+        if shape[-1] == 0:  # (the reference cannot reshape zero rows with K > 0, see report)
+            assert_scaled_equal(q.cpu(), R.quantize(x.cpu(), fmt, rounding=rounding))
+        if fmt == "nvfp4":
+            assert q.global_scale.item() == 1.0
+        assert dequantize(q).shape == x.shape
+    w = quantize(torch.empty(2, 0, 7, device=device), "fp8_block", block=(128, 128))
+    assert tuple(w.scale.shape) == (2, 0, 1)
+    assert tensor_amax(torch.empty(0, 4, device=device)).item() == 0.0
+
+
+# --------------------------------------------------------------------------- tensor amax
+def test_tensor_amax(device):
+    for i, shape in enumerate([(1,), (3, 5), (70, 1500), (2, 3, 129)]):
+        x = _x(shape, torch.bfloat16, device, seed=i)
+        assert bitwise_equal(tensor_amax(x), R.tensor_amax(x.cpu()))
+    x = _x((40, 100), torch.float32, device)
+    x[33, 3] = -float("inf")
+    assert tensor_amax(x).item() == float("inf")
+    x[1, 99] = -float("nan")
+    a = tensor_amax(x)
+    assert a.shape == () and torch.isnan(a) and bitwise_equal(a, R.tensor_amax(x.cpu()))
+    assert tensor_amax(x[:, 10:60]).item() == x[:, 10:60].abs().max().item()  # strided, NaN-free part
+
+
+# --------------------------------------------------------------------------- golden cases
+def _bytes(t):
+    return t.cpu().contiguous().view(torch.uint8).flatten().tolist()
+
+
+def _f32bits(t):
+    return [v & 0xFFFFFFFF for v in t.cpu().float().contiguous().view(torch.int32).flatten().tolist()]
+
+
+def test_golden_fp8_block(device):
+    row = torch.zeros(6, 128)
+    # block 0: amax 448 -> scale 1.0; e4m3 ties round to even, e4m3 subnormal ties
+    row[0, :9] = torch.tensor([448, 1.0625, 1.1875, 17, 19, 2**-10, 3 * 2**-10, -1.0625, -0.0])
+    # block 1: zero block -> scale 2**-126, data 0
+    # block 2: fp32 denormal input 2**-130 -> scale 2**-126, data 2**-4 (0x18)
+    row[2, 0] = 2.0**-130
+    # block 3: NaN block; block 4: Inf block
+    row[3, :3] = torch.tensor([float("nan"), 1.0, -float("nan")])
+    row[4, :4] = torch.tensor([float("inf"), 1.0, -2.0, -float("inf")])
+    # block 5: amax 449: EXACT scale 449/448, RCEIL scale 2 (449/2 = 224.5 -> 224 = 0x76)
+    row[5, 0] = 449.0
+    x = row.to(device)
+    q = quantize(x, "fp8_block")
+    d = _bytes(q.data)
+    assert d[:9] == [0x7E, 0x38, 0x3A, 0x58, 0x5A, 0x00, 0x02, 0xB8, 0x80]
+    s = _f32bits(q.scale)
+    assert s[0] == 0x3F800000 and s[1] == 0x00800000 and s[2] == 0x00800000
+    assert d[128:256] == [0] * 128
+    assert d[256] == 0x18
+    nan8 = lambda b: b & 0x7F == 0x7F  # e4m3 NaN, either sign (NaN signs are outside the contract)
+    assert math.isnan(q.scale.cpu()[3].item()) and all(nan8(b) for b in d[384:512])
+    assert s[4] == 0x7F800000 and nan8(d[512]) and d[513:516] == [0x00, 0x80] + [d[515]] and nan8(d[515])
+    assert s[5] == _f32bits(torch.tensor(449.0) / 448.0)[0] and d[640] == 0x7E
+    r = quantize(x, "fp8_block", rounding="rceil")
+    assert _f32bits(r.scale)[5] == 0x40000000 and _bytes(r.data)[640] == 0x76
+    assert _f32bits(r.scale)[0] == 0x3F800000
+    assert_scaled_equal(q.cpu(), R.quantize(x.cpu(), "fp8_block"))
+    assert_scaled_equal(r.cpu(), R.quantize(x.cpu(), "fp8_block", rounding="rceil"))
+
+
+def test_golden_mx(device):
+    x = torch.zeros(5, 32)
+    x[0, 0] = 500.0  # mxfp8: FLOOR 2**(8-8) -> 127, 500 saturates to 448; RCEIL 2 -> 128, 250 -> 256
+    x[1, 0] = 2.0**-127  # denormal: both roundings -> E8M0 0 (2**-127), data 1.0
+    x[2, 0] = 7.0  # mxfp4: FLOOR 2**(2-2) -> 127, 7 -> 6 (code 7); RCEIL 7/6 -> 2 -> 128, 3.5 -> 4 (code 6)
+    x[3, :10] = torch.tensor([6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, 0.0])  # e2m1 ties
+    x[4, :3] = torch.tensor([1.0, -float("nan"), -2.0])  # NaN block
+    x = x.to(device)
+    f8 = quantize(x, "mxfp8", rounding="floor")
+    c8 = quantize(x, "mxfp8", rounding="rceil")
+    assert _bytes(f8.scale)[:2] == [127, 0] and _bytes(f8.data)[0] == 0x7E and _bytes(f8.data)[32] == 0x38
+    assert _bytes(c8.scale)[:2] == [128, 0] and _bytes(c8.data)[0] == 0x78 and _bytes(c8.data)[32] == 0x38
+    assert _bytes(f8.scale)[4] == 255 and all(b & 0x7F == 0x7F for b in _bytes(f8.data)[128:160])
+    f4 = quantize(x, "mxfp4", rounding="floor")
+    c4 = quantize(x, "mxfp4", rounding="rceil")
+    assert _bytes(f4.scale)[2] == 127 and _bytes(f4.data)[32] == 0x07
+    assert _bytes(c4.scale)[2] == 128 and _bytes(c4.data)[32] == 0x06
+    for q in (f4, c4):
+        assert _bytes(q.scale)[3] == 127
+        assert _bytes(q.data)[48:53] == [0x07, 0x22, 0x44, 0x66, 0x08]
+        # NaN block: scale 0xFF; every element becomes the +NaN code 7 (the reference's
+        # x * NaN-reciprocal returns the reciprocal's +NaN, also for the -NaN element).
+        assert _bytes(q.scale)[4] == 255 and _bytes(q.data)[64:80] == [0x77] * 16
+    for q in (f8, c8, f4, c4):
+        assert_scaled_equal(q.cpu(), R.quantize(x.cpu(), q.format, rounding=q.rounding))
+
+
+def test_golden_nvfp4(device):
+    x = torch.zeros(3, 16)
+    x[0, :8] = torch.tensor([6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])  # gs 1: sf = 6/6 = 1.0 (0x38)
+    x[1, 0] = 3000.0  # t = 500: sf saturates to 448 (0x7E); 3000/448 = 6.7 -> 6 (code 7)
+    x = x.to(device)
+    q = quantize(x, "nvfp4", global_scale=1.0)
+    assert _bytes(q.scale) == [0x38, 0x7E, 0x00]  # zero block: sf 0, data 0
+    assert _bytes(q.data)[:4] == [0x07, 0x22, 0x44, 0x66] and _bytes(q.data)[8] == 0x07
+    assert _bytes(q.data)[16:] == [0] * 8
+    assert_scaled_equal(q.cpu(), R.quantize(x.cpu(), "nvfp4", global_scale=1.0))
+    # Computed gs = 2688 / amax, IEEE division (2688 / 3 = 896 exactly; 2688 / 7.3 rounded).
+    y = torch.tensor([[3.0] * 16], device=device)
+    assert _f32bits(quantize(y, "nvfp4").global_scale) == [0x44600000]  # 896.0
+    y = torch.tensor([[7.3] * 16], device=device)
+    g = quantize(y, "nvfp4").global_scale
+    want = torch.tensor(2688.0) / torch.tensor(7.3)
+    assert _f32bits(g) == _f32bits(want)
+
+
+# --------------------------------------------------------------------------- odd K for fp4
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+def test_fp4_odd_k_high_nibble_zero(fmt, device):
+    x = _x((3, 33), torch.bfloat16, device) + 0.5
+    q, _ = _check(x, fmt)
+    assert q.data.shape == (3, 17)
+    assert all(b >> 4 == 0 for b in _bytes(q.data[:, -1]))
+
+
+# --------------------------------------------------------------------------- round-trip bounds
+def _half_ulp(y, elem):
+    """Half an element ulp at |y| (y in element units): e4m3 3 mantissa bits, subnormal step
+    2**-9; e2m1 1 mantissa bit, subnormal step 0.5 (so half ulps: max(|y|/16, 2**-10) and
+    max(|y|/4, 1/4))."""
+    a = y.abs()
+    if elem == "e4m3":
+        return torch.maximum(a * 2.0**-4, torch.full_like(a, 2.0**-10))
+    return torch.maximum(a * 0.25, torch.full_like(a, 0.25))
+
+
+@pytest.mark.parametrize("fmt,rounding", FMT_ROUNDINGS)
+def test_roundtrip_error_bound(fmt, rounding, device):
+    """|x - dequantize(quantize(x))| <= half an element ulp at the block scale (times 1 +
+    2**-20 for the fp32 roundings of the division and of the dequantize product), except for
+    elements that saturate (FLOOR's top binade, nvfp4's rounded-down scale), which are off by
+    |y| - elem_max at most."""
+    x = _x((6, 320), torch.float32, device)
+    q = quantize(x, fmt, rounding=rounding)
+    xd = dequantize(q).cpu().double()
+    x = x.cpu().double()
+    f = q.format
+    if f.scale_kind == "fp32":
+        s = q.scale.cpu().double().repeat_interleave(128, -1)[:, :320]
+    elif f.scale_kind == "e8m0":
+        s = R.e8m0_to_fp32(q.scale.cpu()).double().repeat_interleave(32, -1)[:, :320]
+    else:
+        s = q.scale.cpu().float().double().repeat_interleave(16, -1)[:, :320] / q.global_scale.cpu().double()
+    y = x / s  # element units
+    err = (x - xd).abs() / s
+    # (EXACT scales are fl(amax / 448), so the block max can sit 1 fp32 ulp above 448 here)
+    sat = y.abs() > f.elem_max * (1 + 2.0**-20)
+    slack = y.abs() * 2.0**-20  # fp32 roundings of the scaling and of the dequantize product
+    bound = _half_ulp(y, f.elem) + slack
+    assert torch.all(err[~sat] <= bound[~sat]), (err - bound).max()
+    assert torch.all(err[sat] <= (y.abs() - f.elem_max + slack)[sat])
+    if rounding in ("exact", "rceil"):
+        assert not sat.any()  # these roundings never clip
+
+
+# --------------------------------------------------------------------------- silu_mul_quantize
+def _silu_np(gate_up, inter):
+    """The reference's ``silu_mul`` with numpy's float32 expf (what the interpreter runs)."""
+    import numpy as np
+
+    i = gate_up.shape[-1] // 2
+    g = gate_up[..., :i].float()
+    u = gate_up[..., i:].float()
+    e = torch.from_numpy(np.exp((-g).numpy()))
+    return (g / (1.0 + e) * u).to(inter)
+
+
+def _assert_silu_close(got, gu, fmt="fp8_block", rounding=None, inter=torch.bfloat16):
+    """Fused SiLU-mul-quantize vs the reference.
+
+    ``exp`` is the only transcendental: libdevice expf (GPU), numpy expf (interpreter) and
+    torch's CPU expf may differ by 1 ulp, which can flip the rounding of an intermediate.
+    (1) In the interpreter the kernel is bitwise equal to the reference fed with numpy-exp
+    intermediates. (2) Against the torch reference: scales bitwise equal in every block whose
+    intermediates agree, others within 2**-7 relative (one bf16 ulp of the amax); data
+    >= 99.99% bitwise equal and the rest within one element ulp, same sign."""
+    on_cpu = got.device.type == "cpu"  # the interpreter
+    gu = gu.cpu()
+    want = R.silu_mul_quantize(gu, fmt, rounding=rounding, intermediate_dtype=inter)
+    if on_cpu:
+        assert_scaled_equal(got, R.quantize(_silu_np(gu, inter), fmt, rounding=rounding))
+    got = got.cpu()
+    assert got.shape == want.shape and got.format == want.format
+    h_ref = R.silu_mul(gu).to(inter)
+    bk = want.format.block_k
+    i = h_ref.shape[-1]
+    sg = got.scale.float() if want.format.scale_kind != "e8m0" else R.e8m0_to_fp32(got.scale)
+    sw = want.scale.float() if want.format.scale_kind != "e8m0" else R.e8m0_to_fp32(want.scale)
+    same = torch.eq(sg.view(torch.int32), sw.view(torch.int32))
+    assert torch.all((sg - sw).abs() <= sw.abs() * 2.0**-7), "scales differ by more than one bf16 ulp"
+    if on_cpu:
+        h_np = _silu_np(gu, inter)
+        pad = (-i) % bk
+        agree = torch.nn.functional.pad((h_np == h_ref).float(), (0, pad), value=1.0)
+        agree = agree.view(*agree.shape[:-1], -1, bk).amin(-1).bool()
+        assert torch.all(same[agree]), "scales differ in a block whose intermediates agree"
+    if want.format.is_fp4:
+        gd = R.unpack_fp4(got.data, i).int()
+        wd = R.unpack_fp4(want.data, i).int()
+        sign = 8
+    else:
+        gd, wd = got.data.view(torch.uint8).int(), want.data.view(torch.uint8).int()
+        sign = 0x80
+    # data compared in the blocks whose scale agrees (elsewhere the whole block is re-scaled)
+    same_blk = same.repeat_interleave(bk, -1)[..., :i]
+    if on_cpu:  # small shapes: every mismatch must sit on an intermediate that differs
+        assert torch.all((gd == wd)[same_blk] | (h_np != h_ref)[same_blk])
+    gd, wd = gd[same_blk], wd[same_blk]
+    if gd.numel() == 0:
+        return
+    if not on_cpu:
+        eq = (gd == wd).float().mean().item()
+        assert eq >= 0.9999, eq
+    assert torch.all(((gd ^ wd) & sign) == 0) and int((gd - wd).abs().max()) <= 1
+
+
+@pytest.mark.parametrize("rounding", ["exact", "rceil"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_silu_mul_quantize(rounding, dtype, device):
+    for i, shape in enumerate([(1, 2), (3, 258), (2, 2, 600), (5, 512)]):
+        gu = _x(shape, dtype, device, seed=i)
+        got = silu_mul_quantize(gu, rounding=rounding)
+        assert got.format.name == "fp8_block" and got.shape == (*shape[:-1], shape[-1] // 2)
+        _assert_silu_close(got, gu, rounding=rounding)
+    wide = _x((4, 700), torch.bfloat16, device)
+    _assert_silu_close(silu_mul_quantize(wide[:, :600], rounding=rounding), wide[:, :600], rounding=rounding)
+
+
+def test_silu_mul_quantize_mx_and_intermediates(device):
+    gu = _x((3, 130), torch.bfloat16, device)
+    for fmt in ("mxfp8", "mxfp4"):
+        _assert_silu_close(silu_mul_quantize(gu, fmt), gu, fmt)
+    for it in (torch.float16, torch.float32):
+        _assert_silu_close(silu_mul_quantize(gu, intermediate_dtype=it), gu, inter=it)
+    q = silu_mul_quantize(torch.empty(0, 6, device=device))
+    assert q.shape == (0, 3)
+
+
+# --------------------------------------------------------------------------- bad input
+def test_bad_inputs(device):
+    x = _x((4, 64), torch.bfloat16, device)
+    with pytest.raises(TypeError, match=r"x: expected dtype in .*got torch.float64"):
+        quantize(x.double(), "fp8_block")
+    with pytest.raises(TypeError, match=r"x: expected dtype in .*got torch.int32"):
+        quantize(x.int(), "fp8_block")
+    with pytest.raises(TypeError, match=r"x: expected a torch.Tensor"):
+        quantize([1.0, 2.0], "fp8_block")
+    with pytest.raises(ValueError, match=r"x: expected at least 1 dimension"):
+        quantize(torch.tensor(1.0, device=device), "mxfp8")
+    with pytest.raises(ValueError, match=r"x: the last dimension must have stride 1"):
+        quantize(_x((64, 4), torch.bfloat16, device).t(), "fp8_block")
+    with pytest.raises(ValueError, match=r"block: mxfp8 allows \[\(1, 32\)\], got \(1, 128\)"):
+        quantize(x, "mxfp8", block=(1, 128))
+    with pytest.raises(ValueError, match=r"block: \(128, 128\) needs x with at least 2 dimensions"):
+        quantize(x[0], "fp8_block", block=(128, 128))
+    with pytest.raises(ValueError, match=r"rounding: fp8_block allows \['EXACT', 'RCEIL'\], got FLOOR"):
+        quantize(x, "fp8_block", rounding="floor")
+    with pytest.raises(ValueError, match=r"rounding: mxfp4 allows .*got EXACT"):
+        quantize(x, "mxfp4", rounding=ScaleRounding.EXACT)
+    with pytest.raises(ValueError, match=r"rounding: expected one of .*got 'nearest'"):
+        quantize(x, "mxfp8", rounding="nearest")
+    with pytest.raises(ValueError, match=r"fmt: expected one of"):
+        quantize(x, "int4")
+    with pytest.raises(ValueError, match=r"global_scale: mxfp8 has no global scale"):
+        quantize(x, "mxfp8", global_scale=1.0)
+    with pytest.raises(ValueError, match=r"global_scale: expected a tensor on .*, got one on meta"):
+        quantize(x, "nvfp4", global_scale=torch.tensor(1.0, device="meta"))
+    with pytest.raises(TypeError, match=r"global_scale: expected dtype in \['torch.float32'\]"):
+        quantize(x, "nvfp4", global_scale=torch.tensor(1.0, dtype=torch.float64, device=device))
+    with pytest.raises(ValueError, match=r"global_scale: expected 1 element"):
+        quantize(x, "nvfp4", global_scale=torch.ones(2, device=device))
+    with pytest.raises(TypeError, match=r"q: expected a ScaledTensor"):
+        dequantize(x)
+    with pytest.raises(TypeError, match=r"dtype: expected one of"):
+        dequantize(quantize(x, "mxfp8"), torch.int8)
+    with pytest.raises(ValueError, match=r"gate_up: last dimension must be even"):
+        silu_mul_quantize(_x((2, 7), torch.bfloat16, device))
+    with pytest.raises(ValueError, match=r"fmt: silu_mul_quantize fuses .*got nvfp4"):
+        silu_mul_quantize(x, "nvfp4")
+    with pytest.raises(TypeError, match=r"x: expected dtype"):
+        tensor_amax(x.int())
+
+
+def test_scaled_tensor_fields(device):
+    q = quantize(_x((2, 3, 40), torch.float16, device), "mxfp4")
+    assert isinstance(q, ScaledTensor) and q.data.shape == (2, 3, 20) and q.scale.shape == (2, 3, 2)
+    assert q.data.is_contiguous() and q.scale.is_contiguous() and q.rounding is ScaleRounding.RCEIL
+
+
+# --------------------------------------------------------------------------- GPU, large shapes
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,rounding", FMT_ROUNDINGS)
+def test_gpu_large_bitwise(fmt, rounding):
+    x = _x((16384, 7168), torch.bfloat16, "cuda")
+    if fmt != "nvfp4":  # (one NaN would make nvfp4's computed global scale, hence everything, NaN)
+        x[7, 9] = float("nan")
+        x[100, 1000] = -float("inf")
+    _check(x, fmt, rounding)
+    _check(x[:4096, 64:7000], fmt, rounding)  # strided rows, partial last block
+    q = quantize(x[:2048], fmt, rounding=rounding)
+    _deq_equal(dequantize(q, torch.bfloat16), R.dequantize(q.cpu(), torch.bfloat16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rounding", ["exact", "rceil"])
+def test_gpu_weights_bitwise(rounding):
+    _check(_x((4096, 7168), torch.bfloat16, "cuda"), "fp8_block", rounding, block=(128, 128))
+    _check(_x((8, 2112, 7000), torch.bfloat16, "cuda"), "fp8_block", rounding, block=(128, 128))
+
+
+@pytest.mark.gpu
+def test_gpu_silu_mul_quantize_and_amax():
+    gu = _x((4096, 2 * 2048), torch.bfloat16, "cuda")
+    _assert_silu_close(silu_mul_quantize(gu), gu)
+    same = silu_mul_quantize(gu).scale.cpu().view(torch.int32) == R.silu_mul_quantize(gu.cpu()).scale.view(torch.int32)
+    assert same.float().mean() >= 0.99  # only blocks whose max intermediate flipped may differ
+    x = _x((16384, 7168), torch.bfloat16, "cuda")
+    assert bitwise_equal(tensor_amax(x), R.tensor_amax(x.cpu()))
+
+
+@pytest.mark.gpu
+def test_gpu_quantize_bandwidth_report():
+    """Not an assertion on speed (the bench records it): runs the timing path once."""
+    import triton.testing
+
+    x = _x((16384, 7168), torch.bfloat16, "cuda")
+    for fmt in ("fp8_block", "mxfp8", "mxfp4"):
+        ms = triton.testing.do_bench(lambda: quantize(x, fmt), return_mode="median")
+        q = quantize(x, fmt)
+        tbs = (x.numel() * 2 + q.nbytes()) / (ms * 1e-3) / 1e12
+        print(f"{fmt}: {ms * 1e3:.1f} us, {tbs:.2f} TB/s")
+        assert math.isfinite(tbs)
+
+
+# --------------------------------------------------------------------------- custom ops
+def test_custom_ops_opcheck(device):
+    """The ops are torch custom ops with fake impls (torch.compile / CUDA graphs see one opaque
+    op); opcheck validates schema, fake tensors and aliasing against the real kernels."""
+    x = _x((3, 40), torch.bfloat16, device)
+    ops = torch.ops.blockscaled
+    tests = ("test_schema", "test_faketensor")
+    torch.library.opcheck(ops.quantize, (x, "fp8_block", 1, "exact", None), test_utils=tests)
+    torch.library.opcheck(ops.quantize, (x, "nvfp4", 1, "nvfp4", None), test_utils=tests)
+    torch.library.opcheck(ops.quantize, (_x((130, 200), torch.float32, device), "fp8_block", 128, "rceil", None),
+                          test_utils=tests)
+    q = quantize(x, "mxfp4")
+    torch.library.opcheck(ops.dequantize, (q.data, q.scale, None, "mxfp4", 40, 1, torch.float32), test_utils=tests)
+    torch.library.opcheck(ops.silu_mul_quantize, (x, "fp8_block", "exact", torch.bfloat16), test_utils=tests)
+    torch.library.opcheck(ops.tensor_amax, (x,), test_utils=tests)
+
+
+def test_torch_compile_fullgraph(device):
+    x = _x((5, 70), torch.bfloat16, device)
+
+    @torch.compile(fullgraph=True, backend="eager")
+    def f(t):
+        q = quantize(t, "mxfp8")
+        return dequantize(q, torch.float32), q.scale
+
+    y, s = f(x)
+    q = quantize(x, "mxfp8")
+    assert bitwise_equal(s, q.scale) and bitwise_equal(y, dequantize(q))
