@@ -12,8 +12,11 @@ bitwise comparisons in ``blockscaled.testing`` treat every NaN of a dtype as one
 NaN/Inf policy (all formats): never raise, propagate. A block containing NaN gets a NaN
 scale (fp32 NaN, E8M0 0xFF or e4m3 NaN) and dequantizes to NaN. A block containing +-Inf
 (and no NaN) gets an infinite fp32 scale (fp8_block: data of finite elements 0, of infinite
-elements NaN) or a NaN scale (MX, nvfp4); either way it dequantizes to NaN, not to a wrong
-finite number. Denormal inputs are honoured (scaled up, not flushed).
+elements NaN) or a NaN scale (MX, nvfp4, also with a user-given nvfp4 global scale); either
+way it dequantizes to NaN, not to a wrong finite number. e2m1 has no NaN code: NaN elements
+encode as +6 (code 7) and the block's NaN scale carries the NaN. With the computed nvfp4
+global scale a single NaN/Inf anywhere makes the global scale non-finite and the whole tensor
+dequantizes to NaN. Denormal inputs are honoured (scaled up, not flushed).
 """
 
 from __future__ import annotations
@@ -65,7 +68,8 @@ def e2m1_encode(v: torch.Tensor) -> torch.Tensor:
 
     Code = sign << 3 | magnitude index into (0, 0.5, 1, 1.5, 2, 3, 4, 6). The sign is the fp32
     sign bit (so -0.1 encodes as -0). Ties go to the even code: 0.25->0, 0.75->1, 1.25->1,
-    1.75->2, 2.5->2, 3.5->4, 5->4. NaN encodes as magnitude 7 (the block's scale carries NaN).
+    1.75->2, 2.5->2, 3.5->4, 5->4. NaN encodes as the positive code 7 whatever its sign bit
+    (NaN signs are platform-dependent; the block's scale carries the NaN).
     """
     a = v.abs()
     mag = torch.full(v.shape, 7, dtype=torch.int32, device=v.device)
@@ -82,7 +86,8 @@ def e2m1_encode(v: torch.Tensor) -> torch.Tensor:
         hit = a <= thr if inclusive else a < thr
         mag = torch.where(hit, code, mag)
     sign = (v.view(torch.int32) >> 31) & 1
-    return (mag | (sign << 3)).to(torch.uint8)
+    code = mag | (sign << 3)
+    return torch.where(torch.isnan(v), 7, code).to(torch.uint8)
 
 
 _E2M1_VALUES = torch.tensor(
@@ -245,7 +250,9 @@ def quantize(
     xb = _blocks_1d(xf, 16)
     amax = xb.abs().amax(-1)
     t = _div(gs * amax, E2M1_MAX)
-    sf = e4m3_satfinite(t)
+    # An infinite element makes the block scale NaN (never a saturated finite 448), so the
+    # block dequantizes to NaN even with a user-given global scale.
+    sf = e4m3_satfinite(torch.where(torch.isinf(amax), float("nan"), t))
     sff = sf.float()
     inv = torch.where(sff == 0, 0.0, _div(gs.expand_as(sff), sff))
     v = (xb * inv[..., None]).flatten(-2)[..., :k]
