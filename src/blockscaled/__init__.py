@@ -5,11 +5,21 @@ Quick start::
     import blockscaled as bs
     q = bs.quantize(x, "fp8_block")                     # activations, 1x128 blocks
     w = bs.quantize(W, "fp8_block", block=(128, 128))   # weights, 128x128 blocks
+    y = bs.gemm(q, w)                                   # = dequantize(q) @ dequantize(w).T, bf16
+    y = bs.linear(x, w)                                 # quantize x as w's format wants, then gemm
+    y = bs.grouped_gemm(q, w_experts, offsets=offs)     # MoE, contiguous rows per expert
+    y = bs.swiglu(q, w_gate, w_up)                      # silu(q @ Wg.T) * (q @ Wu.T), one kernel
     x2 = bs.dequantize(q)
+
+Importing the package defines the Triton kernels but launches and prints nothing.
 """
 
+from . import layouts
+from .config import GemmConfig
 from .formats import FORMATS, FP8_BLOCK, MXFP4, MXFP8, NVFP4, Format, ScaleRounding, get_format
-from .ops.quantize import dequantize, quantize
+from .ops.gemm import gemm
+from .ops.linear import linear
+from .ops.quantize import dequantize, quantize, silu_mul_quantize, tensor_amax
 from .tensor import ScaledTensor
 
 __version__ = "0.1.0"
@@ -24,6 +34,12 @@ __all__ = [
     "NVFP4",
     "get_format",
     "ScaledTensor",
+    "GemmConfig",
     "quantize",
     "dequantize",
+    "silu_mul_quantize",
+    "tensor_amax",
+    "gemm",
+    "linear",
+    "layouts",
 ]
