@@ -18,8 +18,10 @@ from . import layouts
 from .config import GemmConfig
 from .formats import FORMATS, FP8_BLOCK, MXFP4, MXFP8, NVFP4, Format, ScaleRounding, get_format
 from .ops.gemm import gemm
+from .ops.grouped import grouped_gemm, grouped_gemm_list
 from .ops.linear import linear
 from .ops.quantize import dequantize, quantize, silu_mul_quantize, tensor_amax
+from .ops.swiglu import swiglu
 from .tensor import ScaledTensor
 
 __version__ = "0.1.0"
@@ -41,5 +43,8 @@ __all__ = [
     "tensor_amax",
     "gemm",
     "linear",
+    "grouped_gemm",
+    "grouped_gemm_list",
+    "swiglu",
     "layouts",
 ]

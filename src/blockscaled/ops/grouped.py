@@ -1,0 +1,502 @@
+"""Grouped (MoE) block-scaled GEMMs: contiguous, masked, and a list of independent groups.
+
+``grouped_gemm(a, b, offsets=...)``   contiguous: ``A [sum_m, K]`` rows sorted by expert
+``grouped_gemm(a, b, masked_m=...)``  masked: ``A [E, max_m, K]`` with per-expert row counts
+``grouped_gemm_list(a_list, b_list)`` the GPU MODE NVFP4 group GEMM (own M, N, K per group)
+
+All compute ``dequantize(a) @ dequantize(b).T`` per expert (float64 twins in
+:mod:`blockscaled.reference.grouped`). Device-resident ``offsets`` / ``masked_m`` are never
+read on the host on the hot path: the kernel maps tiles to experts itself, so the ops can be
+captured in CUDA graphs and traced by ``torch.compile(fullgraph=True)`` (they are registered
+as torch custom ops ``blockscaled::grouped_gemm``, ``blockscaled::grouped_gemm_out`` and
+``blockscaled::grouped_gemm_list``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._checks import check_row_contiguous, check_tensor
+from ..config.gemm import GemmConfig
+from ..config.grouped import check_grouped_config, choose_grouped_config
+from ..kernels.triton._mma import FORMAT_CODES
+from ..tensor import ScaledTensor
+
+__all__ = ["grouped_gemm", "grouped_gemm_list"]
+
+_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_TL_OUT = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+
+MODE_DENSE, MODE_CONTIGUOUS, MODE_MASKED = 0, 1, 2
+
+
+def _dot_dtype(promote: bool, device: torch.device, a_dense_dtype: torch.dtype | None = None):
+    """FP8 dot for promoted chunks of quantized A; A's dtype for promoted weight-only chunks (raw
+    e4m3/e2m1 values are exact in fp16/bf16); bf16 for dequantized tiles on GPUs. In the
+    interpreter bf16 becomes fp32 (triton 3.6's interpreter returns garbage for bf16 dots; the
+    products are exact either way). Same rule as ``blockscaled.ops.gemm``."""
+    if promote and a_dense_dtype is None:
+        return tl.float8e4nv
+    want = a_dense_dtype if promote else torch.bfloat16
+    if want == torch.float16:
+        return tl.float16
+    return tl.float32 if device.type == "cpu" else tl.bfloat16
+
+
+# --------------------------------------------------------------------------- custom op
+def _launch_impl(
+    a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out,
+    fmt_id, mode, k, b_br, promote, block_m, block_n, block_k, num_warps, num_stages,
+) -> None:
+    """Launch :func:`grouped_gemm_kernel` into ``out`` (all validation done by the callers).
+
+    dense: a ``[M, Kp]``, b ``[N, Kp]``, out ``[M, N]``; contiguous: a ``[sum_m, Kp]``,
+    b ``[E, N, Kp]``, seg = offsets ``[E+1]``, out ``[sum_m, N]``; masked: a ``[E, max_m, Kp]``,
+    seg = counts ``[E]``, out ``[E, max_m, N]``. ``b2_*`` given: fused SwiGLU (DUAL)."""
+    from ..kernels.triton.grouped import grouped_gemm_kernel
+
+    dual = b2_data is not None
+    a_dense = a_scale is None  # weight-only: bf16 / fp16 activations
+    a_s = a_data if a_dense else a_scale  # strides only; never read when a_dense
+    if mode == MODE_MASKED:
+        e, m = a_data.shape[0], a_data.shape[1]
+        s_ae, s_am = a_data.stride(0), a_data.stride(1)
+        s_ase, s_asm = a_s.stride(0), a_s.stride(1)
+        s_ce, s_cm = out.stride(0), out.stride(1)
+    else:
+        m = a_data.shape[0]
+        e = 1 if mode == MODE_DENSE else b_data.shape[0]
+        s_ae, s_am = 0, a_data.stride(0)
+        s_ase, s_asm = 0, a_s.stride(0)
+        s_ce, s_cm = 0, out.stride(0)
+    if mode == MODE_DENSE:
+        n = b_data.shape[0]
+        s_be, s_bn, s_bse, s_bsn = 0, b_data.stride(0), 0, b_scale.stride(0)
+    else:
+        n = b_data.shape[1]
+        s_be, s_bn, s_bse, s_bsn = b_data.stride(0), b_data.stride(1), b_scale.stride(0), b_scale.stride(1)
+    if m == 0 or n == 0 or e == 0:
+        return
+    if mode == MODE_CONTIGUOUS:
+        m_tiles = (m + e * (block_m - 1)) // block_m  # worst case of sum_e ceil(m_e / BM)
+        grid = (m_tiles, triton.cdiv(n, block_n), 1)
+    elif mode == MODE_MASKED:
+        grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), e)
+    else:
+        grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), 1)
+    # Pointers the kernel never dereferences in this specialisation (global scales outside
+    # nvfp4, seg in dense mode) get ``out``: no allocation, nothing extra in a captured graph.
+    dummy = out
+    gsb_per_expert = b_gs is not None and b_gs.numel() > 1
+    grouped_gemm_kernel[grid](
+        a_data, a_s, b_data, b_scale,
+        b2_data if dual else b_data, b2_scale if dual else b_scale, out,
+        dummy if a_gs is None else a_gs, dummy if b_gs is None else b_gs,
+        (b2_gs if b2_gs is not None else (dummy if b_gs is None else b_gs)),
+        dummy if seg is None else seg,
+        m, n, k, e,
+        s_ae, s_am, s_ase, s_asm, s_be, s_bn, s_bse, s_bsn, s_ce, s_cm,
+        FMT=fmt_id, A_DENSE=a_dense, B_BR=b_br, MODE=mode, DUAL=dual, GSB_PER_EXPERT=gsb_per_expert,
+        E_POW2=max(16, triton.next_power_of_2(e)),
+        PROMOTE=promote, DOT_DTYPE=_dot_dtype(promote, out.device, a_data.dtype if a_dense else None),
+        EVEN_K=(k % block_k == 0),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+
+
+def _out_shape(a_data: torch.Tensor, b_data: torch.Tensor, mode: int) -> tuple[int, ...]:
+    n = b_data.shape[-2]
+    if mode == MODE_MASKED:
+        return (a_data.shape[0], a_data.shape[1], n)
+    return (a_data.shape[0], n)
+
+
+# Two custom ops (namespace ``blockscaled``), the same launch behind both:
+#   grouped_gemm_out(a_data, a_scale?, a_gs?, b_data, b_scale, b_gs?, b2_data?, b2_scale?, b2_gs?,
+#                    seg?, out!, fmt_id, grouping, k, b_block_rows, promote, block_m, block_n,
+#                    block_k, num_warps, num_stages) -> ()      writes into ``out``
+#   grouped_gemm(..., same without out, plus out_dtype) -> Tensor   allocates the output
+# a_scale None: weight-only (a_data bf16/fp16). b2_* given: fused SwiGLU. grouping: 0 dense, 1 contiguous (seg = offsets), 2 masked (seg = counts).
+@torch.library.custom_op("blockscaled::grouped_gemm_out", mutates_args=("out",))
+def _grouped_out_op(
+    a_data: torch.Tensor, a_scale: torch.Tensor | None, a_gs: torch.Tensor | None,
+    b_data: torch.Tensor, b_scale: torch.Tensor, b_gs: torch.Tensor | None,
+    b2_data: torch.Tensor | None, b2_scale: torch.Tensor | None, b2_gs: torch.Tensor | None,
+    seg: torch.Tensor | None, out: torch.Tensor,
+    fmt_id: int, grouping: int, k: int, b_br: int, promote: bool,
+    block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int,
+) -> None:
+    _launch_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out,
+                 fmt_id, grouping, k, b_br, promote, block_m, block_n, block_k, num_warps, num_stages)
+
+
+@_grouped_out_op.register_fake
+def _grouped_out_fake(*args, **kwargs) -> None:
+    return None
+
+
+@torch.library.custom_op("blockscaled::grouped_gemm", mutates_args=())
+def _grouped_op(
+    a_data: torch.Tensor, a_scale: torch.Tensor | None, a_gs: torch.Tensor | None,
+    b_data: torch.Tensor, b_scale: torch.Tensor, b_gs: torch.Tensor | None,
+    b2_data: torch.Tensor | None, b2_scale: torch.Tensor | None, b2_gs: torch.Tensor | None,
+    seg: torch.Tensor | None, out_dtype: torch.dtype,
+    fmt_id: int, grouping: int, k: int, b_br: int, promote: bool,
+    block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int,
+) -> torch.Tensor:
+    out = torch.empty(_out_shape(a_data, b_data, grouping), dtype=out_dtype, device=a_data.device)
+    _launch_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out,
+                 fmt_id, grouping, k, b_br, promote, block_m, block_n, block_k, num_warps, num_stages)
+    return out
+
+
+@_grouped_op.register_fake
+def _grouped_fake(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out_dtype,
+                  *args) -> torch.Tensor:
+    return a_data.new_empty(_out_shape(a_data, b_data, args[1]), dtype=out_dtype)
+
+
+def launch(a, b: ScaledTensor, b_gs, b2: ScaledTensor | None, seg, out, out_dtype,
+           mode: int, cfg: GemmConfig, b2_gs=None) -> torch.Tensor:
+    """Call the functional op (``out is None``) or the destination-passing one (validated args).
+    ``a``: ScaledTensor or a bf16/fp16 Tensor (weight-only).
+    ``b_gs`` / ``b2_gs``: nvfp4 B global scales, 1 element or one per expert (both alike)."""
+    fmt_id = FORMAT_CODES[b.format.name]
+    k = b.shape[-1]
+    tail = (fmt_id, mode, k, b.block[0], bool(cfg.promote),
+            cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages)
+    b2_args = (None, None, None) if b2 is None else (b2.data, b2.scale, b2.global_scale if b2_gs is None else b2_gs)
+    if isinstance(a, ScaledTensor):
+        a_args = (a.data, a.scale, a.global_scale)
+    else:
+        a_args = (a, None, None)
+    head = (*a_args, b.data, b.scale, b_gs, *b2_args, seg)
+    if out is None:
+        return torch.ops.blockscaled.grouped_gemm(*head, out_dtype, *tail)
+    torch.ops.blockscaled.grouped_gemm_out(*head, out, *tail)
+    return out
+
+
+# --------------------------------------------------------------------------- validation
+def _check_scaled(name: str, t, ndim: int) -> None:
+    if not isinstance(t, ScaledTensor):
+        raise TypeError(f"{name}: expected a blockscaled.ScaledTensor, got {type(t).__name__}")
+    if t.ndim != ndim:
+        raise ValueError(f"{name}: expected a {ndim}-D ScaledTensor, got shape {tuple(t.shape)}")
+    check_row_contiguous(f"{name}.data", t.data)
+    if t.scale.numel() and t.scale.stride(-1) != 1 and t.scale.shape[-1] != 1:
+        raise ValueError(f"{name}.scale: the last dimension must have stride 1, got strides {t.scale.stride()}")
+
+
+_DENSE_A_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def check_a(a, ndim: int, name: str = "a") -> None:
+    """A: a ScaledTensor with 1 x block_k activation blocks, or a bf16 / fp16 Tensor
+    (weight-only), ``ndim`` dimensions, unit stride along K."""
+    if isinstance(a, torch.Tensor):
+        if a.dtype not in _DENSE_A_DTYPES:
+            raise TypeError(
+                f"{name}: expected a blockscaled.ScaledTensor, or a bf16/fp16 Tensor for weight-only, "
+                f"got a Tensor of dtype {a.dtype} (quantize it first)"
+            )
+        check_tensor(name, a, ndim=ndim)
+        check_row_contiguous(name, a)
+        return
+    if not isinstance(a, ScaledTensor):
+        raise TypeError(f"{name}: expected a blockscaled.ScaledTensor or a bf16/fp16 Tensor, got {type(a).__name__}")
+    _check_scaled(name, a, ndim)
+    if a.block[0] != 1:
+        raise ValueError(f"{name}: expected 1x{a.format.block_k} activation blocks, got block {a.block}")
+
+
+def check_pair(a, b: ScaledTensor, a_name: str = "a", b_name: str = "b") -> None:
+    """Same format (unless ``a`` is a dense weight-only Tensor), same K, same device."""
+    if isinstance(a, ScaledTensor) and a.format != b.format:
+        raise ValueError(
+            f"{b_name}: format mismatch: {a_name} is {a.format.name}, {b_name} is {b.format.name} "
+            f"(both operands must use the same block-scaled format)"
+        )
+    if a.shape[-1] != b.shape[-1]:
+        raise ValueError(
+            f"{b_name}: K mismatch: {a_name} has K={a.shape[-1]} (shape {tuple(a.shape)}), "
+            f"{b_name} has K={b.shape[-1]} (shape {tuple(b.shape)})"
+        )
+    if a.device != b.device:
+        raise ValueError(f"{b_name}: on {b.device}, {a_name} on {a.device}")
+
+
+def _check_out(out, shape, dtype, device) -> None:
+    check_tensor("out", out, dtypes=(dtype,), device=device)
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"out: expected shape {tuple(shape)}, got {tuple(out.shape)}")
+    if out.numel() and out.stride(-1) != 1:
+        raise ValueError(f"out: the last dimension must have stride 1, got strides {out.stride()}")
+
+
+def _check_out_dtype(out_dtype) -> None:
+    if out_dtype not in _OUT_DTYPES:
+        raise TypeError(f"out_dtype: expected one of {[str(d) for d in _OUT_DTYPES]}, got {out_dtype}")
+
+
+def _resolve_validate(validate, device: torch.device) -> bool:
+    """Default: validate values on CPU (the interpreter; nothing to lose), not on CUDA (a sync)
+    and never while torch.compile traces (the values are not known at trace time)."""
+    if validate is None:
+        return device.type == "cpu" and not torch.compiler.is_compiling()
+    return bool(validate)
+
+
+def _check_b_global_scale(b_global_scale, b: ScaledTensor, e: int, name: str = "b_global_scale"):
+    """Per-expert nvfp4 B global scales: fp32 ``[E]`` on b's device (None: ``b.global_scale``)."""
+    if b_global_scale is None:
+        return b.global_scale
+    if not b.format.has_global_scale:
+        raise ValueError(f"{name}: {b.format.name} has no global scale")
+    check_tensor(name, b_global_scale, dtypes=(torch.float32,), device=b.device)
+    if tuple(b_global_scale.shape) not in ((e,), ()):
+        raise ValueError(f"{name}: expected shape ({e},) (one per expert) or (), got {tuple(b_global_scale.shape)}")
+    if b_global_scale.numel() > 1 and b_global_scale.stride(0) != 1:
+        raise ValueError(f"{name}: expected stride 1, got {b_global_scale.stride()}")
+    return b_global_scale
+
+
+def check_offsets(offsets, e: int, sum_m: int, device, validate: bool) -> None:
+    """offsets: int32 ``[E+1]`` on the operands' device. With ``validate`` also the values
+    (a host sync): ``offsets[0] == 0``, non-decreasing, ``offsets[E] == sum_m``."""
+    check_tensor("offsets", offsets, dtypes=(torch.int32,), ndim=1, device=device)
+    if offsets.shape[0] != e + 1:
+        raise ValueError(f"offsets: expected shape ({e + 1},) for E={e} experts, got {tuple(offsets.shape)}")
+    if offsets.numel() > 1 and offsets.stride(0) != 1:
+        raise ValueError(f"offsets: expected a contiguous tensor, got strides {offsets.stride()}")
+    if validate:
+        v = offsets.cpu().tolist()
+        if v[0] != 0:
+            raise ValueError(f"offsets: offsets[0] must be 0, got {v[0]}")
+        bad = [i for i in range(e) if v[i + 1] < v[i]]
+        if bad:
+            i = bad[0]
+            raise ValueError(f"offsets: must be non-decreasing, got offsets[{i}]={v[i]} > offsets[{i + 1}]={v[i + 1]}")
+        if v[e] != sum_m:
+            raise ValueError(f"offsets: offsets[E]={v[e]} must equal the number of rows of a ({sum_m})")
+
+
+def check_masked_m(masked_m, e: int, max_m: int, device, validate: bool) -> None:
+    """masked_m: int32 ``[E]`` on the operands' device; with ``validate`` ``0 <= masked_m <= max_m``."""
+    check_tensor("masked_m", masked_m, dtypes=(torch.int32,), ndim=1, device=device)
+    if masked_m.shape[0] != e:
+        raise ValueError(f"masked_m: expected shape ({e},) for E={e} experts, got {tuple(masked_m.shape)}")
+    if masked_m.numel() > 1 and masked_m.stride(0) != 1:
+        raise ValueError(f"masked_m: expected a contiguous tensor, got strides {masked_m.stride()}")
+    if validate:
+        v = masked_m.cpu().tolist()
+        for i, c in enumerate(v):
+            if c < 0 or c > max_m:
+                raise ValueError(f"masked_m: counts must lie in [0, max_m={max_m}], got masked_m[{i}]={c}")
+
+
+def resolve_config(config, fmt: str, rows_per_expert: float, n: int, k: int, device, dual: bool = False,
+                   a_dtype: torch.dtype | None = None) -> GemmConfig:
+    """The forced ``config`` (validated) or the heuristic's choice, with ``promote`` resolved.
+    ``a_dtype``: bf16 / fp16 for weight-only (dense A), None for quantized A."""
+    if config is None:
+        return choose_grouped_config(fmt, rows_per_expert, n, k, device, dual=dual, a_dtype=a_dtype)
+    return check_grouped_config(config, fmt, a_dtype=a_dtype)
+
+
+# --------------------------------------------------------------------------- public ops
+def grouped_gemm(
+    a: ScaledTensor | torch.Tensor,
+    b: ScaledTensor,
+    *,
+    offsets: torch.Tensor | None = None,
+    masked_m: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    out: torch.Tensor | None = None,
+    config: GemmConfig | dict | None = None,
+    b_global_scale: torch.Tensor | None = None,
+    validate: bool | None = None,
+) -> torch.Tensor:
+    """Grouped block-scaled GEMM for MoE: ``y_e = dequantize(a_e) @ dequantize(b[e]).T``.
+
+    Exactly one of ``offsets`` (contiguous) or ``masked_m`` (masked) must be given.
+
+    Contiguous
+        ``a``: ScaledTensor ``[sum_m, K]``, rows sorted by expert, 1xbk blocks.
+        ``b``: ScaledTensor ``[E, N, K]`` (fp8_block: 128x128 or 1x128 blocks; MX/NV: 1xbk).
+        ``offsets``: int32 ``[E+1]`` on the device: rows ``offsets[e]:offsets[e+1]`` belong to
+        expert ``e``; any segment size including 0 and 1, no padding. Returns ``[sum_m, N]``.
+    Masked
+        ``a``: ScaledTensor ``[E, max_m, K]``; ``masked_m``: int32 ``[E]`` on the device.
+        Returns ``[E, max_m, N]``. Rows ``>= masked_m[e]`` are **not computed and not
+        written**: with ``out=`` they keep their previous content, otherwise they hold
+        whatever ``torch.empty`` returned (unspecified). A count above ``max_m`` is clamped
+        to ``max_m`` by the kernel (validate to reject it).
+
+    Formats: fp8_block, mxfp8, mxfp4, nvfp4 (a and b must match). Weight-only (W8A16 /
+    W4A16, e.g. gpt-oss MXFP4 experts on Hopper): ``a`` may be a bf16 / fp16 Tensor of the
+    same shape instead of a ScaledTensor. nvfp4 global scales:
+    ``a.global_scale`` is per tensor; B uses ``b.global_scale`` (one for all experts) unless
+    ``b_global_scale`` (fp32 ``[E]``, one per expert, as MoE checkpoints store them) is given:
+    expert ``e`` then dequantizes as ``e2m1 * sf / b_global_scale[e]``.
+
+    ``out_dtype``: bf16, fp16 or fp32 (ignored if ``out`` is given: ``out.dtype`` must equal
+    it). ``out``: destination of the output shape, last dim stride 1.
+    ``config``: force a :class:`blockscaled.config.GemmConfig` (block sizes, warps, stages,
+    ``promote``; ``split_k`` must be 1). Tests use it to run every variant.
+    ``validate``: check the *values* of ``offsets`` / ``masked_m`` (non-decreasing, starts at
+    0, ends at ``sum_m``; counts in ``[0, max_m]``). This reads them on the host (a sync), so
+    it defaults to True for CPU tensors and False for CUDA (opt in when debugging; it breaks
+    CUDA-graph capture). Shapes, dtypes, devices and formats are always checked. Without
+    validation, bad values cannot make the kernel access memory out of bounds (offsets are
+    clamped to ``[0, sum_m]``, counts to ``[0, max_m]``) but the result is then meaningless.
+
+    No host synchronisation without ``validate``; the output is bitwise deterministic.
+    """
+    if (offsets is None) == (masked_m is None):
+        raise ValueError(
+            "offsets/masked_m: exactly one must be given (offsets= for contiguous, masked_m= for masked), "
+            f"got offsets={'None' if offsets is None else 'tensor'}, masked_m={'None' if masked_m is None else 'tensor'}"
+        )
+    _check_out_dtype(out_dtype)
+    masked = masked_m is not None
+    check_a(a, 3 if masked else 2)
+    _check_scaled("b", b, 3)
+    check_pair(a, b)
+    fmt = b.format.name
+    a_dtype = a.dtype if isinstance(a, torch.Tensor) else None
+    e, n, k = b.shape[0], b.shape[1], b.shape[2]
+    dev = a.device
+    val = _resolve_validate(validate, dev)
+    gsb = _check_b_global_scale(b_global_scale, b, e)
+    if masked:
+        if a.shape[0] != e:
+            raise ValueError(f"a: E mismatch: a has {a.shape[0]} experts (shape {tuple(a.shape)}), b has {e}")
+        max_m = a.shape[1]
+        check_masked_m(masked_m, e, max_m, dev, val)
+        shape = (e, max_m, n)
+        rows_per_expert = max_m
+        seg, mode = masked_m, MODE_MASKED
+    else:
+        sum_m = a.shape[0]
+        check_offsets(offsets, e, sum_m, dev, val)
+        shape = (sum_m, n)
+        rows_per_expert = sum_m / max(e, 1)
+        seg, mode = offsets, MODE_CONTIGUOUS
+    if out is not None:
+        _check_out(out, shape, out_dtype, dev)
+    cfg = resolve_config(config, fmt, rows_per_expert, n, k, dev, a_dtype=a_dtype)
+    return launch(a, b, gsb, None, seg, out, out_dtype, mode, cfg)
+
+
+# --------------------------------------------------------------------------- list of groups
+@torch.library.custom_op("blockscaled::grouped_gemm_list", mutates_args=("outs",))
+def _grouped_list_launch(
+    table: torch.Tensor, alpha: torch.Tensor, outs: list[torch.Tensor],
+    fmt_id: int, b_br: int, promote: bool, total_tiles: int, flops: int, nbytes: int,
+    block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int,
+) -> None:
+    """Launch :func:`grouped_list_kernel` once for all groups (table built by the caller)."""
+    from ..kernels.triton.grouped import grouped_list_kernel
+
+    g = table.shape[0]
+    if total_tiles == 0:
+        return
+    grouped_list_kernel[(total_tiles,)](
+        table, alpha, g, flops, nbytes,
+        FMT=fmt_id, B_BR=b_br, OUT_DTYPE=_TL_OUT[outs[0].dtype], G_POW2=max(16, triton.next_power_of_2(g)),
+        PROMOTE=promote, DOT_DTYPE=_dot_dtype(promote, table.device),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
+    )
+
+
+@_grouped_list_launch.register_fake
+def _(*args, **kwargs) -> None:
+    return None
+
+
+def grouped_gemm_list(
+    a_list,
+    b_list,
+    out_dtype: torch.dtype = torch.float16,
+    *,
+    out_list=None,
+    config: GemmConfig | dict | None = None,
+) -> list[torch.Tensor]:
+    """``[dequantize(a_g) @ dequantize(b_g).T for g]`` for G independent groups in ONE launch.
+
+    The GPU MODE NVFP4 group GEMM: ``a_list[g]`` ScaledTensor ``[M_g, K_g]``, ``b_list[g]``
+    ``[N_g, K_g]``, each group with its own M, N, K; all groups share one format (nvfp4 is
+    the target; fp8_block, mxfp8 and mxfp4 also work) and row-contiguous data and scales.
+    Returns a list of ``[M_g, N_g]`` tensors of ``out_dtype`` (fp16 default, as in GPU MODE),
+    or writes into ``out_list``.
+
+    A device table of pointers, shapes and tile offsets is built on the host from shapes and
+    data pointers (host metadata, no device sync) and copied to the device each call; nvfp4
+    per-group ``1 / (gs_a * gs_b)`` factors are computed on the device. The H2D table copy
+    makes this op unsuitable for CUDA-graph capture (the pointers are baked into the table)
+    and for torch.compile tracing (data pointers are read on the host): it is an eager op.
+    Use :func:`grouped_gemm` for graph-captured / compiled MoE layers.
+    """
+    _check_out_dtype(out_dtype)
+    if not isinstance(a_list, (list, tuple)) or not isinstance(b_list, (list, tuple)):
+        raise TypeError(f"a_list/b_list: expected lists of ScaledTensors, got {type(a_list).__name__}, {type(b_list).__name__}")
+    if len(a_list) != len(b_list):
+        raise ValueError(f"b_list: expected {len(a_list)} groups (len(a_list)), got {len(b_list)}")
+    g = len(a_list)
+    if g == 0:
+        return []
+    fmt = a_list[0].format
+    dev = a_list[0].device
+    b_br = b_list[0].block[0] if isinstance(b_list[0], ScaledTensor) else 1
+    for i, (a, b) in enumerate(zip(a_list, b_list)):
+        _check_scaled(f"a_list[{i}]", a, 2)
+        _check_scaled(f"b_list[{i}]", b, 2)
+        check_pair(a, b, f"a_list[{i}]", f"b_list[{i}]")
+        if a.format != fmt:
+            raise ValueError(f"a_list[{i}]: format {a.format.name} differs from a_list[0]'s {fmt.name} (one launch, one format)")
+        if a.device != dev:
+            raise ValueError(f"a_list[{i}]: on {a.device}, a_list[0] on {dev}")
+        if a.block[0] != 1:
+            raise ValueError(f"a_list[{i}]: expected 1x{fmt.block_k} activation blocks, got {a.block}")
+        if b.block[0] != b_br:
+            raise ValueError(f"b_list[{i}]: block {b.block} differs from b_list[0]'s {b_list[0].block}")
+        for nm, t in ((f"a_list[{i}]", a), (f"b_list[{i}]", b)):
+            for part in ("data", "scale"):
+                x = getattr(t, part)
+                if x.numel() and not x.is_contiguous():
+                    raise ValueError(f"{nm}.{part}: expected a contiguous tensor, got strides {x.stride()}")
+    shapes = [(a.shape[0], b.shape[0], a.shape[1]) for a, b in zip(a_list, b_list)]
+    if out_list is None:
+        out_list = [torch.empty((m, n), dtype=out_dtype, device=dev) for m, n, _ in shapes]
+    else:
+        if len(out_list) != g:
+            raise ValueError(f"out_list: expected {g} tensors, got {len(out_list)}")
+        for i, (o, (m, n, _)) in enumerate(zip(out_list, shapes)):
+            check_tensor(f"out_list[{i}]", o, dtypes=(out_dtype,), device=dev)
+            if tuple(o.shape) != (m, n) or (o.numel() and not o.is_contiguous()):
+                raise ValueError(f"out_list[{i}]: expected a contiguous ({m}, {n}) tensor, got {tuple(o.shape)} strides {o.stride()}")
+    max_rows = max(m for m, _, _ in shapes)
+    cfg = resolve_config(config, fmt.name, max_rows, max(n for _, n, _ in shapes), max(k for *_, k in shapes), dev)
+    rows, tile0, flops, nbytes = [], 0, 0, 0
+    for (m, n, k), a, b, o in zip(shapes, a_list, b_list, out_list):
+        rows.append([a.data.data_ptr(), a.scale.data_ptr(), b.data.data_ptr(), b.scale.data_ptr(),
+                     o.data_ptr(), m, n, k, tile0])
+        tile0 += triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+        flops += 2 * m * n * k
+        nbytes += a.nbytes() + b.nbytes() + o.numel() * o.element_size()
+    table = torch.tensor(rows, dtype=torch.int64).to(dev)
+    if fmt.has_global_scale:
+        gsa = torch.stack([a.global_scale.reshape(()) for a in a_list])
+        gsb = torch.stack([b.global_scale.reshape(()) for b in b_list])
+        alpha = torch.reciprocal(gsa * gsb)
+    else:
+        alpha = table  # never read outside nvfp4
+    torch.ops.blockscaled.grouped_gemm_list(
+        table, alpha, list(out_list), FORMAT_CODES[fmt.name], b_br, cfg.promote, tile0, flops, nbytes,
+        cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages,
+    )
+    return list(out_list)

@@ -1,0 +1,135 @@
+"""Fused SwiGLU dual GEMM: ``silu(a @ b_gate.T) * (a @ b_up.T)`` in one kernel.
+
+Both products accumulate in fp32 in the same program (every A tile is loaded once and fed to
+two dots), the activation ``g / (1 + exp(-g)) * u`` is applied in fp32, and the result is
+cast once to ``out_dtype``: no ``[M, 2N]`` intermediate ever reaches memory. Dense, grouped
+contiguous (MoE, ``offsets``) and grouped masked (``masked_m``) layouts share the kernel of
+:mod:`blockscaled.ops.grouped` (custom ops ``blockscaled::grouped_gemm`` / ``grouped_gemm_out``, so
+``torch.compile(fullgraph=True)`` and CUDA graphs work). Float64 twin:
+:func:`blockscaled.reference.grouped.swiglu`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..config.gemm import GemmConfig
+from ..tensor import ScaledTensor
+from .grouped import (
+    MODE_CONTIGUOUS,
+    MODE_DENSE,
+    MODE_MASKED,
+    _check_out,
+    _check_b_global_scale,
+    _check_out_dtype,
+    _check_scaled,
+    check_a,
+    _resolve_validate,
+    check_masked_m,
+    check_offsets,
+    check_pair,
+    launch,
+    resolve_config,
+)
+
+__all__ = ["swiglu"]
+
+
+def _check_twins(b_gate: ScaledTensor, b_up: ScaledTensor) -> None:
+    """b_gate and b_up must be interchangeable for the kernel: one set of strides and blocks."""
+    if b_up.format != b_gate.format:
+        raise ValueError(f"b_up: format {b_up.format.name} differs from b_gate's {b_gate.format.name}")
+    if b_up.shape != b_gate.shape:
+        raise ValueError(f"b_up: shape {tuple(b_up.shape)} differs from b_gate's {tuple(b_gate.shape)}")
+    if b_up.block != b_gate.block:
+        raise ValueError(f"b_up: block {b_up.block} differs from b_gate's {b_gate.block}")
+    if b_up.device != b_gate.device:
+        raise ValueError(f"b_up: on {b_up.device}, b_gate on {b_gate.device}")
+    for part in ("data", "scale"):
+        sg, su = getattr(b_gate, part).stride(), getattr(b_up, part).stride()
+        if sg != su:
+            raise ValueError(
+                f"b_up.{part}: strides {su} differ from b_gate.{part}'s {sg} (the fused kernel "
+                f"indexes both with one set of strides; make both contiguous)"
+            )
+
+
+def swiglu(
+    a: ScaledTensor | torch.Tensor,
+    b_gate: ScaledTensor,
+    b_up: ScaledTensor,
+    *,
+    offsets: torch.Tensor | None = None,
+    masked_m: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    out: torch.Tensor | None = None,
+    config: GemmConfig | dict | None = None,
+    validate: bool | None = None,
+    b_gate_global_scale: torch.Tensor | None = None,
+    b_up_global_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``silu(dequantize(a) @ dequantize(b_gate).T) * (dequantize(a) @ dequantize(b_up).T)``.
+
+    Dense
+        ``a`` ScaledTensor ``[M, K]`` (1xbk blocks); ``b_gate``, ``b_up`` ``[N, K]``
+        (fp8_block: 128x128 or 1x128 blocks). Returns ``[M, N]``.
+    Grouped contiguous (``offsets`` int32 ``[E+1]`` on the device)
+        ``a`` ``[sum_m, K]`` sorted by expert, ``b_gate``, ``b_up`` ``[E, N, K]``. Returns
+        ``[sum_m, N]``; any segment size including 0, no padding.
+    Grouped masked (``masked_m`` int32 ``[E]`` on the device)
+        ``a`` ``[E, max_m, K]``; returns ``[E, max_m, N]``; rows past a count are not written
+        (see :func:`blockscaled.ops.grouped.grouped_gemm`).
+
+    Formats: fp8_block, mxfp8, nvfp4 (and mxfp4); all three operands share one format, or
+    ``a`` is a bf16 / fp16 Tensor (weight-only);
+    ``b_gate`` and ``b_up`` share shape, block and strides. nvfp4: ``a.global_scale``,
+    ``b_gate.global_scale`` and ``b_up.global_scale`` (one each) are applied in fp32 before
+    the activation; grouped nvfp4 may instead pass per-expert fp32 ``[E]`` scales
+    ``b_gate_global_scale`` and ``b_up_global_scale`` (both or neither, same shape).
+
+    ``out_dtype`` bf16 / fp16 / fp32; ``out`` destination; ``config`` forces a
+    :class:`blockscaled.config.GemmConfig`; ``validate`` checks offsets / counts values (a
+    host sync; default True on CPU, False on CUDA). No host sync otherwise; deterministic.
+    """
+    if offsets is not None and masked_m is not None:
+        raise ValueError("offsets/masked_m: give at most one (contiguous or masked grouping)")
+    _check_out_dtype(out_dtype)
+    masked = masked_m is not None
+    grouped = masked or offsets is not None
+    check_a(a, 3 if masked else 2)
+    _check_scaled("b_gate", b_gate, 3 if grouped else 2)
+    _check_scaled("b_up", b_up, 3 if grouped else 2)
+    check_pair(a, b_gate, "a", "b_gate")
+    _check_twins(b_gate, b_up)
+    fmt = b_gate.format.name
+    a_dtype = a.dtype if isinstance(a, torch.Tensor) else None
+    dev = a.device
+    n, k = b_gate.shape[-2], b_gate.shape[-1]
+    val = _resolve_validate(validate, dev)
+    if masked:
+        e = b_gate.shape[0]
+        if a.shape[0] != e:
+            raise ValueError(f"a: E mismatch: a has {a.shape[0]} experts (shape {tuple(a.shape)}), b_gate has {e}")
+        check_masked_m(masked_m, e, a.shape[1], dev, val)
+        shape, rows, seg, mode = (e, a.shape[1], n), a.shape[1], masked_m, MODE_MASKED
+    elif grouped:
+        e = b_gate.shape[0]
+        check_offsets(offsets, e, a.shape[0], dev, val)
+        shape, rows, seg, mode = (a.shape[0], n), a.shape[0] / max(e, 1), offsets, MODE_CONTIGUOUS
+    else:
+        shape, rows, seg, mode = (a.shape[0], n), a.shape[0], None, MODE_DENSE
+    if out is not None:
+        _check_out(out, shape, out_dtype, dev)
+    if (b_gate_global_scale is None) != (b_up_global_scale is None):
+        raise ValueError("b_gate_global_scale/b_up_global_scale: give both per-expert scales or neither")
+    if b_gate_global_scale is not None and not grouped:
+        raise ValueError("b_gate_global_scale: per-expert global scales need grouped weights (offsets= or masked_m=)")
+    e = b_gate.shape[0] if grouped else 1
+    gs_g = _check_b_global_scale(b_gate_global_scale, b_gate, e, "b_gate_global_scale")
+    gs_u = _check_b_global_scale(b_up_global_scale, b_up, e, "b_up_global_scale")
+    if gs_g is not None and gs_g.shape != gs_u.shape:
+        raise ValueError(
+            f"b_up_global_scale: shape {tuple(gs_u.shape)} differs from b_gate_global_scale's {tuple(gs_g.shape)}"
+        )
+    cfg = resolve_config(config, fmt, rows, n, k, dev, dual=True, a_dtype=a_dtype)
+    return launch(a, b_gate, gs_g, b_up, seg, out, out_dtype, mode, cfg, b2_gs=gs_u)
