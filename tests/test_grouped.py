@@ -345,9 +345,10 @@ def test_errors(device):
     with pytest.raises(ValueError, match=r"b_list: expected 2 groups"):
         grouped_gemm_list([a, a], [b])
     with pytest.raises(ValueError, match=r"a_list\[1\].*format"):
-        grouped_gemm_list([an, a], [quantize(torch.randn(8, 64), "nvfp4"), quantize(torch.randn(8, 64), fmt)])
+        grouped_gemm_list([an, a], [quantize(torch.randn(8, 64, device=device), "nvfp4"),
+                                    quantize(torch.randn(8, 64, device=device), fmt)])
     with pytest.raises(ValueError, match=r"b_list\[0\].*K mismatch"):
-        grouped_gemm_list([a], [quantize(torch.randn(8, 32), fmt)])
+        grouped_gemm_list([a], [quantize(torch.randn(8, 32, device=device), fmt)])
 
 
 def test_validate_off_does_not_read_values(device):

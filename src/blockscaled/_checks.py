@@ -6,11 +6,23 @@ input never reaches a kernel.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .formats import Format, ScaleRounding, get_format
 
 FLOAT_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+#: Triton's interpreter is chosen when kernels are defined (TRITON_INTERPRET=1 at import).
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def use_reference(t: torch.Tensor) -> bool:
+    """True when ``t`` lives on the CPU and the Triton interpreter is off: compiled Triton
+    kernels cannot read host memory, so public ops run their pure-torch reference twin
+    instead (bit-identical for the quantizers by definition; float64-accurate for GEMMs)."""
+    return t.device.type == "cpu" and not INTERPRET
 
 
 def check_tensor(

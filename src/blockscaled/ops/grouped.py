@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._checks import check_row_contiguous, check_tensor
+from .._checks import check_row_contiguous, check_tensor, use_reference
 from ..config.gemm import GemmConfig
 from ..config.grouped import check_grouped_config, choose_grouped_config
 from ..kernels.triton._mma import FORMAT_CODES
@@ -388,9 +388,30 @@ def grouped_gemm(
         seg, mode = offsets, MODE_CONTIGUOUS
     if out is not None:
         _check_out(out, shape, out_dtype, dev)
+    if use_reference(b.data):
+        from ..reference import grouped as _ref
+
+        y = _ref.grouped_gemm(a, b, offsets=offsets, masked_m=masked_m, b_global_scale=b_global_scale)
+        return reference_result(y, out, out_dtype, masked_m)
     cfg = resolve_config(config, fmt, rows_per_expert, n, k, dev, a_dtype=a_dtype)
     return launch(a, b, gsb, None, seg, out, out_dtype, mode, cfg)
 
+
+
+def reference_result(y: torch.Tensor, out: torch.Tensor | None, out_dtype: torch.dtype,
+                     masked_m: torch.Tensor | None) -> torch.Tensor:
+    """CPU fallback (``_checks.use_reference``): deliver a float64 reference result like the
+    kernel would: cast to ``out_dtype``; in masked mode only rows below the counts are
+    written into ``out`` (rows past a count keep their content, as with the kernel)."""
+    y = y.to(out_dtype)
+    if out is None:
+        return y
+    if masked_m is None:
+        out.copy_(y)
+    else:
+        rows = torch.arange(out.shape[1], device=out.device)[None, :] < masked_m.to(out.device)[:, None]
+        out[rows] = y[rows]
+    return out
 
 # --------------------------------------------------------------------------- list of groups
 @torch.library.custom_op("blockscaled::grouped_gemm_list", mutates_args=("outs",))
@@ -479,6 +500,12 @@ def grouped_gemm_list(
             check_tensor(f"out_list[{i}]", o, dtypes=(out_dtype,), device=dev)
             if tuple(o.shape) != (m, n) or (o.numel() and not o.is_contiguous()):
                 raise ValueError(f"out_list[{i}]: expected a contiguous ({m}, {n}) tensor, got {tuple(o.shape)} strides {o.stride()}")
+    if use_reference(a_list[0].data):
+        from ..reference import grouped as _ref
+
+        for o, y in zip(out_list, _ref.grouped_gemm_list(a_list, b_list)):
+            o.copy_(y.to(out_dtype))
+        return list(out_list)
     max_rows = max(m for m, _, _ in shapes)
     cfg = resolve_config(config, fmt.name, max_rows, max(n for _, n, _ in shapes), max(k for *_, k in shapes), dev)
     rows, tile0, flops, nbytes = [], 0, 0, 0

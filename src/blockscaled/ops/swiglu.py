@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from .._checks import use_reference
 from ..config.gemm import GemmConfig
 from ..tensor import ScaledTensor
 from .grouped import (
@@ -131,5 +132,12 @@ def swiglu(
         raise ValueError(
             f"b_up_global_scale: shape {tuple(gs_u.shape)} differs from b_gate_global_scale's {tuple(gs_g.shape)}"
         )
+    if use_reference(b_gate.data):
+        from ..reference import grouped as _ref
+        from .grouped import reference_result
+
+        y = _ref.swiglu(a, b_gate, b_up, offsets=offsets, masked_m=masked_m,
+                        b_gate_global_scale=b_gate_global_scale, b_up_global_scale=b_up_global_scale)
+        return reference_result(y, out, out_dtype, masked_m)
     cfg = resolve_config(config, fmt, rows, n, k, dev, dual=True, a_dtype=a_dtype)
     return launch(a, b_gate, gs_g, b_up, seg, out, out_dtype, mode, cfg, b2_gs=gs_u)
