@@ -35,3 +35,19 @@ def test_grouped_ops_fall_back_to_reference_on_cpu(no_interpreter):
     bl = quantize(torch.randn(7, 64), "mxfp8")
     (y,) = bs.grouped_gemm_list([a], [bl])
     assert torch.equal(y, ref.grouped_gemm_list([a], [bl])[0].to(torch.float16))
+
+
+def test_quantizers_fall_back_to_reference_on_cpu(no_interpreter):
+    import importlib
+
+    rq = importlib.import_module("blockscaled.reference.quantize")
+    from blockscaled.testing import assert_scaled_equal, bitwise_equal
+
+    x = torch.randn(6, 200, dtype=torch.bfloat16)
+    for fmt in ("fp8_block", "mxfp8", "mxfp4", "nvfp4"):
+        got = bs.quantize(x, fmt)
+        assert_scaled_equal(got, rq.quantize(x, fmt))
+        assert bitwise_equal(bs.dequantize(got, torch.bfloat16), rq.dequantize(got, torch.bfloat16))
+    assert bitwise_equal(bs.tensor_amax(x), rq.tensor_amax(x))
+    gu = torch.randn(4, 256)
+    assert_scaled_equal(bs.silu_mul_quantize(gu), rq.silu_mul_quantize(gu))

@@ -7,30 +7,37 @@ kernels are in :mod:`blockscaled.kernels.triton.quantize`.
 NaN / Inf policy (as the reference): never raise, propagate. A block containing NaN gets a
 NaN scale (fp32 NaN, E8M0 0xFF, e4m3 NaN) and dequantizes to NaN. A block containing +-Inf and
 no NaN gets an infinite fp32 scale (fp8_block: finite elements -> +-0, infinite ones -> NaN) or
-a NaN E8M0 scale (MX: every element NaN); nvfp4 with the computed global scale gets gs = 0 and
-NaN scales, with a user global scale the block scale saturates to 448 and the Inf element
-encodes as the saturated magnitude 6.0 (code 7): it dequantizes to a finite 6 * 448 / gs,
-not NaN (the reference docstring says otherwise; noted in TEAM.md).
-NaN payloads and the sign of NaN in fp32 / e4m3 outputs are outside the bitwise contract
-(``blockscaled.testing`` compares every NaN of a float dtype as one value). The sign bit of
-e2m1 NaN codes *is* compared (packed uint8 data) and follows the CPU reference: MX NaN blocks
-encode every element as code 7; nvfp4 NaN blocks as 7 or 15 by the sign of the block's NaN
-reciprocal (15 for an Inf input with the computed gs, where 0 * Inf is x86's negative NaN).
+a NaN scale (MX; nvfp4, with the computed or a user-given global scale): every element of it
+dequantizes to NaN. e2m1 has no NaN code: NaN elements encode as +6 (code 7, whatever the NaN's
+sign). NaN payloads and the sign of NaN in fp32 / e4m3 outputs are outside the bitwise contract
+(``blockscaled.testing`` compares every NaN of a float dtype as one value).
 Denormal inputs are honoured, not flushed.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import math
 
 import torch
 import triton
 import triton.language as tl
 
-from .._checks import FLOAT_INPUT_DTYPES, as_global_scale, check_row_contiguous, check_tensor, resolve_quantize_args
+from .._checks import (
+    FLOAT_INPUT_DTYPES,
+    as_global_scale,
+    check_row_contiguous,
+    check_tensor,
+    resolve_quantize_args,
+    use_reference,
+)
 from ..formats import Format, ScaleRounding, get_format
 from ..kernels.triton import quantize as _k
 from ..tensor import ScaledTensor, scale_shape
+
+# The reference module (its package re-exports the function under the same name).
+_ref = importlib.import_module("blockscaled.reference.quantize")
 
 __all__ = ["quantize", "dequantize", "silu_mul_quantize", "tensor_amax"]
 
@@ -41,7 +48,13 @@ _ROUND_CODE = {ScaleRounding.EXACT: 0, ScaleRounding.RCEIL: 1, ScaleRounding.FLO
 #: 128 threads (4 warps) x 2 x 16-byte loads in flight each, and for 16384 x 7168 about
 #: 28.7k programs (>200 per SM on 132 SMs), so tail effects are negligible. Tiles span at
 #: most 1024 columns so that K = 7168 splits into whole tiles (7 x 1024) with no waste.
+#: fp4 formats use 8192 (64 elements per thread): their per-program and per-block work (tile
+#: addressing, scale math, the packed-store shuffle, nvfp4's read of the amax partials) is
+#: a larger share, and halving the programs cuts it from ~6 to ~4 SASS instructions per element
+#: (sm_90, ROWS 4 -> 8 at 1024 columns). Small inputs shrink the tile (down to one row) until
+#: there are 2 programs per SM.
 _TILE_ELEMS = 4096
+_TILE_ELEMS_FP4 = 8192
 _MAX_TILE_K = 1024
 _NUM_WARPS = 4
 #: On CUDA, round fp32 -> e4m3 with the hardware cast (cvt.rn.satfinite, 2 elements per
@@ -55,10 +68,13 @@ def _pow2(n: int) -> int:
     return 1 if n <= 1 else triton.next_power_of_2(n)
 
 
-def _tile_1xk(m: int, k: int, bk: int) -> tuple[int, int]:
-    """(ROWS, GROUPS) for a 1 x bk kernel on ``[m, k]``."""
+def _tile_1xk(m: int, k: int, bk: int, elems: int = _TILE_ELEMS, min_programs: int = 1) -> tuple[int, int]:
+    """(ROWS, GROUPS) for a 1 x bk kernel on ``[m, k]``: ``elems`` per tile, fewer rows while
+    there are fewer than ``min_programs`` tiles."""
     groups = min(_MAX_TILE_K // bk, _pow2(triton.cdiv(k, bk)))
-    rows = max(1, min(_pow2(m), _TILE_ELEMS // (groups * bk)))
+    rows = max(1, min(_pow2(m), elems // (groups * bk)))
+    while rows > 1 and triton.cdiv(m, rows) * triton.cdiv(k, groups * bk) < min_programs:
+        rows //= 2
     return rows, groups
 
 
@@ -72,35 +88,61 @@ def _rows_view(t: torch.Tensor) -> torch.Tensor:
 def tensor_amax(x: torch.Tensor) -> torch.Tensor:
     """0-d fp32 ``max(|x|)`` of a ``[..., K]`` bf16/fp16/fp32 tensor (rows may be strided,
     last dim unit stride). NaN if any element is NaN (payload unspecified, outside the
-    contract), 0 for an empty tensor. No host sync: one kernel with a deterministic int32
-    atomic max on the bit patterns of |x| (plus a memset)."""
+    contract), 0 for an empty tensor. No host sync: one kernel writing int32 partial maxima of
+    the bit patterns of |x| (deterministic) and a torch max over the <= 512 partials."""
     check_tensor("x", x, dtypes=FLOAT_INPUT_DTYPES, min_ndim=1)
     check_row_contiguous("x", x)
+    if use_reference(x):
+        return _ref.tensor_amax(x)
     return torch.ops.blockscaled.tensor_amax(x)
 
 
-def _amax_bits(x: torch.Tensor) -> torch.Tensor:
-    out = torch.zeros(1, dtype=torch.int32, device=x.device)
+#: Tensor-amax pass: 16384-element tiles (32 KB of bf16; 8 warps x 32 threads x 4 x 16-byte
+#: loads in flight per program) and 2 programs per SM grid-striding over them: 64 KB of loads
+#: in flight per SM, ~3x what 3.35 TB/s x ~700 ns DRAM latency needs per SM on an H100. At
+#: most _MAX_PARTS partials (what a quantize program reads back: 2 KB, from L2).
+_AMAX_TILE_ELEMS = 16384
+_AMAX_WARPS = 8
+_MAX_PARTS = 512
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # interpreter: a few programs, to exercise the grid-stride loop
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _amax_partials(x: torch.Tensor) -> torch.Tensor:
+    """int32 ``[P]`` partial maxima of the bits of |x| (P >= 1; zeros for an empty x), one
+    kernel, no memset. The tensor amax is their max."""
     if x.numel() == 0:
-        return out
+        return torch.zeros(1, dtype=torch.int32, device=x.device)
     x2 = _rows_view(x)
     m, k = x2.shape
     block_k = min(_MAX_TILE_K, _pow2(k))
-    rows = max(1, min(_pow2(m), _TILE_ELEMS // block_k))
-    # 8 row tiles (32k elements, 64 KB of bf16) per program: 3.6k atomics for 16384x7168.
-    iters = max(1, min(8, triton.cdiv(m, rows)))
-    grid = (triton.cdiv(m, rows * iters), triton.cdiv(k, block_k))
-    _k.tensor_amax_kernel[grid](x2, out, m, k, x2.stride(0), ROWS=rows, BLOCK_K=block_k, ITERS=iters,
-                                num_warps=_NUM_WARPS)
-    # (a NaN comes back with the payload of the largest-bits NaN; payloads are outside the
-    # contract, and the nvfp4 kernel canonicalises it when it reads the amax)
-    return out
+    rows = max(1, min(_pow2(m), _AMAX_TILE_ELEMS // block_k))
+    tiles_k = triton.cdiv(k, block_k)
+    want = 2 * _num_sms(x.device)
+    while rows > 1 and triton.cdiv(m, rows) * tiles_k < want:  # small x: more, smaller tiles
+        rows //= 2
+    tiles = triton.cdiv(m, rows) * tiles_k
+    nprog = min(tiles, want, _MAX_PARTS)
+    iters = triton.cdiv(tiles, nprog)
+    part = torch.empty(nprog, dtype=torch.int32, device=x.device)
+    _k.tensor_amax_kernel[(nprog,)](x2, part, m, k, x2.stride(0), tiles_k, iters, ROWS=rows, BLOCK_K=block_k,
+                                    num_warps=_AMAX_WARPS)
+    return part
 
 
 def _launch_1xk(x2, f: Format, rounding: ScaleRounding, gs_ptr, gs_out, gs_mode, silu, k, inter):
     """Allocate ``[M, packed K]`` data and ``[M, ceil(K/bk)]`` scales, launch the 1 x bk kernel
     on ``x2 [M, K]`` (``[M, 2K]`` gate_up when ``silu``). gs_mode: 0 none, 1 gs read from
-    ``gs_ptr`` (fp32), 2 gs computed from the int32 amax bits at ``gs_ptr`` and stored to
+    ``gs_ptr`` (fp32), 2 gs computed from the int32 amax partials ``gs_ptr`` and stored to
     ``gs_out``."""
     m = x2.shape[0]
     bk = f.block_k
@@ -108,17 +150,18 @@ def _launch_1xk(x2, f: Format, rounding: ScaleRounding, gs_ptr, gs_out, gs_mode,
     scale = torch.empty((m, f.scale_k(k)), dtype=f.scale_dtype, device=x2.device)
     if m == 0 or k == 0:
         return data, scale
-    rows, groups = _tile_1xk(m, k, bk)
-    grid = (triton.cdiv(m, rows), triton.cdiv(k, groups * bk))
+    rows, groups = _tile_1xk(m, k, bk, _TILE_ELEMS_FP4 if f.is_fp4 else _TILE_ELEMS, 2 * _num_sms(x2.device))
+    grid = (triton.cdiv(m, rows) * triton.cdiv(k, groups * bk),)
     q_arg = data.view(torch.uint8)
     s_arg = scale.view(torch.uint8) if f.scale_dtype == torch.float8_e4m3fn else scale
     dummy = gs_ptr if gs_ptr is not None else scale
+    n_part = gs_ptr.numel() if gs_mode == 2 else 1
     _k.quantize_1xk_kernel[grid](
         x2, q_arg, s_arg, dummy, gs_out if gs_out is not None else dummy,
-        m, k, f.packed_k(k), x2.stride(0), data.stride(0), scale.stride(0),
+        m, k, f.packed_k(k), x2.stride(0), data.stride(0), scale.stride(0), n_part,
         FMT=_FMT_CODE[f.name], ROUND=_ROUND_CODE[rounding], BK=bk, ROWS=rows, GROUPS=groups,
         GS_MODE=gs_mode, SILU=silu, INTER=inter,
-        LIBDEVICE=x2.device.type == "cuda", HW_CVT=GPU_HW_CVT and x2.device.type == "cuda",
+        GPU=x2.device.type == "cuda", HW_CVT=GPU_HW_CVT and x2.device.type == "cuda", PART_BLOCK=_pow2(n_part),
         num_warps=_NUM_WARPS, enable_fp_fusion=False,
     )
     return data, scale
@@ -159,6 +202,8 @@ def quantize(
     Empty tensors return empty results without a launch. NaN/Inf: see the module docstring.
     """
     f, block, rounding = resolve_quantize_args(x, fmt, block, rounding, global_scale)
+    if use_reference(x):
+        return _ref.quantize(x, f, block=block, rounding=rounding, global_scale=global_scale)
     gs = None if global_scale is None else as_global_scale(global_scale, x.device)
     data, scale, gs_out = torch.ops.blockscaled.quantize(x, f.name, block[0], rounding.value, gs)
     if f.has_global_scale and gs is None:
@@ -179,9 +224,9 @@ def _quantize_impl(x, f: Format, block, rounding: ScaleRounding, gs) -> tuple[to
         if gs is not None:
             data, scale = _launch_1xk(x2, f, rounding, gs, None, 1, False, k, torch.bfloat16)
         else:
-            amax_bits = _amax_bits(x)
+            part = _amax_partials(x)
             gs_out = torch.empty((), dtype=torch.float32, device=x.device)
-            data, scale = _launch_1xk(x2, f, rounding, amax_bits, gs_out, 2, False, k, torch.bfloat16)
+            data, scale = _launch_1xk(x2, f, rounding, part, gs_out, 2, False, k, torch.bfloat16)
     else:
         if f.has_global_scale and gs is None:
             gs_out = torch.ones((), dtype=torch.float32, device=x.device)  # reference: amax 0 -> gs 1
@@ -205,7 +250,7 @@ def _quantize_128x128(x: torch.Tensor, f: Format, block, rounding) -> tuple[torc
         _k.quantize_128x128_kernel[grid](
             x3, d3.view(torch.uint8), s3, e, n, k, x3.stride(0), x3.stride(1), d3.stride(0), d3.stride(1),
             s3.stride(0), s3.stride(1), ROUND=_ROUND_CODE[rounding], BR=128, BC=128,
-            HW_CVT=GPU_HW_CVT and x.device.type == "cuda",
+            HW_CVT=GPU_HW_CVT and x.device.type == "cuda", GPU=x.device.type == "cuda",
             num_warps=8, enable_fp_fusion=False,
         )
     return data, scale
@@ -223,6 +268,8 @@ def dequantize(q: ScaledTensor, dtype: torch.dtype = torch.float32) -> torch.Ten
         raise TypeError(f"dtype: expected one of {[str(d) for d in FLOAT_INPUT_DTYPES]}, got {dtype}")
     check_row_contiguous("q.data", q.data)
     check_row_contiguous("q.scale", q.scale)
+    if use_reference(q.data):
+        return _ref.dequantize(q, dtype=dtype)
     return torch.ops.blockscaled.dequantize(
         q.data, q.scale, q.global_scale, q.format.name, q.shape[-1], q.block[0], dtype
     )
@@ -308,6 +355,8 @@ def silu_mul_quantize(
     f, block, rounding = resolve_quantize_args(
         torch.empty(out_shape, dtype=gate_up.dtype, device="meta"), f, None, rounding, None
     )
+    if use_reference(gate_up):
+        return _ref.silu_mul_quantize(gate_up, f, rounding=rounding, intermediate_dtype=intermediate_dtype)
     data, scale = torch.ops.blockscaled.silu_mul_quantize(gate_up, f.name, rounding.value, intermediate_dtype)
     return ScaledTensor(data, scale, f, torch.Size(out_shape), block, rounding)
 
@@ -385,7 +434,7 @@ def _(gate_up, fmt, rounding, intermediate_dtype):
 
 @torch.library.custom_op("blockscaled::tensor_amax", mutates_args=())
 def _tensor_amax_op(x: torch.Tensor) -> torch.Tensor:
-    return _amax_bits(x).view(torch.float32).reshape(())
+    return _amax_partials(x).amax().view(torch.float32).reshape(())
 
 
 @_tensor_amax_op.register_fake

@@ -5,20 +5,21 @@ the definition. What that takes (each point was a mismatch before it was handled
 
 * fp32 division is ``tl.math.div_rn`` (IEEE round-to-nearest; plain ``/`` lowers to the
   approximate ``div.full.f32`` on sm_90). A division by a power of two is a multiplication by
-  its exact reciprocal (the same correctly rounded result, denormals included).
-* Block amax is a max over the int32 bit patterns of ``|x|``: for non-negative floats the
-  integer order is the float order and every NaN is above +Inf, so NaN propagates like
-  ``torch.amax`` (``tl.max`` on floats ignores NaN in the interpreter and on the GPU).
-* NaN payloads and fp32 / e4m3 NaN signs are outside the contract, but the sign bit of an
-  e2m1 NaN code is data. There the CPU reference's x86 SSE rules are reproduced per block
-  (:func:`_x86_nan`: ``a op b`` returns ``a`` if ``a`` is NaN, else ``b`` if ``b`` is NaN,
-  else the *negative* default NaN, e.g. ``0 * inf``), then one select per element.
+  its exact reciprocal (the same correctly rounded result, denormals included). fp8_block EXACT
+  divides every element by its block scale: one IEEE reciprocal per block and an FMA
+  correction per element (:func:`_div_by_block_scale`, Markstein), the IEEE quotient.
+* Block amax is a NaN-propagating max of ``|x|`` (``max.NaN.f32``; ``tl.max`` on floats ignores
+  NaN in the interpreter and on the GPU). The tensor amax (nvfp4) is an int32 max over the bit
+  patterns of ``|x|`` (non-negative floats: integer order = float order, NaN above +Inf).
+* NaN payloads and signs (fp32 / e4m3 outputs) are outside the contract; e2m1 has no NaN code
+  and the reference encodes every NaN as the positive code 7, so no NaN-sign bookkeeping.
 * e4m3: on the GPU the hardware ``cvt.rn.satfinite`` (RNE, saturating = torch's clamp then
   cast); in the interpreter integer rounding (its cast drops the carry into the next binade).
 * fp32 -> bf16 (SiLU intermediates, bf16 dequantize): RNE from the bit pattern (the
   interpreter's cast truncates).
-* e2m1: the reference's threshold chain, in the same order. E8M0 and power-of-two scales
-  from the fp32 bit pattern, as in the reference.
+* e2m1: one float add on a magic number (:func:`_e2m1_codes`), proved equal to the
+  reference's threshold chain on all 2**32 fp32 inputs. E8M0 and power-of-two scales from
+  the fp32 bit pattern, as in the reference.
 
 Layouts: inputs are ``[rows, K]`` with a row stride and unit last-dim stride (the launcher
 flattens leading dims without copying); outputs are contiguous ``[rows, packed K]`` data and
@@ -58,26 +59,16 @@ def _f32(b):
 
 
 @triton.jit
-def _canon_nan(v):
-    """Every NaN -> +-0x7FC00000 (sign kept)."""
-    b = _bits(v)
-    return tl.where(v != v, _f32((b & -2147483648) | 0x7FC00000), v)
+def _max_nan(a, b):
+    """NaN-propagating max (``max.NaN.f32``): the block amax is NaN if any element is."""
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
-def _x86_nan(a, b, r):
-    """``r = a op b`` with x86 SSE NaN rules: first NaN operand, else the negative default
-    NaN (0xFFC00000). Payloads canonicalised to 0x7FC00000 with the chosen sign."""
-    pick = tl.where(a != a, _bits(a), tl.where(b != b, _bits(b), -4194304))  # 0xFFC00000
-    nan = _f32((pick & -2147483648) | 0x7FC00000)
-    return tl.where(r != r, nan, r)
-
-
-@triton.jit
-def _amax_bits(xf, AXIS: tl.constexpr):
-    """max |x| along AXIS as fp32; NaN (0x7FC00000) if any element is NaN."""
-    m = tl.max(_bits(xf) & 0x7FFFFFFF, axis=AXIS)
-    return _f32(tl.where(m > 0x7F800000, 0x7FC00000, m))
+def _block_amax(xf, AXIS: tl.constexpr):
+    """max |x| along AXIS (fp32; NaN if any element is NaN, payload unspecified). One
+    ``max.NaN.f32`` per element (|x| is a free operand modifier in SASS)."""
+    return tl.reduce(tl.abs(xf), AXIS, _max_nan)
 
 
 @triton.jit
@@ -108,19 +99,33 @@ def _e4m3_bytes(v, HW_CVT: tl.constexpr):
 
 
 @triton.jit
-def _e2m1_codes(v):
-    """fp32 -> e2m1 codes (int32 0..15): the reference threshold chain, same order."""
-    a = tl.abs(v)
-    mag = tl.full(v.shape, 7, tl.int32)
-    mag = tl.where(a <= 5.0, 6, mag)
-    mag = tl.where(a < 3.5, 5, mag)
-    mag = tl.where(a <= 2.5, 4, mag)
-    mag = tl.where(a < 1.75, 3, mag)
-    mag = tl.where(a <= 1.25, 2, mag)
-    mag = tl.where(a < 0.75, 1, mag)
-    mag = tl.where(a <= 0.25, 0, mag)
-    sign = (_bits(v) >> 31) & 1
-    return mag | (sign << 3)
+def _e2m1_codes(v, GPU: tl.constexpr):
+    """fp32 -> e2m1 codes (int32 0..15): RNE, saturating to +-6, NaN -> +6 (code 7), the
+    sign from the fp32 sign bit (-0.1 -> code 8). Equal to the reference's threshold chain on
+    all 2**32 fp32 inputs (checked exhaustively with numpy; tests/test_quantize.py sweeps the
+    interesting ranges).
+
+    How: clamp to [-6, 6] (PTX ``min/max.f32`` return the non-NaN operand, so NaN -> +6).
+    The e2m1 grid step near |v| is ``2**(m - 1)`` with ``m = max(floor(log2|v|), 0)`` in
+    {0, 1, 2} (0.5 on [0, 2), 1 on [2, 4), 2 on [4, 6]). Add to |v| the magic
+    ``c = 2**(m + 22) + (2m + 8 * sign) * 2**(m - 1)``, whose fp32 ulp is exactly that step:
+    the IEEE add rounds |v| to the grid, ties to even (the offset 2m + 8 sign is even, so the
+    parity of the rounded step count k decides the tie as in the reference), and leaves
+    ``8 sign + 2m + k`` = the code in the low 4 mantissa bits of the sum. Returns the sum's
+    bits: the caller takes ``& 15`` (the fp4 packing folds it into its nibble merge). Per
+    element: 3 FP min/max, 1 FP add, 2 shifts, 1 LOP3 and 1 multiply-add (the threshold chain
+    was 7 setp + 7 selp + sign and NaN fix-ups)."""
+    if not GPU:
+        # the interpreter's minimum/maximum are numpy's (NaN-propagating): map NaN to +6 here
+        v = tl.where(v != v, 6.0, v)
+    v2 = tl.maximum(tl.minimum(v, 6.0), -6.0)
+    a = tl.abs(v2)
+    # biased exponent of max(|v|, 1) = 127 + m; c bits = 0x4A800000 (2**22) + m * (2**23 + 2)
+    # + 8 * sign = (127 + m) * 0x800002 + (0x4A800000 - 127 * 0x800002) + 8 * sign
+    eb = _bits(tl.maximum(a, 1.0)) >> 23
+    # (0x0AFFFF02 has bit 3 clear, so "| sign8" adds it: one LOP3 for sign and constant)
+    c = _f32(eb * 0x800002 + (((_bits(v2) >> 28) & 8) | (0x4A800000 - 127 * 0x800002)))
+    return _bits(a + c)  # the code is bits & 15; the packing masks it (one op per pair)
 
 
 @triton.jit
@@ -155,6 +160,51 @@ def _fp8_block_scale(amax, ROUND: tl.constexpr):
 
 
 @triton.jit
+def _fma(a, b, c, GPU: tl.constexpr):
+    """Fused a * b + c, one rounding. The triton 3.6 interpreter's fma is an unfused numpy
+    a * b + c; there it is emulated in float64 (exact product; the sum is exact for the
+    remainder below and rounds twice only on an exact fp32 midpoint, which the quotient
+    correction never produced in 41M numpy-checked cases)."""
+    if GPU:
+        return tl.fma(a, b, c)
+    else:
+        return tl.fma(a.to(tl.float64), b.to(tl.float64), c.to(tl.float64)).to(tl.float32)
+
+
+@triton.jit
+def _div_by_block_scale(xf, s, GPU: tl.constexpr):
+    """IEEE ``xf [R, G, BK] / s [R, G]`` (correctly rounded where the e4m3 result depends on
+    it) with one reciprocal per block and 4 FMA-pipe ops per element, instead of a
+    ``div.rn.f32`` per element (~8 instructions incl. MUFU.RCP and a slow-path branch).
+
+    Per block: ``p = 2**(127 - e_s)`` (exact power of two), ``s' = s * p`` in [1, 2),
+    ``y = RN(1 / s')`` (one IEEE division). Per element: ``x' = x * p`` (exact unless it
+    underflows, and then ``|x / s| < 2**-126`` encodes as e4m3 +-0 either way), ``q = RN(x' y)``
+    (faithful), ``r = fma(q, s', -x')`` (exact), ``q' = fma(r, -y, q)`` = RN(x / s) by Markstein's
+    theorem (y correctly rounded, q faithful, no underflow). The remainder is taken as
+    ``q s' - x'`` and subtracted so that signed zeros come out as IEEE division gives them
+    (x = -0: q = -0, r = +0, q' = -0 + -0 = -0). s = Inf (Inf block): p = 1, s' = 0, y = 0
+    gives +-0 for finite x and NaN for x = +-Inf, like x / Inf; s = NaN: NaN. Checked against
+    numpy float32 division on 41M (x, s) pairs over all scale exponents, e4m3 ties, bf16/fp32
+    inputs and denormal quotients (FMAs emulated exactly): 0 fp32 mismatches."""
+    e = (_bits(s) >> 23) & 0xFF
+    finite = e != 255
+    p = tl.where(finite, _f32((254 - e) << 23), 1.0)
+    sp = tl.where(finite, s * p, tl.where(s != s, s, 0.0))
+    y = tl.where(sp == 0.0, 0.0, tl.math.div_rn(tl.full(sp.shape, 1.0, tl.float32), tl.where(sp == 0.0, 1.0, sp)))
+    # Negations ride on the per-block constants (-p, -y): multiplying by a negated operand is
+    # an exact IEEE negation, signed zeros included (Triton's unary minus is 0 - v: -0 -> +0).
+    npb = tl.broadcast_to((0.0 - p)[:, :, None], xf.shape)
+    sb = tl.broadcast_to(sp[:, :, None], xf.shape)
+    ny = _f32(_bits(y) ^ -2147483648)  # -y, also -0 for y = +0 (Inf block)
+    nyb = tl.broadcast_to(ny[:, :, None], xf.shape)
+    xn = xf * npb  # -x'
+    q = xn * nyb  # x' y
+    r = _fma(q, sb, xn, GPU)  # q s' - x'
+    return _fma(r, nyb, q, GPU)  # q - r y
+
+
+@triton.jit
 def _e8m0_biased(amax, ELEM_MAX: tl.constexpr, ELEM_EMAX: tl.constexpr, ROUND: tl.constexpr):
     """Biased E8M0 exponent (int32 0..255) of an MX block (reference ``e8m0_scale``)."""
     if ROUND == ROUND_FLOOR:
@@ -183,8 +233,7 @@ def _nvfp4_gs_from_amax(amax):
     the largest fp32 (tiny amax), NaN for NaN amax, 0 for infinite amax."""
     num = tl.full(amax.shape, 2688.0, tl.float32)
     den = tl.where(amax == 0.0, 1.0, amax)  # (the 0 lane is replaced below: no division by 0)
-    gs = _x86_nan(num, amax, tl.math.div_rn(num, den))
-    gs = tl.where(amax == 0.0, 1.0, gs)
+    gs = tl.where(amax == 0.0, 1.0, tl.math.div_rn(num, den))
     return tl.where(gs > 3.4028234663852886e38, 3.4028234663852886e38, gs)
 
 
@@ -200,13 +249,17 @@ def _round_bf16(v):
 
 # --------------------------------------------------------------------------- 1 x BK quantize
 @triton.jit
-def _quantize_tile(xf, amax, gs, FMT: tl.constexpr, ROUND: tl.constexpr, HW_CVT: tl.constexpr):
+def _quantize_tile(xf, amax, gs, FMT: tl.constexpr, ROUND: tl.constexpr, HW_CVT: tl.constexpr,
+                   GPU: tl.constexpr):
     """Quantize an fp32 tile ``xf [R, G, BK]`` with its block amax ``[R, G]``.
 
-    Returns (codes [R, G, BK] uint8 e4m3 bytes or int32 e2m1 codes, scale [R, G] in its
-    storage type: fp32 / uint8 E8M0 / uint8 e4m3 bits). Per-element work is kept to the
-    minimum (the kernel must run at memory speed): NaN fix-ups are per block, except one
-    select per element for the sign of fp4 NaN codes."""
+    Returns (codes [R, G, BK] uint8 e4m3 bytes or int32 e2m1 codes in the low 4 bits (see
+    ``_e2m1_codes``), scale [R, G] in its
+    storage type: fp32 / uint8 E8M0 / uint8 e4m3 bits). Per-element work is one multiply (or
+    the IEEE division of fp8_block EXACT) and the element encode; everything else is per block.
+    NaN and Inf need no per-element fix-up: a NaN/Inf block has a NaN (or infinite, fp8_block)
+    scale whose reciprocal turns every element into NaN / +-0, which the encoders map to the
+    reference's bits (e4m3 NaN; e2m1 code 7)."""
     if FMT == FMT_FP8_BLOCK:
         s = _fp8_block_scale(amax, ROUND)
         if ROUND == ROUND_RCEIL:
@@ -217,40 +270,35 @@ def _quantize_tile(xf, amax, gs, FMT: tl.constexpr, ROUND: tl.constexpr, HW_CVT:
             inv = tl.where(s == float("inf"), 0.0, tl.where(s != s, s, inv))
             q = xf * tl.broadcast_to(inv[:, :, None], xf.shape)
         else:
-            q = tl.math.div_rn(xf, tl.broadcast_to(s[:, :, None], xf.shape))
+            q = _div_by_block_scale(xf, s, GPU)
         return _e4m3_bytes(q, HW_CVT), s
     elif FMT == FMT_NVFP4:
-        # Per block, with the CPU reference's NaN signs (x86 rules), because the sign of the
-        # NaN reciprocal ends up in the e2m1 sign bit of every element of a NaN/Inf block.
-        t = _x86_nan(gs, amax, gs * amax)
-        t = _x86_nan(t, t, tl.math.div_rn(t, tl.full(t.shape, 6.0, tl.float32)))
+        # Per block (reference order): t = (gs * amax) / 6 (IEEE), NaN for an infinite amax
+        # (an Inf block dequantizes to NaN, also with a user gs), sf = e4m3(t), inv = gs / sf
+        # (0 where sf == 0). Then one multiply per element.
+        t = tl.math.div_rn(gs * amax, tl.full(amax.shape, 6.0, tl.float32))
+        t = tl.where(amax == float("inf"), float("nan"), t)
         sf = _e4m3_bytes(t, HW_CVT)
         sff = sf.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        sff = tl.where(t != t, t, sff)  # torch's e4m3 NaN keeps the sign of t
+        # (the triton 3.6 interpreter decodes the e4m3 NaN code 0x7F as a finite number; with
+        # gs = 0 that would give inv = 0 instead of NaN. One select per block.)
+        sff = tl.where(t != t, t, sff)
         gsb = tl.broadcast_to(gs, sff.shape)
         den = tl.where(sff == 0.0, 1.0, sff)  # (the 0 lanes are replaced: no division by zero)
-        inv = tl.where(sff == 0.0, 0.0, _x86_nan(gsb, sff, tl.math.div_rn(gsb, den)))
+        inv = tl.where(sff == 0.0, 0.0, tl.math.div_rn(gsb, den))
         v = xf * tl.broadcast_to(inv[:, :, None], xf.shape)
-        # x NaN implies inv NaN (its block's amax is NaN). The reference's broadcast multiply
-        # ``xb * inv[..., None]`` then returns inv's NaN (torch's CPU loop has the operands
-        # swapped; observed on torch 2.13 x86), so every code of the block is NaN-with-inv's-sign.
-        nan_code = tl.where(_bits(inv) < 0, 15, 7)
-        codes = tl.where(tl.broadcast_to((inv != inv)[:, :, None], xf.shape),
-                         tl.broadcast_to(nan_code[:, :, None], xf.shape), _e2m1_codes(v))
-        return codes, sf
+        return _e2m1_codes(v, GPU), sf
     else:
         if FMT == FMT_MXFP8:
             b = _e8m0_biased(amax, 448.0, 8, ROUND)
         else:
             b = _e8m0_biased(amax, 6.0, 2, ROUND)
+        # (NaN block, b = 255: the reciprocal is NaN, so every element encodes as NaN / code 7)
         v = xf * tl.broadcast_to(_e8m0_reciprocal(b)[:, :, None], xf.shape)
         if FMT == FMT_MXFP8:
             return _e4m3_bytes(v, HW_CVT), b.to(tl.uint8)
         else:
-            # NaN block (b = 255, reciprocal +NaN): every element is the +NaN code 7 (the
-            # reference's broadcast multiply returns the reciprocal's NaN, see nvfp4 above).
-            codes = tl.where(tl.broadcast_to((b == 255)[:, :, None], xf.shape), 7, _e2m1_codes(v))
-            return codes, b.to(tl.uint8)
+            return _e2m1_codes(v, GPU), b.to(tl.uint8)
 
 
 def _quant_repr(specialization):
@@ -276,23 +324,32 @@ def _quant_meta(grid, kernel, args):
 @triton.jit(repr=_quant_repr, launch_metadata=_quant_meta)
 def quantize_1xk_kernel(
     x_ptr, q_ptr, s_ptr, gs_ptr, gs_out_ptr,
-    M, K, KP, stride_xm, stride_qm, stride_sm,
+    M, K, KP, stride_xm, stride_qm, stride_sm, n_part,
     FMT: tl.constexpr, ROUND: tl.constexpr, BK: tl.constexpr,
     ROWS: tl.constexpr, GROUPS: tl.constexpr, GS_MODE: tl.constexpr, SILU: tl.constexpr,
-    INTER: tl.constexpr = tl.bfloat16, LIBDEVICE: tl.constexpr = True, HW_CVT: tl.constexpr = True,
+    INTER: tl.constexpr = tl.bfloat16, GPU: tl.constexpr = True, HW_CVT: tl.constexpr = True,
+    PART_BLOCK: tl.constexpr = 1,
 ):
     """Quantize ``x [M, K]`` (row stride ``stride_xm``, unit column stride) in 1 x BK blocks.
 
-    One program owns a ``ROWS x (GROUPS * BK)`` tile, loaded once as ``[ROWS, GROUPS, BK]``.
-    Writes ``q [M, K]`` (e4m3 bytes) or ``[M, KP = ceil(K/2)]`` (packed e2m1, element 2i in the low
-    nibble) with row stride ``stride_qm`` and scales ``[M, ceil(K/BK)]`` (``stride_sm``).
+    1-D grid, one program per ``ROWS x (GROUPS * BK)`` tile (row-major tile order), loaded
+    once as ``[ROWS, GROUPS, BK]``. Writes ``q [M, K]`` (e4m3 bytes) or ``[M, KP = ceil(K/2)]``
+    (packed e2m1, element 2i in the low nibble) with row stride ``stride_qm`` and scales
+    ``[M, ceil(K/BK)]`` (``stride_sm``).
     SILU: ``x`` is ``gate_up [M, 2K]``; the tile is ``INTER(silu(g) * u)`` (fp32 math,
     rounded to the intermediate dtype INTER, bf16 by default).
-    nvfp4: GS_MODE 1 reads gs from ``gs_ptr``; 2 computes it from the tensor amax at
-    ``gs_ptr`` (int32 bits, see ``tensor_amax_kernel``) and program (0, 0) stores it.
+    nvfp4: GS_MODE 1 reads gs from ``gs_ptr``; 2 computes it from the tensor amax, the max of
+    the ``n_part`` (<= PART_BLOCK) int32 partial maxima at ``gs_ptr`` (``tensor_amax_kernel``),
+    and program (0, 0) stores it to ``gs_out_ptr``. GS_MODE 2 visits the tiles in reverse: the
+    amax pass read the end of ``x`` last, so that part is still in L2 (~10% of a large x).
+    GPU: compiled for a GPU (libdevice exp; PTX min/max NaN semantics); False = interpreter.
     """
-    pid_m = tl.program_id(0)
-    pid_k = tl.program_id(1)
+    pid = tl.program_id(0)
+    if GS_MODE == GS_FROM_AMAX:
+        pid = tl.num_programs(0) - 1 - pid
+    n_k = tl.cdiv(K, GROUPS * BK)
+    pid_m = pid // n_k
+    pid_k = pid - pid_m * n_k
     rows = pid_m * ROWS + tl.arange(0, ROWS)
     grp = pid_k * GROUPS + tl.arange(0, GROUPS)
     col = tl.arange(0, BK)
@@ -305,7 +362,7 @@ def quantize_1xk_kernel(
         u = tl.load(x_ptr + roff + K + cols, mask=mask, other=0.0).to(tl.float32)
         # silu(g) * u = g / (1 + exp(-g)) * u in fp32, then rounded to bf16 (reference
         # silu_mul + .to(bfloat16)); libdevice expf may differ from the CPU's by 1 ulp.
-        if LIBDEVICE:
+        if GPU:
             e = tl.extra.cuda.libdevice.exp(0.0 - g)
         else:  # interpreter: numpy's expf
             e = tl.exp(0.0 - g)
@@ -317,36 +374,36 @@ def quantize_1xk_kernel(
     else:
         xf = tl.load(x_ptr + roff + cols, mask=mask, other=0.0).to(tl.float32)
 
-    amax = _amax_bits(xf, 2)  # [ROWS, G]
+    amax = _block_amax(xf, 2)  # [ROWS, G]
     if FMT == FMT_NVFP4:
         if GS_MODE == GS_FROM_AMAX:
-            amax_t = _f32(tl.load(gs_ptr))
-            amax_t = tl.where(amax_t != amax_t, float("nan"), amax_t)
-            gs = _canon_nan(_nvfp4_gs_from_amax(amax_t))
-            if (pid_m == 0) & (pid_k == 0):
+            po = tl.arange(0, PART_BLOCK)
+            part = tl.load(gs_ptr + po, mask=po < n_part, other=0)
+            gs = _nvfp4_gs_from_amax(_f32(tl.max(part, 0)))
+            if pid == 0:
                 tl.store(gs_out_ptr, gs)
         else:
-            gs = _canon_nan(tl.load(gs_ptr))
+            gs = tl.load(gs_ptr)
     else:
         gs = 0.0
-    codes, s = _quantize_tile(xf, amax, gs, FMT, ROUND, HW_CVT)
+    codes, s = _quantize_tile(xf, amax, gs, FMT, ROUND, HW_CVT, GPU)
 
     smask = rmask[:, None] & (grp[None, :] * BK < K)
-    sptr = s_ptr + rows.to(tl.int64)[:, None] * stride_sm + grp[None, :]
-    if FMT == FMT_FP8_BLOCK:
-        tl.store(sptr, _canon_nan(s), mask=smask)
-    else:
-        tl.store(sptr, s, mask=smask)
+    tl.store(s_ptr + rows.to(tl.int64)[:, None] * stride_sm + grp[None, :], s, mask=smask)
 
-    qrow = rows.to(tl.int64)[:, None, None] * stride_qm
     if FMT == FMT_FP8_BLOCK or FMT == FMT_MXFP8:
-        tl.store(q_ptr + qrow + cols, codes, mask=mask)
+        tl.store(q_ptr + rows.to(tl.int64)[:, None, None] * stride_qm + cols, codes, mask=mask)
     else:
-        lo, hi = tl.split(tl.reshape(codes, (ROWS, GROUPS, BK // 2, 2)))
-        byte = (lo | (hi << 4)).to(tl.uint8)
-        pc = grp[None, :, None] * (BK // 2) + tl.arange(0, BK // 2)[None, None, :]
-        pmask = rmask[:, None, None] & (pc < KP)
-        tl.store(q_ptr + qrow + pc, byte, mask=pmask)
+        # Pack as a 2-D [ROWS, GROUPS * BK / 2] tile so the row's bytes are one contiguous
+        # run per thread (16-byte stores; a 3-D [.., G, BK/2] pointer gave 8-byte ones for nvfp4).
+        HALF: tl.constexpr = GROUPS * BK // 2
+        lo, hi = tl.split(tl.reshape(codes, (ROWS, HALF, 2)))
+        # codes are e2m1 sums (code = bits & 15): the bits that hi << 4 moves above the byte
+        # fall off in the uint8 cast, so one AND-OR (LOP3) + one shift per byte
+        byte = ((lo & 15) | (hi << 4)).to(tl.uint8)
+        pc = pid_k * HALF + tl.arange(0, HALF)
+        pmask = rmask[:, None] & (pc < KP)[None, :]
+        tl.store(q_ptr + rows.to(tl.int64)[:, None] * stride_qm + pc[None, :], byte, mask=pmask)
 
 
 # --------------------------------------------------------------------------- 128 x 128 quantize
@@ -363,6 +420,7 @@ def _w_meta(grid, kernel, args):
 def quantize_128x128_kernel(
     x_ptr, q_ptr, s_ptr, E, N, K, stride_xe, stride_xn, stride_qe, stride_qn, stride_se, stride_sn,
     ROUND: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, HW_CVT: tl.constexpr = True,
+    GPU: tl.constexpr = True,
 ):
     """fp8_block weights: ``x [E, N, K]`` -> e4m3 ``q [E, N, K]`` and fp32 scales
     ``[E, ceil(N/128), ceil(K/128)]``; one program per 128 x 128 block (BR = BC = 128)."""
@@ -376,34 +434,40 @@ def quantize_128x128_kernel(
                 mask=mask, other=0.0).to(tl.float32)
     m = tl.max(tl.max(_bits(x) & 0x7FFFFFFF, axis=1, keep_dims=True), axis=0, keep_dims=True)  # [1, 1]
     amax = _f32(tl.where(m > 0x7F800000, 0x7FC00000, m))
-    codes, s = _quantize_tile(tl.reshape(x, (1, BR, BC)), amax, 0.0, FMT_FP8_BLOCK, ROUND, HW_CVT)
+    codes, s = _quantize_tile(tl.reshape(x, (1, BR, BC)), amax, 0.0, FMT_FP8_BLOCK, ROUND, HW_CVT, GPU)
     codes = tl.reshape(codes, (BR, BC))
     tl.store(q_ptr + pid_e * stride_qe + rows.to(tl.int64)[:, None] * stride_qn + cols[None, :], codes, mask=mask)
-    s1 = tl.reshape(_canon_nan(s), (1,))
+    s1 = tl.reshape(s, (1,))
     tl.store(s_ptr + pid_e * stride_se + pid_n * stride_sn + pid_k + tl.arange(0, 1), s1)
 
 
 # --------------------------------------------------------------------------- tensor amax
 @triton.jit
-def tensor_amax_kernel(x_ptr, out_ptr, M, K, stride_xm, ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
-                       ITERS: tl.constexpr):
-    """``out`` (int32, zero-initialised) = bits of max |x| over ``x [M, K]``.
+def tensor_amax_kernel(x_ptr, part_ptr, M, K, stride_xm, tiles_k, iters,
+                       ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``part[pid]`` (int32) = bits of max |x| over the tiles ``pid, pid + P, pid + 2P, ...``
+    (P = number of programs, ``iters`` tiles each, ``ROWS x BLOCK_K`` tiles in row-major
+    order, ``tiles_k`` per tile row) of ``x [M, K]``. The max of the partials is the tensor
+    amax (int order of non-negative float bits = float order, NaN above +Inf).
 
-    Deterministic: max is order-independent and done as an int32 ``atomic_max`` on the bit
-    patterns of non-negative floats (integer order = float order, NaN above +Inf). Each
-    program reduces ITERS row tiles before its single atomic, to keep the number of atomics
-    on the one address low."""
-    pid_m = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    Partials instead of one atomic_max: no zero-initialised buffer (no memset launch), and
+    deterministic. The consumer (nvfp4 quantize, or torch.amax for ``tensor_amax``) reduces
+    the <= 2 * #SM partials. Grid-stride so that few programs (2 per SM) each keep two 16 KB
+    tiles' loads in flight; the last tiles read are the end of x (the quantize pass that
+    follows starts there, while they are in L2)."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
     acc = tl.zeros((ROWS, BLOCK_K), tl.int32)
-    for i in range(ITERS):
-        rows = (pid_m * ITERS + i) * ROWS + tl.arange(0, ROWS)
+    for i in range(iters):
+        t = pid + i * nprog
+        tm = t // tiles_k
+        tk = t - tm * tiles_k
+        rows = tm * ROWS + tl.arange(0, ROWS)  # t >= #tiles: rows >= M, fully masked
+        cols = tk * BLOCK_K + tl.arange(0, BLOCK_K)
         mask = (rows < M)[:, None] & (cols < K)[None, :]
         x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0)
         acc = tl.maximum(acc, _bits(x.to(tl.float32)) & 0x7FFFFFFF)
-    m = tl.max(tl.max(acc, axis=1), axis=0)
-    tl.atomic_max(out_ptr, m, sem="relaxed")
+    tl.store(part_ptr + pid, tl.max(tl.max(acc, axis=1), axis=0))
 
 
 # --------------------------------------------------------------------------- dequantize
