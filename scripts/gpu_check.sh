@@ -42,7 +42,7 @@ PYT_TIMEOUT=""
 # No -x: one run must show every failure. xdist (on the device image) compiles in parallel.
 PYT_XDIST=""
 "$PY" -c "import xdist" 2>/dev/null && PYT_XDIST="-n 8"
-timeout -k 10 ${PYTEST_LIMIT:-200} "$PY" -m pytest -q $PYT_XDIST $PYT_TIMEOUT -p no:cacheprovider tests > "$OUT/pytest.log" 2>&1
+timeout -k 10 ${PYTEST_LIMIT:-200} "$PY" -m pytest -q $PYT_XDIST $PYT_TIMEOUT -p no:cacheprovider ${PYTEST_EXTRA:-} tests > "$OUT/pytest.log" 2>&1
 echo "pytest exit $? after $(elapsed) s"; tail -15 "$OUT/pytest.log"
 
 bench() {  # bench NAME LIMIT_S ARGS...

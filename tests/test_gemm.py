@@ -83,8 +83,10 @@ def test_weight_only(fmt, a_dtype, device):
         _check(x, b, fmt, out_dtype, what=f"weight-only {a_dtype}")
 
 
-def _forced_configs(fmt):
-    """Every tile class the heuristic can pick, split-K, both scale modes, dequant_matmul."""
+def _forced_configs(fmt, device):
+    """Every tile class the heuristic can pick, split-K, both scale modes, dequant_matmul.
+    block_k=16 FP8 dots (promote with a quantized A) only in the interpreter: Triton cannot
+    compile an FP8 tl.dot with K < 32 for sm_90 (see test_fp8_dot_block_k_16_rejected_on_cuda)."""
     cfgs = []
     for i, bm in enumerate((16, 32, 64, 128)):
         if fmt == "fp8_block":
@@ -98,7 +100,8 @@ def _forced_configs(fmt):
                            promote=fmt != "nvfp4"))
     if fmt in ("mxfp8", "mxfp4"):
         cfgs.append(GemmConfig(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=2, promote=True))
-        cfgs.append(GemmConfig(block_m=16, block_n=32, block_k=16, num_warps=4, num_stages=2, promote=True))
+        if device == "cpu":
+            cfgs.append(GemmConfig(block_m=16, block_n=32, block_k=16, num_warps=4, num_stages=2, promote=True))
     cfgs.append(GemmConfig(strategy="dequant_matmul"))
     return cfgs
 
@@ -107,7 +110,7 @@ def _forced_configs(fmt):
 def test_forced_configs(fmt, device):
     _, a = _acts(19, 200, fmt, device)
     b = _weights(45, 200, fmt, device)
-    for cfg in _forced_configs(fmt):
+    for cfg in _forced_configs(fmt, device):
         for out_dtype in (torch.float32, torch.bfloat16):
             _check(a, b, fmt, out_dtype, config=cfg, what=str(cfg))
 
@@ -230,6 +233,14 @@ def test_heuristic_hopper_rules(monkeypatch):
     assert c.block_m == 64 and c.split_k > 1
     assert cg.choose_gemm_config("nvfp4", 1, 2112, 7168, dev).block_m == 16
     assert cg.choose_gemm_config("fp8_block", 4096, 7168, 2048, dev, out_dtype=torch.float32).strategy == "triton"
+    # fp8_block at M=4096 on the DeepSeek-V3 rows (H100 measurements in config/gemm.py): dequant +
+    # cuBLAS only where it measured clearly faster (short K), 128x128x128 / 8 warps / 3 stages else
+    for (n, k), want in {(2112, 7168): "triton", (24576, 1536): "dequant_matmul", (32768, 512): "dequant_matmul",
+                         (7168, 16384): "triton", (4096, 7168): "triton", (7168, 2048): "triton"}.items():
+        c = cg.choose_gemm_config("fp8_block", 4096, n, k, dev)
+        assert c.strategy == want, (n, k, c)
+        if want == "triton":
+            assert (c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages, c.split_k) == (128, 128, 128, 8, 3, 1)
 
 
 # --------------------------------------------------------------------------- errors
@@ -270,6 +281,130 @@ def test_errors(device):
         linear(torch.randn(4, 64, device=device), b)
     with pytest.raises(ValueError, match="bias: expected shape"):
         linear(torch.randn(4, 64, dtype=torch.bfloat16, device=device), b, torch.zeros(7, device=device))
+
+
+def test_fp8_dot_block_k_16_rejected_on_cuda(device):
+    """sm_90 FP8 tl.dot needs K >= 32 (compile error "K >= 32" seen on the H100): a forced
+    promote=True config with block_k < 32 and a quantized A is a clear ValueError on CUDA; the
+    interpreter accepts it; dense (weight-only) A with block_k=16 is fine everywhere."""
+    from blockscaled.formats import get_format
+    from blockscaled.ops.gemm import _check_config
+
+    cfg = GemmConfig(block_m=64, block_n=32, block_k=16, num_warps=4, num_stages=2, promote=True)
+    for fmt in ("mxfp8", "mxfp4"):
+        f = get_format(fmt)
+        with pytest.raises(ValueError, match=r"config.block_k: .*block_k >= 32 on CUDA.*got 16"):
+            _check_config(cfg, f, False, None, True, interpret=False)
+        _check_config(cfg, f, False, None, True, interpret=True)
+        _check_config(cfg, f, True, torch.float16, True, interpret=False)  # fp16 dot, K=16 ok
+        _check_config(cfg.replace(block_k=32), f, False, None, True, interpret=False)
+    _, a = _acts(4, 64, "mxfp8", device)
+    b = _weights(8, 64, "mxfp8", device)
+    if device == "cuda":
+        with pytest.raises(ValueError, match="block_k >= 32"):
+            gemm(a, b, config=cfg)
+    else:
+        _check(a, b, "mxfp8", torch.float32, config=cfg)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_cpu_tensors_without_interpreter_use_reference(fmt, monkeypatch):
+    """TEAM.md policy: CPU inputs with the interpreter off (a CUDA machine) run the float64
+    reference and round once to out_dtype (out= and bias honoured); no kernel is launched."""
+    import blockscaled._checks as checks
+    import blockscaled.ops.gemm as gemm_mod
+
+    monkeypatch.setattr(checks, "INTERPRET", False)
+
+    class _NoLaunch:
+        def __getitem__(self, grid):
+            raise AssertionError("a Triton kernel was launched on CPU tensors")
+
+    monkeypatch.setattr(gemm_mod, "gemm_kernel", _NoLaunch())
+    monkeypatch.setattr(gemm_mod, "_dequant_matmul", lambda *a, **k: (_ for _ in ()).throw(
+        AssertionError("dequant_matmul ran on CPU tensors")))
+    x, a = _acts(5, 70, fmt, "cpu")
+    b = _weights(12, 70, fmt, "cpu")
+    bias = torch.randn(12).to(torch.bfloat16)
+    ref64 = ref_gemm_mod.gemm(a, b)
+    for out_dtype in OUT_DTYPES:
+        y = gemm(a, b, out_dtype)
+        assert y.dtype == out_dtype and torch.equal(y, ref64.to(out_dtype))
+        out = torch.full((5, 12), float("nan"), dtype=out_dtype)
+        assert gemm(a, b, out_dtype, out=out, bias=bias) is out
+        assert torch.equal(out, ref_gemm_mod.gemm(a, b, bias=bias).to(out_dtype))
+    assert torch.equal(gemm(x, b, torch.float32), ref_gemm_mod.gemm(x, b).float())  # weight-only
+    y = linear(x, b, bias)
+    assert torch.equal(y, ref_gemm_mod.linear(x, b, bias).to(x.dtype))
+    out = torch.full((5, 12), float("nan"))
+    assert linear(x, b, out=out, out_dtype=torch.float32, weight_only=True) is out
+    assert torch.equal(out, ref_gemm_mod.linear(x, b, weight_only=True).float())
+
+
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=str)
+def test_nvfp4_dequant_matmul_global_scales_no_overflow(out_dtype, device):
+    """nvfp4 dequant_matmul: 1/(gs_a*gs_b) ~ 1e-7 must be applied before a 16-bit output can
+    overflow (H100: inf at M=333, N=777, K=1001 fp16). The raw e2m1*e4m3 products summed over
+    K=1001 reach ~1e7 > fp16 max; the true result is O(1)."""
+    _, a = _acts(7, 1001, "nvfp4", device)
+    b = _weights(24, 1001, "nvfp4", device)
+    cfg = GemmConfig(strategy="dequant_matmul")
+    out = _check(a, b, "nvfp4", out_dtype, config=cfg)
+    assert torch.isfinite(out).all()
+    bias = torch.randn(24, device=device).to(out_dtype)  # bias of the output dtype: cuBLAS addmm
+    y = gemm(a, b, out_dtype, config=cfg, bias=bias)
+    assert_gemm_close(y, ref_gemm_mod.gemm(a, b, bias=bias), "nvfp4", out_dtype)
+    bias32 = torch.randn(24, device=device)  # other dtype: added in place afterwards
+    y = gemm(a, b, out_dtype, config=cfg, bias=bias32)
+    assert_gemm_close(y, ref_gemm_mod.gemm(a, b, bias=bias32), "nvfp4", out_dtype)
+    for a_dtype in (torch.bfloat16, torch.float16):  # weight-only: B carries 1/gs_b
+        x = randn_like_activations(7, 1001, dtype=a_dtype, device=device)
+        _check(x, b, "nvfp4", out_dtype, config=cfg, what=f"weight-only {a_dtype}")
+
+
+def test_dequant_matmul_hot_path_is_lean(device, monkeypatch):
+    """The dequant_matmul path calls the internal dequantize (not the validating public op),
+    builds no ScaledTensor and allocates no constant per call (the 0-d 1.0 is cached)."""
+    import blockscaled.ops.gemm as gemm_mod
+    import blockscaled.ops.quantize as qmod
+    from blockscaled.tensor import ScaledTensor
+
+    _, a = _acts(6, 64, "nvfp4", device)
+    b = _weights(16, 64, "nvfp4", device)
+    cfg = GemmConfig(strategy="dequant_matmul")
+    gemm(a, b, torch.float32, config=cfg)  # warm: fills the per-device cache
+    one = gemm_mod._ONES[torch.device(device) if device == "cpu" else b.device]
+
+    def boom(*args, **kw):
+        raise AssertionError("not on the hot path")
+
+    monkeypatch.setattr(qmod, "dequantize", boom)
+    monkeypatch.setattr(ScaledTensor, "__post_init__", boom)
+    monkeypatch.setattr(torch, "ones", boom)
+    for out_dtype in OUT_DTYPES:
+        out = torch.full((6, 16), float("nan"), dtype=out_dtype, device=device)
+        gemm(a, b, out_dtype, out=out, config=cfg)
+        assert_gemm_close(out, ref_gemm_mod.gemm(a, b), "nvfp4", out_dtype)
+    assert gemm_mod._ONES[one.device] is one
+
+
+@pytest.mark.parametrize("fmt", ("mxfp8", "nvfp4"))
+def test_eager_fast_path_matches_custom_op(fmt, device, monkeypatch):
+    """Plain eager calls skip the custom-op dispatcher (host overhead) and give the same bits
+    as the registered op."""
+    import blockscaled.ops._custom_ops as co
+    import blockscaled.ops.gemm as gemm_mod
+
+    x, a = _acts(9, 96, fmt, device)
+    b = _weights(20, 96, fmt, device)
+    monkeypatch.setattr(gemm_mod, "EAGER_FAST_PATH", False)
+    via_op = (gemm(a, b, torch.float32), linear(x, b, out_dtype=torch.float32))
+    monkeypatch.setattr(gemm_mod, "EAGER_FAST_PATH", True)
+    for name in ("gemm_op", "gemm_out_op", "linear_op", "linear_out_op"):
+        monkeypatch.setattr(co, name, lambda *args, **kw: (_ for _ in ()).throw(AssertionError("op used")))
+    direct = (gemm(a, b, torch.float32), linear(x, b, out_dtype=torch.float32))
+    for u, v in zip(via_op, direct):
+        assert torch.equal(u.view(torch.int32), v.view(torch.int32))
 
 
 def test_errors_device_mismatch():

@@ -2,23 +2,30 @@
 
 Launcher only: validate, allocate, choose a config (``blockscaled.config``), launch the Triton
 kernel (``kernels/triton/gemm.py``) or the dequantize + cuBLAS path. Registered as torch
-custom ops in ``_custom_ops.py`` so torch.compile and CUDA graphs see one opaque op.
+custom ops in ``_custom_ops.py`` so torch.compile sees one opaque op; plain eager calls run
+the same implementation without the dispatcher round trip (``_eager_ok``). Nothing here
+synchronises the host, so CUDA graphs capture either path.
+
+Host cost per call (the GPU idles on it when kernels are short): validation, one lru_cached
+config lookup, then either one Triton launch (plus the split-K reduce) or two internal
+dequantize launches + one cuBLAS call (+ one 0-d multiply for nvfp4 bf16 output). No
+ScaledTensor is rebuilt and the only allocations are the dequantized operands and the output.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
-import triton
 import triton.language as tl
 
-from ..config.gemm import GemmConfig, choose_gemm_config
-from ..formats import Format, get_format
+from .. import _checks
+from ..config.gemm import GemmConfig, choose_gemm_config, default_promote
+from ..formats import Format
 from ..kernels.triton._mma import FORMAT_CODES
 from ..kernels.triton.gemm import gemm_kernel, splitk_reduce_kernel
 from ..tensor import ScaledTensor
+from . import quantize as _quant
 
 __all__ = ["gemm", "OUT_DTYPES"]
 
@@ -113,7 +120,7 @@ def validate_gemm_args(a, b, out_dtype, out):
     return fmt, a_dense, lead, m, n, k
 
 
-def _check_config(cfg: GemmConfig, fmt: Format, a_dense: bool, a_dtype, promote: bool) -> None:
+def _check_config(cfg: GemmConfig, fmt: Format, a_dense: bool, a_dtype, promote: bool, interpret: bool) -> None:
     sk = fmt.block_k
     if fmt.name == "fp8_block" and not promote:
         raise ValueError("config.promote: fp8_block needs promote=True (fp32 scales are not exact in bf16)")
@@ -124,12 +131,25 @@ def _check_config(cfg: GemmConfig, fmt: Format, a_dense: bool, a_dtype, promote:
     if promote and not a_dense and fmt.name == "nvfp4":
         raise ValueError("config.promote: nvfp4 x nvfp4 cannot promote (FP8 MMA needs K >= 32 per dot, "
                          "nvfp4 blocks are 16)")
+    if promote and not a_dense and cfg.block_k < 32 and not interpret:
+        # Triton on sm_90 refuses to compile an FP8 tl.dot with K < 32 ("Input shapes should have
+        # M >= 1, N >= 1 and K >= 32"): the FP8 wgmma / mma instructions consume K = 32 per step.
+        # The interpreter has no such limit (CPU tests may use block_k = 16 there).
+        raise ValueError(
+            f"config.block_k: promote=True with a quantized {fmt.name} A runs FP8 tensor-core dots, which "
+            f"need block_k >= 32 on CUDA (FP8 MMA consumes K = 32 per instruction), got {cfg.block_k}"
+        )
     if not promote and a_dense and a_dtype == torch.float16:
         raise ValueError("config.promote: fp16 activations need promote=True (dequantized weights may "
                          "leave fp16's range)")
 
 
 # --------------------------------------------------------------------------- launch
+def _cdiv(a: int, b: int) -> int:
+    # not triton.cdiv: that is a @jit function, ~10x slower to call from the host
+    return -(-a // b)
+
+
 def _dot_dtype(promote: bool, a_dense: bool, a_dtype, interpret: bool):
     if promote and not a_dense:
         return tl.float8e4nv
@@ -140,41 +160,42 @@ def _dot_dtype(promote: bool, a_dense: bool, a_dtype, interpret: bool):
     return tl.float32 if interpret else tl.bfloat16
 
 
-def _launch_triton(a2, a_s2, a_gs, b, out2, bias, fmt: Format, a_dense: bool, m, n, k,
-                   cfg: GemmConfig, promote: bool) -> None:
-    interpret = out2.device.type == "cpu"
+def _launch_triton(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows, out2, bias, fmt: Format, m, n, k,
+                   cfg: GemmConfig, promote: bool, interpret: bool) -> None:
+    a_dense = a_s2 is None
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    kiters = triton.cdiv(k, bk)
-    split = max(1, min(cfg.split_k, kiters))
-    k_per_split = triton.cdiv(kiters, split) * bk
-    split = max(1, triton.cdiv(k, k_per_split)) if k else 1
-    even_k = k % bk == 0
+    split = 1
+    k_per_split = _cdiv(k, bk) * bk
+    if cfg.split_k > 1 and k:
+        kiters = _cdiv(k, bk)
+        k_per_split = _cdiv(kiters, min(cfg.split_k, kiters)) * bk
+        split = _cdiv(k, k_per_split)
     b_fmt = FORMAT_CODES[fmt.name]
     a_fmt = FORMAT_CODES["dense"] if a_dense else b_fmt
-    gs_b = b.global_scale if b.global_scale is not None else b.scale
+    gs_b = b_gs if b_gs is not None else b_scale  # not read unless nvfp4
     gs_a = a_gs if a_gs is not None else gs_b
-    a_s = a_s2 if a_s2 is not None else b.scale  # dense A: never read
+    a_s = a_s2 if a_s2 is not None else b_scale  # dense A: never read
     bias_t = bias if bias is not None else out2
     if split == 1:
         c, scs, scm, scn = out2, 0, out2.stride(0), out2.stride(1)
     else:
         c = torch.empty((split, m, n), dtype=torch.float32, device=out2.device)
         scs, scm, scn = c.stride(0), c.stride(1), c.stride(2)
-    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), split)
+    grid = (_cdiv(m, bm) * _cdiv(n, bn), split)
     gemm_kernel[grid](
-        a2, a_s, b.data, b.scale, gs_a, gs_b, bias_t, c,
+        a2, a_s, b_data, b_scale, gs_a, gs_b, bias_t, c,
         m, n, k, k_per_split,
         a2.stride(0), a2.stride(1), a_s.stride(0), a_s.stride(-1),
-        b.data.stride(0), b.data.stride(1), b.scale.stride(0), b.scale.stride(1),
+        b_data.stride(0), b_data.stride(1), b_scale.stride(0), b_scale.stride(1),
         scs, scm, scn,
-        A_FMT=a_fmt, B_FMT=b_fmt, B_SCALE_ROWS=b.block[0], PROMOTE=promote,
-        DOT_DTYPE=_dot_dtype(promote, a_dense, a2.dtype, interpret), EVEN_K=even_k,
+        A_FMT=a_fmt, B_FMT=b_fmt, B_SCALE_ROWS=b_rows, PROMOTE=promote,
+        DOT_DTYPE=_dot_dtype(promote, a_dense, a2.dtype, interpret), EVEN_K=k % bk == 0,
         HAS_BIAS=(bias is not None and split == 1), SPLIT_K=split, GROUP_M=cfg.group_m,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if split > 1:
         rbm, rbn = 32, 128
-        splitk_reduce_kernel[(triton.cdiv(m, rbm), triton.cdiv(n, rbn))](
+        splitk_reduce_kernel[(_cdiv(m, rbm), _cdiv(n, rbn))](
             c, gs_a, gs_b, bias_t, out2, m, n,
             c.stride(0), c.stride(1), out2.stride(0), out2.stride(1),
             A_DENSE=a_dense, IS_NVFP4=fmt.has_global_scale, HAS_BIAS=bias is not None,
@@ -182,69 +203,163 @@ def _launch_triton(a2, a_s2, a_gs, b, out2, bias, fmt: Format, a_dense: bool, m,
         )
 
 
-def _strip_global_scale(q: ScaledTensor) -> ScaledTensor:
-    """nvfp4 operand with global scale 1 so its dequantization is exact in bf16
-    (e2m1 * e4m3 has <= 6 significant bits); the global scales go to the output."""
-    return dataclasses.replace(q, global_scale=torch.ones((), dtype=torch.float32, device=q.device))
+# --------------------------------------------------------------------------- dequant + cuBLAS
+def _dequant(data, scale, gs, fmt: Format, shape, block_rows: int, dtype) -> torch.Tensor:
+    """The one call into ops/quantize.py's internal dequantize (no validation, no custom-op
+    dispatch, no ScaledTensor): ``data * scale [/ gs]`` as a new contiguous ``shape`` tensor."""
+    block = (block_rows, fmt.block_k) if block_rows == 1 else (block_rows, block_rows)
+    return _quant._dequantize_impl(data, scale, gs, fmt, shape, block, dtype)
 
 
-def _dequant_matmul(a2, a_q, a_gs, b, out2, bias, fmt: Format, a_dense: bool, out_dtype) -> None:
-    """dequantize operands (our Triton dequantize kernel) + torch.matmul (cuBLAS)."""
-    from .quantize import dequantize  # runtime import: quantize owns the kernel
+_ONES: dict[torch.device, torch.Tensor] = {}
 
+
+def _one(device: torch.device) -> torch.Tensor:
+    """Cached 0-d fp32 1.0 per device (an nvfp4 'global scale' that dequantizes exactly).
+    Not cached while a CUDA graph is being captured (its memory and fill belong to the graph)."""
+    t = _ONES.get(device)
+    if t is None:
+        t = torch.ones((), dtype=torch.float32, device=device)
+        if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+            _ONES[device] = t
+    return t
+
+
+#: aten::mm.dtype_out (bf16/fp16 x bf16/fp16 -> fp32 in cuBLAS) exists on CUDA in torch >= 2.8;
+#: flipped off at the first failure.
+_MM_FP32_OUT = [True]
+
+
+def _mm_into(A, B, out2, post=None) -> None:
+    """``out2 = (A @ B.T) / post`` for 16-bit (or fp32) A, B and any out2 dtype, accumulating in
+    fp32; ``post`` (a 0-d device tensor) divides in fp32 before any 16-bit cast."""
+    if A.dtype == out2.dtype:
+        torch.mm(A, B.t(), out=out2)
+        if post is not None:
+            out2.div_(post)
+        return
+    if out2.dtype == torch.float32:
+        res = out2
+        if out2.device.type == "cuda" and _MM_FP32_OUT[0]:
+            try:
+                torch.mm(A, B.t(), out_dtype=torch.float32, out=out2)
+            except (TypeError, RuntimeError, NotImplementedError):
+                _MM_FP32_OUT[0] = False
+        if not (out2.device.type == "cuda" and _MM_FP32_OUT[0]):
+            torch.mm(A.float(), B.float().t(), out=out2)
+    else:
+        res = None
+        if out2.device.type == "cuda":
+            try:  # cuBLAS 16-bit inputs, fp32 output (aten::mm.dtype, torch >= 2.8)
+                res = torch.mm(A, B.t(), out_dtype=torch.float32)
+            except (TypeError, RuntimeError, NotImplementedError):
+                res = None
+        if res is None:
+            res = A.float() @ B.float().t()
+    if post is not None:
+        res.div_(post)  # device 0-d tensor: no host sync
+    if res is not out2:
+        out2.copy_(res)
+
+
+def _dequant_matmul(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows, fmt: Format, k, out2, bias,
+                    out_dtype) -> None:
+    """Dequantize the operands (our Triton dequantize kernel) + torch.mm (cuBLAS).
+
+    Operand dtype (exactness):
+      * MX formats, quantized A: bf16, exact (e4m3/e2m1 x 2**e has <= 4 significant bits).
+      * fp8_block (also weight-only): ``out_dtype`` (fp32 scales: e4m3 x scale is not exact in
+        16 bits, so the operands are rounded only as far as the output will be).
+      * other weight-only: A's dtype (fp16 engines do the same; B rounds once to it).
+      * nvfp4 (global scales, never an extra pass over the output):
+          - bf16 out: A exact (gs 1: e2m1 x e4m3 <= 6 significant bits), B dequantized with
+            ``gs_a * gs_b`` (0-d product on the device) so B alone carries ``1/(gs_a gs_b)``:
+            one bf16 rounding per B element, relative error <= 2**-9 (RMS ~1.1e-3 on the
+            output, plus ~1.1e-3 from the bf16 output rounding; table limit 4e-3).
+          - fp16 out: both operands with their own global scale in fp16 (<= 2**-12 each, RMS
+            ~2e-4 together; limit 8e-4). Not the bf16 trick above: its 2**-9 would exceed the
+            fp16 row, and B / (gs_a gs_b) can fall into fp16's subnormals.
+          - fp32 out: exact operands, fp32 result, then one in-place division by
+            ``gs_a gs_b`` (fp32 cannot overflow there; the fp32 limit 6e-4 rules out rounded
+            operands). Weight-only: B carries gs_b in A's dtype, except bf16 A with fp16 or
+            fp32 out: exact B, fp32 result divided by gs_b before the cast.
+        Before this, 16-bit outputs held ``gs_a gs_b`` times the result and overflowed fp16.
+    Bias: added by cuBLAS (addmm) when it has the output's dtype, else in place afterwards.
+    """
+    m, n = out2.shape
+    a_dense = a_s2 is None
+    post = None
+    gs_a_op = gs_b_op = None
     if fmt.name == "fp8_block":
-        # fp32 block scales: e4m3 * scale is not exact in 16 bits, so round the operands only
-        # as far as the output will be rounded anyway (fp32 output -> fp32 operands).
         op_dtype = out_dtype
     elif a_dense:
-        op_dtype = a2.dtype  # fp16: weights outside fp16's range would round (engines do the same)
+        op_dtype = a2.dtype
+    elif fmt.has_global_scale and out_dtype == torch.float16:
+        op_dtype = torch.float16
     else:
-        op_dtype = torch.bfloat16  # exact for MX/NV (see _mma docstring)
-    bq = _strip_global_scale(b) if fmt.has_global_scale else b
-    B = dequantize(bq, dtype=op_dtype)
-    if a_dense:
-        A = a2.to(op_dtype)
-    else:
-        aq = _strip_global_scale(a_q) if fmt.has_global_scale else a_q
-        A = dequantize(aq, dtype=op_dtype).view(-1, a_q.shape[-1])
-    if op_dtype == out_dtype:
-        torch.mm(A, B.t(), out=out2)
-    elif out2.device.type == "cuda" and op_dtype != torch.float32:
-        try:  # cuBLAS 16-bit inputs, fp32 output (aten::mm.dtype, torch >= 2.8)
-            res = torch.mm(A, B.t(), out_dtype=torch.float32)
-        except (TypeError, RuntimeError, NotImplementedError):
-            res = A.float() @ B.float().t()
-        out2.copy_(res)
-    else:
-        out2.copy_(A.float() @ B.float().t())
+        op_dtype = torch.bfloat16
     if fmt.has_global_scale:
-        gs = b.global_scale if a_dense else a_gs * b.global_scale
-        out2.mul_(1.0 / gs)  # device 0-d tensor: no host sync; one extra rounding for 16-bit out
+        if out_dtype == torch.float32 or (op_dtype == torch.bfloat16 and out_dtype == torch.float16):
+            # bf16-rounded operands would miss the fp32 / fp16 rows of the tolerance table
+            gs_a_op = gs_b_op = _one(out2.device)
+            post = b_gs if a_dense else a_gs * b_gs
+        elif a_dense or out_dtype == torch.float16:
+            gs_a_op, gs_b_op = a_gs, b_gs
+        else:
+            gs_a_op, gs_b_op = _one(out2.device), a_gs * b_gs
+    B = _dequant(b_data, b_scale, gs_b_op, fmt, (n, k), b_rows, op_dtype)
+    if a_dense:
+        A = a2 if a2.dtype == op_dtype else a2.to(op_dtype)  # fp8_block weight-only, other out dtype
+    else:
+        A = _dequant(a2, a_s2, gs_a_op, fmt, (m, k), 1, op_dtype)
+    if bias is not None and post is None and bias.dtype == out_dtype == op_dtype:
+        torch.addmm(bias, A, B.t(), out=out2)
+        return
+    _mm_into(A, B, out2, post)
     if bias is not None:
         out2.add_(bias)
 
 
-def gemm_impl(a2, a_s2, a_gs, b: ScaledTensor, out2, bias, fmt: Format, a_dense: bool,
-              cfg: GemmConfig | None, out_dtype, a_q: ScaledTensor | None = None) -> None:
-    """Compute into ``out2 [M, N]`` (already allocated); ``a2 [M, K']``: A data (packed) or
-    dense activations; ``a_s2 [M, nk]`` A scales (None when dense). No validation."""
+def gemm_impl(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows: int, fmt: Format, k: int, out2, bias,
+              cfg: GemmConfig | None, out_dtype) -> None:
+    """Compute into ``out2 [M, N]`` (allocated by the caller). No validation, no ScaledTensor.
+
+    ``a2 [M, K']``: A data (packed for fp4) or dense bf16/fp16 activations; ``a_s2 [M, nk]``:
+    A scales (None: dense, weight-only); ``a_gs``: A's nvfp4 global scale (0-d) or None.
+    ``b_data [N, K']``, ``b_scale``, ``b_gs``, ``b_rows`` (1 or 128 scale rows): the weight.
+    ``k``: logical K."""
     m, n = out2.shape
-    k = b.shape[-1]
     if m == 0 or n == 0:
         return
+    a_dense = a_s2 is None
     a_dtype = a2.dtype if a_dense else None
     if cfg is None:
         cfg = choose_gemm_config(fmt.name, m, n, k, out2.device, a_dtype=a_dtype, out_dtype=out_dtype)
     if cfg.strategy == "dequant_matmul":
-        if a_q is None and not a_dense:
-            a_q = ScaledTensor(a2, a_s2, fmt, torch.Size((m, k)), (1, fmt.block_k), b.rounding, a_gs)
-        _dequant_matmul(a2, a_q, a_gs, b, out2, bias, fmt, a_dense, out_dtype)
+        _dequant_matmul(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows, fmt, k, out2, bias, out_dtype)
         return
-    from ..config.gemm import default_promote
-
     promote = cfg.promote if cfg.promote is not None else default_promote(fmt.name, m, a_dtype)
-    _check_config(cfg, fmt, a_dense, a_dtype, promote)
-    _launch_triton(a2, a_s2, a_gs, b, out2, bias, fmt, a_dense, m, n, k, cfg, promote)
+    interpret = out2.device.type == "cpu"
+    _check_config(cfg, fmt, a_dense, a_dtype, promote, interpret)
+    _launch_triton(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows, out2, bias, fmt, m, n, k, cfg, promote,
+                   interpret)
+
+
+#: Eager calls skip the custom-op boundary (torch.library dispatch measured ~100 us per call
+#: on the CPU stub benchmark; the GPU idles on it at M = 4096); torch.compile / export / fake
+#: tensors / dispatch modes still go through the registered ops. Set False to A/B it.
+EAGER_FAST_PATH = True
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _eager_ok(*ts) -> bool:
+    """True when the ops may run their implementation directly: not tracing or compiling, no
+    torch dispatch / function mode active, and plain tensors (not Fake/Functional subclasses)."""
+    if not EAGER_FAST_PATH or torch.compiler.is_compiling():
+        return False
+    if torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():
+        return False
+    return all(type(t) in _PLAIN for t in ts)
 
 
 def gemm(a, b: ScaledTensor, out_dtype: torch.dtype = torch.bfloat16, out: torch.Tensor | None = None,
@@ -260,15 +375,31 @@ def gemm(a, b: ScaledTensor, out_dtype: torch.dtype = torch.bfloat16, out: torch
         out: optional contiguous ``[..., N]`` tensor of ``out_dtype`` to write into.
         config: force a :class:`~blockscaled.config.GemmConfig` (tests, tuning); default:
             the analytic heuristic. A forced config runs eagerly (outside the custom op).
+            Eager calls run the implementation directly; torch.compile / export / fake tensors
+            go through the ``blockscaled::gemm`` custom ops (see ``_eager_ok``).
         bias: optional ``[N]`` tensor added in fp32 before the cast (used by ``linear``).
 
     Returns:
         ``[..., N]`` tensor of ``out_dtype`` (``out`` when given). nvfp4 applies
         ``1 / (gs_a * gs_b)`` (weight-only: ``1 / gs_b``) read from device memory.
         M = 0 returns an empty tensor without launching. No host synchronisation.
+        CPU tensors without the Triton interpreter (``blockscaled._checks.use_reference``):
+        the float64 reference, rounded once to ``out_dtype``.
     """
     fmt, a_dense, lead, m, n, k = validate_gemm_args(a, b, out_dtype, out)
     _check_bias(bias, n, b.device)
+    if config is not None and not isinstance(config, GemmConfig):
+        raise TypeError(f"config: expected a GemmConfig, got {type(config).__name__}")
+    if _checks.use_reference(b.data):
+        # CPU tensors without the Triton interpreter: compiled kernels cannot read host memory,
+        # so run the float64 reference twin and round once to out_dtype (TEAM.md policy).
+        from ..reference.gemm import gemm as _ref_gemm
+
+        y = _ref_gemm(a, b, out_dtype=None, bias=bias)
+        if out is None:
+            return y.to(out_dtype)
+        out.copy_(y)
+        return out
     if a_dense:
         _check_unit_k_stride("a", a)
         a2, a_s2, a_gs = _flatten_rows("a", a), None, None
@@ -280,13 +411,11 @@ def gemm(a, b: ScaledTensor, out_dtype: torch.dtype = torch.bfloat16, out: torch
     _check_unit_k_stride("b.data", b.data)
     if m == 0 or n == 0:
         return out if out is not None else torch.empty((*lead, n), dtype=out_dtype, device=b.device)
-    if config is not None:
-        if not isinstance(config, GemmConfig):
-            raise TypeError(f"config: expected a GemmConfig, got {type(config).__name__}")
+    if config is not None or _eager_ok(a2, b.data):
         if out is None:
             out = torch.empty((*lead, n), dtype=out_dtype, device=b.device)
-        gemm_impl(a2, a_s2, a_gs, b, out.view(m, n), bias, fmt, a_dense, config, out_dtype,
-                  None if a_dense else a)
+        gemm_impl(a2, a_s2, a_gs, b.data, b.scale, b.global_scale, b.block[0], fmt, k, out.view(m, n), bias,
+                  config, out_dtype)
         return out
     from . import _custom_ops
 

@@ -4,29 +4,39 @@ from __future__ import annotations
 
 import torch
 
+from .. import _checks
 from .._checks import check_row_contiguous, check_tensor
+from ..formats import Format, ScaleRounding
 from ..reference.gemm import activation_quant_args
 from ..tensor import ScaledTensor
-from .gemm import OUT_DTYPES, _check_bias, gemm_impl
+from . import quantize as _quant
+from .gemm import OUT_DTYPES, _check_bias, _eager_ok, gemm_impl
 
 __all__ = ["linear", "activation_quant_args"]
 
 
-def linear_impl(x2: torch.Tensor, w: ScaledTensor, bias, out_dtype, weight_only: bool,
-                out: torch.Tensor | None = None) -> torch.Tensor:
-    from .quantize import quantize
+def _quantize_activations(x2: torch.Tensor, fmt: Format, rounding: ScaleRounding):
+    """The one call into ops/quantize.py's internal quantize (no validation, no custom-op
+    dispatch): 1 x block_k blocks with the weight's rounding; nvfp4 computes the activations'
+    global scale on the device. Returns (data, scale, gs or None)."""
+    data, scale, gs = _quant._quantize_impl(x2, fmt, (1, fmt.block_k), rounding, None)
+    return data, scale, (gs if fmt.has_global_scale else None)
 
-    m, n = x2.shape[0], w.shape[0]
+
+def linear_impl(x2: torch.Tensor, w_data, w_scale, w_gs, w_rows: int, fmt: Format, k: int,
+                rounding: ScaleRounding, bias, out_dtype, weight_only: bool,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """``out [M, N] = x2 [M, K] @ w.T`` from the weight's fields (no validation)."""
+    m, n = x2.shape[0], w_data.shape[0]
     if out is None:
         out = torch.empty((m, n), dtype=out_dtype, device=x2.device)
     if m == 0 or n == 0:
         return out
-    fmt = w.format
     if weight_only:
-        gemm_impl(x2, None, None, w, out, bias, fmt, True, None, out_dtype)
+        gemm_impl(x2, None, None, w_data, w_scale, w_gs, w_rows, fmt, k, out, bias, None, out_dtype)
     else:
-        q = quantize(x2, fmt.name, **activation_quant_args(w))
-        gemm_impl(q.data, q.scale, q.global_scale, w, out, bias, fmt, False, None, out_dtype, q)
+        data, scale, gs = _quantize_activations(x2, fmt, rounding)
+        gemm_impl(data, scale, gs, w_data, w_scale, w_gs, w_rows, fmt, k, out, bias, None, out_dtype)
     return out
 
 
@@ -47,7 +57,9 @@ def linear(x: torch.Tensor, w: ScaledTensor, bias: torch.Tensor | None = None, *
 
     Quantization: fp8_block 1x128 and mxfp8/mxfp4 1x32 with ``w``'s scale rounding; nvfp4
     1x16 with the activations' own global scale ``448*6/amax(x)`` (computed on the device).
-    Returns ``[..., N]`` of ``out_dtype``. No host synchronisation.
+    Returns ``[..., N]`` of ``out_dtype``. No host synchronisation. CPU tensors without the
+    Triton interpreter (``blockscaled._checks.use_reference``): the float64 reference twin,
+    rounded once to ``out_dtype``.
     """
     check_tensor("x", x, dtypes=(torch.bfloat16, torch.float16), min_ndim=1)
     if not isinstance(w, ScaledTensor):
@@ -75,8 +87,24 @@ def linear(x: torch.Tensor, w: ScaledTensor, bias: torch.Tensor | None = None, *
                              f"{out.dtype} {tuple(out.shape)} on {out.device}")
         if not out.is_contiguous():
             raise ValueError(f"out: expected a contiguous tensor, got strides {out.stride()}")
+    if _checks.use_reference(x):
+        # CPU tensors without the Triton interpreter: the float64 reference (reference
+        # quantizer for the activations), rounded once to out_dtype (TEAM.md policy).
+        from ..reference.gemm import linear as _ref_linear
+
+        y = _ref_linear(x, w, bias, out_dtype=None, weight_only=weight_only)
+        if out is None:
+            return y.to(out_dtype)
+        out.copy_(y)
+        return out
     if x2.shape[0] == 0 or n == 0:
         return out if out is not None else torch.empty((*lead, n), dtype=out_dtype, device=w.device)
+    if _eager_ok(x2, w.data):
+        if out is None:
+            out = torch.empty((*lead, n), dtype=out_dtype, device=w.device)
+        linear_impl(x2, w.data, w.scale, w.global_scale, w.block[0], w.format, w.shape[-1], w.rounding, bias,
+                    out_dtype, weight_only, out.view(-1, n))
+        return out
     from ._custom_ops import linear_op, linear_out_op
 
     if out is not None:
