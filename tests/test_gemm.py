@@ -225,19 +225,22 @@ def test_heuristic_hopper_rules(monkeypatch):
         assert cg.choose_gemm_config(fmt, 4096, 7168, 2048, dev).strategy == "dequant_matmul"
         assert cg.choose_gemm_config(fmt, 4096, 7168, 2048, dev, a_dtype=torch.bfloat16).strategy == "dequant_matmul"
         assert cg.choose_gemm_config(fmt, 1, 7168, 2048, dev).strategy == "triton"
-    c = cg.choose_gemm_config("fp8_block", 4096, 7168, 16384, dev)
+    assert cg.choose_gemm_config("fp8_block", 4096, 7168, 16384, dev).strategy == "hopper"
+    c = cg.choose_gemm_config("fp8_block", 4096, 7168, 16384, dev, allow_hopper=False)
     assert (c.strategy, c.block_m, c.block_n, c.block_k, c.num_warps) == ("triton", 128, 128, 128, 8)
     assert 3 <= c.num_stages <= 4
     # decode: 64-row tiles (smallest FP8 wgmma), split-K to fill the SMs
     c = cg.choose_gemm_config("fp8_block", 1, 2112, 7168, dev)
     assert c.block_m == 64 and c.split_k > 1
     assert cg.choose_gemm_config("nvfp4", 1, 2112, 7168, dev).block_m == 16
-    assert cg.choose_gemm_config("fp8_block", 4096, 7168, 2048, dev, out_dtype=torch.float32).strategy == "triton"
-    # fp8_block at M=4096 on the DeepSeek-V3 rows (H100 measurements in config/gemm.py): dequant +
-    # cuBLAS only where it measured clearly faster (short K), 128x128x128 / 8 warps / 3 stages else
+    assert cg.choose_gemm_config("fp8_block", 4096, 7168, 2048, dev, out_dtype=torch.float32,
+                                 allow_hopper=False).strategy == "triton"
+    # portable fp8_block choice at M=4096 on the DeepSeek-V3 rows (H100 measurements in config/gemm.py;
+    # used where the Hopper kernels cannot run): dequant + cuBLAS only where it measured clearly
+    # faster (short K), 128x128x128 / 8 warps / 3 stages else
     for (n, k), want in {(2112, 7168): "triton", (24576, 1536): "dequant_matmul", (32768, 512): "dequant_matmul",
                          (7168, 16384): "triton", (4096, 7168): "triton", (7168, 2048): "triton"}.items():
-        c = cg.choose_gemm_config("fp8_block", 4096, n, k, dev)
+        c = cg.choose_gemm_config("fp8_block", 4096, n, k, dev, allow_hopper=False)
         assert c.strategy == want, (n, k, c)
         if want == "triton":
             assert (c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages, c.split_k) == (128, 128, 128, 8, 3, 1)
@@ -485,3 +488,30 @@ def test_errors_metric_helper():
     assert gemm_errors(r, r) == (0.0, 0.0)
     with pytest.raises(AssertionError, match="NaN"):
         assert_no_nan_survivors(torch.tensor([1.0, float("nan")]))
+
+
+def test_hopper_strategy_choice_and_fallback(device):
+    """The heuristic sends fp8_block x fp8_block with M >= HOPPER_MIN_M to the sm_90 Gluon
+    kernels (only on an sm_90 device); operands they cannot take (here: no sm_90 device, a
+    bias, 1x128 weights, or K % 16 != 0) fall back to the portable kernel with the same result."""
+    from blockscaled.config import gemm as cg
+
+    h100 = cg.DeviceInfo("cuda", 132, (9, 0), 232448)
+    orig = cg.device_info
+    try:
+        cg.device_info = lambda dev: h100
+        assert cg.choose_gemm_config("fp8_block", cg.HOPPER_MIN_M, 4096, 7168, torch.device("cuda")).strategy == "hopper"
+        assert cg.choose_gemm_config("fp8_block", cg.HOPPER_MIN_M - 1, 4096, 7168, torch.device("cuda")).strategy != "hopper"
+        assert cg.choose_gemm_config("mxfp8", 4096, 4096, 7168, torch.device("cuda")).strategy != "hopper"
+        assert cg.choose_gemm_config("fp8_block", 4096, 4096, 7168, torch.device("cuda"),
+                                     a_dtype=torch.bfloat16).strategy != "hopper"
+        assert cg.choose_gemm_config("fp8_block", 4096, 4096, 7168, torch.device("cuda"),
+                                     allow_hopper=False).strategy != "hopper"
+    finally:
+        cg.device_info = orig
+    # Forced "hopper" where it cannot run: falls back, result equals the portable kernel's.
+    _, a = _acts(19, 200, "fp8_block", device)  # K = 200: not a multiple of 16
+    b = _weights(45, 200, "fp8_block", device)
+    forced = gemm(a, b, torch.float32, config=GemmConfig(strategy="hopper"))
+    _check(a, b, "fp8_block", torch.float32, config=GemmConfig(strategy="hopper"), what="hopper fallback")
+    assert torch.equal(forced, gemm(a, b, torch.float32))

@@ -30,7 +30,18 @@ import torch
 
 __all__ = ["GemmConfig", "choose_gemm_config", "STRATEGIES", "DeviceInfo", "device_info"]
 
-STRATEGIES = ("triton", "dequant_matmul")
+STRATEGIES = ("triton", "dequant_matmul", "hopper")
+
+#: fp8_block x fp8_block on sm_90 takes the Gluon TMA/wgmma kernels (ops/_hopper.py) from this
+#: many rows on. H100, bf16 out, do_bench medians (scripts/hopper_check.py, 2026-11-22): at
+#: M=4096 the Hopper kernels beat the portable kernel on all six DeepSeek-V3 shapes (690-870 vs
+#: 559-679 TFLOP/s); at M=128 the portable kernel was faster on all six. The crossover between
+#: 128 and 4096 is not measured yet; 1024 is a guess on the safe side of it.
+HOPPER_MIN_M = 1024
+#: Hopper variant by K: the non-persistent "tma" kernel won at K >= 7168 (691/870/830 vs
+#: ws+overlap 635/774/780), the warp-specialized one with overlap at K <= 2048 (743/583/731 vs
+#: 688/433/718). Same measurement as HOPPER_MIN_M.
+HOPPER_TMA_MIN_K = 4096
 
 #: elements sharing one scale along K
 _SCALE_K = {"fp8_block": 128, "mxfp8": 32, "mxfp4": 32, "nvfp4": 16}
@@ -187,10 +198,17 @@ def choose_gemm_config(
     *,
     a_dtype: torch.dtype | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
+    allow_hopper: bool = True,
 ) -> GemmConfig:
     """Analytic choice for ``[m, k] @ [n, k].T`` in format ``fmt`` (``a_dtype`` set = weight-only
-    with dense activations of that dtype). Deterministic in its inputs; no device sync."""
-    return _choose(fmt, m, n, k, device_info(device), a_dtype, out_dtype)
+    with dense activations of that dtype). Deterministic in its inputs; no device sync.
+    ``allow_hopper=False``: the portable choice (the launcher's fallback when the Hopper
+    kernels cannot take the operands)."""
+    info = device_info(device)
+    if (allow_hopper and fmt == "fp8_block" and a_dtype is None and info.kind == "cuda"
+            and info.capability == (9, 0) and m >= HOPPER_MIN_M):
+        return GemmConfig(strategy="hopper")
+    return _choose(fmt, m, n, k, info, a_dtype, out_dtype)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -320,6 +320,28 @@ def _dequant_matmul(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows, fmt: Format, 
         out2.add_(bias)
 
 
+def _launch_hopper(a2, a_s2, b_data, b_scale, b_rows, fmt: Format, k: int, out2, bias) -> bool:
+    """Run the sm_90 Gluon fp8_block kernel if it can take these operands; False (nothing
+    launched) sends the caller to the portable kernel. Reasons it cannot: not fp8_block with
+    quantized 1x128 A and 128x128 B; a bias (no bias epilogue yet); TMA's 16-byte row-stride /
+    base-address rule (K % 16 != 0 for contiguous fp8) or a non-unit output column stride."""
+    if fmt.name != "fp8_block" or a_s2 is None or b_rows != 128 or bias is not None or k == 0:
+        return False
+    if out2.device.type != "cuda" or torch.cuda.get_device_capability(out2.device) != (9, 0):
+        return False  # wgmma / TMA kernels are built for sm_90a only
+    from . import _hopper
+    from ..config.gemm import HOPPER_TMA_MIN_K
+
+    if out2.stride(1) != 1 or _hopper._tma_2d_reason("a", a2) or _hopper._tma_2d_reason("b", b_data):
+        return False
+    m, n = out2.shape
+    variant = "tma" if k >= HOPPER_TMA_MIN_K else "ws"
+    cfg = _hopper.choose_hopper_config(m, n, k, variant=variant, overlap=True,
+                                       num_sms=_hopper._num_sms(_hopper._dev_index(out2.device)))
+    _hopper.gemm_fp8_block_hopper_impl(a2, a_s2, b_data, b_scale, out2, cfg)
+    return True
+
+
 def gemm_impl(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows: int, fmt: Format, k: int, out2, bias,
               cfg: GemmConfig | None, out_dtype) -> None:
     """Compute into ``out2 [M, N]`` (allocated by the caller). No validation, no ScaledTensor.
@@ -335,6 +357,11 @@ def gemm_impl(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows: int, fmt: Format, k
     a_dtype = a2.dtype if a_dense else None
     if cfg is None:
         cfg = choose_gemm_config(fmt.name, m, n, k, out2.device, a_dtype=a_dtype, out_dtype=out_dtype)
+    if cfg.strategy == "hopper":
+        if _launch_hopper(a2, a_s2, b_data, b_scale, b_rows, fmt, k, out2, bias):
+            return
+        cfg = choose_gemm_config(fmt.name, m, n, k, out2.device, a_dtype=a_dtype, out_dtype=out_dtype,
+                                 allow_hopper=False)
     if cfg.strategy == "dequant_matmul":
         _dequant_matmul(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows, fmt, k, out2, bias, out_dtype)
         return

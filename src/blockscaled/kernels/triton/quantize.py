@@ -201,7 +201,11 @@ def _div_by_block_scale(xf, s, GPU: tl.constexpr):
     xn = xf * npb  # -x'
     q = xn * nyb  # x' y
     r = _fma(q, sb, xn, GPU)  # q s' - x'
-    return _fma(r, nyb, q, GPU)  # q - r y
+    qc = _fma(r, nyb, q, GPU)  # q - r y
+    # Sign from x (s > 0): Triton flushes fp32 denormals on the GPU (libdevice FTZ reflect), so
+    # for quotients below 2**-126 the FMA chain above can return a zero of the wrong sign
+    # ((+0) + (-0) = +0); seen on the H100 as e4m3 0x00 where IEEE division gives 0x80.
+    return _f32((_bits(qc) & 0x7FFFFFFF) | (_bits(xf) & -2147483648))
 
 
 @triton.jit

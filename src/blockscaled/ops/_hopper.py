@@ -1,0 +1,258 @@
+"""Host launcher for the sm_90a (Hopper) fp8_block GEMM kernels (``kernels/hopper/fp8_gemm.py``).
+
+Private: the lead wires :func:`gemm_fp8_block_hopper_impl` into ``gemm()`` dispatch once the
+kernels are proven on the GPU. Shapes/layouts this path cannot take raise
+:class:`HopperUnsupported` (a ``NotImplementedError``) whose message says why, so the caller
+can fall back to the portable Triton kernel; :func:`unsupported_reason` returns the same text
+without raising (for dispatch).
+
+Variants (``HopperConfig.variant``), one kernel each so each can be timed:
+  * ``"tma"``        step 1: one tile per program, TMA + mbarrier ring, FP8 wgmma, promotion per 128 K.
+  * ``"persistent"`` step 2: grid = min(#SMs, #tiles), grouped raster, flattened (tile, k) pipeline.
+  * ``"ws"``         step 3: persistent + warp specialisation (1-warp TMA producer partition).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+import triton
+
+from ..tensor import ScaledTensor
+
+__all__ = [
+    "HopperConfig",
+    "HopperUnsupported",
+    "VARIANTS",
+    "choose_hopper_config",
+    "gemm_fp8_block_hopper",
+    "gemm_fp8_block_hopper_impl",
+    "unsupported_reason",
+]
+
+VARIANTS = ("tma", "persistent", "ws")
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+# 16 bytes: TMA (cuTensorMapEncodeTiled) requires a 16-byte aligned global base address and
+# 16-byte multiple strides for all but the innermost dimension. fp8 is 1 byte per element, so
+# the row stride (>= K) must be a multiple of 16 elements -> K % 16 == 0 for contiguous data.
+_TMA_ALIGN = 16
+# H100 usable shared memory per block (227 KB = 232448 bytes, opt-in maximum on sm_90).
+_SMEM_LIMIT = 232448
+
+
+class HopperUnsupported(NotImplementedError):
+    """The Hopper fast path cannot take these arguments; the message says why (fall back)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class HopperConfig:
+    """Tile configuration of the Hopper fp8_block kernels.
+
+    block_m: 64 (one warpgroup, num_warps=4) or 128 (two warpgroups, num_warps=8): wgmma needs
+        64 rows per warpgroup. block_n: 16..128, a power of two dividing 128 (one wgmma
+        instruction per warpgroup spans it). block_k is fixed at 128 (= the fp8_block scale block).
+    stages: depth of the TMA ring; each stage holds (block_m + block_n) * 128 bytes.
+    group_m: grouped raster height (tiles of A sharing a B tile while it sits in L2).
+    overlap: persistent/ws only: issue the wgmma chain of K block k+1 before promoting block k
+        (two part tiles in registers, wgmma wait(1)); ignored by "tma". Unmeasured default.
+    """
+
+    variant: str = "persistent"
+    block_m: int = 128
+    block_n: int = 128
+    num_warps: int = 8
+    stages: int = 4
+    group_m: int = 8
+    overlap: bool = True
+
+    def __post_init__(self):
+        if self.variant not in VARIANTS:
+            raise ValueError(f"HopperConfig.variant: expected one of {VARIANTS}, got {self.variant!r}")
+        if self.block_m not in (64, 128):
+            raise ValueError(f"HopperConfig.block_m: expected 64 or 128 (64 rows per warpgroup), got {self.block_m}")
+        if self.num_warps != 4 * (self.block_m // 64):
+            raise ValueError(
+                f"HopperConfig.num_warps: expected {4 * (self.block_m // 64)} for block_m={self.block_m} "
+                f"(one warpgroup of 4 warps per 64 rows), got {self.num_warps}"
+            )
+        if self.block_n not in (16, 32, 64, 128):
+            # power of two (Gluon block shapes) dividing the 128-row weight-scale block (one sb
+            # scalar per tile and K block); 256 compiles but spills (acc + wgmma tile = 256 regs).
+            raise ValueError(f"HopperConfig.block_n: expected 16, 32, 64 or 128, got {self.block_n}")
+        if self.stages < 2:
+            raise ValueError(f"HopperConfig.stages: expected >= 2, got {self.stages}")
+        if self.group_m < 1:
+            raise ValueError(f"HopperConfig.group_m: expected >= 1, got {self.group_m}")
+
+    def smem_bytes(self, out_elem_bytes: int = 2) -> int:
+        """Ring + epilogue layout-conversion scratch (the masked store converts the accumulator
+        tile, up to block_m * block_n * 4 bytes) + barriers."""
+        return self.stages * (self.block_m + self.block_n) * 128 + self.block_m * self.block_n * 4 + 1024
+
+
+def choose_hopper_config(m: int, n: int, k: int, variant: str = "persistent", overlap: bool = True,
+                         num_sms: int = 132) -> HopperConfig:
+    """First heuristic, NOT yet tuned on the H100 (to be replaced by measurements):
+    * block_m 128 (two math warpgroups) for M > 128; 64 (one warpgroup) for M <= 128, which
+      halves the wasted wgmma rows for M <= 64 and doubles the tile count at M = 128.
+    * block_n 128, halved (down to 32) while there are fewer tiles than half the SMs: small-M
+      GEMMs are memory-bound and need many CTAs streaming B to reach the copy bandwidth.
+    * stages: as many ring stages ((block_m + block_n) * 128 bytes each) as fit next to the
+      epilogue scratch in 227 KB, at most 8 (6 for the 128x128 tile: 5 fit).
+    """
+    bm = 64 if m <= 128 else 128
+    bn = 128
+    while bn > 32 and triton.cdiv(m, bm) * triton.cdiv(n, bn) < num_sms // 2:
+        bn //= 2
+    stage_bytes = (bm + bn) * 128
+    stages = max(2, min(8, (_SMEM_LIMIT - bm * bn * 4 - 1024) // stage_bytes))
+    return HopperConfig(variant=variant, block_m=bm, block_n=bn, num_warps=4 * (bm // 64), stages=stages,
+                        overlap=overlap)
+
+
+def _dev_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _tma_2d_reason(name: str, t: torch.Tensor) -> str | None:
+    if t.ndim != 2:
+        return f"{name}: TMA path needs a 2-D [rows, K] view, got shape {tuple(t.shape)}"
+    if t.stride(1) != 1:
+        return f"{name}: TMA needs the K dimension contiguous (stride 1), got strides {t.stride()}"
+    if (t.stride(0) * t.element_size()) % _TMA_ALIGN:
+        return (f"{name}: TMA needs a 16-byte multiple row stride; got stride {t.stride(0)} elements of "
+                f"{t.element_size()} byte(s) (for contiguous fp8 data this means K % 16 == 0)")
+    if t.data_ptr() % _TMA_ALIGN:
+        return f"{name}: TMA needs a 16-byte aligned base address, got data_ptr % 16 = {t.data_ptr() % 16}"
+    return None
+
+
+def unsupported_reason(a: ScaledTensor, b: ScaledTensor, out_dtype=torch.bfloat16,
+                       config: HopperConfig | None = None) -> str | None:
+    """Why the Hopper path cannot compute ``gemm(a, b)`` (None when it can). Checks the device
+    (CUDA sm_90), format (fp8_block, 1x128 x 128x128), fp32 scales, output dtype, TMA
+    alignment of A and B data, and the shared-memory budget of ``config``."""
+    if not isinstance(a, ScaledTensor) or not isinstance(b, ScaledTensor):
+        return "a and b must both be ScaledTensors (dense-activation GEMMs use the portable kernel)"
+    if a.format.name != "fp8_block" or b.format.name != "fp8_block":
+        return f"only fp8_block x fp8_block is implemented, got {a.format.name} x {b.format.name}"
+    if a.block != (1, 128):
+        return f"a.block: expected (1, 128) activation blocks, got {a.block}"
+    if b.block != (128, 128):
+        return f"b.block: expected (128, 128) weight blocks, got {b.block} (1x128 weights: portable kernel)"
+    if b.ndim != 2:
+        return f"b: expected a 2-D [N, K] weight, got shape {tuple(b.shape)}"
+    dev = b.data.device
+    if dev.type != "cuda" or a.data.device != dev:
+        return f"needs both operands on one CUDA device, got a on {a.data.device}, b on {dev}"
+    if torch.cuda.get_device_capability(dev) != (9, 0):
+        return (f"needs an sm_90 (Hopper) GPU: wgmma/TMA kernels compiled for sm_90a, got compute capability "
+                f"{torch.cuda.get_device_capability(dev)}")
+    if out_dtype not in OUT_DTYPES:
+        return f"out_dtype: expected one of {OUT_DTYPES}, got {out_dtype}"
+    if a.scale.dtype != torch.float32 or b.scale.dtype != torch.float32:
+        return f"scales must be fp32, got a.scale {a.scale.dtype}, b.scale {b.scale.dtype}"
+    if a.shape[-1] != b.shape[-1]:
+        return f"K mismatch: a has K={a.shape[-1]}, b has K={b.shape[-1]}"
+    try:
+        a2 = a.data.view(-1, a.shape[-1]) if a.data.ndim != 2 else a.data
+    except RuntimeError:
+        return f"a.data: leading dims of shape {tuple(a.data.shape)} / strides {a.data.stride()} do not flatten"
+    if a2.shape[0] > 0 and b.shape[0] > 0 and a.shape[-1] > 0:
+        for name, t in (("a.data", a2), ("b.data", b.data)):
+            r = _tma_2d_reason(name, t)
+            if r is not None:
+                return r
+    if config is not None and config.smem_bytes() > _SMEM_LIMIT:
+        return f"config needs {config.smem_bytes()} bytes of shared memory > {_SMEM_LIMIT} (H100 limit)"
+    return None
+
+
+def _kernel_for(variant: str):
+    from ..kernels.hopper import fp8_gemm as K
+
+    return {"tma": K.fp8_block_gemm_tma_kernel, "persistent": K.fp8_block_gemm_persistent_kernel,
+            "ws": K.fp8_block_gemm_ws_kernel}[variant]
+
+
+def gemm_fp8_block_hopper_impl(a2: torch.Tensor, a_s2: torch.Tensor, b_data: torch.Tensor, b_scale: torch.Tensor,
+                               out2: torch.Tensor, cfg: HopperConfig) -> None:
+    """Launch into ``out2 [M, N]`` (written in full). No validation beyond what TMA needs:
+    ``a2 [M, K]`` e4m3 (K stride 1, 16-byte row stride/base), ``a_s2 [M, ceil(K/128)]`` fp32 (any
+    strides), ``b_data [N, K]`` e4m3 (same TMA constraints), ``b_scale [ceil(N/128),
+    ceil(K/128)]`` fp32 (any strides), ``out2`` bf16/fp16/fp32 with unit column stride.
+    Raises :class:`HopperUnsupported` if A/B violate the TMA constraints. No host synchronisation."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    m, k = a2.shape
+    n = b_data.shape[0]
+    if m == 0 or n == 0:
+        return
+    if k == 0:  # empty sum; TMA descriptors cannot describe a zero-size dimension
+        out2.zero_()
+        return
+    if out2.stride(1) != 1:
+        raise HopperUnsupported(f"out: expected unit column stride, got strides {out2.stride()}")
+    for name, t in (("a", a2), ("b", b_data)):
+        reason = _tma_2d_reason(name, t)  # host-side only, no sync
+        if reason is not None:
+            raise HopperUnsupported(reason)
+    bk = 128
+    la = gl.NVMMASharedLayout.get_default_for([cfg.block_m, bk], gl.float8e4nv)
+    lb = gl.NVMMASharedLayout.get_default_for([cfg.block_n, bk], gl.float8e4nv)
+    a_desc = TensorDescriptor(a2, [m, k], [a2.stride(0), 1], [cfg.block_m, bk], la)
+    b_desc = TensorDescriptor(b_data, [n, k], [b_data.stride(0), 1], [cfg.block_n, bk], lb)
+    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    if cfg.variant == "tma":
+        grid = (tiles,)
+    else:
+        grid = (min(tiles, _num_sms(_dev_index(out2.device))),)
+    extra = {} if cfg.variant == "tma" else {"OVERLAP": cfg.overlap}
+    _kernel_for(cfg.variant)[grid](
+        a_desc, b_desc, a_s2, b_scale, out2, m, n, k,
+        a_s2.stride(0), a_s2.stride(1), b_scale.stride(0), b_scale.stride(1), out2.stride(0),
+        GROUP_M=cfg.group_m, STAGES=cfg.stages, num_warps=cfg.num_warps, **extra,
+    )
+
+
+def gemm_fp8_block_hopper(a: ScaledTensor, b: ScaledTensor, out_dtype: torch.dtype = torch.bfloat16,
+                          out: torch.Tensor | None = None, *, config: HopperConfig | None = None) -> torch.Tensor:
+    """``dequantize(a) @ dequantize(b).T`` on the Hopper fast path.
+
+    Args:
+        a: fp8_block ``ScaledTensor [..., K]``, 1x128 blocks (data e4m3 ``[..., K]``, scale fp32
+            ``[..., ceil(K/128)]``); leading dims must flatten without a copy.
+        b: fp8_block ``ScaledTensor [N, K]``, 128x128 blocks (scale fp32 ``[ceil(N/128), ceil(K/128)]``).
+        out_dtype: bf16 (default), fp16 or fp32. out: optional ``[..., N]`` tensor (unit column stride).
+        config: :class:`HopperConfig` (variant + tiles); default :func:`choose_hopper_config`.
+
+    Returns ``[..., N]`` of ``out_dtype``. Raises :class:`HopperUnsupported` (NotImplementedError)
+    with the reason for inputs the TMA/wgmma path cannot take (non-sm_90 device, K % 16 != 0,
+    unaligned base/stride, other formats or block shapes) -> use the portable ``gemm``.
+    """
+    reason = unsupported_reason(a, b, out_dtype, config)
+    if reason is not None:
+        raise HopperUnsupported(reason)
+    k = a.shape[-1]
+    n = b.shape[0]
+    a2 = a.data.view(-1, k) if a.data.ndim != 2 else a.data
+    a_s2 = a.scale.view(-1, a.scale.shape[-1]) if a.scale.ndim != 2 else a.scale
+    m = a2.shape[0]
+    lead = tuple(a.shape[:-1])
+    if out is None:
+        out = torch.empty((*lead, n), dtype=out_dtype, device=b.data.device)
+    elif out.dtype != out_dtype or tuple(out.shape) != (*lead, n) or out.device != b.data.device:
+        raise ValueError(f"out: expected {out_dtype} {(*lead, n)} on {b.data.device}, got {out.dtype} "
+                         f"{tuple(out.shape)} on {out.device}")
+    cfg = config or choose_hopper_config(m, n, k, num_sms=_num_sms(_dev_index(b.data.device)))
+    gemm_fp8_block_hopper_impl(a2, a_s2, b.data, b.scale, out.view(m, n), cfg)
+    return out

@@ -1,0 +1,170 @@
+"""The sm_90a Gluon fp8_block GEMM kernels compile for Hopper without a GPU; launcher checks.
+
+Compiled in a subprocess without TRITON_INTERPRET (conftest sets it for this process; Gluon has
+no interpreter). For every variant (tma / persistent / ws) and both tile configs (128x128 with
+8 warps, 64x128 with 4 warps) and the output dtypes, the PTX must contain FP8 wgmma
+(``wgmma.mma_async ... e4m3.e4m3``) with use_acc=False restarts (promotion per K block) and TMA
+loads (``cp.async.bulk.tensor``); the ws variant must be warp-specialised (``setmaxnreg``);
+shared memory must fit the H100 (227 KB); and, where triton's bundled ptxas is present, no
+register spills.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = r'''
+import json, re, os, subprocess, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+from blockscaled.kernels.hopper import fp8_gemm as H
+from blockscaled.ops._hopper import HopperConfig
+
+TGT = GPUTarget("cuda", 90, 32)
+PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+
+def sig(bm, bn, out, overlap):
+    la = gl.NVMMASharedLayout.get_default_for([bm, 128], gl.float8e4nv)
+    lb = gl.NVMMASharedLayout.get_default_for([bn, 128], gl.float8e4nv)
+    return {"a_desc": f"tensordesc<fp8e4nv[{bm}, 128],{la!r}>", "b_desc": f"tensordesc<fp8e4nv[{bn}, 128],{lb!r}>",
+            "sa_ptr": "*fp32", "sb_ptr": "*fp32", "c_ptr": out, "M": "i32", "N": "i32", "K": "i32",
+            "stride_sam": "i32", "stride_sak": "i32", "stride_sbn": "i32", "stride_sbk": "i32", "stride_cm": "i32",
+            "GROUP_M": "constexpr", "STAGES": "constexpr", "num_warps": "constexpr",
+            **({} if overlap is None else {"OVERLAP": "constexpr"})}
+
+KERNELS = {"tma": H.fp8_block_gemm_tma_kernel, "persistent": H.fp8_block_gemm_persistent_kernel,
+           "ws": H.fp8_block_gemm_ws_kernel}
+out = {}
+CASES = []
+for variant in KERNELS:
+    for ov in ((None,) if variant == "tma" else (False, True)):
+        # the heuristic's configs (128x128 s5, 64x128 s8, 64x32 s8; fp32 out = largest epilogue scratch)
+        for cfg, dt in ((HopperConfig(variant, 128, 128, 8, 5), "*bf16"), (HopperConfig(variant, 128, 128, 8, 5), "*fp32"),
+                        (HopperConfig(variant, 64, 128, 4, 8), "*bf16"), (HopperConfig(variant, 128, 64, 8, 4), "*fp32"),
+                        (HopperConfig(variant, 64, 32, 4, 8), "*fp16")):
+            CASES.append((variant, ov, cfg, dt))
+for variant, ov, cfg, dt in CASES:
+    fn = KERNELS[variant]
+    name = variant if ov is None else f"{variant}{'+ov' if ov else ''}"
+    key = f"{name}_{cfg.block_m}x{cfg.block_n}_{dt[1:]}"
+    const = {"GROUP_M": cfg.group_m, "STAGES": cfg.stages, "num_warps": cfg.num_warps}
+    if ov is not None:
+        const["OVERLAP"] = ov
+    try:
+        k = triton.compile(GluonASTSource(fn, sig(cfg.block_m, cfg.block_n, dt, ov), constexprs=const),
+                           target=TGT, options={"num_warps": cfg.num_warps})
+    except Exception as e:
+        out[key] = {"error": f"{type(e).__name__}: {str(e)[-800:]}"}
+        continue
+    ptx = k.asm["ptx"]
+    rec = {"wgmma": sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.[\w\.]+", ptx))),
+           "tma_load": ptx.count("cp.async.bulk.tensor"), "setmaxnreg": ptx.count("setmaxnreg"),
+           "wait_group": ptx.count("wgmma.wait_group"),
+               "wait_group_1": ptx.count("wgmma.wait_group.sync.aligned 1;"), "shared": k.metadata.shared,
+           "smem_estimate": cfg.smem_bytes()}
+    if os.path.exists(PTXAS):
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, "k.ptx")
+            open(p, "w").write(ptx)
+            r = subprocess.run([PTXAS, "-arch=sm_90a", "-v", p, "-o", os.path.join(d, "k.cubin")],
+                               capture_output=True, text=True)
+            m = re.findall(r"(\d+) bytes spill stores", r.stderr)
+            rec["spill_stores"] = max(int(x) for x in m) if m else None
+            m = re.findall(r"Used (\d+) registers", r.stderr)
+            rec["regs"] = max(int(x) for x in m) if m else None
+            # C7514: "wgmma.mma_async instructions are serialized" (e.g. a copy of an in-flight accumulator)
+            rec["wgmma_serialized"] = "C7514" in r.stderr
+    out[key] = rec
+print(json.dumps(out))
+'''
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("variant", ["tma", "persistent", "persistent+ov", "ws", "ws+ov"])
+def test_hopper_kernels_fp8_wgmma_and_tma(compiled, variant):
+    keys = [k for k in compiled if k.startswith(variant + "_")]
+    assert len(keys) == 5, keys
+    for key in keys:
+        c = compiled[key]
+        assert "error" not in c, (key, c)
+        assert c["wgmma"] and all(".f32.e4m3.e4m3" in w for w in c["wgmma"]), (key, c["wgmma"])
+        assert c["tma_load"] >= 2, (key, c)
+        assert c["wait_group"] >= 1, (key, c)
+        assert c["shared"] <= 232448, (key, c)  # H100 opt-in shared memory per block
+        # the launcher's shared-memory estimate (used to reject configs) is an upper bound
+        assert c["shared"] <= c["smem_estimate"], (key, c)
+        if c.get("spill_stores") is not None:
+            assert c["spill_stores"] == 0, (key, c)
+            assert not c["wgmma_serialized"], (key, c)
+        if variant.endswith("+ov"):
+            assert c["wait_group_1"] >= 1, (key, c)  # block k+1 in flight while block k is promoted
+        if variant.startswith("ws"):
+            assert c["setmaxnreg"] > 0, (key, c)  # producer/consumer register split
+
+
+def test_wgmma_instruction_shape(compiled):
+    # one m64nBNk32 wgmma per warpgroup per 32 K
+    assert compiled["tma_128x128_bf16"]["wgmma"] == ["wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3"]
+    assert compiled["persistent+ov_64x32_fp16"]["wgmma"] == ["wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3"]
+
+
+# ------------------------------------------------------------------ launcher (CPU-side checks)
+def _operands(m=4, n=256, k=256, dev="cpu"):
+    from blockscaled.reference.quantize import quantize
+
+    torch.manual_seed(0)
+    a = quantize(torch.randn(m, k), "fp8_block")
+    b = quantize(torch.randn(n, k), "fp8_block", block=(128, 128))
+    return a, b
+
+
+def test_unsupported_reasons_cpu():
+    from blockscaled.ops._hopper import HopperUnsupported, gemm_fp8_block_hopper, unsupported_reason
+
+    a, b = _operands()
+    r = unsupported_reason(a, b)
+    assert r is not None and "CUDA" in r
+    with pytest.raises(NotImplementedError, match="CUDA"):
+        gemm_fp8_block_hopper(a, b)
+    with pytest.raises(HopperUnsupported):
+        gemm_fp8_block_hopper(a, b)
+    a1, b1 = a, _operands()[0]  # 1x128 weight blocks
+    assert "b.block" in unsupported_reason(a1, _operands(m=256)[0])
+    assert "ScaledTensor" in unsupported_reason(torch.zeros(4, 256), b)
+
+
+def test_hopper_config_validation():
+    from blockscaled.ops._hopper import HopperConfig, choose_hopper_config
+
+    with pytest.raises(ValueError, match="variant"):
+        HopperConfig(variant="nope")
+    with pytest.raises(ValueError, match="num_warps"):
+        HopperConfig(block_m=128, num_warps=4)
+    with pytest.raises(ValueError, match="block_m"):
+        HopperConfig(block_m=32, num_warps=4)
+    with pytest.raises(ValueError, match="block_n"):
+        HopperConfig(block_n=256)
+    assert choose_hopper_config(1, 7168, 2048).block_m == 64
+    big = choose_hopper_config(4096, 7168, 2048)
+    assert (big.block_m, big.block_n, big.num_warps) == (128, 128, 8)
+    assert choose_hopper_config(1, 2112, 7168).block_n == 32  # 17 -> 34 -> 66 tiles for 132 SMs
+    for m in (1, 64, 128, 4096):
+        for n, k in ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048), (16, 16)):
+            cfg = choose_hopper_config(m, n, k)
+            assert cfg.smem_bytes() <= 232448 and cfg.stages >= 2, (m, n, k, cfg)

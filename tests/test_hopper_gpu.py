@@ -1,0 +1,122 @@
+"""GPU (sm_90) tests of the Hopper fp8_block GEMM kernels: every variant forced, DeepSeek-V3 and
+odd shapes against the float64 reference (outputs NaN-poisoned), out dtypes, 3-D activations,
+fallback reasons (K % 16, unaligned base), variants bitwise equal to each other."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from blockscaled.ops._hopper import (
+    HopperConfig,
+    HopperUnsupported,
+    choose_hopper_config,
+    gemm_fp8_block_hopper,
+    unsupported_reason,
+)
+from blockscaled.ops.quantize import quantize
+from blockscaled.reference import gemm as ref_gemm
+from blockscaled.tensor import ScaledTensor
+from blockscaled.testing.tolerances import assert_gemm_close
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                       reason="needs an sm_90 (Hopper) GPU"),
+]
+
+# (variant, overlap): every kernel and both math-loop schedules of the persistent ones
+SPECS = [("tma", False), ("persistent", False), ("persistent", True), ("ws", False), ("ws", True)]
+SPEC_IDS = [f"{v}{'+ov' if o else ''}" for v, o in SPECS]
+DSV3_NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
+ODD = [(1, 2112, 7168), (77, 7168, 2048), (128, 200, 7168), (77, 200, 320), (300, 384, 2048), (1, 16, 16),
+       (129, 129, 144), (513, 1000, 4096)]
+
+
+def _operands(m, n, k, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", generator=g).mul_(0.05).to(torch.bfloat16)
+    return quantize(x, "fp8_block"), quantize(w, "fp8_block", block=(128, 128))
+
+
+def _check(a, b, cfg, out_dtype=torch.bfloat16):
+    lead = tuple(a.shape[:-1])
+    out = torch.full((*lead, b.shape[0]), float("nan"), device="cuda", dtype=out_dtype)
+    gemm_fp8_block_hopper(a, b, out_dtype, out, config=cfg)
+    ref = ref_gemm.gemm(a, b)
+    assert_gemm_close(out, ref, "fp8_block", out_dtype, what=f"{cfg}")
+    return out
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=SPEC_IDS)
+@pytest.mark.parametrize("nk", DSV3_NK, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("m", [128, 4096])
+def test_dsv3_shapes(spec, nk, m):
+    n, k = nk
+    a, b = _operands(m, n, k)
+    _check(a, b, choose_hopper_config(m, n, k, *spec))
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=SPEC_IDS)
+@pytest.mark.parametrize("mnk", ODD, ids=lambda s: "x".join(map(str, s)))
+def test_odd_shapes(spec, mnk):
+    m, n, k = mnk
+    a, b = _operands(m, n, k, seed=3)
+    _check(a, b, choose_hopper_config(m, n, k, *spec))
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=SPEC_IDS)
+@pytest.mark.parametrize("cfg", [(128, 128, 8, 4), (64, 128, 4, 6), (128, 64, 8, 4), (64, 64, 4, 8), (128, 32, 8, 2)],
+                         ids=lambda c: "m{}n{}w{}s{}".format(*c))
+@pytest.mark.parametrize("k", [128, 256, 384, 1040])  # 1, 2, 3 K blocks (odd/even pair tails) and a K tail
+def test_all_tile_configs(spec, cfg, k):
+    bm, bn, w, s = cfg
+    a, b = _operands(333, 520, k, seed=5)  # tails in M and N
+    _check(a, b, HopperConfig(spec[0], bm, bn, w, s, group_m=4, overlap=spec[1]))
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float16, torch.float32])
+def test_out_dtypes(out_dtype):
+    a, b = _operands(200, 384, 1024)
+    for spec in SPECS:
+        _check(a, b, choose_hopper_config(200, 384, 1024, *spec), out_dtype)
+
+
+def test_3d_activations_and_empty():
+    a, b = _operands(6 * 50, 256, 512)
+    a3 = ScaledTensor(a.data.view(6, 50, 512), a.scale.view(6, 50, -1), a.format, torch.Size((6, 50, 512)),
+                      a.block, a.rounding)
+    out = gemm_fp8_block_hopper(a3, b)
+    assert out.shape == (6, 50, 256)
+    assert_gemm_close(out, ref_gemm.gemm(a3, b), "fp8_block", torch.bfloat16)
+    a0, _ = _operands(0, 256, 512)
+    assert gemm_fp8_block_hopper(a0, b).shape == (0, 256)
+
+
+def test_variants_bitwise_equal_and_deterministic():
+    a, b = _operands(1000, 2112, 7168)
+    outs = [gemm_fp8_block_hopper(a, b, config=choose_hopper_config(1000, 2112, 7168, *spec)) for spec in SPECS]
+    again = gemm_fp8_block_hopper(a, b, config=choose_hopper_config(1000, 2112, 7168, "ws", True))
+    for o in outs[1:]:
+        assert torch.equal(o, outs[0])
+    assert torch.equal(again, outs[-1])
+
+
+def test_fallback_reasons():
+    a, b = _operands(64, 256, 200)  # K % 16 != 0: fp8 row stride not a 16-byte multiple
+    r = unsupported_reason(a, b)
+    assert r is not None and "16" in r
+    with pytest.raises(HopperUnsupported, match="16-byte"):
+        gemm_fp8_block_hopper(a, b)
+    a, b = _operands(64, 256, 256)
+    buf = torch.empty(64 * 256 + 1, dtype=torch.float8_e4m3fn, device="cuda")
+    data = buf[1:].view(64, 256)  # base address off by one byte
+    data.copy_(a.data)
+    a_mis = ScaledTensor(data, a.scale, a.format, a.shape, a.block, a.rounding)
+    with pytest.raises(NotImplementedError, match="aligned"):
+        gemm_fp8_block_hopper(a_mis, b)
+    a1 = quantize(torch.randn(64, 256, device="cuda"), "fp8_block")
+    w1 = quantize(torch.randn(256, 256, device="cuda"), "fp8_block")  # 1x128 weight blocks
+    with pytest.raises(HopperUnsupported, match="b.block"):
+        gemm_fp8_block_hopper(a1, w1)
