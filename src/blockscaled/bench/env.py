@@ -31,6 +31,9 @@ def l2_bytes() -> int:
 
 
 def _git_rev() -> str:
+    # A checkout copied without .git (e.g. to a GPU machine) can name its revision.
+    if os.environ.get("BLOCKSCALED_GIT_REV"):
+        return os.environ["BLOCKSCALED_GIT_REV"]
     root = Path(__file__).resolve().parents[3]
     try:
         out = subprocess.run(

@@ -406,6 +406,21 @@ class Runner:
                     row["rel_err"] = 0.0 if ok else rel_error(deq(out), deq(ref).double())[0]
 
                 self._measure(case, fmt, "quantize", "blockscaled", lambda x: f(x, fmt), [(x,) for x in xs], count, check_q)
+                if fmt == "nvfp4":
+                    # Serving engines quantize nvfp4 activations with a calibrated (static) global
+                    # scale: one pass over x. The row above computes gs on the fly (amax pass +
+                    # quantize pass, two reads of x, bytes counted once).
+                    gss = [qa.global_scale for qa in qas]
+
+                    def check_gs(row, out, x=x0, gs=gss[0]):
+                        ref = ref_quantize(x, fmt, global_scale=gs.cpu() if x.device.type == "cpu" else gs)
+                        from ..testing.compare import bitwise_equal
+
+                        ok = bitwise_equal(out.data, ref.data) and bitwise_equal(out.scale, ref.scale)
+                        row["check"] = "bitwise" if ok else "FAIL"
+
+                    self._measure(case, "nvfp4 static-gs", "quantize", "blockscaled",
+                                  lambda x, gs: f(x, fmt, global_scale=gs), list(zip(xs, gss)), count, check_gs)
             self._baselines(case, fmt, "quantize", inputs, count)
 
         if not need_w:
