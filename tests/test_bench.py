@@ -230,7 +230,7 @@ def test_cpu_fallback_quantize_suite(tmp_path):
     assert "bitwise" in r.stdout  # Triton quantizers (interpreter) bit-equal to the reference
     data = json.loads((tmp_path / "q.json").read_text())
     rows = [x for x in data["rows"] if x["impl"] == "blockscaled" and x["op"] == "quantize"]
-    assert {x["format"] for x in rows} == {"fp8_block", "mxfp8", "mxfp4", "nvfp4"}
+    assert {x["format"] for x in rows} == {"fp8_block", "mxfp8", "mxfp4", "nvfp4", "nvfp4 static-gs"}
     assert data["timing"] is False and data["env"]["triton_interpret"] == "1"
     assert (tmp_path / "q.png").exists()
 
