@@ -220,7 +220,7 @@ class Runner:
                 row["mem_floor_us"] = count.bytes / (bw * 1e9) * 1e6
                 row["mem_floor_pct"] = 100.0 * row["mem_floor_us"] / (ms * 1e3)
             # e4m3 formats can run on FP8 tensor cores; fp4 formats are dequantized into bf16 MMAs on Hopper.
-            peak = rl.get("fp8_tflops") if get_format(fmt).elem == "e4m3" else rl.get("bf16_tflops")
+            peak = rl.get("fp8_tflops") if get_format(fmt.split()[0]).elem == "e4m3" else rl.get("bf16_tflops")
             if peak and count.flops:
                 row["compute_pct"] = 100.0 * row["tflops"] / peak
             parts = [row.get("mem_floor_pct"), row.get("compute_pct")]
