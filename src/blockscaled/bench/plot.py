@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import textwrap
 
 from .report import OURS, ab_pairs, ratio_stats
 
 __all__ = ["plot_results"]
+
+#: Above this many A/B pairs the ratio chart shows one geomean bar (min..max whiskers) per
+#: baseline, op and format: 120 per-config bars (the deepseek suite) are unreadable.
+MAX_BARS = 40
 
 
 def plot_results(result: dict, path: str) -> str:
@@ -52,24 +57,42 @@ def plot_results(result: dict, path: str) -> str:
 
     # ---- ratios: baseline time / ours per config, one colour per baseline
     if pairs:
-        labels, vals, colors = [], [], []
+        labels, vals, colors, err = [], [], [], None
         cmap = plt.get_cmap("tab10")
-        for j, (base, ps) in enumerate(pairs.items()):
-            for p in ps:
-                labels.append(f"{p['op']} {p['format']} {p['case']}"[:48] + f"  [{base}]")
-                vals.append(p["ratio"])
-                colors.append(cmap(j % 10))
+        n_pairs = sum(len(ps) for ps in pairs.values())
+        if n_pairs <= MAX_BARS:  # one bar per config
+            for j, (base, ps) in enumerate(pairs.items()):
+                for p in ps:
+                    labels.append(f"{p['op']} {p['format']} {p['case']}"[:48] + f"  [{base}]")
+                    vals.append(p["ratio"])
+                    colors.append(cmap(j % 10))
+        else:  # too many to read: one bar per (baseline, op, format) = geomean, whiskers = min..max
+            lo, hi = [], []
+            for j, (base, ps) in enumerate(pairs.items()):
+                groups: dict[tuple[str, str], list[float]] = {}
+                for p in ps:
+                    groups.setdefault((p["op"], p["format"]), []).append(p["ratio"])
+                for (op, fmt), rs in groups.items():
+                    st = ratio_stats(rs)
+                    if not st:
+                        continue
+                    labels.append(f"{op} {fmt} vs {base} ({len(rs)} configs)")
+                    vals.append(st["geomean"])
+                    lo.append(st["geomean"] - st["min"])
+                    hi.append(st["max"] - st["geomean"])
+                    colors.append(cmap(j % 10))
+            err = [lo, hi]
         y = list(range(len(vals)))
-        ax2.barh(y, vals, color=colors)
+        ax2.barh(y, vals, color=colors, xerr=err, capsize=3 if err else 0)
         ax2.axvline(1.0, color="black", lw=1)
         ax2.set_xscale("log")
         ax2.set_yticks(y)
-        ax2.set_yticklabels(labels, fontsize=max(4, min(8, 400 // max(1, len(vals)))))
+        ax2.set_yticklabels(labels, fontsize=max(5, min(9, 400 // max(1, len(vals)))))
         ax2.invert_yaxis()
         ax2.set_xlabel("baseline time / blockscaled time  (> 1: blockscaled faster)")
         geos = ", ".join(f"{b} {ratio_stats([p['ratio'] for p in ps]).get('geomean', float('nan')):.2f}x"
                          for b, ps in pairs.items())
-        ax2.set_title(f"A/B ratio (geomean: {geos})", fontsize=9)
+        ax2.set_title(textwrap.fill(f"A/B ratio (geomean: {geos})", 80), fontsize=9)
         ax2.grid(True, axis="x", which="both", alpha=0.3)
     else:
         ax2.text(0.5, 0.5, "no A/B pairs\n(baselines need CUDA)", ha="center", va="center", fontsize=12)
