@@ -316,6 +316,12 @@ class Runner:
                                           dual=op == "swiglu")
             else:
                 return ""
+            if c.strategy == "hopper":  # the Gluon kernel picks its own tiles (ops/_hopper.py)
+                from ..config.gemm import HOPPER_TMA_MIN_K
+
+                return "hopper " + ("tma" if case.k >= HOPPER_TMA_MIN_K else "ws")
+            if c.strategy == "dequant_matmul":
+                return "dequant + cuBLAS bf16"
             return (f"{c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages}"
                     + (f" splitk{c.split_k}" if c.split_k > 1 else "") + ("" if c.strategy == "triton" else f" {c.strategy}"))
         except Exception:
