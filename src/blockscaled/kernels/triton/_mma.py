@@ -25,7 +25,12 @@ Two ways to apply the scales (constexpr ``PROMOTE``)
   scale block: ``SCALE_K % BLOCK_K == 0``. This is DeepSeek's "promotion" recipe.
 * ``PROMOTE=False`` (dequantize in registers): each tile is decoded to fp32, multiplied by
   its per-element scale and cast to ``DOT_DTYPE`` (bf16 on GPUs), then one dot per
-  ``BLOCK_K`` (any multiple of 16, independent of the scale block). For MX/NV formats this is
+  ``BLOCK_K`` (any power of two >= 16, independent of the scale block). Loads: data as one
+  vector load per byte ([R, BK] fp8, [R, BK // 2] packed fp4 split into nibbles and
+  interleaved), scales as [R, BK // SCALE_K] broadcast by a reshape (one scale load per block,
+  not per element), so Triton pipelines both through cp.async; tests/test_mma_perf_aot.py
+  checks the sm_90 PTX (H100: per-element gathers made mxfp8 9x and nvfp4 24x slower than
+  fp8_block at M=256 N=512 K=1024). For MX/NV formats this is
   exact in bf16: e4m3/e2m1 times a power of two (E8M0) or times an e4m3 scale has at most
   6 significant bits (< 8 of bf16) and bf16 has fp32's exponent range. NOT exact for
   fp8_block (fp32 scales), so fp8_block must use PROMOTE.
@@ -66,14 +71,16 @@ SCALE_K_OF = {0: 128, 1: 32, 2: 32, 3: 16, 4: 1}
 
 @triton.jit
 def decode_e2m1(code):
-    """e2m1 codes (int32, 0..15) -> exact fp32 values (0, .5, 1, 1.5, 2, 3, 4, 6, signed)."""
+    """e2m1 codes (int32, 0..15) -> exact fp32 values (0, .5, 1, 1.5, 2, 3, 4, 6, signed).
+
+    Integer-only (fewer live temporaries than an fp32 select): magnitude ``mag >= 2`` has
+    exponent ``(mag >> 1) - 1`` and mantissa bit ``mag & 1``, i.e. fp32 bits
+    ``((mag >> 1) + 126) << 23 | (mag & 1) << 22 == (mag << 22) + (126 << 23)``; mag 1 is 0.5
+    (bits 0x3F000000), mag 0 is 0; the sign bit is code bit 3 moved to bit 31."""
     mag = code & 7
-    # mag >= 2: exponent (mag >> 1) - 1, mantissa bit (mag & 1) -> fp32 bits
-    # ((mag >> 1) + 126) << 23 | (mag & 1) << 22 == (mag << 22) + (126 << 23).
-    big = ((mag << 22) + (126 << 23)).to(tl.float32, bitcast=True)
-    small = mag.to(tl.float32) * 0.5  # mag 0 -> 0, mag 1 -> 0.5
-    v = tl.where(mag >= 2, big, small)
-    return tl.where((code & 8) != 0, -v, v)
+    bits = tl.where(mag >= 2, (mag << 22) + (126 << 23), mag * 0x3F000000)
+    bits = bits | ((code & 8) << 28)
+    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -93,51 +100,116 @@ def decode_scale(s, FMT: tl.constexpr):
 
 
 @triton.jit
-def _load_values(ptr, row_off, mask_r, offs_k, stride_k, K, FMT: tl.constexpr, EVEN_K: tl.constexpr):
-    """Raw element values of a [R, BK] tile at absolute K indices ``offs_k``.
+def _load_fp4_codes(ptr, row_off, mask_r, k0, stride_k, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """Packed fp4 tile at K indices ``[k0, k0 + BLOCK_K)`` as int32 e2m1 codes [R, BLOCK_K]. Masked -> 0.
 
-    fp8 formats and dense: the stored dtype. fp4: fp32 decoded values. Masked -> 0."""
+    One load per byte (``[R, BLOCK_K // 2]``, K contiguous so it vectorizes / is cp.async
+    pipelined), nibbles split with shifts and interleaved (low nibble = even element). The
+    former per-element gather (byte ``k // 2`` + variable shift) issued scalar byte loads that
+    were never pipelined (measured in tests/test_mma_perf_aot.py).
+    ``k0`` is even (a multiple of BLOCK_K), so byte ``k0 // 2 + j`` holds both elements."""
+    offs_b = k0 // 2 + tl.arange(0, BLOCK_K // 2)
     if EVEN_K:
         mask = mask_r[:, None]
     else:
-        mask = mask_r[:, None] & (offs_k < K)[None, :]
+        # bytes holding any element < K: ceil(K / 2), written K - K // 2 so that Triton's
+        # divisibility analysis keeps K's (x16 -> x8): mask constant over 8 bytes, loads
+        # stay vectorized / cp.async-pipelined (``offs_b * 2 < K`` made them byte loads).
+        mask = mask_r[:, None] & (offs_b < K - K // 2)[None, :]
+    byte = tl.load(ptr + row_off[:, None] + offs_b[None, :] * stride_k, mask=mask, other=0)
+    lo = byte & 15
+    hi = byte >> 4
+    if not EVEN_K:
+        # odd K: the last byte's high nibble is padding (element K), whatever it holds
+        hi = tl.where((offs_b * 2 + 1 < K)[None, :], hi, 0)
+    return _interleave(lo, hi).to(tl.int32)
+
+
+@triton.jit
+def _interleave(lo, hi):
+    """[R, H] x 2 -> [R, 2H] with ``out[:, 2j] = lo[:, j]``, ``out[:, 2j + 1] = hi[:, j]``."""
+    R: tl.constexpr = lo.shape[0]
+    H: tl.constexpr = lo.shape[1]
+    return tl.join(lo, hi).reshape([R, 2 * H])
+
+
+@triton.jit
+def _apply_block_scale(v, s, SPAN: tl.constexpr):
+    """``v [R, NS * SPAN] * s [R, NS]`` with ``s[:, j]`` covering columns ``[j*SPAN, (j+1)*SPAN)``
+    (a reshape broadcast: one scale load per block instead of one per element)."""
+    R: tl.constexpr = v.shape[0]
+    C: tl.constexpr = v.shape[1]
+    NS: tl.constexpr = C // SPAN
+    return (v.reshape([R, NS, SPAN]) * s[:, :, None]).reshape([R, C])
+
+
+@triton.jit
+def _load_values(ptr, row_off, mask_r, k0, offs_kb, stride_k, K, FMT: tl.constexpr, EVEN_K: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    """Raw element values of a [R, BK] tile at K indices ``k0 + offs_kb``.
+
+    fp8 formats and dense: the stored dtype. fp4: fp32 decoded values. Masked -> 0."""
     if FMT == FMT_MXFP4 or FMT == FMT_NVFP4:
-        # Gather: each element reads its byte (k // 2) and shifts by 4 * (k % 2). Every byte
-        # is read twice from L1 but fetched once from DRAM; avoids join/reshape shuffles.
-        byte = tl.load(ptr + row_off[:, None] + (offs_k // 2)[None, :] * stride_k, mask=mask, other=0)
-        code = (byte.to(tl.int32) >> ((offs_k % 2) * 4)[None, :]) & 15
-        v = decode_e2m1(code)
+        v = decode_e2m1(_load_fp4_codes(ptr, row_off, mask_r, k0, stride_k, K, BLOCK_K, EVEN_K))
     else:
+        offs_k = k0 + offs_kb
+        if EVEN_K:
+            mask = mask_r[:, None]
+        else:
+            mask = mask_r[:, None] & (offs_k < K)[None, :]
         v = tl.load(ptr + row_off[:, None] + offs_k[None, :] * stride_k, mask=mask, other=0.0)
     return v
+
+
+@triton.jit
+def _load_block_scales(s_ptr, s_row_off, mask_r, k0, stride_sk, K, FMT: tl.constexpr, SCALE_K: tl.constexpr,
+                       NS: tl.constexpr, EVEN_K: tl.constexpr):
+    """fp32 scales [R, NS] of the NS scale blocks starting at block ``k0 // SCALE_K``.
+    Blocks at or past K are masked: they read 0 (E8M0 0 -> 2**-127, e4m3 0 -> 0; never the E8M0
+    NaN code 255), and multiply only masked (zero) elements."""
+    offs_s = k0 // SCALE_K + tl.arange(0, NS)
+    if EVEN_K:
+        mask = mask_r[:, None]
+    else:
+        mask = mask_r[:, None] & (offs_s * SCALE_K < K)[None, :]
+    s = tl.load(s_ptr + s_row_off[:, None] + offs_s[None, :] * stride_sk, mask=mask, other=0.0)
+    return decode_scale(s, FMT)
 
 
 @triton.jit
 def _load_tile(
     ptr, s_ptr, row_off, s_row_off, mask_r, k0, offs_kb, stride_k, stride_sk, K,
     FMT: tl.constexpr, SCALE_K: tl.constexpr, PROMOTE: tl.constexpr, DOT_DTYPE: tl.constexpr,
-    EVEN_K: tl.constexpr,
+    EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """One operand K chunk starting at ``k0``: returns (tile [R, BK] in the dot dtype,
-    per-row fp32 scale [R] (PROMOTE only; ones otherwise or for dense))."""
-    offs_k = k0 + offs_kb
-    v = _load_values(ptr, row_off, mask_r, offs_k, stride_k, K, FMT, EVEN_K)
+    per-row fp32 scale [R] (PROMOTE only; ones otherwise or for dense)).
+
+    Non-promote loads are vector loads of the stored bytes ([R, BK] fp8, [R, BK // 2] packed fp4)
+    plus one [R, BK // SCALE_K] scale load; scales are broadcast in registers by a reshape."""
     if FMT == FMT_DENSE:
+        v = _load_values(ptr, row_off, mask_r, k0, offs_kb, stride_k, K, FMT, EVEN_K, BLOCK_K)
         tile = v.to(DOT_DTYPE)
         sc = tl.full(mask_r.shape, 1.0, tl.float32)
     elif PROMOTE:
+        v = _load_values(ptr, row_off, mask_r, k0, offs_kb, stride_k, K, FMT, EVEN_K, BLOCK_K)
         # whole chunk inside one scale block: one scale per row
         s = tl.load(s_ptr + s_row_off + (k0 // SCALE_K) * stride_sk, mask=mask_r, other=0.0)
         sc = decode_scale(s, FMT)
         tile = v.to(DOT_DTYPE)
     else:
-        if EVEN_K:
-            mask = mask_r[:, None]
-        else:
-            mask = mask_r[:, None] & (offs_k < K)[None, :]
-        s = tl.load(s_ptr + s_row_off[:, None] + (offs_k // SCALE_K)[None, :] * stride_sk, mask=mask, other=0.0)
-        tile = (v.to(tl.float32) * decode_scale(s, FMT)).to(DOT_DTYPE)
         sc = tl.full(mask_r.shape, 1.0, tl.float32)
+        if BLOCK_K <= SCALE_K:
+            # chunk inside one scale block (both powers of two, k0 a multiple of BLOCK_K)
+            s = tl.load(s_ptr + s_row_off + (k0 // SCALE_K) * stride_sk, mask=mask_r, other=0.0)
+            srow = decode_scale(s, FMT)[:, None]
+            v = _load_values(ptr, row_off, mask_r, k0, offs_kb, stride_k, K, FMT, EVEN_K, BLOCK_K)
+            tile = (v.to(tl.float32) * srow).to(DOT_DTYPE)
+        else:
+            s = _load_block_scales(s_ptr, s_row_off, mask_r, k0, stride_sk, K, FMT, SCALE_K,
+                                   BLOCK_K // SCALE_K, EVEN_K)
+            v = _load_values(ptr, row_off, mask_r, k0, offs_kb, stride_k, K, FMT, EVEN_K, BLOCK_K)
+            tile = _apply_block_scale(v.to(tl.float32), s, SCALE_K).to(DOT_DTYPE)
     return tile, sc
 
 
@@ -177,9 +249,9 @@ def scaled_mma(
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         a, sa = _load_tile(a_ptr, a_s_ptr, a_row, a_srow, mask_m, k0, offs_kb, stride_ak, stride_ask,
-                           k_hi, A_FMT, SCALE_K, PROMOTE, DOT_DTYPE, EVEN_K)
+                           k_hi, A_FMT, SCALE_K, PROMOTE, DOT_DTYPE, EVEN_K, BLOCK_K)
         b, sb = _load_tile(b_ptr, b_s_ptr, b_row, b_srow, mask_n, k0, offs_kb, stride_bk, stride_bsk,
-                           k_hi, B_FMT, SCALE_K, PROMOTE, DOT_DTYPE, EVEN_K)
+                           k_hi, B_FMT, SCALE_K, PROMOTE, DOT_DTYPE, EVEN_K, BLOCK_K)
         if PROMOTE:
             part = tl.dot(a, tl.trans(b))
             if A_FMT == FMT_DENSE:
@@ -190,7 +262,7 @@ def scaled_mma(
             acc = tl.dot(a, tl.trans(b), acc)
         if DUAL:
             b2, sb2 = _load_tile(b2_ptr, b2_s_ptr, b_row, b_srow, mask_n, k0, offs_kb, stride_bk, stride_bsk,
-                                 k_hi, B_FMT, SCALE_K, PROMOTE, DOT_DTYPE, EVEN_K)
+                                 k_hi, B_FMT, SCALE_K, PROMOTE, DOT_DTYPE, EVEN_K, BLOCK_K)
             if PROMOTE:
                 part2 = tl.dot(a, tl.trans(b2))
                 if A_FMT == FMT_DENSE:
