@@ -149,8 +149,19 @@ def _load_values(ptr, row_off, mask_r, k0, offs_kb, stride_k, K, FMT: tl.constex
     """Raw element values of a [R, BK] tile at K indices ``k0 + offs_kb``.
 
     fp8 formats and dense: the stored dtype. fp4: fp32 decoded values. Masked -> 0."""
-    if FMT == FMT_MXFP4 or FMT == FMT_NVFP4:
+    if (FMT == FMT_MXFP4 or FMT == FMT_NVFP4) and BLOCK_K >= 32:
         v = decode_e2m1(_load_fp4_codes(ptr, row_off, mask_r, k0, stride_k, K, BLOCK_K, EVEN_K))
+    elif FMT == FMT_MXFP4 or FMT == FMT_NVFP4:
+        # BLOCK_K == 16 (8 packed bytes per row): the join/reshape unpacking above computed wrong
+        # values on the H100 (triton 3.6; rel. error ~1, right in the interpreter), so 16-wide
+        # chunks gather each element's byte instead (the pre-join code, correct on the GPU).
+        offs_k = k0 + offs_kb
+        if EVEN_K:
+            mask = mask_r[:, None]
+        else:
+            mask = mask_r[:, None] & (offs_k < K)[None, :]
+        byte = tl.load(ptr + row_off[:, None] + (offs_k // 2)[None, :] * stride_k, mask=mask, other=0)
+        v = decode_e2m1((byte.to(tl.int32) >> ((offs_k % 2) * 4)[None, :]) & 15)
     else:
         offs_k = k0 + offs_kb
         if EVEN_K:
