@@ -43,8 +43,11 @@ PYT_TIMEOUT=""
 # No -x: one run must show every failure. xdist (on the device image) compiles in parallel.
 PYT_XDIST=""
 "$PY" -c "import xdist" 2>/dev/null && PYT_XDIST="-n 8"
-timeout -k 10 ${PYTEST_LIMIT:-200} "$PY" -m pytest -q $PYT_XDIST $PYT_TIMEOUT -p no:cacheprovider ${PYTEST_EXTRA:-} tests > "$OUT/pytest.log" 2>&1
+# Timing tests run alone afterwards: with 8 workers sharing the GPU their timings mean nothing.
+timeout -k 10 ${PYTEST_LIMIT:-200} "$PY" -m pytest -q $PYT_XDIST $PYT_TIMEOUT -p no:cacheprovider -m "not timing" ${PYTEST_EXTRA:-} tests > "$OUT/pytest.log" 2>&1
 echo "pytest exit $? after $(elapsed) s"; tail -15 "$OUT/pytest.log"
+timeout -k 10 120 "$PY" -m pytest -q $PYT_TIMEOUT -p no:cacheprovider -m timing tests >> "$OUT/pytest.log" 2>&1
+echo "pytest (timing, serial) exit $? after $(elapsed) s"; tail -5 "$OUT/pytest.log"
 fi
 
 bench() {  # bench NAME LIMIT_S ARGS...

@@ -185,6 +185,7 @@ def _time(fn):
     return triton.testing.do_bench(fn, return_mode="median")
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("nk", DSV3_NK, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_not_slower_than_dequant_matmul_m4096(fmt, nk):
@@ -204,6 +205,7 @@ def test_not_slower_than_dequant_matmul_m4096(fmt, nk):
                                  f"(eager, host overhead included; chosen {cfg})")
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("fmt", ("fp8_block", "mxfp8", "nvfp4"))
 def test_eager_call_overhead(fmt):
     """The public call adds no measurable host time over running the chosen config directly
