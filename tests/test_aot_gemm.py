@@ -6,13 +6,11 @@ compile with bf16 wgmma (dequantize path) or FP8 wgmma (promote path); weight-on
 compile; the shared memory of the heuristic's large-M configs fits the H100's 227 KB.
 """
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from _aot import run_compile_script
 
 SCRIPT = r'''
 import json, re, sys
@@ -111,13 +109,7 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def compiled():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    src = str(Path(__file__).resolve().parents[1] / "src")
-    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    script = SCRIPT.replace("TESTS_DIR", repr(str(Path(__file__).resolve().parent)))
-    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_compile_script(SCRIPT.replace("TESTS_DIR", repr(str(Path(__file__).resolve().parent))))
 
 
 def test_fp8_block_uses_fp8_wgmma(compiled):

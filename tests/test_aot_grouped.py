@@ -7,11 +7,8 @@ contain FP8 ``wgmma`` with e4m3 operands for the promoted (FP8-dot) variants, bf
 the dequantizing ones (fp16 for promoted fp16 weight-only), and no atomics (the kernels are deterministic).
 """
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
+
+from _aot import run_compile_script
 
 SCRIPT = r'''
 import json, re
@@ -76,13 +73,7 @@ print("JSON" + json.dumps(out))
 
 
 def test_grouped_kernels_compile_for_sm90():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    src = str(Path(__file__).resolve().parents[1] / "src")
-    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("JSON")][-1]
-    res = json.loads(line[4:])
+    res = run_compile_script(SCRIPT)
     fp8 = ("fp8_block_contig", "fp8_block_swiglu_contig", "fp8_block_masked", "mxfp8_masked_promote",
            "mxfp4_contig_promote")
     for key, r in res.items():

@@ -9,14 +9,11 @@ shared memory must fit the H100 (227 KB); and, where triton's bundled ptxas is p
 register spills.
 """
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+
+from _aot import run_compile_script
 
 SCRIPT = r'''
 import json, re, os, subprocess, tempfile
@@ -88,12 +85,7 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def compiled():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    src = str(Path(__file__).resolve().parents[1] / "src")
-    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_compile_script(SCRIPT)
 
 
 @pytest.mark.parametrize("variant", ["tma", "persistent", "persistent+ov", "ws", "ws+ov"])

@@ -7,13 +7,10 @@ checked for 16-byte global loads / vectorised stores and IEEE division (``div.rn
 the approximate ``div.full.f32`` that ``/`` lowers to).
 """
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+
+from _aot import run_compile_script
 
 SCRIPT = r'''
 import json, re, sys
@@ -101,13 +98,7 @@ print("JSON" + json.dumps(out))
 
 @pytest.fixture(scope="module")
 def ptx_info():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    src = str(Path(__file__).resolve().parents[1] / "src")
-    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stderr[-4000:]
-    line = [ln for ln in r.stdout.splitlines() if ln.startswith("JSON")][-1]
-    return json.loads(line[4:])
+    return run_compile_script(SCRIPT)
 
 
 def test_all_kernels_compile_for_sm90(ptx_info):

@@ -21,11 +21,6 @@ Compiled in a subprocess without TRITON_INTERPRET (conftest sets it for this pro
 ptxas that Triton ships reports spills, nvdisasm gives the SASS load counts.
 """
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -33,6 +28,8 @@ import triton
 import triton.language as tl
 
 from blockscaled.kernels.triton._mma import decode_e2m1
+
+from _aot import run_compile_script
 
 SCRIPT = r'''
 import json, os, re, subprocess, tempfile
@@ -126,13 +123,7 @@ def compiled():
         # ptxas -v / nvdisasm output of the GPU image did not parse ("Used N registers" missing);
         # these static checks are CPU-CI checks, the GPU run tests the kernels themselves.
         pytest.skip("static PTX/SASS checks run in CPU CI")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    src = str(Path(__file__).resolve().parents[1] / "src")
-    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    script = SCRIPT.replace("CONFIGS", repr(CONFIGS))
-    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_compile_script(SCRIPT.replace("CONFIGS", repr(CONFIGS)))
 
 
 def _get(compiled, fmt, cfg, even):
