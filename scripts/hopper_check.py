@@ -7,8 +7,8 @@ For each variant (tma / persistent / persistent+ov / ws / ws+ov, "+ov" = wgmma o
 issued before promoting block k; plus the portable Triton ``gemm`` for comparison) and
 each shape (the six DeepSeek-V3 (N, K) at M in {128, 4096}, plus odd shapes M=1, 77, N=200,
 K=320): correctness against the float64 reference (``assert_gemm_close``, fp8_block, bf16 out;
-outputs poisoned with NaN first), then timing with ``triton.testing.do_bench(return_mode=
-"median")`` next to cuBLAS fp8_block (``torch._scaled_mm`` with 1x128 / 128x128 scales) measured
+outputs poisoned with NaN first), then timing (median of CUDA-graph replays)
+next to cuBLAS fp8_block (``torch._scaled_mm`` with 1x128 / 128x128 scales) measured
 in the same run. One row per (variant, shape); exceptions are caught per row and printed
 (first line) so one failure does not hide the rest. Exit status 1 if any row failed.
 """
@@ -16,6 +16,7 @@ in the same run. One row per (variant, shape); exceptions are caught per row and
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import threading
@@ -41,8 +42,9 @@ ODD = [(1, 2112, 7168), (77, 7168, 2048), (128, 200, 7168), (4096, 200, 1536), (
        (1, 128, 128), (300, 384, 2048)]
 
 
-def shapes(quick: bool):
-    out = [(m, n, k) for m in (128, 4096) for (n, k) in DSV3_NK] + ODD
+def shapes(quick: bool, ms: str | None = None, odd: bool = True):
+    m_list = (128, 4096) if not ms else tuple(int(x) for x in ms.split(","))
+    out = [(m, n, k) for m in m_list for (n, k) in DSV3_NK] + (ODD if odd else [])
     if quick:
         out = [(4096, 4096, 7168), (128, 7168, 2048)] + ODD[:4]
     return out
@@ -67,6 +69,15 @@ def _watchdog(limit_s: float) -> None:
             os._exit(3)
 
 
+def gbench(fn) -> float:
+    """Median ms of CUDA-graph replays (blockscaled.bench.timing): host launch overhead excluded.
+    (triton.testing.do_bench timed eager launches: at < 100 us per kernel the Python launch of a
+    Gluon kernel with TMA descriptors dominated and results varied 2x run to run.)"""
+    from blockscaled.bench.timing import time_op
+
+    return time_op(lambda: fn(), [()], warmup=3, iterations=20).median_ms
+
+
 def cublas_fn(a, b):
     a8, sa = a.data, a.scale
     b8, sb = b.data, b.scale
@@ -84,6 +95,8 @@ def main() -> int:
     ap.add_argument("--variants", default="tma,persistent,persistent+ov,ws,ws+ov,portable")
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--m", default=None, help="comma-separated M values for the DeepSeek-V3 shapes (default 128,4096)")
+    ap.add_argument("--no-odd", action="store_true", help="skip the odd-shape correctness rows")
     ap.add_argument("-v", "--verbose", action="store_true", help="print tracebacks of failing rows")
     ap.add_argument("--hang-s", type=float, default=90.0, help="watchdog: exit if one step takes longer")
     args = ap.parse_args()
@@ -96,9 +109,9 @@ def main() -> int:
     nsm = torch.cuda.get_device_properties(dev).multi_processor_count
     print(f"# {torch.cuda.get_device_name(dev)} cc={torch.cuda.get_device_capability(dev)} torch {torch.__version__} "
           f"triton {triton.__version__}")
-    hdr = (f"{'variant':<13} {'M':>5} {'N':>6} {'K':>6} {'cfg':<14} {'TFLOP/s':>8} {'cuBLAS':>8} {'ratio':>6} "
+    hdr = (f"{'variant':<36} {'M':>5} {'N':>6} {'K':>6} {'cfg':<14} {'TFLOP/s':>8} {'cuBLAS':>8} {'ratio':>6} "
            f"{'DG4096':>6} {'rel_fro':>9} {'nmax':>9} {'==tma':>5} {'1st_s':>6}  status")
-    # TFLOP/s: ours (median do_bench); cuBLAS: torch._scaled_mm fp8_block same run; ratio = ours/cuBLAS;
+    # TFLOP/s: ours (median of CUDA-graph replays); cuBLAS: torch._scaled_mm fp8_block same run; ratio = ours/cuBLAS;
     # DG4096: DeepGEMM's H100 figure at M=4096 (design.md); rel_fro / nmax: vs float64 reference;
     # ==tma: bitwise equal to the tma variant's output (same promotion order, expected "yes");
     # 1st_s: wall time of the first call (includes the JIT compile when the config is new).
@@ -106,7 +119,7 @@ def main() -> int:
     print("-" * len(hdr))
     failures = 0
     t_start = time.time()
-    for (m, n, k) in shapes(args.quick):
+    for (m, n, k) in shapes(args.quick, args.m, not args.no_odd):
         g = torch.Generator(device=dev).manual_seed(m * 7 + n * 3 + k)
         x = torch.randn(m, k, device=dev, generator=g).to(torch.bfloat16)
         w = torch.randn(n, k, device=dev, generator=g).mul_(0.05).to(torch.bfloat16)
@@ -120,7 +133,7 @@ def main() -> int:
             try:
                 f = cublas_fn(a, b)
                 f()
-                cub_tf = flops / (triton.testing.do_bench(f, return_mode="median") * 1e-3) / 1e12
+                cub_tf = flops / (gbench(f) * 1e-3) / 1e12
             except Exception:  # cuBLAS refuses some shapes (e.g. K % 128 != 0 in some versions)
                 cub_tf = None
         tma_out = None
@@ -134,9 +147,17 @@ def main() -> int:
                     def run(out=None):
                         return gemm(a, b, out_dtype=torch.bfloat16, out=out)
                 else:
-                    cfg = choose_hopper_config(m, n, k, variant=v.split("+")[0], overlap=v.endswith("+ov"),
+                    # "name[+ov][@key=val,...]": overrides of the heuristic's HopperConfig fields, e.g.
+                    # wide@block_n=128:stages=5:epilogue=masked
+                    name, _, over = v.partition("@")
+                    cfg = choose_hopper_config(m, n, k, variant=name.split("+")[0], overlap=name.endswith("+ov"),
                                                num_sms=nsm)
-                    cfg_s = f"{cfg.block_m}x{cfg.block_n}s{cfg.stages}w{cfg.num_warps}"
+                    kw = {}
+                    for item in filter(None, over.split(":")):
+                        key, _, val = item.partition("=")
+                        kw[key] = val if key in ("variant", "epilogue") else int(val)
+                    cfg = dataclasses.replace(cfg, **kw)
+                    cfg_s = f"{cfg.block_m}x{cfg.block_n}s{cfg.stages}g{cfg.group_m}"
                     reason = unsupported_reason(a, b, torch.bfloat16, cfg)
                     if reason is not None:
                         raise NotImplementedError(reason)
@@ -163,7 +184,7 @@ def main() -> int:
                     status = "FAIL accuracy: " + str(e).splitlines()[0][:120]
                     failures += 1
                 if not args.no_bench:
-                    tf = flops / (triton.testing.do_bench(lambda: run(), return_mode="median") * 1e-3) / 1e12
+                    tf = flops / (gbench(lambda: run()) * 1e-3) / 1e12
             except Exception as e:
                 failures += 1
                 status = f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
@@ -172,7 +193,7 @@ def main() -> int:
             dg = DEEPGEMM_4096.get((n, k)) if m == 4096 else None
             fmt = lambda x, p=1: "-" if x is None else f"{x:.{p}f}"  # noqa: E731
             ratio = None if (tf is None or not cub_tf) else tf / cub_tf
-            print(f"{v:<13} {m:>5} {n:>6} {k:>6} {cfg_s:<14} {fmt(tf):>8} {fmt(cub_tf):>8} {fmt(ratio, 2):>6} "
+            print(f"{v:<36} {m:>5} {n:>6} {k:>6} {cfg_s:<14} {fmt(tf):>8} {fmt(cub_tf):>8} {fmt(ratio, 2):>6} "
                   f"{'-' if dg is None else dg:>6} {('-' if rel is None else f'{rel:.2e}'):>9} "
                   f"{('-' if nmax is None else f'{nmax:.2e}'):>9} {same:>5} {fmt(first, 2):>6}  {status}", flush=True)
         del x, w, a, b, ref, tma_out

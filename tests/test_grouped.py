@@ -205,7 +205,12 @@ def test_config_rules(device):
     with pytest.raises(ValueError, match="split_k"):
         check_grouped_config(GemmConfig(split_k=2), "fp8_block")
     with pytest.raises(ValueError, match="strategy"):
-        check_grouped_config(GemmConfig(strategy="dequant_matmul"), "mxfp8")
+        check_grouped_config(GemmConfig(strategy="hopper"), "mxfp8")
+    assert check_grouped_config(GemmConfig(strategy="dequant_matmul"), "mxfp8").strategy == "dequant_matmul"
+    with pytest.raises(ValueError, match="strategy.*fp8_block x fp8_block"):
+        check_grouped_config(GemmConfig(strategy="dequant_matmul"), "fp8_block")
+    with pytest.raises(ValueError, match="strategy.*bf16 in / bf16 out"):
+        check_grouped_config(GemmConfig(strategy="dequant_matmul"), "mxfp8", out_dtype=torch.float32)
     with pytest.raises(ValueError, match="promote"):
         check_grouped_config(GemmConfig(promote=False), "fp8_block")
     with pytest.raises(ValueError, match="block_k"):
@@ -270,12 +275,19 @@ def test_opcheck(device):
     a = _acts((5, 64), fmt, device)
     b = _experts(2, 16, 64, fmt, device)
     offs = _offsets([2, 3], device)
-    tail = (2, 1, 64, 1, True, 16, 16, 32, 4, 1)
+    tail = (2, 1, 64, 1, True, 16, 16, 32, 4, 1, 0)
     args = (a.data, a.scale, None, b.data, b.scale, None, None, None, None, offs)
     opcheck(torch.ops.blockscaled.grouped_gemm.default, (*args, torch.float32, *tail),
             test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
     out = torch.zeros(5, 16, device=device)
     opcheck(torch.ops.blockscaled.grouped_gemm_out.default, (*args, out, *tail),
+            test_utils=("test_schema", "test_faketensor"))
+    # the dequant_matmul strategy behind the same ops (strategy=1; bf16: its contiguous dtype)
+    dq = (*tail[:-1], 1)
+    opcheck(torch.ops.blockscaled.grouped_gemm.default, (*args, torch.bfloat16, *dq),
+            test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+    opcheck(torch.ops.blockscaled.grouped_gemm_out.default,
+            (*args, torch.zeros(5, 16, dtype=torch.bfloat16, device=device), *dq),
             test_utils=("test_schema", "test_faketensor"))
 
 
@@ -428,3 +440,221 @@ def test_weight_only(fmt, a_dtype, device):
     out3 = _nan((3, 8, n), torch.float32, device)
     grouped_gemm(x3, b, masked_m=cnt, out=out3, out_dtype=torch.float32)
     assert_masked_close(out3, ref.grouped_gemm(x3, b, masked_m=cnt), fmt, torch.float32, what="weight-only masked")
+
+
+# --------------------------------------------------------------------------- dequant_matmul strategy
+DQ = GemmConfig(strategy="dequant_matmul")
+DQ_FORMATS = ("mxfp8", "mxfp4", "nvfp4")
+
+
+@pytest.mark.parametrize("fmt", DQ_FORMATS)
+def test_dequant_matmul_contiguous(fmt, device):
+    """Forced dequantize + cuBLAS grouped GEMM (CPU: per-expert fp32 matmuls): skewed segments
+    with empty experts, poisoned out=, functional call; bf16 (its only output dtype)."""
+    k, n = 96, 40  # K, N multiples of 8: torch._grouped_mm's 16-byte stride rule on CUDA
+    offs = _offsets(SKEWED, device)
+    a = _acts((sum(SKEWED), k), fmt, device)
+    b = _experts(len(SKEWED), n, k, fmt, device)
+    want = ref.grouped_gemm(a, b, offsets=offs)
+    out = _nan((sum(SKEWED), n), torch.bfloat16, device)
+    assert grouped_gemm(a, b, offsets=offs, out=out, config=DQ) is out
+    assert_gemm_close(out, want, fmt, torch.bfloat16, what="dequant_matmul contiguous out=")
+    y = grouped_gemm(a, b, offsets=offs, config=DQ)
+    assert bitwise_equal(y, out)
+
+
+@pytest.mark.parametrize("out_dtype", (torch.bfloat16, torch.float16, torch.float32), ids=str)
+@pytest.mark.parametrize("fmt", DQ_FORMATS)
+def test_dequant_matmul_masked(fmt, out_dtype, device):
+    """Forced dequantize + bmm: counts 0 and max_m, rows past the counts keep the poison with
+    out=, every output dtype (bf16: bmm in bf16; others: fp32 products + the epilogue)."""
+    e, max_m, n, k = 3, 20, 40, 96
+    counts = torch.tensor([0, max_m, 7], dtype=torch.int32, device=device)
+    a = _acts((e, max_m, k), fmt, device)
+    b = _experts(e, n, k, fmt, device)
+    want = ref.grouped_gemm(a, b, masked_m=counts)
+    out = _nan((e, max_m, n), out_dtype, device)
+    grouped_gemm(a, b, masked_m=counts, out=out, out_dtype=out_dtype, config=DQ)
+    assert_masked_close(out, want, fmt, out_dtype, what="dequant_matmul masked out=")
+    y = grouped_gemm(a, b, masked_m=counts, out_dtype=out_dtype, config=DQ)  # rows past counts: unspecified
+    assert y.shape == (e, max_m, n) and y.dtype == out_dtype
+    assert bitwise_equal(y[1], out[1]) and bitwise_equal(y[2, :7], out[2, :7])
+
+
+@pytest.mark.parametrize("fmt", ("fp8_block", "mxfp4", "nvfp4"))
+def test_dequant_matmul_weight_only(fmt, device):
+    """bf16 activations x quantized experts through dequantize + cuBLAS (fp8_block weights:
+    bf16 outputs only, B rounded once to bf16: the fp8_block bf16 tolerance row)."""
+    sizes = [3, 0, 20]
+    k, n = 96, 40
+    offs = _offsets(sizes, device)
+    x = randn_like_activations(23, k, dtype=torch.bfloat16, device=device, outliers=False)
+    b = _experts(3, n, k, fmt, device)
+    out = _nan((23, n), torch.bfloat16, device)
+    grouped_gemm(x, b, offsets=offs, out=out, config=DQ)
+    assert_gemm_close(out, ref.grouped_gemm(x, b, offsets=offs), fmt, torch.bfloat16, what="weight-only contiguous")
+    x3 = randn_like_activations(3, 8, k, dtype=torch.bfloat16, device=device, outliers=False)
+    cnt = torch.tensor([8, 0, 2], dtype=torch.int32, device=device)
+    for od in ((torch.bfloat16,) if fmt == "fp8_block" else (torch.bfloat16, torch.float32)):
+        out3 = _nan((3, 8, n), od, device)
+        grouped_gemm(x3, b, masked_m=cnt, out=out3, out_dtype=od, config=DQ)
+        assert_masked_close(out3, ref.grouped_gemm(x3, b, masked_m=cnt), fmt, od, what=f"weight-only masked {od}")
+
+
+def test_dequant_matmul_nvfp4_per_expert_global_scale(device):
+    """Per-expert B global scales: exact operands, 1 / (gs_a gs_b[e]) applied by the epilogue
+    (contiguous: the row's expert found from the segment ends on the device)."""
+    e, n, k = 3, 32, 64
+    b, gs = _experts_per_expert_gs(e, n, k, device)
+    offs = _offsets([4, 0, 9], device)
+    a = _acts((13, k), "nvfp4", device)
+    out = _nan((13, n), torch.bfloat16, device)
+    grouped_gemm(a, b, offsets=offs, b_global_scale=gs, out=out, config=DQ)
+    assert_gemm_close(out, ref.grouped_gemm(a, b, offsets=offs, b_global_scale=gs), "nvfp4", torch.bfloat16,
+                      what="contiguous per-expert gs")
+    a3 = _acts((e, 8, k), "nvfp4", device)
+    cnt = torch.tensor([8, 0, 5], dtype=torch.int32, device=device)
+    want = ref.grouped_gemm(a3, b, masked_m=cnt, b_global_scale=gs)
+    for od in (torch.bfloat16, torch.float32):
+        out3 = _nan((e, 8, n), od, device)
+        grouped_gemm(a3, b, masked_m=cnt, b_global_scale=gs, out=out3, out_dtype=od, config=DQ)
+        assert_masked_close(out3, want, "nvfp4", od, what=f"masked per-expert gs {od}")
+
+
+def test_dequant_matmul_empty_and_bad_offsets(device):
+    fmt = "mxfp8"
+    b = _experts(3, 24, 64, fmt, device)
+    a0 = _acts((0, 64), fmt, device)
+    assert grouped_gemm(a0, b, offsets=_offsets([0, 0, 0], device), config=DQ).shape == (0, 24)
+    a3 = _acts((3, 0, 64), fmt, device)
+    assert grouped_gemm(a3, b, masked_m=torch.zeros(3, dtype=torch.int32, device=device), config=DQ).shape == (3, 0, 24)
+    # all counts 0: nothing written
+    a3 = _acts((3, 4, 64), fmt, device)
+    out = _nan((3, 4, 24), torch.bfloat16, device)
+    grouped_gemm(a3, b, masked_m=torch.zeros(3, dtype=torch.int32, device=device), out=out, config=DQ)
+    assert torch.isnan(out).all()
+    # unvalidated offsets past the rows: clamped to [0, sum_m] (memory-safe), like the kernel
+    b2 = _experts(2, 16, 64, fmt, device)
+    a = _acts((6, 64), fmt, device)
+    bad = torch.tensor([0, 4, 99], dtype=torch.int32, device=device)
+    y = grouped_gemm(a, b2, offsets=bad, validate=False, config=DQ)
+    assert_gemm_close(y, ref.grouped_gemm(a, b2, offsets=_offsets([4, 2], device)), fmt, torch.bfloat16)
+
+
+def test_dequant_matmul_errors(device):
+    """Forcing the strategy where it cannot run raises, naming config.strategy and why."""
+    a = _acts((6, 64), "mxfp8", device)
+    b = _experts(2, 16, 64, "mxfp8", device)
+    offs = _offsets([2, 4], device)
+    with pytest.raises(ValueError, match="config.strategy.*bf16 in / bf16 out"):
+        grouped_gemm(a, b, offsets=offs, out_dtype=torch.float32, config=DQ)
+    af = _acts((6, 128), "fp8_block", device)
+    with pytest.raises(ValueError, match="config.strategy.*fp8_block x fp8_block"):
+        grouped_gemm(af, _experts(2, 16, 128, "fp8_block", device), offsets=offs, config=DQ)
+    x16 = randn_like_activations(6, 64, dtype=torch.float16, device=device)
+    with pytest.raises(ValueError, match="config.strategy.*bf16 activations"):
+        grouped_gemm(x16, b, offsets=offs, config=DQ)
+    xb = randn_like_activations(2, 8, 128, dtype=torch.bfloat16, device=device)
+    with pytest.raises(ValueError, match="config.strategy.*only bf16 outputs"):
+        grouped_gemm(xb, _experts(2, 16, 128, "fp8_block", device), masked_m=torch.tensor([1, 2], dtype=torch.int32,
+                     device=device), out_dtype=torch.float32, config=DQ)
+    with pytest.raises(ValueError, match="config.strategy.*'triton' only"):
+        grouped_gemm_list([a], [quantize(torch.randn(8, 64, device=device), "mxfp8")], config=DQ)
+    # bad inputs are still rejected first, whatever the strategy
+    with pytest.raises(TypeError, match="offsets.*int32"):
+        grouped_gemm(a, b, offsets=offs.long(), config=DQ)
+    with pytest.raises(ValueError, match="non-decreasing"):
+        grouped_gemm(a, b, offsets=torch.tensor([0, 5, 2], dtype=torch.int32, device=device), validate=True,
+                     config=DQ)
+
+
+def _h100(monkeypatch):
+    from blockscaled.config import grouped as cgrp
+    from blockscaled.config.gemm import DeviceInfo
+
+    info = DeviceInfo("cuda", 132, (9, 0), 232448)
+    monkeypatch.setattr(cgrp, "device_info", lambda d: info)
+    return cgrp
+
+
+def test_heuristic_dequant_matmul_rule(monkeypatch):
+    """The roofline rule on a (faked) H100: dequantize + cuBLAS at 4096 rows in total for the
+    MX/NV formats and bf16 weight-only, the Triton kernels at 1024 rows (E=8 x 128) and for
+    fp8_block, outputs the cuBLAS path cannot produce without a sync, or unaligned strides."""
+    cgrp = _h100(monkeypatch)
+    dev = torch.device("cuda")
+    for fmt in DQ_FORMATS:
+        for grouping in ("contiguous", "masked"):
+            for dual in (False, True):
+                big = cgrp.choose_grouped_config(fmt, 512, 4096, 7168, dev, experts=8, grouping=grouping, dual=dual)
+                assert big.strategy == "dequant_matmul", (fmt, grouping, dual)
+                small = cgrp.choose_grouped_config(fmt, 128, 4096, 7168, dev, experts=8, grouping=grouping, dual=dual)
+                assert small.strategy == "triton", (fmt, grouping, dual)
+        assert cgrp.choose_grouped_config(fmt, 4096, 2048, 7168, dev, grouping="dense", dual=True).strategy == \
+            "dequant_matmul"
+    assert cgrp.choose_grouped_config("mxfp4", 512, 4096, 7168, dev, experts=8,
+                                      a_dtype=torch.bfloat16).strategy == "dequant_matmul"
+    assert cgrp.choose_grouped_config("fp8_block", 512, 4096, 7168, dev, experts=8).strategy == "triton"
+    assert cgrp.choose_grouped_config("mxfp8", 512, 4096, 7168, dev, experts=8,
+                                      out_dtype=torch.float32).strategy == "triton"
+    assert cgrp.choose_grouped_config("mxfp8", 512, 4096, 7168, dev, experts=8, grouping="masked",
+                                      out_dtype=torch.float32).strategy == "dequant_matmul"
+    assert cgrp.choose_grouped_config("mxfp8", 512, 4100, 7168, dev, experts=8).strategy == "triton"  # N % 8
+    assert cgrp.choose_grouped_config("mxfp4", 512, 4096, 7168, dev, experts=8, a_dtype=torch.bfloat16,
+                                      a_row_stride=7172).strategy == "triton"
+    assert cgrp.choose_grouped_config("mxfp4", 512, 4096, 7168, dev, experts=8,
+                                      a_dtype=torch.float16).strategy == "triton"
+    assert cgrp.choose_grouped_config("mxfp8", 512, 4096, 7168, dev, experts=8,
+                                      allow_dequant=False).strategy == "triton"
+
+
+def test_heuristic_warps_avoid_spills(monkeypatch):
+    """Dequantizing tiles with >= 128x64 accumulator elements (DUAL counts both) use 8 warps:
+    ptxas spilled registers for the 4-warp variants (config/grouped.py _DEQUANT_8WARP_ACC)."""
+    cgrp = _h100(monkeypatch)
+    dev = torch.device("cuda")
+    for fmt in DQ_FORMATS:
+        for rows, dual in ((512, True), (40, True), (40, False), (512, False)):
+            cfg = cgrp.choose_grouped_config(fmt, rows, 4096, 7168, dev, experts=8, dual=dual, allow_dequant=False)
+            acc = cfg.block_m * cfg.block_n * (2 if dual else 1)
+            if not cfg.promote and acc >= 128 * 64:
+                assert cfg.num_warps == 8, (fmt, rows, dual, cfg)
+    # promoted FP8-dot tiles keep 4 warps at 64x128 (block_k 32: no spills measured)
+    cfg = cgrp.choose_grouped_config("mxfp8", 40, 4096, 7168, dev, experts=8, allow_dequant=False)
+    assert cfg.promote and cfg.num_warps == 4
+
+
+EPILOGUE_AOT = r'''
+import json, re
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from blockscaled.kernels.triton.grouped import dq_epilogue_kernel
+
+out = {}
+for name, mode, swiglu, post, xdt, odt in (("contig_swiglu_post", 1, True, True, "*bf16", "*bf16"),
+                                          ("masked_copy", 2, False, False, "*bf16", "*bf16"),
+                                          ("masked_swiglu_post", 2, True, True, "*fp32", "*fp16"),
+                                          ("dense_swiglu", 0, True, False, "*fp32", "*bf16")):
+    sig = {n: "i32" for n in dq_epilogue_kernel.arg_names}
+    sig.update(x_ptr=xdt, x2_ptr=xdt, out_ptr=odt, seg_ptr="*i32", post_ptr="*fp32", post2_ptr="*fp32")
+    const = dict(MODE=mode, SWIGLU=swiglu, HAS_POST=post, E_POW2=16, BLOCK_M=32, BLOCK_N=128)
+    for c in const:
+        sig[c] = "constexpr"
+    k = triton.compile(triton.compiler.ASTSource(fn=dq_epilogue_kernel, signature=sig, constexprs=const),
+                       target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    ptx = k.asm["ptx"]
+    out[name] = {"atom": len(re.findall(r"\batom\.", ptx)), "ex2": "ex2.approx" in ptx, "n": len(ptx)}
+print("JSON" + json.dumps(out))
+'''
+
+
+def test_dq_epilogue_compiles_for_sm90():
+    """The dequant_matmul epilogue (nvfp4 scales, SwiGLU, masked rows) compiles for sm_90;
+    no atomics (deterministic); the SwiGLU variants evaluate exp."""
+    from _aot import run_compile_script
+
+    res = run_compile_script(EPILOGUE_AOT)
+    assert set(res) == {"contig_swiglu_post", "masked_copy", "masked_swiglu_post", "dense_swiglu"}
+    for key, r in res.items():
+        assert r["atom"] == 0, key
+        assert r["ex2"] == key.endswith(("swiglu_post", "swiglu")), key

@@ -162,3 +162,95 @@ def test_weight_only(fmt, device):
     offs = _offsets([9, 12], device)
     y = swiglu(x, bg, bu, offsets=offs, out_dtype=torch.float32)
     assert_gemm_close(y, ref.swiglu(x, bg, bu, offsets=offs), fmt, torch.float32, what="weight-only")
+
+
+# --------------------------------------------------------------------------- dequant_matmul strategy
+DQ = GemmConfig(strategy="dequant_matmul")
+
+
+@pytest.mark.parametrize("fmt", ("mxfp8", "mxfp4", "nvfp4"))
+def test_dequant_matmul_all_groupings(fmt, device):
+    """Forced dequantize + cuBLAS SwiGLU: dense (fp32 products, fp32 activation, one cast),
+    contiguous (bf16 products from torch._grouped_mm, bf16 out only) and masked (fp32 products;
+    rows past the counts keep the poison)."""
+    n, k = 40, 96
+    a = _acts((19, k), fmt, device)
+    bg, bu = _w((n, k), fmt, device, 1), _w((n, k), fmt, device, 2)
+    for od in (torch.float32, torch.bfloat16, torch.float16):
+        out = _nan((19, n), od, device)
+        assert swiglu(a, bg, bu, out=out, out_dtype=od, config=DQ) is out
+        assert_gemm_close(out, ref.swiglu(a, bg, bu), fmt, od, what=f"dense {od}")
+    sizes = [0, 1, 37, 0, 30]
+    offs = _offsets(sizes, device)
+    ac = _acts((sum(sizes), k), fmt, device)
+    bg3, bu3 = _w((5, n, k), fmt, device, 3), _w((5, n, k), fmt, device, 4)
+    out = _nan((sum(sizes), n), torch.bfloat16, device)
+    swiglu(ac, bg3, bu3, offsets=offs, out=out, config=DQ)
+    assert_gemm_close(out, ref.swiglu(ac, bg3, bu3, offsets=offs), fmt, torch.bfloat16, what="contiguous")
+    assert bitwise_equal(swiglu(ac, bg3, bu3, offsets=offs, config=DQ), out)
+    counts = torch.tensor([12, 0, 5, 1, 3], dtype=torch.int32, device=device)
+    am = _acts((5, 12, k), fmt, device)
+    want = ref.swiglu(am, bg3, bu3, masked_m=counts).cpu()
+    computed = ~torch.isnan(want)
+    for od in (torch.bfloat16, torch.float32):
+        out = _nan((5, 12, n), od, device)
+        swiglu(am, bg3, bu3, masked_m=counts, out=out, out_dtype=od, config=DQ)
+        o = out.cpu()
+        assert_gemm_close(torch.where(computed, o, torch.zeros((), dtype=od)), torch.where(computed, want, 0.0), fmt,
+                          od, what=f"masked {od}")
+        assert torch.isnan(o[~computed]).all()
+
+
+def test_dequant_matmul_weight_only_and_per_expert_gs(device):
+    x = randn_like_activations(21, 64, dtype=torch.bfloat16, device=device, outliers=False)
+    bg, bu = _w((2, 24, 64), "mxfp4", device, 1), _w((2, 24, 64), "mxfp4", device, 2)
+    offs = _offsets([9, 12], device)
+    y = swiglu(x, bg, bu, offsets=offs, config=DQ)
+    assert_gemm_close(y, ref.swiglu(x, bg, bu, offsets=offs), "mxfp4", torch.bfloat16, what="weight-only")
+    e, n, k = 3, 16, 64
+    g = torch.Generator().manual_seed(11)
+
+    def experts(s):
+        w = torch.randn(e, n, k, generator=g) * torch.logspace(-2, 1, e).reshape(e, 1, 1) * s
+        qs = [quantize(w[i].to(device), "nvfp4") for i in range(e)]
+        st = replace(qs[0], data=torch.stack([q.data for q in qs]), scale=torch.stack([q.scale for q in qs]),
+                     shape=torch.Size((e, n, k)))
+        return st, torch.stack([q.global_scale.reshape(()) for q in qs])
+
+    (bg, gs_g), (bu, gs_u) = experts(1.0), experts(0.5)
+    offs = _offsets([5, 0, 7], device)
+    a = _acts((12, k), "nvfp4", device)
+    kw = dict(b_gate_global_scale=gs_g, b_up_global_scale=gs_u)
+    y = swiglu(a, bg, bu, offsets=offs, config=DQ, **kw)
+    assert_gemm_close(y, ref.swiglu(a, bg, bu, offsets=offs, **kw), "nvfp4", torch.bfloat16, what="contig gs[e]")
+    a3 = _acts((e, 6, k), "nvfp4", device)
+    cnt = torch.tensor([6, 0, 2], dtype=torch.int32, device=device)
+    y3 = swiglu(a3, bg, bu, masked_m=cnt, out_dtype=torch.float32, config=DQ, **kw)
+    want = ref.swiglu(a3, bg, bu, masked_m=cnt, **kw)
+    assert_gemm_close(y3[0], want[0], "nvfp4", torch.float32, what="masked gs[e]")
+    assert_gemm_close(y3[2, :2], want[2, :2], "nvfp4", torch.float32, what="masked gs[e]")
+
+
+def test_dequant_matmul_activation_is_fused_in_fp32(device):
+    """Dense / masked: fp32 products, activation in fp32, one cast (no fp16 overflow of g*u)."""
+    fmt = "mxfp8"
+    a = quantize(torch.full((4, 64), 30.0, device=device), fmt)
+    bg = quantize(torch.full((16, 64), 0.05, device=device), fmt)
+    bu = quantize(torch.full((16, 64), 0.002, device=device), fmt)
+    y = swiglu(a, bg, bu, out_dtype=torch.float16, config=DQ)
+    assert torch.isfinite(y).all()
+    assert_gemm_close(y, ref.swiglu(a, bg, bu), fmt, torch.float16)
+
+
+def test_dequant_matmul_errors(device):
+    fmt = "mxfp8"
+    a = _acts((6, 64), fmt, device)
+    bg3, bu3 = _w((2, 16, 64), fmt, device, 1), _w((2, 16, 64), fmt, device, 2)
+    offs = _offsets([2, 4], device)
+    with pytest.raises(ValueError, match="config.strategy.*bf16 in / bf16 out"):
+        swiglu(a, bg3, bu3, offsets=offs, out_dtype=torch.float32, config=DQ)
+    af = _acts((6, 128), "fp8_block", device)
+    with pytest.raises(ValueError, match="config.strategy.*fp8_block x fp8_block"):
+        swiglu(af, _w((16, 128), "fp8_block", device, 1), _w((16, 128), "fp8_block", device, 2), config=DQ)
+    with pytest.raises(ValueError, match="b_up: shape"):
+        swiglu(a, bg3, _w((2, 24, 64), fmt, device, 2), offsets=offs, config=DQ)

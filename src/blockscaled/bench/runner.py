@@ -312,14 +312,23 @@ class Runner:
             elif op in ("grouped", "swiglu") and case.ms:
                 from ..config.grouped import choose_grouped_config
 
-                c = choose_grouped_config(fmt, sum(case.ms) / len(case.ms), case.n, case.k, torch.device(self.device),
+                rows = sum(case.ms) / len(case.ms)
+                c = choose_grouped_config(fmt, rows, case.n, case.k, torch.device(self.device),
                                           dual=op == "swiglu")
+                dev = torch.device(self.device)
+                if (op == "grouped" and fmt == "fp8_block" and dev.type == "cuda"
+                        and torch.cuda.get_device_capability(dev) == (9, 0)):
+                    from ..ops._hopper import choose_grouped_config as hopper_grouped
+
+                    h = hopper_grouped(rows, case.n, case.k)  # what ops.grouped dispatches to
+                    return f"hopper wide {h.block_m}x{h.block_n} s{h.stages}"
             else:
                 return ""
             if c.strategy == "hopper":  # the Gluon kernel picks its own tiles (ops/_hopper.py)
-                from ..config.gemm import HOPPER_TMA_MIN_K
+                from ..ops._hopper import choose_dispatch_config
 
-                return "hopper " + ("tma" if case.k >= HOPPER_TMA_MIN_K else "ws")
+                h = choose_dispatch_config(case.m, case.n, case.k)
+                return f"hopper {h.variant} {h.block_m}x{h.block_n} s{h.stages}"
             if c.strategy == "dequant_matmul":
                 return "dequant + cuBLAS bf16"
             return (f"{c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages}"

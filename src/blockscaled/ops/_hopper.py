@@ -10,6 +10,8 @@ Variants (``HopperConfig.variant``), one kernel each so each can be timed:
   * ``"tma"``        step 1: one tile per program, TMA + mbarrier ring, FP8 wgmma, promotion per 128 K.
   * ``"persistent"`` step 2: grid = min(#SMs, #tiles), grouped raster, flattened (tile, k) pipeline.
   * ``"ws"``         step 3: persistent + warp specialisation (1-warp TMA producer partition).
+  * ``"wide"``       step 4: persistent + warp-specialised, 128 x 256 tile computed as two 128-column
+                     halves (half the L2->SM traffic per FLOP of 128 x 128), TMA-store epilogue.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import triton
 from ..tensor import ScaledTensor
 
 __all__ = [
+    "grouped_fp8_block_hopper_impl",
+    "grouped_unsupported_reason",
     "HopperConfig",
     "HopperUnsupported",
     "VARIANTS",
@@ -32,7 +36,7 @@ __all__ = [
     "unsupported_reason",
 ]
 
-VARIANTS = ("tma", "persistent", "ws")
+VARIANTS = ("tma", "persistent", "ws", "wide")
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 # 16 bytes: TMA (cuTensorMapEncodeTiled) requires a 16-byte aligned global base address and
@@ -57,7 +61,10 @@ class HopperConfig:
     stages: depth of the TMA ring; each stage holds (block_m + block_n) * 128 bytes.
     group_m: grouped raster height (tiles of A sharing a B tile while it sits in L2).
     overlap: persistent/ws only: issue the wgmma chain of K block k+1 before promoting block k
-        (two part tiles in registers, wgmma wait(1)); ignored by "tma". Unmeasured default.
+        (two part tiles in registers, wgmma wait(1)); ignored by "tma" and "wide".
+    epilogue: "wide" only: "tma" (registers -> shared tile -> TMA store, asynchronous; needs a
+        16-byte aligned output base and row stride, else the launcher uses "masked") or "masked"
+        (layout conversion + masked global stores).
     """
 
     variant: str = "persistent"
@@ -67,6 +74,7 @@ class HopperConfig:
     stages: int = 4
     group_m: int = 8
     overlap: bool = True
+    epilogue: str = "tma"
 
     def __post_init__(self):
         if self.variant not in VARIANTS:
@@ -78,23 +86,40 @@ class HopperConfig:
                 f"HopperConfig.num_warps: expected {4 * (self.block_m // 64)} for block_m={self.block_m} "
                 f"(one warpgroup of 4 warps per 64 rows), got {self.num_warps}"
             )
-        if self.block_n not in (16, 32, 64, 128):
+        if self.variant == "wide":
+            if self.block_n not in (128, 256):
+                # block_n = one or two 128-column halves, each half one 128-row weight-scale block
+                # with its own accumulator
+                raise ValueError(f"HopperConfig: variant 'wide' needs block_n 128 or 256, got {self.block_n}")
+        elif self.block_n not in (16, 32, 64, 128):
             # power of two (Gluon block shapes) dividing the 128-row weight-scale block (one sb
-            # scalar per tile and K block); 256 compiles but spills (acc + wgmma tile = 256 regs).
+            # scalar per tile and K block); 256 as one tile spills (acc + wgmma tile = 256 regs):
+            # variant "wide" computes 256 as two halves.
             raise ValueError(f"HopperConfig.block_n: expected 16, 32, 64 or 128, got {self.block_n}")
+        if self.epilogue not in ("tma", "masked"):
+            raise ValueError(f"HopperConfig.epilogue: expected 'tma' or 'masked', got {self.epilogue!r}")
         if self.stages < 2:
             raise ValueError(f"HopperConfig.stages: expected >= 2, got {self.stages}")
         if self.group_m < 1:
             raise ValueError(f"HopperConfig.group_m: expected >= 1, got {self.group_m}")
 
-    def smem_bytes(self, out_elem_bytes: int = 2) -> int:
-        """Ring + epilogue layout-conversion scratch (the masked store converts the accumulator
-        tile, up to block_m * block_n * 4 bytes) + barriers."""
-        return self.stages * (self.block_m + self.block_n) * 128 + self.block_m * self.block_n * 4 + 1024
+    def smem_bytes(self, out_elem_bytes: int = 4) -> int:
+        """Ring + epilogue buffer + barriers. Masked store: layout-conversion scratch of the
+        accumulator tile (up to block_m * block_n(half) * 4 bytes); "wide" + TMA store: one output
+        tile per half in the output dtype."""
+        ring = self.stages * (self.block_m + self.block_n) * 128
+        if self.variant == "wide":
+            half = 128
+            if self.epilogue == "tma":
+                return ring + self.block_m * self.block_n * out_elem_bytes + 1024
+            # masked store: the compiler's layout-conversion scratch holds one half tile in the
+            # output dtype (AOT, 128x256 bf16 4 stages: 229444 B = ring + 32836)
+            return ring + self.block_m * half * out_elem_bytes + 1024
+        return ring + self.block_m * self.block_n * 4 + 1024
 
 
 def choose_hopper_config(m: int, n: int, k: int, variant: str = "persistent", overlap: bool = True,
-                         num_sms: int = 132) -> HopperConfig:
+                         num_sms: int = 132, out_elem_bytes: int = 2) -> HopperConfig:
     """First heuristic, NOT yet tuned on the H100 (to be replaced by measurements):
     * block_m 128 (two math warpgroups) for M > 128; 64 (one warpgroup) for M <= 128, which
       halves the wasted wgmma rows for M <= 64 and doubles the tile count at M = 128.
@@ -103,6 +128,14 @@ def choose_hopper_config(m: int, n: int, k: int, variant: str = "persistent", ov
     * stages: as many ring stages ((block_m + block_n) * 128 bytes each) as fit next to the
       epilogue scratch in 227 KB, at most 8 (6 for the 128x128 tile: 5 fit).
     """
+    if variant == "wide":
+        # 128 x 256 unless that leaves SMs idle (fewer tiles than SMs): then 128 x 128.
+        bn = 256 if triton.cdiv(m, 128) * triton.cdiv(n, 256) >= num_sms else 128
+        cfg = HopperConfig(variant="wide", block_m=128, block_n=bn, num_warps=8, stages=2, epilogue="tma")
+        stage_bytes = (128 + bn) * 128
+        fixed = cfg.smem_bytes(out_elem_bytes) - 2 * stage_bytes
+        stages = max(2, min(6, (_SMEM_LIMIT - fixed) // stage_bytes))
+        return dataclasses.replace(cfg, stages=stages)
     bm = 64 if m <= 128 else 128
     bn = 128
     while bn > 32 and triton.cdiv(m, bm) * triton.cdiv(n, bn) < num_sms // 2:
@@ -111,6 +144,13 @@ def choose_hopper_config(m: int, n: int, k: int, variant: str = "persistent", ov
     stages = max(2, min(8, (_SMEM_LIMIT - bm * bn * 4 - 1024) // stage_bytes))
     return HopperConfig(variant=variant, block_m=bm, block_n=bn, num_warps=4 * (bm // 64), stages=stages,
                         overlap=overlap)
+
+
+def choose_dispatch_config(m: int, n: int, k: int, out_elem_bytes: int = 2, num_sms: int = 132) -> HopperConfig:
+    """The configuration ``gemm()`` runs on sm_90 (M >= config.gemm.HOPPER_MIN_M): the wide kernel.
+    H100, M=4096, six DeepSeek-V3 shapes (scripts/hopper_check.py, 2026-11-22): wide 128x256
+    760-1141 TFLOP/s vs the best of tma / ws+overlap 697-870 on every shape."""
+    return choose_hopper_config(m, n, k, variant="wide", num_sms=num_sms, out_elem_bytes=out_elem_bytes)
 
 
 def _dev_index(device: torch.device) -> int:
@@ -171,8 +211,14 @@ def unsupported_reason(a: ScaledTensor, b: ScaledTensor, out_dtype=torch.bfloat1
             r = _tma_2d_reason(name, t)
             if r is not None:
                 return r
-    if config is not None and config.smem_bytes() > _SMEM_LIMIT:
-        return f"config needs {config.smem_bytes()} bytes of shared memory > {_SMEM_LIMIT} (H100 limit)"
+    if config is not None:
+        es = torch.empty((), dtype=out_dtype).element_size()
+        need = config.smem_bytes(es)
+        if config.variant == "wide" and config.epilogue == "tma" and need > _SMEM_LIMIT:
+            # the launcher falls back to the masked epilogue when the TMA-store buffers do not fit
+            need = dataclasses.replace(config, epilogue="masked").smem_bytes(es)
+        if need > _SMEM_LIMIT:
+            return f"config needs {need} bytes of shared memory > {_SMEM_LIMIT} (H100 limit)"
     return None
 
 
@@ -180,7 +226,17 @@ def _kernel_for(variant: str):
     from ..kernels.hopper import fp8_gemm as K
 
     return {"tma": K.fp8_block_gemm_tma_kernel, "persistent": K.fp8_block_gemm_persistent_kernel,
-            "ws": K.fp8_block_gemm_ws_kernel}[variant]
+            "ws": K.fp8_block_gemm_ws_kernel, "wide": K.fp8_block_gemm_wide_kernel}[variant]
+
+
+_GL_OUT = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+
+def _tma_store_ok(out2: torch.Tensor) -> bool:
+    """TMA store constraints (cuTensorMapEncodeTiled): 16-byte aligned base and row stride, unit
+    column stride."""
+    es = out2.element_size()
+    return out2.stride(1) == 1 and (out2.stride(0) * es) % _TMA_ALIGN == 0 and out2.data_ptr() % _TMA_ALIGN == 0
 
 
 def gemm_fp8_block_hopper_impl(a2: torch.Tensor, a_s2: torch.Tensor, b_data: torch.Tensor, b_scale: torch.Tensor,
@@ -216,6 +272,23 @@ def gemm_fp8_block_hopper_impl(a2: torch.Tensor, a_s2: torch.Tensor, b_data: tor
         grid = (tiles,)
     else:
         grid = (min(tiles, _num_sms(_dev_index(out2.device))),)
+    if cfg.variant == "wide":
+        # TMA store when the output allows it; the masked store otherwise (any N, any row stride).
+        epi = 2 if (cfg.epilogue == "tma" and _tma_store_ok(out2)
+                    and cfg.smem_bytes(out2.element_size()) <= _SMEM_LIMIT) else 1
+        if epi == 2:
+            gdt = getattr(gl, _GL_OUT[out2.dtype])
+            lc = gl.NVMMASharedLayout.get_default_for([cfg.block_m, 128], gdt)
+            c_desc = TensorDescriptor(out2, [m, n], [out2.stride(0), 1], [cfg.block_m, 128], lc)
+        else:
+            c_desc = a_desc  # unused by the kernel when EPI == 1
+        _kernel_for("wide")[grid](
+            a_desc, b_desc, c_desc, a_s2, b_scale, out2, out2, m, n, k, 1, triton.cdiv(m, cfg.block_m),
+            a_s2.stride(0), a_s2.stride(1), 0, b_scale.stride(0), b_scale.stride(1), out2.stride(0),
+            GROUP_M=cfg.group_m, STAGES=cfg.stages, NH=cfg.block_n // 128, EPI=epi, MODE=0, E_POW2=1,
+            num_warps=cfg.num_warps,
+        )
+        return
     extra = {} if cfg.variant == "tma" else {"OVERLAP": cfg.overlap}
     _kernel_for(cfg.variant)[grid](
         a_desc, b_desc, a_s2, b_scale, out2, m, n, k,
@@ -253,6 +326,107 @@ def gemm_fp8_block_hopper(a: ScaledTensor, b: ScaledTensor, out_dtype: torch.dty
     elif out.dtype != out_dtype or tuple(out.shape) != (*lead, n) or out.device != b.data.device:
         raise ValueError(f"out: expected {out_dtype} {(*lead, n)} on {b.data.device}, got {out.dtype} "
                          f"{tuple(out.shape)} on {out.device}")
-    cfg = config or choose_hopper_config(m, n, k, num_sms=_num_sms(_dev_index(b.data.device)))
+    cfg = config or choose_dispatch_config(m, n, k, out.element_size(), num_sms=_num_sms(_dev_index(b.data.device)))
     gemm_fp8_block_hopper_impl(a2, a_s2, b.data, b.scale, out.view(m, n), cfg)
     return out
+
+
+def choose_grouped_config(rows_per_expert: float, n: int, k: int, num_sms: int = 132,
+                          out_elem_bytes: int = 2) -> HopperConfig:
+    """Grouped (MoE) tiles on the wide kernel: block_m 64 (one math warpgroup) when experts have
+    <= 64 rows on average, so a 64-row expert is not padded to 128 rows of wgmma work; else 128.
+    block_n 256 (two halves) unless that leaves SMs idle at this size (then 128); stages fill the
+    shared memory next to the masked-store scratch (grouped tiles use the masked epilogue)."""
+    bm = 64 if rows_per_expert <= 64 else 128
+    bn = 256 if n >= 2048 else 128
+    cfg = HopperConfig(variant="wide", block_m=bm, block_n=bn, num_warps=4 * (bm // 64), stages=2,
+                       epilogue="masked")
+    stage_bytes = (bm + bn) * 128
+    fixed = cfg.smem_bytes(out_elem_bytes) - 2 * stage_bytes
+    stages = max(2, min(6, (_SMEM_LIMIT - fixed) // stage_bytes))
+    return dataclasses.replace(cfg, stages=stages)
+
+
+def grouped_unsupported_reason(a_data: torch.Tensor, b_data: torch.Tensor, a_scale: torch.Tensor,
+                               b_scale: torch.Tensor, a_block, b_block, out_dtype, mode: int) -> str | None:
+    """Why the Hopper grouped path cannot run (None when it can): fp8_block 1x128 x 128x128, fp32
+    scales, sm_90, TMA-describable A ([rows, K] or [E, max_m, K] viewed 2-D) and B ([E, N, K]
+    viewed as [E * N, K]: needs rows contiguous across experts)."""
+    if a_data.dtype != torch.float8_e4m3fn or b_data.dtype != torch.float8_e4m3fn:
+        return f"needs e4m3 data, got a {a_data.dtype}, b {b_data.dtype}"
+    if tuple(a_block) != (1, 128) or tuple(b_block) != (128, 128):
+        return f"needs 1x128 activations and 128x128 weights, got {tuple(a_block)} x {tuple(b_block)}"
+    if a_scale.dtype != torch.float32 or b_scale.dtype != torch.float32:
+        return f"scales must be fp32, got {a_scale.dtype}, {b_scale.dtype}"
+    dev = b_data.device
+    if dev.type != "cuda" or torch.cuda.get_device_capability(dev) != (9, 0):
+        return "needs an sm_90 (Hopper) GPU"
+    if out_dtype not in OUT_DTYPES:
+        return f"out_dtype: expected one of {OUT_DTYPES}, got {out_dtype}"
+    e, n, k = b_data.shape
+    if b_data.stride(2) != 1 or b_data.stride(0) != n * b_data.stride(1):
+        return f"b.data: experts must be stacked contiguously ([E*N, K] view), got strides {b_data.stride()}"
+    try:
+        a2 = a_data.view(-1, k)
+    except RuntimeError:
+        return f"a.data: shape {tuple(a_data.shape)} / strides {a_data.stride()} do not flatten to [rows, K]"
+    if mode == 2 and a_data.stride(0) != a_data.shape[1] * a_data.stride(1):
+        return f"a.data: masked experts must be stacked contiguously, got strides {a_data.stride()}"
+    if a2.shape[0] and n and k:
+        for name, t in (("a.data", a2), ("b.data", b_data.view(-1, k))):
+            r = _tma_2d_reason(name, t)
+            if r is not None:
+                return r
+    return None
+
+
+def grouped_fp8_block_hopper_impl(a_data: torch.Tensor, a_scale: torch.Tensor, b_data: torch.Tensor,
+                                  b_scale: torch.Tensor, seg: torch.Tensor, mode: int, out: torch.Tensor,
+                                  cfg: HopperConfig | None = None) -> None:
+    """Grouped fp8_block GEMM on the wide Gluon kernel, written into ``out``. No host sync.
+
+    mode 1 (contiguous): ``a_data [sum_m, K]`` e4m3, ``a_scale [sum_m, ceil(K/128)]`` fp32,
+        ``seg`` int32 offsets ``[E+1]`` (device), ``out [sum_m, N]``.
+    mode 2 (masked): ``a_data [E, max_m, K]``, ``a_scale [E, max_m, nk]``, ``seg`` int32 counts
+        ``[E]`` (device), ``out [E, max_m, N]``: rows past a count are not written.
+    ``b_data [E, N, K]`` e4m3 (experts stacked contiguously), ``b_scale [E, ceil(N/128), nk]`` fp32.
+    Callers check :func:`grouped_unsupported_reason` first."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    e, n, k = b_data.shape
+    a2 = a_data.view(-1, k)
+    rows = a2.shape[0]
+    if rows == 0 or n == 0 or e == 0:
+        return
+    out2 = out.view(-1, n)
+    if k == 0:
+        out2.zero_()  # masked: rows past counts are unspecified, zero is fine
+        return
+    a_s2 = a_scale.view(rows, -1)
+    if mode == 2:
+        max_m = a_data.shape[1]
+        rows_per_expert = max_m
+    else:
+        max_m = rows
+        rows_per_expert = rows / e
+    if cfg is None:
+        cfg = choose_grouped_config(rows_per_expert, n, k, _num_sms(_dev_index(out.device)), out.element_size())
+    bm, bn = cfg.block_m, cfg.block_n
+    la = gl.NVMMASharedLayout.get_default_for([bm, 128], gl.float8e4nv)
+    lb = gl.NVMMASharedLayout.get_default_for([bn, 128], gl.float8e4nv)
+    b2 = b_data.view(e * n, k)
+    a_desc = TensorDescriptor(a2, [rows, k], [a2.stride(0), 1], [bm, 128], la)
+    b_desc = TensorDescriptor(b2, [e * n, k], [b2.stride(0), 1], [bn, 128], lb)
+    if mode == 1:
+        num_pid_m = triton.cdiv(rows, bm) + e  # upper bound on sum_e cdiv(m_e, bm)
+    else:
+        num_pid_m = e * triton.cdiv(max_m, bm)
+    tiles = num_pid_m * triton.cdiv(n, bn)
+    grid = (max(1, min(tiles, _num_sms(_dev_index(out.device)))),)
+    _kernel_for("wide")[grid](
+        a_desc, b_desc, a_desc, a_s2, b_scale, out2, seg, max_m, n, k, e, num_pid_m,
+        a_s2.stride(0), a_s2.stride(1), b_scale.stride(0), b_scale.stride(1), b_scale.stride(2), out2.stride(0),
+        GROUP_M=cfg.group_m, STAGES=cfg.stages, NH=bn // 128, EPI=1, MODE=mode,
+        E_POW2=max(16, triton.next_power_of_2(e)) if mode == 1 else 16, num_warps=cfg.num_warps,
+    )

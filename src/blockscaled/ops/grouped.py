@@ -21,8 +21,10 @@ import triton.language as tl
 from .._checks import check_row_contiguous, check_tensor, use_reference
 from ..config.gemm import GemmConfig
 from ..config.grouped import check_grouped_config, choose_grouped_config
+from ..formats import get_format
 from ..kernels.triton._mma import FORMAT_CODES
 from ..tensor import ScaledTensor
+from . import quantize as _quant
 
 __all__ = ["grouped_gemm", "grouped_gemm_list"]
 
@@ -30,6 +32,10 @@ _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _TL_OUT = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 MODE_DENSE, MODE_CONTIGUOUS, MODE_MASKED = 0, 1, 2
+#: ``strategy`` argument of the custom ops (GemmConfig.strategy as an int)
+STRATEGY_TRITON, STRATEGY_DEQUANT, STRATEGY_HOPPER = 0, 1, 2
+_GROUPING_NAMES = ("dense", "contiguous", "masked")
+_FMT_BY_CODE = {v: k for k, v in FORMAT_CODES.items()}
 
 
 def _dot_dtype(promote: bool, device: torch.device, a_dense_dtype: torch.dtype | None = None):
@@ -107,6 +113,169 @@ def _launch_impl(
     )
 
 
+# --------------------------------------------------------------------------- dequantize + cuBLAS
+_UNIT: dict[torch.device, torch.Tensor] = {}
+
+
+def _unit(device: torch.device) -> torch.Tensor:
+    """Cached 0-d fp32 1.0 (an nvfp4 global scale that dequantizes exactly); not cached while
+    a CUDA graph is being captured (its memory belongs to the graph)."""
+    t = _UNIT.get(device)
+    if t is None:
+        t = torch.ones((), dtype=torch.float32, device=device)
+        if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+            _UNIT[device] = t
+    return t
+
+
+def _dq_bf16(data, scale, gs, fmt, shape, block_rows: int) -> torch.Tensor:
+    """Our Triton dequantize kernel (internal entry, no validation / dispatch) to a new bf16
+    tensor of ``shape``: ``data * scale`` (``/ gs`` for nvfp4)."""
+    block = (block_rows, fmt.block_k) if block_rows == 1 else (block_rows, block_rows)
+    return _quant._dequantize_impl(data, scale, gs, fmt, tuple(shape), block, torch.bfloat16)
+
+
+#: aten::bmm.dtype (bf16 x bf16 -> fp32 in cuBLAS, torch >= 2.8); flipped off at the first failure.
+_BMM_FP32_OUT = [True]
+
+
+def _bmm(a3: torch.Tensor, b3: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``a3 [E, M, K] @ b3[E, N, K].T`` (bf16 operands), fp32 accumulation, stored as ``dtype``
+    (bf16 or fp32). CPU (the interpreter): fp32 math, one rounding: the same numerics."""
+    if a3.device.type == "cuda":
+        bt = b3.transpose(1, 2)
+        if dtype == a3.dtype:
+            return torch.bmm(a3, bt)
+        if _BMM_FP32_OUT[0]:
+            try:
+                return torch.bmm(a3, bt, out_dtype=torch.float32)
+            except (TypeError, RuntimeError, NotImplementedError) as ex:
+                _BMM_FP32_OUT[0] = False
+                import warnings
+
+                warnings.warn(f"torch.bmm(out_dtype=float32) failed ({ex}); the dequant_matmul strategy "
+                              f"falls back to fp32 bmm (exact but much slower)", RuntimeWarning, stacklevel=2)
+    return torch.bmm(a3.float(), b3.float().transpose(1, 2)).to(dtype)
+
+
+def _grouped_mm(a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """Contiguous grouped ``a [S, K] @ b[e].T`` per segment, bf16 in and out (fp32 accumulation).
+    ``ends``: int32 ``[E]`` non-decreasing segment ends on the device, in ``[0, S]``.
+    CUDA: ``torch._grouped_mm`` (one CUTLASS launch on sm_90, segment sizes read on the device).
+    CPU (the interpreter only; a host loop is harmless there): per-expert fp32 matmuls."""
+    if a.device.type == "cuda":
+        return torch._grouped_mm(a, b.transpose(-2, -1), offs=ends)
+    y = torch.zeros(a.shape[0], b.shape[1], dtype=torch.bfloat16)
+    lo = 0
+    for ex, hi in enumerate(ends.tolist()):
+        if hi > lo:
+            y[lo:hi] = (a[lo:hi].float() @ b[ex].float().T).to(torch.bfloat16)
+        lo = max(lo, hi)
+    return y
+
+
+def _dequant_matmul(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out,
+                    out_dtype, fmt_id: int, mode: int, k: int, b_br: int) -> torch.Tensor:
+    """The ``dequant_matmul`` strategy (config/grouped.py): dequantize to bf16 with our Triton
+    kernel, multiply with cuBLAS, finish in ``dq_epilogue_kernel`` when needed. Returns the
+    result (``out`` when given). Arguments as :func:`_launch_impl`; eligibility (formats,
+    dtypes, strides) was checked by the config. No host synchronisation on CUDA.
+
+    Operands: quantized A is exact in bf16 (e4m3 / e2m1 times a power of two or an e4m3
+    scale: <= 7 significant bits; nvfp4 with a unit global scale), bf16 weight-only A is used
+    as is, B is exact for MX / nvfp4 (unit global scale) and rounded once for fp8_block.
+    Products (fp32 accumulation in cuBLAS):
+
+    * contiguous: ``torch._grouped_mm`` -> bf16 (its only sync-free output dtype). nvfp4 with
+      one B global scale: B carries ``1 / (gs_a gs_b)`` (one bf16 rounding per B element, as
+      the dense GEMM does), no epilogue; per-expert scales: exact B, the epilogue multiplies
+      by ``1 / (gs_a gs_b[e])`` (a second rounding of the bf16 product). SwiGLU: both products
+      are bf16 before the fp32 activation (the portable kernel keeps them in fp32; the extra
+      roundings stay within the bf16 tolerance row, and only bf16 outputs are allowed).
+    * masked GEMM, bf16 out: ``torch.bmm`` -> bf16 (nvfp4: one B global scale folded into B
+      as above; per-expert scales applied by the epilogue as above); returned as is when
+      ``out`` is None and nothing is left to apply (rows past ``masked_m`` then hold products
+      of the padding rows: unspecified, as documented), else written into ``out`` by the
+      epilogue for rows below the counts only (one extra pass over the output).
+    * masked GEMM other outputs, masked / dense SwiGLU: ``torch.bmm`` -> fp32, then the
+      epilogue applies ``1 / (gs_a gs_b[e])`` and the activation in fp32 and casts once: the
+      portable kernel's numerics (only the summation order differs).
+    """
+    from ..kernels.triton.grouped import dq_epilogue_kernel
+
+    fmt = get_format(_FMT_BY_CODE[fmt_id])
+    dev = a_data.device
+    a_dense = a_scale is None
+    dual = b2_data is not None
+    nv = fmt.has_global_scale
+    shape = _out_shape(a_data, b_data, mode)
+    n = b_data.shape[-2]
+    e = 1 if mode == MODE_DENSE else b_data.shape[0]
+    rows = a_data.shape[0] if mode != MODE_MASKED else a_data.shape[1]
+    if out is None:
+        alloc = lambda: torch.empty(shape, dtype=out_dtype, device=dev)  # noqa: E731
+    else:
+        alloc = lambda: out  # noqa: E731
+    if rows == 0 or n == 0 or e == 0 or a_data.shape[0] == 0:
+        return alloc()
+    one = _unit(dev) if nv else None
+    per_expert = nv and b_gs.numel() > 1
+    prods16 = mode == MODE_CONTIGUOUS or (not dual and out_dtype == torch.bfloat16)
+    fold = nv and prods16 and not per_expert
+
+    def gs_ab(gsb):  # A's and B's nvfp4 global scales together (0-d or [E])
+        return gsb if a_dense else a_gs * gsb
+
+    bshape = (*b_data.shape[:-1], k)
+
+    def weights(data, scale, gsb):
+        return _dq_bf16(data, scale, (gs_ab(gsb) if fold else one) if nv else None, fmt, bshape, b_br)
+
+    A = a_data if a_dense else _dq_bf16(a_data, a_scale, one, fmt, (*a_data.shape[:-1], k), 1)
+    B = weights(b_data, b_scale, b_gs)
+    B2 = weights(b2_data, b2_scale, b2_gs) if dual else None
+    post = torch.reciprocal(gs_ab(b_gs)) if nv and not fold else None
+    post2 = torch.reciprocal(gs_ab(b2_gs)) if dual and post is not None else None
+    if mode == MODE_CONTIGUOUS:
+        # segment ends in [0, S], non-decreasing: unvalidated bad offsets give wrong rows but
+        # never out-of-bounds reads (the Triton kernel clamps the same way)
+        ends = torch.cummax(seg[1:].clamp(0, a_data.shape[0]), 0).values.to(torch.int32)
+        Y = _grouped_mm(A, B, ends)
+        Y2 = _grouped_mm(A, B2, ends) if dual else None
+        seg_k = ends
+    else:
+        a3 = A if mode == MODE_MASKED else A.unsqueeze(0)
+        pdt = torch.bfloat16 if prods16 else torch.float32
+        Y = _bmm(a3, B if mode == MODE_MASKED else B.unsqueeze(0), pdt)
+        Y2 = _bmm(a3, B2 if mode == MODE_MASKED else B2.unsqueeze(0), pdt) if dual else None
+        seg_k = seg
+    if not dual and post is None and Y.dtype == out_dtype and (out is None or mode != MODE_MASKED):
+        if mode == MODE_DENSE:
+            Y = Y[0]
+        if out is None:
+            return Y
+        out.copy_(Y)
+        return out
+    res = alloc()
+    if mode == MODE_MASKED:
+        grid_m, ge = rows, e
+        sxe, sxm, soe, som = Y.stride(0), Y.stride(1), res.stride(0), res.stride(1)
+    else:
+        grid_m, ge = rows, 1
+        x2d = Y if Y.ndim == 2 else Y[0]
+        sxe, sxm, soe, som = 0, x2d.stride(0), 0, res.stride(0)
+    bm, bn = 32, 128
+    post_t = post if post is not None else res
+    dq_epilogue_kernel[(triton.cdiv(grid_m, bm), triton.cdiv(n, bn), ge)](
+        Y, Y2 if dual else Y, res, seg_k if seg_k is not None else res, post_t,
+        post2 if post2 is not None else post_t,
+        grid_m, n, ge, e, sxe, sxm, soe, som, (post.stride(0) if post is not None and post.numel() > 1 else 0),
+        MODE=mode, SWIGLU=dual, HAS_POST=post is not None, E_POW2=max(16, triton.next_power_of_2(e)),
+        BLOCK_M=bm, BLOCK_N=bn, num_warps=4,
+    )
+    return res
+
+
 def _out_shape(a_data: torch.Tensor, b_data: torch.Tensor, mode: int) -> tuple[int, ...]:
     n = b_data.shape[-2]
     if mode == MODE_MASKED:
@@ -117,9 +286,12 @@ def _out_shape(a_data: torch.Tensor, b_data: torch.Tensor, mode: int) -> tuple[i
 # Two custom ops (namespace ``blockscaled``), the same launch behind both:
 #   grouped_gemm_out(a_data, a_scale?, a_gs?, b_data, b_scale, b_gs?, b2_data?, b2_scale?, b2_gs?,
 #                    seg?, out!, fmt_id, grouping, k, b_block_rows, promote, block_m, block_n,
-#                    block_k, num_warps, num_stages) -> ()      writes into ``out``
+#                    block_k, num_warps, num_stages, strategy) -> ()      writes into ``out``
 #   grouped_gemm(..., same without out, plus out_dtype) -> Tensor   allocates the output
 # a_scale None: weight-only (a_data bf16/fp16). b2_* given: fused SwiGLU. grouping: 0 dense, 1 contiguous (seg = offsets), 2 masked (seg = counts).
+# strategy: 0 the Triton kernel, 1 dequantize + cuBLAS (``_dequant_matmul``), 2 the sm_90a Gluon
+# kernel (``ops._hopper.grouped_fp8_block_hopper_impl``; fp8_block x 128x128 weights, checked
+# by ``hopper_reason`` before the op is called).
 @torch.library.custom_op("blockscaled::grouped_gemm_out", mutates_args=("out",))
 def _grouped_out_op(
     a_data: torch.Tensor, a_scale: torch.Tensor | None, a_gs: torch.Tensor | None,
@@ -127,8 +299,17 @@ def _grouped_out_op(
     b2_data: torch.Tensor | None, b2_scale: torch.Tensor | None, b2_gs: torch.Tensor | None,
     seg: torch.Tensor | None, out: torch.Tensor,
     fmt_id: int, grouping: int, k: int, b_br: int, promote: bool,
-    block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int,
+    block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int, strategy: int,
 ) -> None:
+    if strategy == STRATEGY_DEQUANT:
+        _dequant_matmul(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out,
+                        out.dtype, fmt_id, grouping, k, b_br)
+        return
+    if strategy == STRATEGY_HOPPER:
+        from . import _hopper
+
+        _hopper.grouped_fp8_block_hopper_impl(a_data, a_scale, b_data, b_scale, seg, grouping, out)
+        return
     _launch_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out,
                  fmt_id, grouping, k, b_br, promote, block_m, block_n, block_k, num_warps, num_stages)
 
@@ -145,9 +326,17 @@ def _grouped_op(
     b2_data: torch.Tensor | None, b2_scale: torch.Tensor | None, b2_gs: torch.Tensor | None,
     seg: torch.Tensor | None, out_dtype: torch.dtype,
     fmt_id: int, grouping: int, k: int, b_br: int, promote: bool,
-    block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int,
+    block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int, strategy: int,
 ) -> torch.Tensor:
+    if strategy == STRATEGY_DEQUANT:
+        return _dequant_matmul(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, None,
+                               out_dtype, fmt_id, grouping, k, b_br)
     out = torch.empty(_out_shape(a_data, b_data, grouping), dtype=out_dtype, device=a_data.device)
+    if strategy == STRATEGY_HOPPER:
+        from . import _hopper
+
+        _hopper.grouped_fp8_block_hopper_impl(a_data, a_scale, b_data, b_scale, seg, grouping, out)
+        return out
     _launch_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out,
                  fmt_id, grouping, k, b_br, promote, block_m, block_n, block_k, num_warps, num_stages)
     return out
@@ -166,8 +355,9 @@ def launch(a, b: ScaledTensor, b_gs, b2: ScaledTensor | None, seg, out, out_dtyp
     ``b_gs`` / ``b2_gs``: nvfp4 B global scales, 1 element or one per expert (both alike)."""
     fmt_id = FORMAT_CODES[b.format.name]
     k = b.shape[-1]
+    strategy = {"dequant_matmul": STRATEGY_DEQUANT, "hopper": STRATEGY_HOPPER}.get(cfg.strategy, STRATEGY_TRITON)
     tail = (fmt_id, mode, k, b.block[0], bool(cfg.promote),
-            cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages)
+            cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages, strategy)
     b2_args = (None, None, None) if b2 is None else (b2.data, b2.scale, b2.global_scale if b2_gs is None else b2_gs)
     if isinstance(a, ScaledTensor):
         a_args = (a.data, a.scale, a.global_scale)
@@ -299,12 +489,20 @@ def check_masked_m(masked_m, e: int, max_m: int, device, validate: bool) -> None
 
 
 def resolve_config(config, fmt: str, rows_per_expert: float, n: int, k: int, device, dual: bool = False,
-                   a_dtype: torch.dtype | None = None) -> GemmConfig:
+                   a_dtype: torch.dtype | None = None, *, mode: int = MODE_CONTIGUOUS, experts: int = 1,
+                   out_dtype: torch.dtype = torch.bfloat16, a=None, allow_dequant: bool = True) -> GemmConfig:
     """The forced ``config`` (validated) or the heuristic's choice, with ``promote`` resolved.
-    ``a_dtype``: bf16 / fp16 for weight-only (dense A), None for quantized A."""
+    ``a_dtype``: bf16 / fp16 for weight-only (dense A), None for quantized A. ``mode``,
+    ``experts``, ``out_dtype`` and ``a`` (its row stride) steer the ``dequant_matmul`` choice."""
+    grouping = _GROUPING_NAMES[mode]
+    a_row_stride = a.stride(-2) if isinstance(a, torch.Tensor) and a.ndim >= 2 and a.numel() else 0
     if config is None:
-        return choose_grouped_config(fmt, rows_per_expert, n, k, device, dual=dual, a_dtype=a_dtype)
-    return check_grouped_config(config, fmt, a_dtype=a_dtype)
+        return choose_grouped_config(fmt, rows_per_expert, n, k, device, dual=dual, a_dtype=a_dtype,
+                                     grouping=grouping, experts=experts, out_dtype=out_dtype,
+                                     a_row_stride=a_row_stride, allow_dequant=allow_dequant)
+    return check_grouped_config(config, fmt, a_dtype=a_dtype, grouping=grouping, out_dtype=out_dtype, n=n, k=k,
+                                device=torch.device(device), a_row_stride=a_row_stride,
+                                allow_dequant=allow_dequant)
 
 
 # --------------------------------------------------------------------------- public ops
@@ -346,7 +544,12 @@ def grouped_gemm(
     ``out_dtype``: bf16, fp16 or fp32 (ignored if ``out`` is given: ``out.dtype`` must equal
     it). ``out``: destination of the output shape, last dim stride 1.
     ``config``: force a :class:`blockscaled.config.GemmConfig` (block sizes, warps, stages,
-    ``promote``; ``split_k`` must be 1). Tests use it to run every variant.
+    ``promote``; ``split_k`` must be 1), or ``GemmConfig(strategy="dequant_matmul")``:
+    dequantize to bf16 + cuBLAS (``torch._grouped_mm`` / ``torch.bmm``), which the heuristic
+    picks on sm_90 for MX/NV formats and bf16 weight-only at large M (see
+    :mod:`blockscaled.config.grouped` for the rule and which calls it can take: contiguous
+    needs bf16 outputs; a forced call it cannot take raises ValueError). Same contract
+    (masked rows, no host sync, deterministic); its numerics are in ``_dequant_matmul``.
     ``validate``: check the *values* of ``offsets`` / ``masked_m`` (non-decreasing, starts at
     0, ends at ``sum_m``; counts in ``[0, max_m]``). This reads them on the host (a sync), so
     it defaults to True for CPU tensors and False for CUDA (opt in when debugging; it breaks
@@ -393,8 +596,34 @@ def grouped_gemm(
 
         y = _ref.grouped_gemm(a, b, offsets=offsets, masked_m=masked_m, b_global_scale=b_global_scale)
         return reference_result(y, out, out_dtype, masked_m)
-    cfg = resolve_config(config, fmt, rows_per_expert, n, k, dev, a_dtype=a_dtype)
+    forced_hopper = config is not None and (config.get("strategy") if isinstance(config, dict)
+                                            else getattr(config, "strategy", None)) == "hopper"
+    why = hopper_reason(a, b, out_dtype, mode)
+    if forced_hopper:
+        if why is not None:
+            raise ValueError(f"config.strategy: 'hopper' cannot run this call: {why}")
+        return launch(a, b, gsb, None, seg, out, out_dtype, mode, GemmConfig(strategy="hopper", promote=True))
+    cfg = resolve_config(config, fmt, rows_per_expert, n, k, dev, a_dtype=a_dtype, mode=mode, experts=e,
+                         out_dtype=out_dtype, a=a)
+    if config is None and why is None:
+        # sm_90 fp8_block x 128x128 weights: the Gluon wide kernel (H100, moe suite: faster than
+        # the portable kernel on every measured MoE shape; benchmarks/NOTES.md)
+        cfg = cfg.replace(strategy="hopper")
     return launch(a, b, gsb, None, seg, out, out_dtype, mode, cfg)
+
+
+def hopper_reason(a, b: ScaledTensor, out_dtype: torch.dtype, mode: int) -> str | None:
+    """Why the sm_90a grouped kernel cannot take this call (None when it can): fp8_block
+    activations (1x128) x fp8_block 128x128 weights on an sm_90 GPU, TMA-describable operands."""
+    if not isinstance(a, ScaledTensor):
+        return "weight-only (dense activations) runs the portable kernel"
+    if a.format.name != "fp8_block" or b.format.name != "fp8_block":
+        return f"only fp8_block x fp8_block, got {a.format.name} x {b.format.name}"
+    if b.data.device.type != "cuda":
+        return f"needs a CUDA device, got {b.data.device}"
+    from . import _hopper
+
+    return _hopper.grouped_unsupported_reason(a.data, b.data, a.scale, b.scale, a.block, b.block, out_dtype, mode)
 
 
 
@@ -507,7 +736,8 @@ def grouped_gemm_list(
             o.copy_(y.to(out_dtype))
         return list(out_list)
     max_rows = max(m for m, _, _ in shapes)
-    cfg = resolve_config(config, fmt.name, max_rows, max(n for _, n, _ in shapes), max(k for *_, k in shapes), dev)
+    cfg = resolve_config(config, fmt.name, max_rows, max(n for _, n, _ in shapes), max(k for *_, k in shapes), dev,
+                         mode=MODE_DENSE, allow_dequant=False)
     rows, tile0, flops, nbytes = [], 0, 0, 0
     for (m, n, k), a, b, o in zip(shapes, a_list, b_list, out_list):
         rows.append([a.data.data_ptr(), a.scale.data_ptr(), b.data.data_ptr(), b.scale.data_ptr(),

@@ -89,7 +89,12 @@ def swiglu(
     ``b_gate_global_scale`` and ``b_up_global_scale`` (both or neither, same shape).
 
     ``out_dtype`` bf16 / fp16 / fp32; ``out`` destination; ``config`` forces a
-    :class:`blockscaled.config.GemmConfig`; ``validate`` checks offsets / counts values (a
+    :class:`blockscaled.config.GemmConfig` (``strategy="dequant_matmul"``: dequantize to bf16
+    + cuBLAS, chosen by the heuristic on sm_90 for MX/NV and bf16 weight-only at large M;
+    dense and masked keep the contract above: fp32 products, fp32 activation, one cast;
+    contiguous runs ``torch._grouped_mm``, whose products are bf16 before the fp32
+    activation, so it takes bf16 outputs only and adds up to two bf16 roundings, within the
+    bf16 tolerance row); ``validate`` checks offsets / counts values (a
     host sync; default True on CPU, False on CUDA). No host sync otherwise; deterministic.
     """
     if offsets is not None and masked_m is not None:
@@ -139,5 +144,6 @@ def swiglu(
         y = _ref.swiglu(a, b_gate, b_up, offsets=offsets, masked_m=masked_m,
                         b_gate_global_scale=b_gate_global_scale, b_up_global_scale=b_up_global_scale)
         return reference_result(y, out, out_dtype, masked_m)
-    cfg = resolve_config(config, fmt, rows, n, k, dev, dual=True, a_dtype=a_dtype)
+    cfg = resolve_config(config, fmt, rows, n, k, dev, dual=True, a_dtype=a_dtype, mode=mode,
+                         experts=e, out_dtype=out_dtype, a=a)
     return launch(a, b_gate, gs_g, b_up, seg, out, out_dtype, mode, cfg, b2_gs=gs_u)

@@ -447,3 +447,249 @@ def fp8_block_gemm_ws_kernel(a_desc, b_desc, sa_ptr, sb_ptr, c_ptr, M, N, K,
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
         mbarrier.invalidate(empty.index(i))
+
+
+# --------------------------------------------------------------------------------------------
+# Step 4: "wide" — persistent + warp-specialised, tile 128 x (NH * 128), TMA-store epilogue;
+# the same kernel runs the grouped (MoE) GEMMs: contiguous (offsets) and masked (counts).
+# --------------------------------------------------------------------------------------------
+# Why: a 128x128 tile re-reads A and B from L2 for every 128x128 block of C: 32 KB per
+# 4.2 MFLOP, i.e. 7.6 TB/s of L2->SM traffic at 1000 TFLOP/s, above what the H100's L2 delivers
+# (the 128x128 kernels plateau at 700-870 TFLOP/s). A 128x256 tile moves 48 KB per 8.4 MFLOP
+# (5.7 TB/s at 1000 TFLOP/s); measured 760-1141 TFLOP/s on the DeepSeek-V3 shapes at M=4096.
+# The tile is computed as NH 128-column halves, each with its own fp32 accumulator and its own
+# weight scale (one 128-row weight-scale block per half), sharing the A stage: registers per
+# thread (8 math warps) = NH * 64 (acc) + 64 (wgmma part tile), i.e. 192 for NH=2, where a single
+# 128x256 wgmma tile would need 256 (+ acc) and spill. Per K block and half: wgmma chain
+# (4 x k32, from zero) -> wait -> promote; the two math warpgroups run independently.
+# Epilogue (EPI): 1 = masked st.global after a layout conversion (any N / stride; grouped modes),
+# 2 = registers -> NVMMA shared tile -> TMA store per half (needs a 16-byte aligned output base
+# and row stride; the host checks), asynchronous so the store overlaps the next tile.
+#
+# MODE 0 dense: A [M, K], B [N, K], C [M, N].
+# MODE 1 contiguous grouped: A [M = sum_m, K] rows sorted by expert, ``seg`` int32 offsets [E+1];
+#   B viewed as [E * N, K], weight scales as [E * ceil(N/128), nk], C [sum_m, N]. M tiles never
+#   straddle experts: expert e owns ceil(m_e / 128) tiles (computed on the device from seg, no
+#   host sync); the grid covers the worst case cdiv(sum_m, 128) + E tiles and extra tiles exit.
+# MODE 2 masked grouped: A viewed as [E * max_m, K] (M = max_m), ``seg`` int32 counts [E]; C as
+#   [E * max_m, N]; tiles past an expert's count are skipped (not computed, not written).
+# In both grouped modes a tile's TMA boxes may read rows of the next expert (A) or past N (B):
+# those rows/columns are masked at the store, so they never reach C.
+
+
+@gluon.jit
+def _pin(x):
+    # An opaque (side-effecting) register move: LLVM may not sink the promotion that produces
+    # ``x`` below the next wgmma chain. Without it LLVM computed half 0's promotion after half 1's
+    # chain was issued, so both wgmma result tiles were live (256 registers: 80-208 B of spills;
+    # the wgmma accumulator operand is tied even with use_acc=False, which forced a copy).
+    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _add_i32(a, b):
+    return a + b
+
+
+@gluon.jit
+def _segments(seg_ptr, M, E, MODE: gl.constexpr, E_POW2: gl.constexpr, BLOCK_M: gl.constexpr,
+              layout: gl.constexpr):
+    """Per-expert vectors [E_POW2] for MODE 1: (lo, hi, inclusive prefix sum of M tiles).
+    Offsets are clamped to [0, M]: unvalidated bad offsets give wrong rows, never out-of-bounds."""
+    oe = gl.arange(0, E_POW2, layout=layout)
+    if MODE == 1:
+        lo = gl.minimum(gl.maximum(gl.load(seg_ptr + oe, mask=oe < E, other=0), 0), M)
+        hi = gl.minimum(gl.maximum(gl.load(seg_ptr + oe + 1, mask=oe < E, other=0), 0), M)
+        hi = gl.maximum(hi, lo)
+        cum = gl.associative_scan((hi - lo + BLOCK_M - 1) // BLOCK_M, 0, _add_i32)
+    else:
+        lo = oe
+        hi = oe
+        cum = oe
+    return oe, lo, hi, cum
+
+
+# Registers of the 1-warp TMA producer of the wide kernel (setmaxnreg); the math warps get the rest
+# (232-240). Giving the producer 56 spilled 68 B in the math warps (contiguous-grouped mode).
+PRODUCER_REGS = gl.constexpr(40)
+
+
+@gluon.jit
+def _wide_tile(tile, seg_ptr, M, N, E, num_pid_m, num_pid_n, oe, lo, hi, cum, GROUP_M: gl.constexpr,
+               MODE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Tile -> (valid, first row of A/C, end row (exclusive) of the tile's expert, expert, off_n)."""
+    pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+    off_n = pid_n * BLOCK_N
+    if MODE == 0:
+        valid = pid_m >= 0
+        row0 = pid_m * BLOCK_M
+        row_end = M
+        e = pid_m * 0
+    elif MODE == 1:
+        e = gl.sum((cum <= pid_m).to(gl.int32), 0)
+        valid = e < E
+        tile0 = gl.sum(gl.where(oe == e - 1, cum, 0), 0)  # tiles of experts before e
+        row0 = gl.sum(gl.where(oe == e, lo, 0), 0) + (pid_m - tile0) * BLOCK_M
+        row_end = gl.sum(gl.where(oe == e, hi, 0), 0)
+    else:
+        tpe = gl.cdiv(M, BLOCK_M)
+        e = pid_m // tpe
+        cnt = gl.minimum(gl.maximum(gl.load(seg_ptr + e), 0), M)
+        r = (pid_m - e * tpe) * BLOCK_M
+        valid = r < cnt
+        row0 = e * M + r
+        row_end = e * M + cnt
+    return valid, row0, row_end, e, off_n
+
+
+@gluon.jit
+def _wide_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, seg_ptr, M, N, K, E, num_pid_m,
+                   GROUP_M: gl.constexpr, STAGES: gl.constexpr, MODE: gl.constexpr, E_POW2: gl.constexpr):
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    seg_layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    num_k = gl.cdiv(K, BLOCK_K)
+    it = 0
+    for tile in range(pid, num_pid_m * num_pid_n, nprog):
+        # Per tile (L1-resident reloads) rather than once per program: vectors kept live across
+        # the K loop cost the math warps registers (36 B of spills measured in the PTX).
+        oe, lo, hi, cum = _segments(seg_ptr, M, E, MODE, E_POW2, BLOCK_M, seg_layout)
+        valid, row0, row_end, e, off_n = _wide_tile(tile, seg_ptr, M, N, E, num_pid_m, num_pid_n, oe, lo, hi, cum,
+                                                    GROUP_M, MODE, BLOCK_M, BLOCK_N)
+        if valid:
+            b_row = e * N + off_n
+            for kb in range(num_k):
+                s = it % STAGES
+                # Slot s is free once the consumer released use (it // STAGES) - 1; the first pass is free.
+                mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1, pred=it >= STAGES)
+                _issue_load(a_desc, b_desc, a_bufs, b_bufs, ready, s, row0, b_row, kb * BLOCK_K, True)
+                it += 1
+
+
+@gluon.jit
+def _wide_store_half(c_desc, c_smem, c_ptr, acc, row0, row_end, off_n, N, stride_cm, h: gl.constexpr,
+                     EPI: gl.constexpr, BLOCK_M: gl.constexpr, HALF: gl.constexpr, num_warps: gl.constexpr):
+    if EPI == 2:
+        buf = c_smem.index(h)
+        buf.store(acc.to(c_desc.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(c_desc, [row0, off_n], buf)
+    else:
+        _store_tile(c_ptr, acc, row0, off_n, row_end, N, stride_cm, BLOCK_M, HALF, num_warps)
+
+
+@gluon.jit
+def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty, sa_ptr, sb_ptr, c_ptr, seg_ptr,
+                   M, N, K, E, num_pid_m, stride_sam, stride_sak, stride_sbe, stride_sbn, stride_sbk, stride_cm,
+                   GROUP_M: gl.constexpr, STAGES: gl.constexpr, NH: gl.constexpr, EPI: gl.constexpr,
+                   MODE: gl.constexpr, E_POW2: gl.constexpr, num_warps: gl.constexpr):
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    HALF: gl.constexpr = BLOCK_N // NH
+    gl.static_assert(HALF == B_SCALE_ROWS, "each half spans exactly one 128-row weight-scale block")
+    mma_layout: gl.constexpr = mma_layout_for(BLOCK_M, HALF, num_warps)
+    seg_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    num_k = gl.cdiv(K, BLOCK_K)
+    it = 0
+    for tile in range(pid, num_pid_m * num_pid_n, nprog):
+        # Per tile (L1-resident reloads) rather than once per program: vectors kept live across
+        # the K loop cost the math warps registers (36 B of spills measured in the PTX).
+        oe, lo, hi, cum = _segments(seg_ptr, M, E, MODE, E_POW2, BLOCK_M, seg_layout)
+        valid, row0, row_end, e, off_n = _wide_tile(tile, seg_ptr, M, N, E, num_pid_m, num_pid_n, oe, lo, hi, cum,
+                                                    GROUP_M, MODE, BLOCK_M, BLOCK_N)
+        if valid:
+            rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_layout))
+            row_ok = rows < row_end
+            sa_rows = sa_ptr + rows.to(gl.int64) * stride_sam
+            sb_row = sb_ptr + e.to(gl.int64) * stride_sbe + (off_n // B_SCALE_ROWS) * stride_sbn
+            acc0 = gl.zeros((BLOCK_M, HALF), dtype=gl.float32, layout=mma_layout)
+            # wgmma destination, carried through the K loop so use_acc=False reuses its registers;
+            # created per tile so it is dead during the epilogue.
+            part = gl.zeros((BLOCK_M, HALF), dtype=gl.float32, layout=mma_layout)
+            if NH == 2:
+                acc1 = gl.zeros((BLOCK_M, HALF), dtype=gl.float32, layout=mma_layout)
+                has1 = off_n + HALF < N
+            for kb in range(num_k):
+                s = it % STAGES
+                # Scales first: their global-load latency overlaps the barrier wait and the wgmma.
+                sa = gl.load(sa_rows + kb * stride_sak, mask=row_ok, other=0.0)
+                sb0 = gl.load(sb_row + kb * stride_sbk)
+                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+                a_s = a_bufs.index(s)
+                b_s = b_bufs.index(s)
+                if NH == 2:
+                    sb1 = gl.load(sb_row + stride_sbn + kb * stride_sbk, mask=has1, other=0.0)
+                    b0 = b_s.slice(0, HALF, dim=0)
+                    part = warpgroup_mma(a_s, b0.permute((1, 0)), part, use_acc=False, is_async=True)
+                    part, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(part, a_s, b0))
+                    acc0 = _pin(acc0 + part * (sa * sb0)[:, None])
+                    b1 = b_s.slice(HALF, HALF, dim=0)
+                    part = warpgroup_mma(a_s, b1.permute((1, 0)), part, use_acc=False, is_async=True)
+                    part, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(part, a_s, b1))
+                    mbarrier.arrive(empty.index(s), count=1)
+                    acc1 = acc1 + part * (sa * sb1)[:, None]
+                else:
+                    part = warpgroup_mma(a_s, b_s.permute((1, 0)), part, use_acc=False, is_async=True)
+                    part, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(part, a_s, b_s))
+                    mbarrier.arrive(empty.index(s), count=1)
+                    acc0 = acc0 + part * (sa * sb0)[:, None]
+                it += 1
+            if EPI == 2:
+                tma.store_wait(0)  # the previous tile's TMA stores have finished reading c_smem
+            _wide_store_half(c_desc, c_smem, c_ptr, acc0, row0, row_end, off_n, N, stride_cm, 0, EPI, BLOCK_M, HALF,
+                             num_warps)
+            if NH == 2:
+                _wide_store_half(c_desc, c_smem, c_ptr, acc1, row0, row_end, off_n + HALF, N, stride_cm, 1, EPI,
+                                 BLOCK_M, HALF, num_warps)
+    if EPI == 2:
+        tma.store_wait(0)
+
+
+@gluon.jit(launch_metadata=_launch_metadata)
+def fp8_block_gemm_wide_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, c_ptr, seg_ptr, M, N, K, E, num_pid_m,
+                               stride_sam, stride_sak, stride_sbe, stride_sbn, stride_sbk, stride_cm,
+                               GROUP_M: gl.constexpr, STAGES: gl.constexpr, NH: gl.constexpr, EPI: gl.constexpr,
+                               MODE: gl.constexpr, E_POW2: gl.constexpr, num_warps: gl.constexpr):
+    """Dense (MODE 0) or grouped (MODE 1 contiguous, 2 masked) fp8_block GEMM; see above.
+    ``num_pid_m``: M tiles of the tile space (dense cdiv(M, 128); contiguous cdiv(sum_m, 128) + E,
+    an upper bound; masked E * cdiv(max_m, 128))."""
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    gl.static_assert(BLOCK_K == 128, "BLOCK_K must equal the 128-wide fp8_block scale block")
+    gl.static_assert(STAGES >= 2, "need at least 2 pipeline stages")
+    gl.static_assert(NH == 1 or NH == 2, "NH: one or two 128-column halves")
+    gl.static_assert(EPI == 1 or EPI == 2, "EPI: 1 = masked store, 2 = TMA store")
+    gl.static_assert(MODE == 0 or EPI == 1, "grouped tiles may cover rows of the next expert: masked store only")
+
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
+    if EPI == 2:
+        c_smem = gl.allocate_shared_memory(c_desc.dtype, [NH, BLOCK_M, BLOCK_N // NH], c_desc.layout)
+    else:
+        c_smem = a_bufs  # unused
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+
+    gl.warp_specialize([
+        (_wide_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty, sa_ptr, sb_ptr, c_ptr, seg_ptr,
+                          M, N, K, E, num_pid_m, stride_sam, stride_sak, stride_sbe, stride_sbn, stride_sbk, stride_cm,
+                          GROUP_M, STAGES, NH, EPI, MODE, E_POW2, num_warps)),
+        (_wide_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, seg_ptr, M, N, K, E, num_pid_m, GROUP_M,
+                          STAGES, MODE, E_POW2)),
+    ], [1], [PRODUCER_REGS])
+
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+        mbarrier.invalidate(empty.index(i))

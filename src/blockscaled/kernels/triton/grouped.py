@@ -261,3 +261,78 @@ def grouped_list_kernel(
         acc = acc * tl.load(alpha_ptr + g)
     c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n.to(tl.int64)[None, :]
     tl.store(c_ptrs, acc.to(OUT_DTYPE), mask=mask_m[:, None] & mask_n[None, :])
+
+
+# --------------------------------------------------------------------------- dequant_matmul epilogue
+def _epilogue_repr(spec) -> str:
+    c = spec.constants
+    what = "swiglu" if c.get("SWIGLU") else "copy"
+    post = "_post" if c.get("HAS_POST") else ""
+    return f"bs_dq_epilogue_{what}_{MODE_NAMES[c.get('MODE', 0)]}{post}_{c.get('BLOCK_M')}x{c.get('BLOCK_N')}"
+
+
+def _epilogue_launch_metadata(grid, metadata, args) -> dict:
+    """Bytes moved (upper bound: masked mode counts all ``max_m`` rows); no flops worth counting."""
+    nx = 2 if args.get("SWIGLU") else 1
+    rows = args["M"] * args["E"]
+    nbytes = rows * args["N"] * (nx * args["x_ptr"].element_size() + args["out_ptr"].element_size())
+    return {"name": f"{_epilogue_repr(type('S', (), {'constants': args})())} [M={args['M']},N={args['N']},"
+                    f"E={args['E']}]", "bytes": nbytes}
+
+
+@triton.jit(repr=_epilogue_repr, launch_metadata=_epilogue_launch_metadata)
+def dq_epilogue_kernel(
+    x_ptr, x2_ptr, out_ptr, seg_ptr, post_ptr, post2_ptr,
+    M, N, E, n_exp,
+    stride_xe, stride_xm, stride_oe, stride_om, stride_post,
+    MODE: tl.constexpr, SWIGLU: tl.constexpr, HAS_POST: tl.constexpr, E_POW2: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Epilogue of the ``dequant_matmul`` strategy (cuBLAS computed the products).
+
+    ``y = x * post[e]`` (``HAS_POST``: nvfp4's ``1 / (gs_a * gs_b[e])``, ``stride_post`` 0 for
+    one scale), or with ``SWIGLU`` ``y = silu(x * post[e]) * (x2 * post2[e])``, all in fp32,
+    cast once to ``out``'s dtype. ``x`` / ``x2`` (same strides) hold the fp32 or bf16 products.
+    Grid ``(cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), E)``.
+    ``MODE_DENSE``: ``[M, N]`` (E = 1). ``MODE_MASKED``: ``[E, M = max_m, N]``; rows at or past
+    ``min(seg[e], M)`` are neither read nor written (the op's masked contract).
+    ``MODE_CONTIGUOUS``: ``[M = sum_m, N]`` (E = 1 in the grid, ``seg`` holds the ``n_exp``
+    non-decreasing segment *ends*, ``n_exp <= E_POW2``); a row's expert is the number of ends
+    ``<= row`` (only needed for per-expert ``post``).
+    """
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    e = tl.program_id(2)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_end = M
+    if MODE == 2:
+        row_end = tl.minimum(tl.maximum(tl.load(seg_ptr + e), 0), M)
+        if pid_m * BLOCK_M >= row_end:
+            return
+    mask_m = rows < row_end
+    mask = mask_m[:, None] & (cols < N)[None, :]
+    e64 = e.to(tl.int64)
+    offs_x = e64 * stride_xe + rows.to(tl.int64)[:, None] * stride_xm + cols.to(tl.int64)[None, :]
+    g = tl.load(x_ptr + offs_x, mask=mask, other=0.0).to(tl.float32)
+    if SWIGLU:
+        u = tl.load(x2_ptr + offs_x, mask=mask, other=0.0).to(tl.float32)
+    if HAS_POST:
+        if MODE == 1:
+            lane = tl.arange(0, E_POW2)
+            # lanes past the n_exp experts read as segments that never end
+            ends = tl.load(seg_ptr + lane, mask=lane < n_exp, other=2147483647)
+            ex = tl.sum((ends[None, :] <= rows[:, None]).to(tl.int32), 1)
+            ex = tl.minimum(ex, n_exp - 1)  # rows past the last end (invalid offsets): last expert
+            p = tl.load(post_ptr + ex * stride_post, mask=mask_m, other=1.0)[:, None]
+            g = g * p
+            if SWIGLU:
+                u = u * tl.load(post2_ptr + ex * stride_post, mask=mask_m, other=1.0)[:, None]
+        else:
+            g = g * tl.load(post_ptr + e * stride_post)
+            if SWIGLU:
+                u = u * tl.load(post2_ptr + e * stride_post)
+    if SWIGLU:
+        g = _silu_mul_f32(g, u)
+    offs_o = e64 * stride_oe + rows.to(tl.int64)[:, None] * stride_om + cols.to(tl.int64)[None, :]
+    tl.store(out_ptr + offs_o, g.to(out_ptr.dtype.element_ty), mask=mask)

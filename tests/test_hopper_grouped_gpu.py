@@ -1,0 +1,137 @@
+"""GPU (sm_90) tests of the Hopper grouped fp8_block path (the wide Gluon kernel in MODE 1/2):
+forced and heuristic dispatch through ``grouped_gemm`` against the float64 reference, outputs
+NaN-poisoned; empty / single-row / skewed experts, N and K tails, masked counts 0 / max_m,
+rows past a count untouched, CUDA-graph capture with changed counts, fallback reasons."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from blockscaled.config.gemm import GemmConfig
+from blockscaled.ops import _hopper as H
+from blockscaled.ops.grouped import grouped_gemm, hopper_reason
+from blockscaled.ops.quantize import quantize
+from blockscaled.reference import grouped as ref
+from blockscaled.testing.tolerances import assert_gemm_close
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                       reason="needs an sm_90 (Hopper) GPU"),
+]
+HOPPER = GemmConfig(strategy="hopper")
+
+
+def _inputs(rows_shape, e, n, k, seed=0, w_block=(128, 128)):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(*rows_shape, k, device="cuda", generator=g).to(torch.bfloat16)
+    w = (torch.randn(e, n, k, device="cuda", generator=g) * 0.05).to(torch.bfloat16)
+    return quantize(x, "fp8_block"), quantize(w, "fp8_block", block=w_block)
+
+
+def _offsets(sizes):
+    return torch.tensor([0] + torch.tensor(sizes).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+
+
+CONTIG = [([0, 1, 130, 127, 300, 0, 64, 1000], 384, 1040), ([128] * 8, 4096, 7168), ([77], 256, 256),
+          ([(i * 37) % 150 for i in range(64)], 256, 512), ([0, 0, 5], 128, 128), ([3, 64, 65, 0], 200, 512)]
+
+
+@pytest.mark.parametrize("case", CONTIG, ids=lambda c: f"E{len(c[0])}_N{c[1]}_K{c[2]}")
+@pytest.mark.parametrize("forced", [True, False], ids=["forced", "heuristic"])
+def test_contiguous(case, forced):
+    sizes, n, k = case
+    e = len(sizes)
+    a, b = _inputs((sum(sizes),), e, n, k)
+    offs = _offsets(sizes)
+    assert hopper_reason(a, b, torch.bfloat16, 1) is None
+    out = torch.full((sum(sizes), n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    grouped_gemm(a, b, offsets=offs, out=out, config=HOPPER if forced else None)
+    assert_gemm_close(out, ref.grouped_gemm(a, b, offsets=offs), "fp8_block", torch.bfloat16, what=str(sizes))
+
+
+@pytest.mark.parametrize("cfg", [H.HopperConfig("wide", 64, 128, 4, 4, epilogue="masked"),
+                                 H.HopperConfig("wide", 64, 256, 4, 5, epilogue="masked"),
+                                 H.HopperConfig("wide", 128, 128, 8, 5, epilogue="masked"),
+                                 H.HopperConfig("wide", 128, 256, 8, 4, epilogue="masked")],
+                         ids=lambda c: f"{c.block_m}x{c.block_n}")
+@pytest.mark.parametrize("mode", [1, 2])
+def test_tile_configs(cfg, mode):
+    if mode == 1:
+        sizes = [0, 1, 130, 63, 300]
+        a, b = _inputs((sum(sizes),), 5, 520, 1040, seed=2)
+        seg = _offsets(sizes)
+        out = torch.full((sum(sizes), 520), float("nan"), device="cuda", dtype=torch.bfloat16)
+        H.grouped_fp8_block_hopper_impl(a.data, a.scale, b.data, b.scale, seg, 1, out, cfg)
+        assert_gemm_close(out, ref.grouped_gemm(a, b, offsets=seg), "fp8_block", torch.bfloat16)
+    else:
+        counts = [0, 150, 1, 64, 65]
+        a, b = _inputs((5, 150), 5, 520, 1040, seed=2)
+        seg = torch.tensor(counts, dtype=torch.int32, device="cuda")
+        out = torch.full((5, 150, 520), float("nan"), device="cuda", dtype=torch.bfloat16)
+        H.grouped_fp8_block_hopper_impl(a.data, a.scale, b.data, b.scale, seg, 2, out, cfg)
+        rows = torch.arange(150, device="cuda")[None, :] < seg[:, None]
+        assert torch.isnan(out[~rows].float()).all()
+        assert_gemm_close(out[rows], ref.grouped_gemm(a, b, masked_m=seg)[rows], "fp8_block", torch.bfloat16)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("forced", [True, False], ids=["forced", "heuristic"])
+def test_masked(out_dtype, forced):
+    counts = [0, 200, 1, 77, 128, 129]
+    a, b = _inputs((6, 200), 6, 320, 1024, seed=1)
+    cnt = torch.tensor(counts, dtype=torch.int32, device="cuda")
+    out = torch.full((6, 200, 320), float("nan"), device="cuda", dtype=out_dtype)
+    grouped_gemm(a, b, masked_m=cnt, out=out, out_dtype=out_dtype, config=HOPPER if forced else None)
+    rows = torch.arange(200, device="cuda")[None, :] < cnt[:, None]
+    assert torch.isnan(out[~rows].float()).all(), "rows past a count were written"
+    y = ref.grouped_gemm(a, b, masked_m=cnt)
+    assert_gemm_close(out[rows], y[rows], "fp8_block", out_dtype)
+
+
+def test_masked_cuda_graph_changed_counts():
+    e, max_m, n, k = 4, 192, 512, 1024
+    a, b = _inputs((e, max_m), e, n, k, seed=7)
+    cnt = torch.tensor([5, 0, 192, 70], dtype=torch.int32, device="cuda")
+    out = torch.full((e, max_m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    grouped_gemm(a, b, masked_m=cnt, out=out)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        grouped_gemm(a, b, masked_m=cnt, out=out)
+    for counts in ([1, 2, 3, 4], [192, 191, 0, 128], [0, 0, 0, 0]):
+        cnt.copy_(torch.tensor(counts, dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        rows = torch.arange(max_m, device="cuda")[None, :] < cnt[:, None]
+        assert torch.isnan(out[~rows].float()).all()
+        if rows.any():
+            y = ref.grouped_gemm(a, b, masked_m=cnt)
+            assert_gemm_close(out[rows], y[rows], "fp8_block", torch.bfloat16, what=str(counts))
+
+
+def test_deterministic_and_equal_to_forced():
+    sizes = [100, 0, 257, 31]
+    a, b = _inputs((sum(sizes),), 4, 1024, 2048, seed=9)
+    offs = _offsets(sizes)
+    o1 = grouped_gemm(a, b, offsets=offs)
+    o2 = grouped_gemm(a, b, offsets=offs, config=HOPPER)
+    assert torch.equal(o1, o2)
+    assert torch.equal(o1, grouped_gemm(a, b, offsets=offs))
+
+
+def test_fallbacks():
+    # 1x128 weight blocks, K % 16 != 0, weight-only: portable kernel, with the reason
+    a, b = _inputs((64,), 2, 256, 256, w_block=(1, 128))
+    offs = _offsets([30, 34])
+    assert "128x128" in hopper_reason(a, b, torch.bfloat16, 1)
+    with pytest.raises(ValueError, match="hopper"):
+        grouped_gemm(a, b, offsets=offs, config=HOPPER)
+    out = grouped_gemm(a, b, offsets=offs)  # heuristic: portable kernel
+    assert_gemm_close(out, ref.grouped_gemm(a, b, offsets=offs), "fp8_block", torch.bfloat16)
+    a, b = _inputs((64,), 2, 256, 200)
+    assert "16" in hopper_reason(a, b, torch.bfloat16, 1)
+    out = grouped_gemm(a, b, offsets=offs)
+    assert_gemm_close(out, ref.grouped_gemm(a, b, offsets=offs), "fp8_block", torch.bfloat16)
