@@ -8,6 +8,15 @@
 # measured: SIGTERM ends its sweep early). Whole script: about 9 minutes.
 # Files left in $OUT (few, because only the latest 8 come back): pytest.log, bench.log,
 # summary.md, results.tar.gz (json + md + png of every bench step, laid out as benchmarks/results/).
+#
+# Optional steps (off by default; each needs most of a 10-minute device call, so combine them
+# with SKIP_PYTEST=1 SKIP_BENCH=1, e.g. `SKIP_PYTEST=1 SKIP_BENCH=1 SANITIZE=1 OUT=... bash scripts/gpu_check.sh`):
+#   COMPILE_TIME=1  scripts/compile_time.py: cold / warm start of the DeepSeek-V3 fp8_block path
+#                   -> $OUT/compile_time.json (~1-3 min; limit COMPILE_TIME_LIMIT, default 400 s)
+#   SANITIZE=1      scripts/sanitize.sh: compute-sanitizer memcheck / racecheck / synccheck over
+#                   scripts/sanitize.py -> $OUT/sanitize/ (5 files; budget SANITIZE_BUDGET, default
+#                   570 s minus the time already spent; TOOLS=, SANITIZE_ONLY= etc. as documented in scripts/sanitize.sh)
+# They run after pytest and before the bench, compile time first (its own empty Triton cache).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT to the output directory}
@@ -48,6 +57,19 @@ timeout -k 10 ${PYTEST_LIMIT:-200} "$PY" -m pytest -q $PYT_XDIST $PYT_TIMEOUT -p
 echo "pytest exit $? after $(elapsed) s"; tail -15 "$OUT/pytest.log"
 timeout -k 10 120 "$PY" -m pytest -q $PYT_TIMEOUT -p no:cacheprovider -m timing tests >> "$OUT/pytest.log" 2>&1
 echo "pytest (timing, serial) exit $? after $(elapsed) s"; tail -5 "$OUT/pytest.log"
+fi
+
+if [ -n "${COMPILE_TIME:-}" ]; then
+echo "=== compile time (limit ${COMPILE_TIME_LIMIT:-400} s, t=$(elapsed) s) -> compile_time.json"
+timeout -k 10 ${COMPILE_TIME_LIMIT:-400} "$PY" scripts/compile_time.py --out "$OUT/compile_time.json"
+echo "compile_time exit $? after $(elapsed) s"
+fi
+if [ -n "${SANITIZE:-}" ]; then
+echo "=== sanitize (t=$(elapsed) s) -> sanitize/"
+# default budget: what is left of a 10-minute device call that started with this script
+SB=${SANITIZE_BUDGET:-$(( 570 - $(elapsed) ))}; [ "$SB" -lt 120 ] && SB=120
+OUT="$OUT" PYTHON="$PY" SANITIZE_BUDGET=$SB bash scripts/sanitize.sh
+echo "sanitize exit $? after $(elapsed) s"
 fi
 
 bench() {  # bench NAME LIMIT_S ARGS...

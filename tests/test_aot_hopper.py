@@ -81,28 +81,31 @@ for variant, ov, cfg, dt in CASES:
     out[key] = rec
 
 # the wide kernel (dense MODE 0 with TMA-store / masked epilogue, grouped MODE 1 / 2)
-def wsig(bm, bn, cdt):
+def wsig(bm, bn, cdt, rows):
     la = gl.NVMMASharedLayout.get_default_for([bm, 128], gl.float8e4nv)
     lb = gl.NVMMASharedLayout.get_default_for([bn, 128], gl.float8e4nv)
     gdt = {"bf16": gl.bfloat16, "fp32": gl.float32, "fp16": gl.float16}[cdt]
-    lc = gl.NVMMASharedLayout.get_default_for([bm, 128], gdt)
+    lc = gl.NVMMASharedLayout.get_default_for([rows, 128], gdt)
     return {"a_desc": f"tensordesc<fp8e4nv[{bm}, 128],{la!r}>", "b_desc": f"tensordesc<fp8e4nv[{bn}, 128],{lb!r}>",
-            "c_desc": f"tensordesc<{cdt}[{bm}, 128],{lc!r}>", "sa_ptr": "*fp32", "sb_ptr": "*fp32",
+            "c_desc": f"tensordesc<{cdt}[{rows}, 128],{lc!r}>", "sa_ptr": "*fp32", "sb_ptr": "*fp32",
             "c_ptr": "*" + cdt, "seg_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "E": "i32",
             "num_pid_m": "i32", "stride_sam": "i32", "stride_sak": "i32", "stride_sbe": "i32", "stride_sbn": "i32",
             "stride_sbk": "i32", "stride_cm": "i32", "GROUP_M": "constexpr", "STAGES": "constexpr",
             "NH": "constexpr", "EPI": "constexpr", "MODE": "constexpr", "E_POW2": "constexpr",
-            "num_warps": "constexpr"}
+            "SPLIT_WG": "constexpr", "num_warps": "constexpr"}
 
-for bm, bn, st, epi, mode, cdt in [(128, 256, 3, 2, 0, "bf16"), (128, 256, 4, 1, 0, "bf16"), (128, 128, 5, 2, 0, "fp16"),
-                                   (128, 256, 3, 1, 0, "fp32"), (64, 256, 4, 1, 2, "bf16"), (128, 256, 4, 1, 1, "bf16"),
-                                   (64, 128, 6, 2, 0, "bf16")]:
-    key = f"wide_{bm}x{bn}_s{st}_epi{epi}_mode{mode}_{cdt}"
-    cfg = HopperConfig("wide", bm, bn, bm // 16, st, epilogue="tma" if epi == 2 else "masked")
+for bm, bn, st, epi, mode, cdt, split in [
+        (128, 256, 3, 2, 0, "bf16", True), (128, 256, 4, 1, 0, "bf16", True), (128, 128, 5, 2, 0, "fp16", True),
+        (128, 256, 3, 1, 0, "fp32", True), (64, 256, 4, 1, 2, "bf16", False), (128, 256, 4, 1, 1, "bf16", True),
+        (64, 128, 6, 2, 0, "bf16", False), (128, 256, 3, 2, 0, "bf16", False), (128, 256, 4, 1, 2, "bf16", True)]:
+    key = f"wide_{bm}x{bn}_s{st}_epi{epi}_mode{mode}_{cdt}_split{int(split)}"
+    cfg = HopperConfig("wide", bm, bn, bm // 16, st, epilogue="tma" if epi == 2 else "masked", split_wg=split)
+    warps = 4 if split else bm // 16
+    rows = bm // 2 if split else bm
     try:
-        k = triton.compile(GluonASTSource(H.fp8_block_gemm_wide_kernel, wsig(bm, bn, cdt), constexprs={
+        k = triton.compile(GluonASTSource(H.fp8_block_gemm_wide_kernel, wsig(bm, bn, cdt, rows), constexprs={
             "GROUP_M": 8, "STAGES": st, "NH": bn // 128, "EPI": epi, "MODE": mode, "E_POW2": 16,
-            "num_warps": bm // 16}), target=TGT, options={"num_warps": bm // 16})
+            "SPLIT_WG": split, "num_warps": warps}), target=TGT, options={"num_warps": warps})
     except Exception as e:
         out[key] = {"error": f"{type(e).__name__}: {str(e)[-800:]}"}
         continue
@@ -206,7 +209,7 @@ def test_hopper_config_validation():
 
 def test_wide_kernel(compiled):
     keys = [k for k in compiled if k.startswith("wide_")]
-    assert len(keys) == 7, keys
+    assert len(keys) == 9, keys
     for key in keys:
         c = compiled[key]
         assert "error" not in c, (key, c)
@@ -219,8 +222,8 @@ def test_wide_kernel(compiled):
             assert c["tma_store"] >= 1, (key, c)
         if c.get("spill_stores") is not None:
             assert not c["wgmma_serialized"], (key, c)
-            # dense / masked: no spills; contiguous keeps 32 B of tile-setup spills outside the
-            # K loop (per-expert offset vectors; the SASS main loop has no LDL/STL)
-            assert c["spill_stores"] <= (32 if "_mode1_" in key else 0), (key, c)
+            # dense / masked: no spills; contiguous keeps 32-68 B of tile-setup spills outside
+            # the K loop (per-expert offset vectors; the SASS main loop has no LDL/STL)
+            assert c["spill_stores"] <= (72 if "_mode1_" in key else 0), (key, c)
         if "_epi1_" in key and c["smem_estimate"] is not None:
             assert c["shared"] <= c["smem_estimate"], (key, c)

@@ -104,8 +104,9 @@ def test_wide_unaligned_output_uses_masked_store():
 @pytest.mark.parametrize("out_dtype", [torch.float16, torch.float32])
 def test_out_dtypes(out_dtype):
     a, b = _operands(200, 384, 1024)
+    es = torch.empty((), dtype=out_dtype).element_size()
     for spec in SPECS:
-        _check(a, b, choose_hopper_config(200, 384, 1024, *spec), out_dtype)
+        _check(a, b, choose_hopper_config(200, 384, 1024, *spec, out_elem_bytes=es), out_dtype)
 
 
 def test_3d_activations_and_empty():

@@ -62,6 +62,9 @@ class HopperConfig:
     group_m: grouped raster height (tiles of A sharing a B tile while it sits in L2).
     overlap: persistent/ws only: issue the wgmma chain of K block k+1 before promoting block k
         (two part tiles in registers, wgmma wait(1)); ignored by "tma" and "wide".
+    split_wg: "wide" with block_m 128 only: one 4-warp math partition per 64-row warpgroup (no
+        barrier between the two, so one promotes while the other's wgmma runs) instead of one
+        8-warp partition.
     epilogue: "wide" only: "tma" (registers -> shared tile -> TMA store, asynchronous; needs a
         16-byte aligned output base and row stride, else the launcher uses "masked") or "masked"
         (layout conversion + masked global stores).
@@ -75,6 +78,7 @@ class HopperConfig:
     group_m: int = 8
     overlap: bool = True
     epilogue: str = "tma"
+    split_wg: bool = True
 
     def __post_init__(self):
         if self.variant not in VARIANTS:
@@ -276,17 +280,19 @@ def gemm_fp8_block_hopper_impl(a2: torch.Tensor, a_s2: torch.Tensor, b_data: tor
         # TMA store when the output allows it; the masked store otherwise (any N, any row stride).
         epi = 2 if (cfg.epilogue == "tma" and _tma_store_ok(out2)
                     and cfg.smem_bytes(out2.element_size()) <= _SMEM_LIMIT) else 1
+        split = cfg.split_wg and cfg.block_m == 128
+        rows = cfg.block_m // 2 if split else cfg.block_m
         if epi == 2:
             gdt = getattr(gl, _GL_OUT[out2.dtype])
-            lc = gl.NVMMASharedLayout.get_default_for([cfg.block_m, 128], gdt)
-            c_desc = TensorDescriptor(out2, [m, n], [out2.stride(0), 1], [cfg.block_m, 128], lc)
+            lc = gl.NVMMASharedLayout.get_default_for([rows, 128], gdt)
+            c_desc = TensorDescriptor(out2, [m, n], [out2.stride(0), 1], [rows, 128], lc)
         else:
             c_desc = a_desc  # unused by the kernel when EPI == 1
         _kernel_for("wide")[grid](
             a_desc, b_desc, c_desc, a_s2, b_scale, out2, out2, m, n, k, 1, triton.cdiv(m, cfg.block_m),
             a_s2.stride(0), a_s2.stride(1), 0, b_scale.stride(0), b_scale.stride(1), out2.stride(0),
             GROUP_M=cfg.group_m, STAGES=cfg.stages, NH=cfg.block_n // 128, EPI=epi, MODE=0, E_POW2=1,
-            num_warps=cfg.num_warps,
+            SPLIT_WG=split, num_warps=4 if split else cfg.num_warps,
         )
         return
     extra = {} if cfg.variant == "tma" else {"OVERLAP": cfg.overlap}
@@ -424,9 +430,11 @@ def grouped_fp8_block_hopper_impl(a_data: torch.Tensor, a_scale: torch.Tensor, b
         num_pid_m = e * triton.cdiv(max_m, bm)
     tiles = num_pid_m * triton.cdiv(n, bn)
     grid = (max(1, min(tiles, _num_sms(_dev_index(out.device)))),)
+    split = cfg.split_wg and bm == 128
     _kernel_for("wide")[grid](
         a_desc, b_desc, a_desc, a_s2, b_scale, out2, seg, max_m, n, k, e, num_pid_m,
         a_s2.stride(0), a_s2.stride(1), b_scale.stride(0), b_scale.stride(1), b_scale.stride(2), out2.stride(0),
         GROUP_M=cfg.group_m, STAGES=cfg.stages, NH=bn // 128, EPI=1, MODE=mode,
-        E_POW2=max(16, triton.next_power_of_2(e)) if mode == 1 else 16, num_warps=cfg.num_warps,
+        E_POW2=max(16, triton.next_power_of_2(e)) if mode == 1 else 16, SPLIT_WG=split,
+        num_warps=4 if split else cfg.num_warps,
     )

@@ -512,6 +512,10 @@ def _segments(seg_ptr, M, E, MODE: gl.constexpr, E_POW2: gl.constexpr, BLOCK_M: 
 # Registers of the 1-warp TMA producer of the wide kernel (setmaxnreg); the math warps get the rest
 # (232-240). Giving the producer 56 spilled 68 B in the math warps (contiguous-grouped mode).
 PRODUCER_REGS = gl.constexpr(40)
+# Registers of the second math partition (SPLIT_WG). Triton gives the default partition what is
+# left of 384 threads x 168: (64512 - 128 x 232 - 128 x 40) / 128 = 232 (setmaxnreg in the PTX),
+# so both math warpgroups get 232.
+MATH_REGS = gl.constexpr(232)
 
 
 @gluon.jit
@@ -571,28 +575,34 @@ def _wide_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, seg_ptr, M, N, 
 
 
 @gluon.jit
-def _wide_store_half(c_desc, c_smem, c_ptr, acc, row0, row_end, off_n, N, stride_cm, h: gl.constexpr,
-                     EPI: gl.constexpr, BLOCK_M: gl.constexpr, HALF: gl.constexpr, num_warps: gl.constexpr):
+def _wide_store_half(c_desc, c_smem, c_ptr, acc, row0, row_end, off_n, N, stride_cm, idx: gl.constexpr,
+                     EPI: gl.constexpr, ROWS: gl.constexpr, HALF: gl.constexpr, num_warps: gl.constexpr):
     if EPI == 2:
-        buf = c_smem.index(h)
+        buf = c_smem.index(idx)
         buf.store(acc.to(c_desc.dtype))
         fence_async_shared()
         tma.async_copy_shared_to_global(c_desc, [row0, off_n], buf)
     else:
-        _store_tile(c_ptr, acc, row0, off_n, row_end, N, stride_cm, BLOCK_M, HALF, num_warps)
+        _store_tile(c_ptr, acc, row0, off_n, row_end, N, stride_cm, ROWS, HALF, num_warps)
 
 
 @gluon.jit
 def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty, sa_ptr, sb_ptr, c_ptr, seg_ptr,
                    M, N, K, E, num_pid_m, stride_sam, stride_sak, stride_sbe, stride_sbn, stride_sbk, stride_cm,
                    GROUP_M: gl.constexpr, STAGES: gl.constexpr, NH: gl.constexpr, EPI: gl.constexpr,
-                   MODE: gl.constexpr, E_POW2: gl.constexpr, num_warps: gl.constexpr):
+                   MODE: gl.constexpr, E_POW2: gl.constexpr, WG: gl.constexpr, ROWS: gl.constexpr,
+                   num_warps: gl.constexpr):
+    """Math partition: rows [WG * ROWS, (WG + 1) * ROWS) of each 128-row tile (ROWS = BLOCK_M when
+    one partition does all rows). With two 4-warp partitions (one per warpgroup) each releases
+    its ring slots itself (empty barriers count 2), so nothing synchronises the two warpgroups:
+    a barrier across both (the single 8-warp partition has one per K block, before its arrive)
+    makes them promote at the same time while the tensor cores idle."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
     HALF: gl.constexpr = BLOCK_N // NH
     gl.static_assert(HALF == B_SCALE_ROWS, "each half spans exactly one 128-row weight-scale block")
-    mma_layout: gl.constexpr = mma_layout_for(BLOCK_M, HALF, num_warps)
+    mma_layout: gl.constexpr = mma_layout_for(ROWS, HALF, num_warps)
     seg_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
@@ -606,16 +616,17 @@ def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty,
         valid, row0, row_end, e, off_n = _wide_tile(tile, seg_ptr, M, N, E, num_pid_m, num_pid_n, oe, lo, hi, cum,
                                                     GROUP_M, MODE, BLOCK_M, BLOCK_N)
         if valid:
-            rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_layout))
+            my_row0 = row0 + WG * ROWS
+            rows = my_row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma_layout))
             row_ok = rows < row_end
             sa_rows = sa_ptr + rows.to(gl.int64) * stride_sam
             sb_row = sb_ptr + e.to(gl.int64) * stride_sbe + (off_n // B_SCALE_ROWS) * stride_sbn
-            acc0 = gl.zeros((BLOCK_M, HALF), dtype=gl.float32, layout=mma_layout)
+            acc0 = gl.zeros((ROWS, HALF), dtype=gl.float32, layout=mma_layout)
             # wgmma destination, carried through the K loop so use_acc=False reuses its registers;
             # created per tile so it is dead during the epilogue.
-            part = gl.zeros((BLOCK_M, HALF), dtype=gl.float32, layout=mma_layout)
+            part = gl.zeros((ROWS, HALF), dtype=gl.float32, layout=mma_layout)
             if NH == 2:
-                acc1 = gl.zeros((BLOCK_M, HALF), dtype=gl.float32, layout=mma_layout)
+                acc1 = gl.zeros((ROWS, HALF), dtype=gl.float32, layout=mma_layout)
                 has1 = off_n + HALF < N
             for kb in range(num_k):
                 s = it % STAGES
@@ -623,7 +634,10 @@ def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty,
                 sa = gl.load(sa_rows + kb * stride_sak, mask=row_ok, other=0.0)
                 sb0 = gl.load(sb_row + kb * stride_sbk)
                 mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-                a_s = a_bufs.index(s)
+                if ROWS == BLOCK_M:
+                    a_s = a_bufs.index(s)
+                else:
+                    a_s = a_bufs.index(s).slice(WG * ROWS, ROWS, dim=0)
                 b_s = b_bufs.index(s)
                 if NH == 2:
                     sb1 = gl.load(sb_row + stride_sbn + kb * stride_sbk, mask=has1, other=0.0)
@@ -644,11 +658,11 @@ def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty,
                 it += 1
             if EPI == 2:
                 tma.store_wait(0)  # the previous tile's TMA stores have finished reading c_smem
-            _wide_store_half(c_desc, c_smem, c_ptr, acc0, row0, row_end, off_n, N, stride_cm, 0, EPI, BLOCK_M, HALF,
-                             num_warps)
+            _wide_store_half(c_desc, c_smem, c_ptr, acc0, my_row0, row_end, off_n, N, stride_cm, WG * NH, EPI,
+                             ROWS, HALF, num_warps)
             if NH == 2:
-                _wide_store_half(c_desc, c_smem, c_ptr, acc1, row0, row_end, off_n + HALF, N, stride_cm, 1, EPI,
-                                 BLOCK_M, HALF, num_warps)
+                _wide_store_half(c_desc, c_smem, c_ptr, acc1, my_row0, row_end, off_n + HALF, N, stride_cm,
+                                 WG * NH + 1, EPI, ROWS, HALF, num_warps)
     if EPI == 2:
         tma.store_wait(0)
 
@@ -657,38 +671,56 @@ def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty,
 def fp8_block_gemm_wide_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, c_ptr, seg_ptr, M, N, K, E, num_pid_m,
                                stride_sam, stride_sak, stride_sbe, stride_sbn, stride_sbk, stride_cm,
                                GROUP_M: gl.constexpr, STAGES: gl.constexpr, NH: gl.constexpr, EPI: gl.constexpr,
-                               MODE: gl.constexpr, E_POW2: gl.constexpr, num_warps: gl.constexpr):
+                               MODE: gl.constexpr, E_POW2: gl.constexpr, SPLIT_WG: gl.constexpr,
+                               num_warps: gl.constexpr):
     """Dense (MODE 0) or grouped (MODE 1 contiguous, 2 masked) fp8_block GEMM; see above.
     ``num_pid_m``: M tiles of the tile space (dense cdiv(M, 128); contiguous cdiv(sum_m, 128) + E,
-    an upper bound; masked E * cdiv(max_m, 128))."""
+    an upper bound; masked E * cdiv(max_m, 128)). SPLIT_WG (BLOCK_M = 128, num_warps = 4): one
+    4-warp math partition per 64-row warpgroup instead of one 8-warp partition (num_warps = 8).
+    c_desc block: [rows per math partition, 128]."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    ROWS: gl.constexpr = BLOCK_M // 2 if SPLIT_WG else BLOCK_M
+    NCONS: gl.constexpr = 2 if SPLIT_WG else 1
     gl.static_assert(BLOCK_K == 128, "BLOCK_K must equal the 128-wide fp8_block scale block")
     gl.static_assert(STAGES >= 2, "need at least 2 pipeline stages")
     gl.static_assert(NH == 1 or NH == 2, "NH: one or two 128-column halves")
     gl.static_assert(EPI == 1 or EPI == 2, "EPI: 1 = masked store, 2 = TMA store")
     gl.static_assert(MODE == 0 or EPI == 1, "grouped tiles may cover rows of the next expert: masked store only")
+    gl.static_assert(ROWS == 16 * num_warps, "one warpgroup (4 warps) per 64 rows")
 
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
     if EPI == 2:
-        c_smem = gl.allocate_shared_memory(c_desc.dtype, [NH, BLOCK_M, BLOCK_N // NH], c_desc.layout)
+        c_smem = gl.allocate_shared_memory(c_desc.dtype, [NCONS * NH, ROWS, BLOCK_N // NH], c_desc.layout)
     else:
         c_smem = a_bufs  # unused
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+        mbarrier.init(empty.index(i), count=NCONS)
 
-    gl.warp_specialize([
-        (_wide_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty, sa_ptr, sb_ptr, c_ptr, seg_ptr,
-                          M, N, K, E, num_pid_m, stride_sam, stride_sak, stride_sbe, stride_sbn, stride_sbk, stride_cm,
-                          GROUP_M, STAGES, NH, EPI, MODE, E_POW2, num_warps)),
-        (_wide_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, seg_ptr, M, N, K, E, num_pid_m, GROUP_M,
-                          STAGES, MODE, E_POW2)),
-    ], [1], [PRODUCER_REGS])
+    if SPLIT_WG:
+        gl.warp_specialize([
+            (_wide_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty, sa_ptr, sb_ptr, c_ptr,
+                              seg_ptr, M, N, K, E, num_pid_m, stride_sam, stride_sak, stride_sbe, stride_sbn,
+                              stride_sbk, stride_cm, GROUP_M, STAGES, NH, EPI, MODE, E_POW2, 0, ROWS, num_warps)),
+            (_wide_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty, sa_ptr, sb_ptr, c_ptr,
+                              seg_ptr, M, N, K, E, num_pid_m, stride_sam, stride_sak, stride_sbe, stride_sbn,
+                              stride_sbk, stride_cm, GROUP_M, STAGES, NH, EPI, MODE, E_POW2, 1, ROWS, num_warps)),
+            (_wide_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, seg_ptr, M, N, K, E, num_pid_m, GROUP_M,
+                              STAGES, MODE, E_POW2)),
+        ], [num_warps, 1], [MATH_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_wide_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty, sa_ptr, sb_ptr, c_ptr,
+                              seg_ptr, M, N, K, E, num_pid_m, stride_sam, stride_sak, stride_sbe, stride_sbn,
+                              stride_sbk, stride_cm, GROUP_M, STAGES, NH, EPI, MODE, E_POW2, 0, ROWS, num_warps)),
+            (_wide_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, seg_ptr, M, N, K, E, num_pid_m, GROUP_M,
+                              STAGES, MODE, E_POW2)),
+        ], [1], [PRODUCER_REGS])
 
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
