@@ -3,7 +3,8 @@
 Compiled in a subprocess without TRITON_INTERPRET (conftest sets it for this process).
 Checks: the fp8_block kernel uses FP8 wgmma (``wgmma.mma_async ... e4m3``); MX/NV kernels
 compile with bf16 wgmma (dequantize path) or FP8 wgmma (promote path); weight-only variants
-compile; the shared memory of the heuristic's large-M configs fits the H100's 227 KB.
+compile; the shared memory of the heuristic's large-M configs fits the H100's 227 KB; the fused
+split-K kernel (decode) has its gpu-scope acq_rel tile counter, barrier and .cg partial loads.
 """
 
 from pathlib import Path
@@ -17,7 +18,7 @@ import json, re, sys
 import torch
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
-from blockscaled.kernels.triton.gemm import gemm_kernel, splitk_reduce_kernel
+from blockscaled.kernels.triton.gemm import gemm_kernel
 from blockscaled.config.gemm import DeviceInfo, choose_gemm_config
 import blockscaled.config.gemm as cg
 
@@ -26,9 +27,9 @@ DIV16 = ("K", "N", "stride_am", "stride_bn", "stride_cm", "stride_cs", "k_per_sp
 SDT = {0: "*fp32", 1: "*u8", 2: "*u8", 3: "*fp8e4nv"}
 DDT = {0: "*fp8e4nv", 1: "*fp8e4nv", 2: "*u8", 3: "*u8"}
 
-def comp(afmt, bfmt, promote, dot, bm, bn, bk, warps, stages, adt=None, split=1, even=True, out="*bf16"):
+def comp(afmt, bfmt, promote, dot, bm, bn, bk, warps, stages, adt=None, split=1, even=True, out="*bf16", swap=False):
     sig = {"a_ptr": adt or DDT[bfmt], "a_s_ptr": SDT[bfmt], "b_ptr": DDT[bfmt], "b_s_ptr": SDT[bfmt],
-           "gs_a_ptr": "*fp32", "gs_b_ptr": "*fp32", "bias_ptr": "*fp32", "c_ptr": out if split == 1 else "*fp32",
+           "gs_a_ptr": "*fp32", "gs_b_ptr": "*fp32", "bias_ptr": "*fp32", "c_ptr": out,
            "M": "i32", "N": "i32", "K": "i32", "k_per_split": "i32",
            "stride_am": "i32", "stride_ak": "constexpr", "stride_asm": "i32", "stride_ask": "constexpr",
            "stride_bn": "i32", "stride_bk": "constexpr", "stride_bsn": "i32", "stride_bsk": "constexpr",
@@ -36,17 +37,33 @@ def comp(afmt, bfmt, promote, dot, bm, bn, bk, warps, stages, adt=None, split=1,
            "A_FMT": "constexpr", "B_FMT": "constexpr", "B_SCALE_ROWS": "constexpr", "PROMOTE": "constexpr",
            "DOT_DTYPE": "constexpr", "EVEN_K": "constexpr", "HAS_BIAS": "constexpr", "SPLIT_K": "constexpr",
            "GROUP_M": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr"}
+    if split > 1:  # fused split-K: fp32 workspace + int32 tile counters
+        sig.update(ws_ptr="*fp32", cnt_ptr="*i32")
+    if swap:
+        sig.update(ws_ptr="*fp32" if split > 1 else "constexpr", cnt_ptr="*i32" if split > 1 else "constexpr",
+                   SWAP_AB="constexpr")
     const = {"stride_ak": 1, "stride_ask": 1, "stride_bk": 1, "stride_bsk": 1, "stride_cn": 1,
              "A_FMT": afmt, "B_FMT": bfmt, "B_SCALE_ROWS": 128 if bfmt == 0 else 1, "PROMOTE": promote,
              "DOT_DTYPE": dot, "EVEN_K": even, "HAS_BIAS": True, "SPLIT_K": split, "GROUP_M": 8,
              "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}
+    if swap:
+        const["SWAP_AB"] = True
+        if split == 1:
+            const.update(ws_ptr=None, cnt_ptr=None)
     attrs = {(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items())
              if t != "constexpr" and (t.startswith("*") or n in DIV16)}
     src = triton.compiler.ASTSource(fn=gemm_kernel, signature=sig, constexprs=const, attrs=attrs)
     k = triton.compile(src, target=TGT, options={"num_warps": warps, "num_stages": stages})
     ptx = k.asm["ptx"]
+    lines = [ln.strip() for ln in ptx.splitlines() if ln.strip()]
+    atoms = [i for i, ln in enumerate(lines) if re.search(r"\batom\.", ln)]
     return {"wgmma": sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.[\w\.]+", ptx))),
-            "mma": sorted(set(re.findall(r"\bmma\.sync\.aligned\.[\w\.]+", ptx))), "atom": len(re.findall(r"\batom\.", ptx)),
+            "mma": sorted(set(re.findall(r"\bmma\.sync\.aligned\.[\w\.]+", ptx))), "atom": len(atoms),
+            "atom_ops": sorted(set(re.findall(r"\batom\.[\w\.]+", ptx))),
+            "ld_cg": len(re.findall(r"\bld\.global\.cg\b", ptx)),
+            # the instructions just before the first atomic: the CTA barrier must come after the
+            # partial stores and before the release
+            "before_atom": lines[max(0, atoms[0] - 12):atoms[0]] if atoms else [],
             "shared": k.metadata.shared}
 
 h100 = DeviceInfo("cuda", 132, (9, 0), 232448)
@@ -58,7 +75,12 @@ out["fp8_block_large"] = comp(0, 0, True, f8, cfg.block_m, cfg.block_n, cfg.bloc
 out["fp8_block_large"]["cfg"] = [cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages]
 cfg = choose_gemm_config("fp8_block", 1, 2112, 7168, torch.device("cuda"))
 out["fp8_block_decode"] = comp(0, 0, True, f8, cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps,
-                               cfg.num_stages, split=cfg.split_k)
+                               cfg.num_stages, split=cfg.split_k, swap=cfg.swap_ab)
+out["fp8_block_decode"]["swap"] = cfg.swap_ab
+out["swap_fp8_nosplit"] = comp(0, 0, True, f8, 16, 128, 128, 4, 4, swap=True)
+out["swap_mxfp8_split"] = comp(1, 1, True, f8, 16, 64, 32, 4, 6, split=4, swap=True, even=False)
+out["swap_nvfp4_split"] = comp(3, 3, False, bf, 16, 64, 128, 4, 4, split=4, swap=True)
+out["fp8_block_decode"]["cfg_split"] = cfg.split_k
 for name, code in (("mxfp8", 1), ("mxfp4", 2), ("nvfp4", 3)):
     for m in (64, 1024):
         promote = cg.default_promote(name, m, None)
@@ -78,13 +100,10 @@ try:
 except Exception as e:
     msg = str(e) + " | " + str(e.__cause__) + " | " + str(e.__context__)
     out["fp8_dot_k16"] = "K >= 32" if "K >= 32" in msg else msg[-800:]
-sig = {"ws_ptr": "*fp32", "gs_a_ptr": "*fp32", "gs_b_ptr": "*fp32", "bias_ptr": "*bf16", "c_ptr": "*bf16",
-       "M": "i32", "N": "i32", "stride_ws": "i32", "stride_wm": "i32", "stride_cm": "i32", "stride_cn": "constexpr",
-       "A_DENSE": "constexpr", "IS_NVFP4": "constexpr", "HAS_BIAS": "constexpr", "SPLIT_K": "constexpr",
-       "BLOCK_M": "constexpr", "BLOCK_N": "constexpr"}
-const = {"stride_cn": 1, "A_DENSE": False, "IS_NVFP4": True, "HAS_BIAS": True, "SPLIT_K": 4, "BLOCK_M": 32, "BLOCK_N": 128}
-k = triton.compile(triton.compiler.ASTSource(fn=splitk_reduce_kernel, signature=sig, constexprs=const), target=TGT)
-out["reduce"] = {"atom": len(re.findall(r"\batom\.", k.asm["ptx"]))}
+# fused split-K variants: the decode config above (fp8_block), mxfp8 promote, nvfp4 dequantize, weight-only
+out["splitk_mxfp8"] = comp(1, 1, True, f8, 64, 64, 32, 4, 6, split=8)
+out["splitk_nvfp4"] = comp(3, 3, False, bf, 16, 64, 128, 4, 6, split=4, even=False, out="*fp32")
+out["splitk_wo_bf16"] = comp(4, 1, False, bf, 64, 64, 128, 4, 4, adt="*bf16", split=3)
 # DUAL mode of the core (the test kernel in tests/test_gemm.py): shares A, two accumulators
 sys.path.insert(0, TESTS_DIR)
 from test_gemm import _dual_test_kernel
@@ -134,7 +153,39 @@ def test_mx_nv_kernels_compile(compiled, fmt):
 
 def test_weight_only_fp8_block_and_no_atomics(compiled):
     assert any("bf16" in x for x in compiled["wo_fp8_block_bf16"]["wgmma"])
-    assert all(v.get("atom", 0) == 0 for v in compiled.values() if isinstance(v, dict))
+    # SPLIT_K == 1 kernels have no atomics (and no split-K code at all)
+    assert all(v.get("atom", 0) == 0 for key, v in compiled.items()
+               if isinstance(v, dict) and not key.startswith(("splitk", "swap_")) and key != "fp8_block_decode")
+    assert compiled["swap_fp8_nosplit"]["atom"] == 0
+
+
+def test_swap_ab_compiles_to_narrow_wgmma(compiled):
+    """swap_ab: the weight tile is the wgmma's M side (64 rows per warpgroup) and 16 activation
+    rows its N side: m64n16 instructions (FP8 for fp8_block / mxfp8 promote, bf16 for nvfp4)."""
+    assert compiled["fp8_block_decode"]["swap"]
+    for key, want in (("fp8_block_decode", "m64n16k32.f32.e4m3.e4m3"), ("swap_fp8_nosplit", "m64n16k32.f32.e4m3.e4m3"),
+                      ("swap_mxfp8_split", "m64n16k32.f32.e4m3.e4m3"), ("swap_nvfp4_split", "m64n16k16.f32.bf16.bf16")):
+        w = compiled[key]["wgmma"]
+        assert w and all(want in x for x in w), (key, w)
+        assert compiled[key]["shared"] <= 232448
+
+
+@pytest.mark.parametrize("key", ["fp8_block_decode", "splitk_mxfp8", "splitk_nvfp4", "splitk_wo_bf16",
+                                 "swap_mxfp8_split", "swap_nvfp4_split"])
+def test_fused_splitk_compiles_with_acq_rel_counter(compiled, key):
+    """The fused split-K kernel compiles for sm_90: one gpu-scope acq_rel atomic add (the tile
+    counter) after a CTA barrier, L2-only (.cg) loads of the partials, the counter reset, and
+    the same tensor-core path as the unsplit kernel."""
+    c = compiled[key]
+    assert compiled["fp8_block_decode"]["cfg_split"] > 1  # the heuristic splits K at M=1
+    assert "atom.global.gpu.acq_rel.add.u32" in c["atom_ops"], c["atom_ops"]
+    assert any(op.startswith("atom.global") and ".exch" in op for op in c["atom_ops"]), c["atom_ops"]
+    assert c["ld_cg"] > 0
+    assert any(ln.startswith("bar.sync") for ln in c["before_atom"]), c["before_atom"]
+    assert c["wgmma"] or c["mma"], c
+    assert c["shared"] <= 232448
+    if key == "fp8_block_decode":
+        assert c["wgmma"] and all("e4m3.e4m3" in x for x in c["wgmma"]), c["wgmma"]
 
 
 @pytest.mark.parametrize("fmt", ["fp8_block", "mxfp8", "nvfp4"])

@@ -229,9 +229,10 @@ def test_heuristic_hopper_rules(monkeypatch):
     c = cg.choose_gemm_config("fp8_block", 4096, 7168, 16384, dev, allow_hopper=False)
     assert (c.strategy, c.block_m, c.block_n, c.block_k, c.num_warps) == ("triton", 128, 128, 128, 8)
     assert 3 <= c.num_stages <= 4
-    # decode: 64-row tiles (smallest FP8 wgmma), split-K to fill the SMs
+    # decode: 64-row FP8 wgmma tiles (smallest FP8 wgmma M; with swap-AB the 64 weight rows are
+    # the wgmma's M and 16 activation rows its N), split-K to fill the SMs
     c = cg.choose_gemm_config("fp8_block", 1, 2112, 7168, dev)
-    assert c.block_m == 64 and c.split_k > 1
+    assert (c.block_m == 64 or (c.swap_ab and c.block_n >= 64)) and c.split_k > 1
     assert cg.choose_gemm_config("nvfp4", 1, 2112, 7168, dev).block_m == 16
     assert cg.choose_gemm_config("fp8_block", 4096, 7168, 2048, dev, out_dtype=torch.float32,
                                  allow_hopper=False).strategy == "triton"
@@ -500,8 +501,10 @@ def test_hopper_strategy_choice_and_fallback(device):
     orig = cg.device_info
     try:
         cg.device_info = lambda dev: h100
-        assert cg.choose_gemm_config("fp8_block", cg.HOPPER_MIN_M, 4096, 7168, torch.device("cuda")).strategy == "hopper"
-        assert cg.choose_gemm_config("fp8_block", cg.HOPPER_MIN_M - 1, 4096, 7168, torch.device("cuda")).strategy != "hopper"
+        assert cg.choose_gemm_config("fp8_block", cg.HOPPER_MIN_M, 24576, 1536, torch.device("cuda")).strategy == "hopper"
+        assert cg.choose_gemm_config("fp8_block", cg.HOPPER_MIN_M - 1, 24576, 1536, torch.device("cuda")).strategy != "hopper"
+        # too few 128x128 tiles for the persistent kernel: portable split-K
+        assert cg.choose_gemm_config("fp8_block", 512, 2112, 7168, torch.device("cuda")).strategy != "hopper"
         assert cg.choose_gemm_config("mxfp8", 4096, 4096, 7168, torch.device("cuda")).strategy != "hopper"
         assert cg.choose_gemm_config("fp8_block", 4096, 4096, 7168, torch.device("cuda"),
                                      a_dtype=torch.bfloat16).strategy != "hopper"

@@ -32,16 +32,19 @@ __all__ = ["GemmConfig", "choose_gemm_config", "STRATEGIES", "DeviceInfo", "devi
 
 STRATEGIES = ("triton", "dequant_matmul", "hopper")
 
-#: fp8_block x fp8_block on sm_90 takes the Gluon TMA/wgmma kernels (ops/_hopper.py) from this
-#: many rows on. H100, bf16 out, do_bench medians (scripts/hopper_check.py, 2026-11-22): at
-#: M=4096 the Hopper kernels beat the portable kernel on all six DeepSeek-V3 shapes (690-870 vs
-#: 559-679 TFLOP/s); at M=128 the portable kernel was faster on all six. The crossover between
-#: 128 and 4096 is not measured yet; 1024 is a guess on the safe side of it.
-HOPPER_MIN_M = 1024
-#: Hopper variant by K: the non-persistent "tma" kernel won at K >= 7168 (691/870/830 vs
-#: ws+overlap 635/774/780), the warp-specialized one with overlap at K <= 2048 (743/583/731 vs
-#: 688/433/718). Same measurement as HOPPER_MIN_M.
-HOPPER_TMA_MIN_K = 4096
+#: fp8_block x fp8_block on sm_90 takes the Gluon "wide" kernel (ops/_hopper.py) from HOPPER_MIN_M
+#: rows on, when the 128x128 tile count reaches HOPPER_MIN_TILES (below that the portable
+#: kernel's split-K fills the SMs better). H100, bf16 out, CUDA-graph medians
+#: (scripts/hopper_check.py, 2026-11-22), wide vs portable TFLOP/s on the DeepSeek-V3 shapes:
+#:   M=256: 2112x7168 253 vs 391 (34 tiles), 4096x7168 485 vs 499 (64), 7168x2048 650 vs 490
+#:          (112), 24576x1536 654 vs 529 (192), 32768x512 632 vs 383, 7168x16384 861 vs 520;
+#:   M=512: 2112x7168 500 vs 571 (68 tiles), 4096x7168 955 vs 614 (128), others 1.4-1.7x;
+#:   M=1024: 2112x7168 512 vs 514 (136 tiles). M=128 not measured with the wide kernel (the
+#:   older Hopper variants were slower than the portable kernel on all six shapes there).
+HOPPER_MIN_M = 256
+HOPPER_MIN_TILES = 96
+#: (The variant is chosen by ops/_hopper.choose_dispatch_config: the 128x256 "wide" kernel beat
+#: the tma / ws variants on all six shapes at M=4096.)
 
 #: elements sharing one scale along K
 _SCALE_K = {"fp8_block": 128, "mxfp8": 32, "mxfp4": 32, "nvfp4": 16}
@@ -93,12 +96,19 @@ class GemmConfig:
     block_m/block_n/block_k: output tile and K chunk. fp8_block needs block_k dividing 128;
         ``promote`` needs block_k dividing the scale block (128 / 32 / 16).
     num_warps, num_stages: Triton launch options (stages of the software pipeline).
-    split_k: K splits; > 1 writes fp32 partials and reduces them in a second, deterministic
-        kernel (no atomics). Each split covers a multiple of block_k.
+    split_k: K splits; > 1: each (tile, split) program writes an fp32 partial, the last one
+        to finish a tile (per-tile atomic counter) sums the partials in split order and runs
+        the epilogue, all in one launch; deterministic (bitwise, whatever the arrival order).
+        Each split covers a multiple of block_k; the launcher lowers the count so that no
+        split is empty (ops/gemm.py::_split_plan).
     strategy: "triton" or "dequant_matmul" (see module docstring).
     promote: apply scales per K chunk after an FP8 / raw-value dot (True) or dequantize
         tiles to bf16 in registers (False); None = the format's default.
     group_m: rows of tiles walked together (L2 reuse of B).
+    swap_ab: dense GEMM only: compute each tile as ``(B_tile @ A_tile.T).T`` so the weight
+        rows (block_n >= 64) fill the MMA's M dimension and block_m may be 16 (decode without
+        padding A to the 64-row FP8 wgmma); quantized A only; with 128x128 weight blocks
+        block_n must divide 128. The grouped kernels ignore it.
     """
 
     block_m: int = 128
@@ -110,6 +120,7 @@ class GemmConfig:
     strategy: str = "triton"
     promote: bool | None = None
     group_m: int = 8
+    swap_ab: bool = False
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -206,7 +217,8 @@ def choose_gemm_config(
     kernels cannot take the operands)."""
     info = device_info(device)
     if (allow_hopper and fmt == "fp8_block" and a_dtype is None and info.kind == "cuda"
-            and info.capability == (9, 0) and m >= HOPPER_MIN_M):
+            and info.capability == (9, 0) and m >= HOPPER_MIN_M
+            and math.ceil(m / 128) * math.ceil(n / 128) >= HOPPER_MIN_TILES):
         return GemmConfig(strategy="hopper")
     return _choose(fmt, m, n, k, info, a_dtype, out_dtype)
 
@@ -237,6 +249,8 @@ def _choose(fmt: str, m: int, n: int, k: int, info: DeviceInfo, a_dtype, out_dty
         block_m = 16 if m <= 16 else 32 if m <= 32 else 64
         block_n = 32 if n <= 32 else 64
         return GemmConfig(block_m, block_n, block_k, 4, 1, 1, "triton", promote, 8)
+    if m <= _SMALL_M_MAX:
+        return _choose_small_m(fmt, m, n, k, info, a_dtype, promote, block_m, block_k)
     # Waves: with fewer tiles than SMs, halve BLOCK_N (down to 64), then split K.
     tiles = math.ceil(m / block_m) * math.ceil(n / block_n)
     if tiles < info.sm_count and block_n > 64:
@@ -253,6 +267,134 @@ def _choose(fmt: str, m: int, n: int, k: int, info: DeviceInfo, a_dtype, out_dty
     if fmt == "fp8_block" and a_dtype is None and block_m == 128:
         num_stages = min(num_stages, _FP8_LARGE_TILE_STAGES)
     return GemmConfig(block_m, block_n, block_k, num_warps, num_stages, split_k, "triton", promote, 8)
+
+
+# ---------------------------------------------------------------------------- small M
+# Decode / small prefill (M <= _SMALL_M_MAX) is memory-bound: the floor is (A + B + scales +
+# output bytes) / 3.0 TB/s, 5-40 us on the DeepSeek-V3 shapes. What limits the portable kernel
+# there is not MMA throughput but (1) memory-level parallelism: Little's law at 3.0 TB/s and
+# ~1-2 us loaded DRAM latency needs several MB in flight; each CTA keeps (num_stages - 1) B
+# chunks in flight (cp.async pipeline), so enough programs (tiles x K splits) must be resident;
+# (2) extra traffic: split-K fp32 partials (fused reduction, kernels/triton/gemm.py) grow with
+# M x N x splits, and every N tile re-reads its A rows from L2 (M x K bytes per tile: at M=128,
+# K=7168, 64-wide tiles that is twice B's bytes through L2). _choose_small_m enumerates tile
+# widths and split counts and takes the smallest modelled time
+#     t = max(DRAM bytes / (BW * min(1, bytes in flight / (BW * latency))), L2 bytes / L2 BW)
+#         + the last split's serial read of the other partials (tail).
+# H100 before these rules (CUDA-graph medians, % of the memory floor, fp8_block, six shapes):
+# M=1 45-71 %, M=64 39-71 %, M=128 32-63 % with 132 programs per launch and a second reduce
+# launch. NOT MEASURED YET: the constants below are analytic first guesses; the H100 sweep
+# scripts/sweep_small_m.py times these choices against a grid around them (adjust from it).
+
+#: rows up to which the small-M model applies (the measured decode / small-prefill range; from
+#: M = 256 on, FLOPs start to matter: 2112x7168 at M=256 is ~13 us of MMA at 600 TFLOP/s)
+_SMALL_M_MAX = 128
+#: loaded DRAM latency (s) for the in-flight target BW x latency = 6 MB (~45 KB per SM):
+#: ~1 us is the H100's idle latency; 2 us because the measured 132-program launches with
+#: ~24 KB in flight each (3.2 MB) reached only 45-70 % of the floor
+_SMALL_M_LATENCY = 2.0e-6
+#: L2 -> SM bandwidth, bytes/s (H100 SXM: ~5.5 TB/s published microbenchmarks, not measured here)
+_L2_BW = 5.5e12
+#: DRAM bytes per byte of split-K partial written (dirty lines are written back eventually;
+#: the fused reduction reads them back from L2, counted in the L2 term)
+_PARTIAL_DRAM = 1.0
+#: one SM's L2 read bandwidth, bytes/s (~64 B/clk at ~1.7 GHz; a guess): the tile's last program
+#: reads (split - 1) partial tiles alone at the end of the launch (the tail term of the model)
+_SM_L2_BW = 1.0e11
+#: B bytes each CTA should keep in flight -> num_stages (fp8 BLOCK_N=64 x BLOCK_K=128: 4 stages)
+_SMALL_M_INFLIGHT = 24 * 1024
+#: pipeline depth bounds: >= 3 so loads overlap at all; <= 6 (deeper rings only cost shared
+#: memory, i.e. co-resident CTAs, once the in-flight target is met)
+_SMALL_M_STAGES = (3, 6)
+#: fewest K chunks per split: with 4 stages the first 3 chunks are the pipeline fill, so
+#: shorter splits spend most of their time waiting for the first load
+_SMALL_M_MIN_CHUNKS = 4
+#: most K splits (the reducing program reads its tile's partials serially)
+_SMALL_M_MAX_SPLIT = 16
+#: swap-AB tiles (GemmConfig.swap_ab) for FP8 dots at M <= 32: the weight tile is the wgmma's
+#: 64-row M side and 16/32 activation rows its N side, instead of padding A to 64 rows. sm_90
+#: PTX (AOT): 16x64x128 fp8 tile, 4 stages: wgmma m64n16k32 e4m3, 40 KB shared, 56 registers
+#: (unswapped 64x64: m64n64k32, 64 KB, 130-168 registers) -> more CTAs per SM, 4x less MMA work.
+#: Not measured on a GPU yet: set False to fall back to the 64-row tiles.
+_SMALL_M_SWAP_AB = True
+#: registers per thread ~ _REG_BASE + accumulator registers (x2 with PROMOTE: the per-chunk
+#: dot result is a second fp32 tile). Fitted to ptxas -v for sm_90 (fp8_block promote, 4 warps):
+#: 64x64 130 regs, 64x128 232, 128x64 220; 8 warps 128x128 225 (formula: 164, 228, 228, 228)
+_REG_BASE = 100
+
+
+def _ctas_per_sm(block_m, block_n, block_k, num_warps, num_stages, fmt, a_dense_bytes, promote,
+                 info: DeviceInfo) -> int:
+    """Co-resident CTAs per SM, limited by shared memory (stages of A + B + scales, plus the
+    dequantize path's bf16 operand copies) and by registers (64K 32-bit registers per SM)."""
+    a_b = a_dense_bytes if a_dense_bytes else _ELEM_BYTES[fmt]
+    scale_cols = max(1, block_k // _SCALE_K[fmt])
+    per_stage = block_m * block_k * a_b + block_n * block_k * _ELEM_BYTES[fmt]
+    per_stage += (block_m + block_n) * scale_cols * _SCALE_BYTES[fmt]
+    smem = num_stages * per_stage + (0 if promote else (block_m + block_n) * block_k * 2) + 1024
+    by_smem = (info.smem_bytes + 1024) // smem  # per-SM total = opt-in per-block max + 1 KB
+    acc_regs = block_m * block_n // (32 * num_warps) * (2 if promote else 1)
+    by_regs = 65536 // ((_REG_BASE + acc_regs) * 32 * num_warps)
+    return int(max(1, min(by_smem, by_regs, 4)))
+
+
+def small_m_model(fmt, m, n, k, info: DeviceInfo, a_dtype, promote, block_m, block_n, block_k, num_warps,
+                  num_stages, split) -> float:
+    """Modelled seconds of one small-M launch (see the comment block above); for the heuristic
+    and for scripts/sweep_small_m.py, which prints it next to the measured time."""
+    eb = _ELEM_BYTES[fmt]
+    a_row = k * (2 if a_dtype is not None else eb)
+    nk = math.ceil(k / _SCALE_K[fmt])
+    b_bytes = n * k * eb + math.ceil(n / (128 if fmt == "fp8_block" else 1)) * nk * _SCALE_BYTES[fmt]
+    a_bytes = m * (a_row + (0 if a_dtype is not None else nk * _SCALE_BYTES[fmt]))
+    m_tiles, n_tiles = math.ceil(m / block_m), math.ceil(n / block_n)
+    kiters = max(1, math.ceil(k / block_k))
+    per = math.ceil(kiters / min(split, kiters))
+    split = math.ceil(kiters / per)  # what the launcher runs (ops/gemm.py::_split_plan)
+    partial = m * n * 4 * split if split > 1 else 0
+    dram = a_bytes + b_bytes + m * n * 2 + _PARTIAL_DRAM * partial
+    a_dense_bytes = 0 if a_dtype is None else 2
+    occ = _ctas_per_sm(block_m, block_n, block_k, num_warps, num_stages, fmt, a_dense_bytes, promote, info)
+    programs = min(m_tiles * n_tiles * split, occ * info.sm_count)
+    inflight = programs * (min(num_stages, per + 1) - 1) * block_n * block_k * eb
+    util = min(1.0, inflight / (_BW * _SMALL_M_LATENCY))
+    l2 = a_bytes * n_tiles + b_bytes * m_tiles + 2 * partial + m * n * 2
+    tail = (split - 1) * min(m, block_m) * min(n, block_n) * 4 / _SM_L2_BW
+    return max(dram / (_BW * util), l2 / _L2_BW) + tail
+
+
+def _choose_small_m(fmt, m, n, k, info: DeviceInfo, a_dtype, promote, block_m, block_k) -> GemmConfig:
+    """Small-M (memory-bound) config on a GPU: the smallest small_m_model time over BLOCK_N in
+    (64, 128), BLOCK_M in (the row rule's, 64 instead of 128: two M tiles share B through L2),
+    swap-AB tiles first where FP8 dots would pad A to 64 rows (_SMALL_M_SWAP_AB), stages from
+    _SMALL_M_INFLIGHT, 4 warps (8 for 128x128: the promote path's two fp32 tiles need 256
+    registers per thread at 4 warps) and K splits that keep >= _SMALL_M_MIN_CHUNKS chunks each;
+    ties go to the first candidate (swap-AB, narrow tiles, fewer splits)."""
+    kiters = max(1, math.ceil(k / block_k))
+    max_split = max(1, min(_SMALL_M_MAX_SPLIT, kiters // _SMALL_M_MIN_CHUNKS))
+    rows = 16 if m <= 16 else 32 if m <= 32 else 64 if m <= 64 else 128
+    tiles = [(block_m, False)] + ([(64, False)] if block_m == 128 else [])
+    if _SMALL_M_SWAP_AB and rows < block_m and promote and a_dtype is None:
+        # block_m was raised to 64 for the FP8 wgmma: swap instead (weight rows fill the MMA's M)
+        tiles.insert(0, (rows, True))
+    best = None
+    for bm, swap in tiles:
+        for block_n in (64, 128):
+            if swap and fmt == "fp8_block" and 128 % block_n:
+                continue
+            warps = 8 if bm * block_n >= 128 * 128 else 4
+            stage_b = block_n * block_k * _ELEM_BYTES[fmt]
+            stages = min(max(1 + math.ceil(_SMALL_M_INFLIGHT / stage_b), _SMALL_M_STAGES[0]), _SMALL_M_STAGES[1])
+            for want in range(1, max_split + 1):
+                per = math.ceil(kiters / want)
+                split = math.ceil(kiters / per)  # what the launcher runs (ops/gemm.py::_split_plan)
+                if split != want:
+                    continue  # the same plan as a smaller request
+                t = small_m_model(fmt, m, n, k, info, a_dtype, promote, bm, block_n, block_k, warps, stages, split)
+                if best is None or t < best[0] * (1 - 1e-9):
+                    best = (t, bm, swap, block_n, warps, stages, split)
+    _, bm, swap, block_n, warps, stages, split = best
+    return GemmConfig(bm, block_n, block_k, warps, stages, split, "triton", promote, 8, swap)
 
 
 def _use_dequant_matmul(fmt, m, n, k, info: DeviceInfo, a_dtype, out_dtype) -> bool:

@@ -7,9 +7,10 @@ the same implementation without the dispatcher round trip (``_eager_ok``). Nothi
 synchronises the host, so CUDA graphs capture either path.
 
 Host cost per call (the GPU idles on it when kernels are short): validation, one lru_cached
-config lookup, then either one Triton launch (plus the split-K reduce) or two internal
+config lookup, then either one Triton launch (split-K is fused into it) or two internal
 dequantize launches + one cuBLAS call (+ one 0-d multiply for nvfp4 bf16 output). No
-ScaledTensor is rebuilt and the only allocations are the dequantized operands and the output.
+ScaledTensor is rebuilt and the only allocations are the dequantized operands, the output and
+the split-K fp32 workspace (the split-K tile counters are cached, see ``_COUNTERS``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from .. import _checks
 from ..config.gemm import GemmConfig, choose_gemm_config, default_promote
 from ..formats import Format
 from ..kernels.triton._mma import FORMAT_CODES
-from ..kernels.triton.gemm import gemm_kernel, splitk_reduce_kernel
+from ..kernels.triton.gemm import gemm_kernel
 from ..tensor import ScaledTensor
 from . import quantize as _quant
 
@@ -139,6 +140,9 @@ def _check_config(cfg: GemmConfig, fmt: Format, a_dense: bool, a_dtype, promote:
             f"config.block_k: promote=True with a quantized {fmt.name} A runs FP8 tensor-core dots, which "
             f"need block_k >= 32 on CUDA (FP8 MMA consumes K = 32 per instruction), got {cfg.block_k}"
         )
+    if cfg.swap_ab and a_dense:
+        raise ValueError("config.swap_ab: needs a quantized A (the weight-only kernel keeps dense A as the MMA's "
+                         "first operand)")
     if not promote and a_dense and a_dtype == torch.float16:
         raise ValueError("config.promote: fp16 activations need promote=True (dequantized weights may "
                          "leave fp16's range)")
@@ -160,47 +164,110 @@ def _dot_dtype(promote: bool, a_dense: bool, a_dtype, interpret: bool):
     return tl.float32 if interpret else tl.bfloat16
 
 
+def _split_plan(k: int, bk: int, split_k: int) -> tuple[int, int]:
+    """(splits launched, K elements per split) for ``split_k`` requested splits.
+
+    Each split covers whole BLOCK_K chunks (``k_per_split`` a multiple of ``bk``, as the core
+    needs ``k_lo % BLOCK_K == 0``); the count is lowered so that no split is empty (e.g. 5
+    chunks in 4 splits -> 3 splits of 2, 2, 1 chunks). K = 0: one split (the epilogue still
+    writes zeros + bias)."""
+    kiters = _cdiv(k, bk)
+    if split_k <= 1 or kiters <= 1:
+        return 1, max(kiters, 1) * bk
+    per = _cdiv(kiters, min(split_k, kiters)) * bk
+    return _cdiv(k, per), per
+
+
+#: Split-K tile counters (int32, all zero between launches: the kernel's last program per tile
+#: resets its counter). Concurrency rule: kernels sharing a counter buffer must not run at the
+#: same time. Hence one buffer per (device, stream) for eager launches (launches on one
+#: stream are ordered; different streams get different buffers), and one per device for
+#: launches captured into CUDA graphs (_GRAPH_COUNTERS): graph replays that contain split-K
+#: GEMMs must not overlap each other (do not replay two such graphs concurrently on different
+#: streams, and do not capture two concurrent split-K GEMMs in forked capture streams).
+#: The graph buffer is allocated (zeroed) outside any capture, on the first eager split-K
+#: call on the device (warm-up, which compiling the kernel needs anyway): memory zeroed by a
+#: memset *inside* a capture is only zero after that graph's first replay, so it could not
+#: be shared with other graphs. A capture that finds no (or too small a) graph buffer
+#: allocates a private zeroed one in the graph (torch.zeros: a memset node replayed with the
+#: graph, correct but ~1 us more per call) and does not cache it.
+_COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
+_GRAPH_COUNTERS: dict[torch.device, torch.Tensor] = {}
+#: superseded graph buffers stay alive: graphs captured earlier still point at them
+_RETIRED_GRAPH_COUNTERS: list[torch.Tensor] = []
+#: counters allocated at least this many at a time (16 KB): grows by powers of two beyond
+_MIN_COUNTERS = 4096
+
+
+def _splitk_counters(device: torch.device, n: int) -> torch.Tensor:
+    """An int32 buffer of >= ``n`` zeros that the split-K kernel may use (see _COUNTERS)."""
+    size = max(_MIN_COUNTERS, 1 << (n - 1).bit_length())
+    if device.type != "cuda":
+        key = (device, 0)
+        buf = _COUNTERS.get(key)
+        if buf is None or buf.numel() < n:
+            buf = _COUNTERS[key] = torch.zeros(size, dtype=torch.int32, device=device)
+        return buf
+    if torch.cuda.is_current_stream_capturing():
+        buf = _GRAPH_COUNTERS.get(device)
+        if buf is None or buf.numel() < n:
+            return torch.zeros(size, dtype=torch.int32, device=device)  # owned by the graph's pool
+        return buf
+    key = (device, torch.cuda.current_stream(device).cuda_stream)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        # the old buffer (if any) is freed in stream order: later work on this stream only
+        buf = _COUNTERS[key] = torch.zeros(size, dtype=torch.int32, device=device)
+    gbuf = _GRAPH_COUNTERS.get(device)
+    if gbuf is None or gbuf.numel() < n:
+        if gbuf is not None:
+            _RETIRED_GRAPH_COUNTERS.append(gbuf)
+        _GRAPH_COUNTERS[device] = torch.zeros(size, dtype=torch.int32, device=device)
+    return buf
+
+
 def _launch_triton(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows, out2, bias, fmt: Format, m, n, k,
                    cfg: GemmConfig, promote: bool, interpret: bool) -> None:
+    split, k_per_split = _split_plan(k, cfg.block_k, cfg.split_k)
+    _launch_gemm_kernel(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows, out2, bias, fmt, m, n, k, cfg, promote,
+                        interpret, split, k_per_split)
+
+
+def _launch_gemm_kernel(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows, out2, bias, fmt: Format, m, n, k,
+                        cfg: GemmConfig, promote: bool, interpret: bool, split: int, k_per_split: int) -> None:
+    """One ``gemm_kernel`` launch with an explicit split plan (tests use it for plans that
+    leave empty splits, which _split_plan never makes)."""
     a_dense = a_s2 is None
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    split = 1
-    k_per_split = _cdiv(k, bk) * bk
-    if cfg.split_k > 1 and k:
-        kiters = _cdiv(k, bk)
-        k_per_split = _cdiv(kiters, min(cfg.split_k, kiters)) * bk
-        split = _cdiv(k, k_per_split)
+    if cfg.swap_ab and b_rows % bn and b_rows > 1:
+        raise ValueError(f"config.block_n: swap_ab with {b_rows}-row weight scale blocks needs block_n dividing "
+                         f"{b_rows} (one scale row per tile), got {bn}")
     b_fmt = FORMAT_CODES[fmt.name]
     a_fmt = FORMAT_CODES["dense"] if a_dense else b_fmt
     gs_b = b_gs if b_gs is not None else b_scale  # not read unless nvfp4
     gs_a = a_gs if a_gs is not None else gs_b
     a_s = a_s2 if a_s2 is not None else b_scale  # dense A: never read
     bias_t = bias if bias is not None else out2
-    if split == 1:
-        c, scs, scm, scn = out2, 0, out2.stride(0), out2.stride(1)
-    else:
-        c = torch.empty((split, m, n), dtype=torch.float32, device=out2.device)
-        scs, scm, scn = c.stride(0), c.stride(1), c.stride(2)
-    grid = (_cdiv(m, bm) * _cdiv(n, bn), split)
-    gemm_kernel[grid](
-        a2, a_s, b_data, b_scale, gs_a, gs_b, bias_t, c,
+    tiles = _cdiv(m, bm) * _cdiv(n, bn)
+    ws = cnt = None
+    scs = 0
+    if split > 1:
+        # fp32 partials [split, M, N]; written and read back by the same launch
+        ws = torch.empty((split, m, n), dtype=torch.float32, device=out2.device)
+        scs = ws.stride(0)
+        cnt = _splitk_counters(out2.device, tiles)
+    gemm_kernel[(tiles, split)](
+        a2, a_s, b_data, b_scale, gs_a, gs_b, bias_t, out2,
         m, n, k, k_per_split,
         a2.stride(0), a2.stride(1), a_s.stride(0), a_s.stride(-1),
         b_data.stride(0), b_data.stride(1), b_scale.stride(0), b_scale.stride(1),
-        scs, scm, scn,
+        scs, out2.stride(0), out2.stride(1),
         A_FMT=a_fmt, B_FMT=b_fmt, B_SCALE_ROWS=b_rows, PROMOTE=promote,
-        DOT_DTYPE=_dot_dtype(promote, a_dense, a2.dtype, interpret), EVEN_K=k % bk == 0,
-        HAS_BIAS=(bias is not None and split == 1), SPLIT_K=split, GROUP_M=cfg.group_m,
+        DOT_DTYPE=_dot_dtype(promote, a_dense, a2.dtype, interpret), EVEN_K=k % bk == 0 and k_per_split % bk == 0,
+        HAS_BIAS=bias is not None, SPLIT_K=split, GROUP_M=cfg.group_m,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        ws_ptr=ws, cnt_ptr=cnt, SWAP_AB=cfg.swap_ab,
     )
-    if split > 1:
-        rbm, rbn = 32, 128
-        splitk_reduce_kernel[(_cdiv(m, rbm), _cdiv(n, rbn))](
-            c, gs_a, gs_b, bias_t, out2, m, n,
-            c.stride(0), c.stride(1), out2.stride(0), out2.stride(1),
-            A_DENSE=a_dense, IS_NVFP4=fmt.has_global_scale, HAS_BIAS=bias is not None,
-            SPLIT_K=split, BLOCK_M=rbm, BLOCK_N=rbn, num_warps=4,
-        )
 
 
 # --------------------------------------------------------------------------- dequant + cuBLAS
@@ -330,14 +397,12 @@ def _launch_hopper(a2, a_s2, b_data, b_scale, b_rows, fmt: Format, k: int, out2,
     if out2.device.type != "cuda" or torch.cuda.get_device_capability(out2.device) != (9, 0):
         return False  # wgmma / TMA kernels are built for sm_90a only
     from . import _hopper
-    from ..config.gemm import HOPPER_TMA_MIN_K
 
     if out2.stride(1) != 1 or _hopper._tma_2d_reason("a", a2) or _hopper._tma_2d_reason("b", b_data):
         return False
     m, n = out2.shape
-    variant = "tma" if k >= HOPPER_TMA_MIN_K else "ws"
-    cfg = _hopper.choose_hopper_config(m, n, k, variant=variant, overlap=True,
-                                       num_sms=_hopper._num_sms(_hopper._dev_index(out2.device)))
+    cfg = _hopper.choose_dispatch_config(m, n, k, out2.element_size(),
+                                         num_sms=_hopper._num_sms(_hopper._dev_index(out2.device)))
     _hopper.gemm_fp8_block_hopper_impl(a2, a_s2, b_data, b_scale, out2, cfg)
     return True
 
@@ -410,6 +475,10 @@ def gemm(a, b: ScaledTensor, out_dtype: torch.dtype = torch.bfloat16, out: torch
         ``[..., N]`` tensor of ``out_dtype`` (``out`` when given). nvfp4 applies
         ``1 / (gs_a * gs_b)`` (weight-only: ``1 / gs_b``) read from device memory.
         M = 0 returns an empty tensor without launching. No host synchronisation.
+        Deterministic: bitwise identical from run to run for a given config, also with
+        split-K (one launch; the last program of each tile sums the fp32 partials in split
+        order, see kernels/triton/gemm.py; tile counters cached per device and stream, see
+        ``_COUNTERS`` for the rule on concurrent CUDA-graph replays).
         CPU tensors without the Triton interpreter (``blockscaled._checks.use_reference``):
         the float64 reference, rounded once to ``out_dtype``.
     """

@@ -521,8 +521,20 @@ MATH_REGS = gl.constexpr(232)
 @gluon.jit
 def _wide_tile(tile, seg_ptr, M, N, E, num_pid_m, num_pid_n, oe, lo, hi, cum, GROUP_M: gl.constexpr,
                MODE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Tile -> (valid, first row of A/C, end row (exclusive) of the tile's expert, expert, off_n)."""
-    pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+    """Tile -> (valid, first row of A/C, end row (exclusive) of the tile's expert, expert, off_n).
+    Dense: the tiles of the partial last column (N % BLOCK_N != 0) come after all full tiles, so
+    the last wave of the persistent grid holds the cheap tiles (a partial tile with no second
+    half skips that half's wgmma). 2112 = 8 x 256 + 64: 256 full + 32 partial tiles; grouped
+    order gave some SMs three full tiles (3 tile-times), this order 2 full + 1 partial."""
+    if MODE == 0:
+        nfull = N // BLOCK_N
+        full_tiles = num_pid_m * nfull
+        pm, pn = _tile_coords(tile, num_pid_m, gl.maximum(nfull, 1), GROUP_M)
+        tail = (tile >= full_tiles).to(gl.int32)
+        pid_m = pm + (tile - full_tiles - pm) * tail
+        pid_n = pn + (nfull - pn) * tail
+    else:
+        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
     off_n = pid_n * BLOCK_N
     if MODE == 0:
         valid = pid_m >= 0
@@ -645,11 +657,14 @@ def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty,
                     part = warpgroup_mma(a_s, b0.permute((1, 0)), part, use_acc=False, is_async=True)
                     part, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(part, a_s, b0))
                     acc0 = _pin(acc0 + part * (sa * sb0)[:, None])
-                    b1 = b_s.slice(HALF, HALF, dim=0)
-                    part = warpgroup_mma(a_s, b1.permute((1, 0)), part, use_acc=False, is_async=True)
-                    part, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(part, a_s, b1))
-                    mbarrier.arrive(empty.index(s), count=1)
-                    acc1 = acc1 + part * (sa * sb1)[:, None]
+                    if has1:
+                        b1 = b_s.slice(HALF, HALF, dim=0)
+                        part = warpgroup_mma(a_s, b1.permute((1, 0)), part, use_acc=False, is_async=True)
+                        part, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(part, a_s, b1))
+                        mbarrier.arrive(empty.index(s), count=1)
+                        acc1 = acc1 + part * (sa * sb1)[:, None]
+                    else:  # the tile's second half lies beyond N: nothing to compute
+                        mbarrier.arrive(empty.index(s), count=1)
                 else:
                     part = warpgroup_mma(a_s, b_s.permute((1, 0)), part, use_acc=False, is_async=True)
                     part, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(part, a_s, b_s))

@@ -1,9 +1,23 @@
-"""Dense block-scaled GEMM kernels (portable Triton): ``out = A @ B.T`` on the ``_mma`` core.
+"""Dense block-scaled GEMM kernel (portable Triton): ``out = A @ B.T`` on the ``_mma`` core.
 
 ``gemm_kernel``: one program per (BLOCK_M x BLOCK_N output tile, K split). With SPLIT_K == 1
-it applies the epilogue (nvfp4 ``1/(gs_a*gs_b)``, optional bias, cast, masked store) directly;
-with SPLIT_K > 1 it writes fp32 partials ``ws [SPLIT_K, M, N]`` and ``splitk_reduce_kernel``
-sums them in a fixed order (deterministic, no atomics) and applies the same epilogue.
+it applies the epilogue (nvfp4 ``1/(gs_a*gs_b)``, optional bias, cast, masked store) directly.
+
+Fused, deterministic split-K (SPLIT_K > 1), one launch:
+  1. every (tile, split) program stores its fp32 partial into ``ws [SPLIT_K, M, N]``
+     (contiguous; only the valid rows / columns are written), then increments the tile's
+     counter ``cnt[tile]`` (int32, ``atomic_add`` with acq_rel semantics at gpu scope, after a
+     CTA barrier so that every thread's partial stores are ordered before the release);
+  2. the program that sees the old value ``SPLIT_K - 1`` (it arrived last) sums the SPLIT_K
+     partials in the fixed order s = 0..SPLIT_K-1, loaded with ``.cg`` (L2, never a stale L1
+     line), so the result is bitwise the same whichever program arrives last; it applies the
+     SPLIT_K == 1 epilogue and stores the output;
+  3. it resets ``cnt[tile]`` to 0: the counter buffer is all zeros again when the kernel ends,
+     so one buffer serves every later launch on the same stream and every replay of a CUDA
+     graph (ops/gemm.py::_splitk_counters owns the buffers and their concurrency rule).
+Empty splits (``k_lo >= K``) run no K iteration, store a zero partial and count like the rest.
+The reducing program takes its own partial from registers: the same fp32 bits it stored, so
+the sum does not depend on which split arrived last.
 """
 
 from __future__ import annotations
@@ -21,7 +35,7 @@ def _gemm_repr(specialization):
     b = names.get(c.get("B_FMT"), "?")
     return (
         f"bs_gemm_{a}x{b}_{c.get('BLOCK_M')}x{c.get('BLOCK_N')}x{c.get('BLOCK_K')}"
-        f"_sk{c.get('SPLIT_K')}{'_promote' if c.get('PROMOTE') else ''}"
+        f"_sk{c.get('SPLIT_K')}{'_promote' if c.get('PROMOTE') else ''}{'_swapab' if c.get('SWAP_AB') else ''}"
     )
 
 
@@ -31,7 +45,8 @@ _SCALE_BYTES = {0: 4, 1: 1, 2: 1, 3: 1}
 
 
 def _gemm_launch_metadata(grid, kernel, args):
-    """Profiler metadata: name with M/N/K and tile, FLOPs, bytes moved incl. scales."""
+    """Profiler metadata: name with M/N/K, tile and split, FLOPs, bytes moved incl. scales
+    (split-K: + the fp32 partials written and read back once each)."""
     m, n, k = args["M"], args["N"], args["K"]
     bf, af = args.get("B_FMT", 0), args.get("A_FMT", 0)
     sk = _SCALE_K[bf]
@@ -40,9 +55,10 @@ def _gemm_launch_metadata(grid, kernel, args):
     a_bytes += 0 if af == 4 else m * nk * _SCALE_BYTES[bf]
     b_bytes = n * k * _ELEM_BYTES[bf] + -(-n // args.get("B_SCALE_ROWS", 1)) * nk * _SCALE_BYTES[bf]
     split = args.get("SPLIT_K", 1)
-    c_bytes = m * n * (4 * split if split > 1 else args["c_ptr"].element_size())
+    c_bytes = m * n * args["c_ptr"].element_size() + (m * n * 4 * 2 * split if split > 1 else 0)
     return {
-        "name": f"{kernel.name} [M={m}, N={n}, K={k}, tile={args.get('BLOCK_M')}x{args.get('BLOCK_N')}x{args.get('BLOCK_K')}]",
+        "name": (f"{kernel.name} [M={m}, N={n}, K={k}, tile={args.get('BLOCK_M')}x{args.get('BLOCK_N')}"
+                 f"x{args.get('BLOCK_K')}, split_k={split}]"),
         "flops": 2.0 * m * n * k,
         "bytes": int(a_bytes + b_bytes + c_bytes),
     }
@@ -59,10 +75,21 @@ def gemm_kernel(
     PROMOTE: tl.constexpr, DOT_DTYPE: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ws_ptr=None, cnt_ptr=None, SWAP_AB: tl.constexpr = False,
 ):
-    """``c[M, N] = A[M, K] @ B[N, K].T`` (SPLIT_K == 1) or fp32 partials
-    ``c[SPLIT_K, M, N]`` (SPLIT_K > 1, epilogue deferred to ``splitk_reduce_kernel``).
-    Grid: (ceil(M/BLOCK_M) * ceil(N/BLOCK_N), SPLIT_K); tiles in GROUP_M-row swizzle for L2."""
+    """``c[M, N] = epilogue(A[M, K] @ B[N, K].T)``.
+
+    Grid: (ceil(M/BLOCK_M) * ceil(N/BLOCK_N), SPLIT_K); tiles in GROUP_M-row swizzle for L2.
+    Split ``s`` covers K ``[s * k_per_split, min((s+1) * k_per_split, K))`` (k_per_split a
+    multiple of BLOCK_K; a split past K is empty and contributes zeros).
+    SPLIT_K > 1 (fused split-K, module docstring): ``ws_ptr`` fp32 ``[SPLIT_K, M, N]``
+    contiguous except the split stride ``stride_cs`` (elements); ``cnt_ptr`` int32
+    ``[>= grid[0]]``, all zeros on entry and on exit. SPLIT_K == 1: both unused (None).
+    SWAP_AB: the tile is computed as ``(B_tile @ A_tile.T).T`` so that the weight rows
+    (BLOCK_N, >= 64) fill the MMA's M dimension and few activation rows (BLOCK_M = 16) its N
+    dimension (FP8 wgmma needs M = 64: unswapped decode tiles pad A to 64 rows, 4x the MMA work
+    and A shared memory). Quantized A only; with 128-row B scale blocks BLOCK_N must divide 128
+    (the tile's weight rows then share one scale row: scale pointer offset, row stride 0)."""
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     num_m = tl.cdiv(M, BLOCK_M)
@@ -81,48 +108,64 @@ def gemm_kernel(
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
 
-    acc, _unused = scaled_mma(
-        a_ptr, a_s_ptr, stride_am, stride_ak, stride_asm, stride_ask,
-        b_ptr, b_s_ptr, b_ptr, b_s_ptr, stride_bn, stride_bk, stride_bsn, stride_bsk,
-        offs_m, offs_n, mask_m, mask_n, k_lo, k_hi,
-        A_FMT, B_FMT, B_SCALE_ROWS, PROMOTE, False, DOT_DTYPE, EVEN_K,
-        BLOCK_M, BLOCK_N, BLOCK_K,
-    )
+    if SWAP_AB:
+        tl.static_assert(A_FMT == B_FMT, "SWAP_AB needs a quantized A")
+        if B_SCALE_ROWS == 1:
+            w_s_ptr = b_s_ptr
+            stride_wsn = stride_bsn
+        else:
+            tl.static_assert(B_SCALE_ROWS % BLOCK_N == 0, "SWAP_AB: BLOCK_N must divide B's scale block")
+            w_s_ptr = b_s_ptr + ((pid_n * BLOCK_N) // B_SCALE_ROWS).to(tl.int64) * stride_bsn
+            stride_wsn = 0
+        acc_t, _unused = scaled_mma(
+            b_ptr, w_s_ptr, stride_bn, stride_bk, stride_wsn, stride_bsk,
+            a_ptr, a_s_ptr, a_ptr, a_s_ptr, stride_am, stride_ak, stride_asm, stride_ask,
+            offs_n, offs_m, mask_n, mask_m, k_lo, k_hi,
+            B_FMT, A_FMT, 1, PROMOTE, False, DOT_DTYPE, EVEN_K,
+            BLOCK_N, BLOCK_M, BLOCK_K,
+        )
+        acc = tl.trans(acc_t)
+    else:
+        acc, _unused = scaled_mma(
+            a_ptr, a_s_ptr, stride_am, stride_ak, stride_asm, stride_ask,
+            b_ptr, b_s_ptr, b_ptr, b_s_ptr, stride_bn, stride_bk, stride_bsn, stride_bsk,
+            offs_m, offs_n, mask_m, mask_n, k_lo, k_hi,
+            A_FMT, B_FMT, B_SCALE_ROWS, PROMOTE, False, DOT_DTYPE, EVEN_K,
+            BLOCK_M, BLOCK_N, BLOCK_K,
+        )
 
-    c_off = offs_m.to(tl.int64)[:, None] * stride_cm + offs_n.to(tl.int64)[None, :] * stride_cn
     mask = mask_m[:, None] & mask_n[None, :]
     if SPLIT_K == 1:
-        if B_FMT == FMT_NVFP4:
-            acc = acc * nvfp4_output_scale(gs_a_ptr, gs_b_ptr, A_FMT == FMT_DENSE)
-        if HAS_BIAS:
-            bias = tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-            acc = acc + bias[None, :]
-        tl.store(c_ptr + c_off, acc.to(c_ptr.dtype.element_ty), mask=mask)
+        _epilogue(acc, gs_a_ptr, gs_b_ptr, bias_ptr, c_ptr, offs_m, offs_n, mask_n, mask, stride_cm, stride_cn,
+                  A_FMT, B_FMT, HAS_BIAS)
     else:
-        tl.store(c_ptr + pid_k.to(tl.int64) * stride_cs + c_off, acc, mask=mask)
+        w_off = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+        tl.store(ws_ptr + pid_k.to(tl.int64) * stride_cs + w_off, acc, mask=mask)
+        # every thread's partial stores happen-before thread 0's release (CTA barrier, then the
+        # gpu-scope acq_rel atomic is cumulative over what the barrier ordered)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:
+            # last program of this tile: all SPLIT_K partials are visible (acquire above; the
+            # broadcast of ``arrived`` orders the other threads after it). Fixed order s = 0..
+            # Its own partial comes from registers (the same fp32 bits it stored).
+            tot = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in range(SPLIT_K):
+                part = tl.load(ws_ptr + tl.full([], s, tl.int64) * stride_cs + w_off, mask=mask & (s != pid_k),
+                               other=0.0, cache_modifier=".cg")
+                tot += tl.where(s == pid_k, acc, part)
+            _epilogue(tot, gs_a_ptr, gs_b_ptr, bias_ptr, c_ptr, offs_m, offs_n, mask_n, mask, stride_cm,
+                      stride_cn, A_FMT, B_FMT, HAS_BIAS)
+            # leave the counter buffer all zeros for the next launch / graph replay
+            tl.atomic_xchg(cnt_ptr + pid, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
-def splitk_reduce_kernel(
-    ws_ptr, gs_a_ptr, gs_b_ptr, bias_ptr, c_ptr, M, N,
-    stride_ws, stride_wm, stride_cm, stride_cn,
-    A_DENSE: tl.constexpr, IS_NVFP4: tl.constexpr, HAS_BIAS: tl.constexpr,
-    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    """``c = epilogue(sum_s ws[s])``, summed in order s = 0..SPLIT_K-1 (bitwise reproducible).
-    ``ws`` is fp32 ``[SPLIT_K, M, N]`` with unit stride along N."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < N
-    mask = (offs_m < M)[:, None] & mask_n[None, :]
-    w_off = offs_m.to(tl.int64)[:, None] * stride_wm + offs_n[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for s in tl.static_range(SPLIT_K):
-        acc += tl.load(ws_ptr + tl.full([], s, tl.int64) * stride_ws + w_off, mask=mask, other=0.0)
-    if IS_NVFP4:
-        acc = acc * nvfp4_output_scale(gs_a_ptr, gs_b_ptr, A_DENSE)
+def _epilogue(acc, gs_a_ptr, gs_b_ptr, bias_ptr, c_ptr, offs_m, offs_n, mask_n, mask, stride_cm, stride_cn,
+              A_FMT: tl.constexpr, B_FMT: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """nvfp4 ``1/(gs_a*gs_b)``, bias (fp32), cast to c's dtype, masked store."""
+    if B_FMT == FMT_NVFP4:
+        acc = acc * nvfp4_output_scale(gs_a_ptr, gs_b_ptr, A_FMT == FMT_DENSE)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
         acc = acc + bias[None, :]
