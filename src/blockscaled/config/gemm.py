@@ -363,6 +363,39 @@ def small_m_model(fmt, m, n, k, info: DeviceInfo, a_dtype, promote, block_m, blo
     return max(dram / (_BW * util), l2 / _L2_BW) + tail
 
 
+#: fp8_block, 32 < M <= 128: 64-row tiles, BLOCK_N 128 only above this many 64x64 tiles. H100 sweep
+#: (scripts/sweep_small_m.py, 2026-11-22, % of the memory floor, CUDA-graph medians): 24576x1536
+#: M=64 64x64 p384 74% vs 64x128 p192 69%; 32768x512 M=64 64x128 p256 65% vs 64x64 p512 56%.
+_FP8_WIDE_N_TILES = 450
+
+
+def _fp8_rows_rule(m, n, kiters, info: DeviceInfo, promote, max_split) -> GemmConfig:
+    """fp8_block at 32 < M <= 128, fitted to the H100 sweep (the model above mis-ranked these:
+    its picks reached 22-69% where the best measured 35-75%): 64x64x128 tiles (64x128 when there
+    are more than _FP8_WIDE_N_TILES), 4 warps, 4 stages, and the K split (at most two waves of
+    programs) whose program count fills the last wave best (programs / (waves * SMs)), fewest
+    splits on ties. It picks the
+    sweep's best config for 2112x7168 (M=64 sk4, M=128 sk2), 4096x7168 M=64 sk2, 7168x2048,
+    24576x1536 M=64 and 32768x512; within 3-10% of it for 4096x7168 M=128 (44 vs 47%),
+    7168x16384 M=64 (67 vs 75%); 7168x16384 M=128 is the worst (best 128x128 sk2, 60%)."""
+    mt = math.ceil(m / 64)
+    block_n = 128 if mt * math.ceil(n / 64) > _FP8_WIDE_N_TILES else 64
+    tiles = mt * math.ceil(n / block_n)
+    best = (-1.0, 1)
+    for want in range(1, max_split + 1):
+        per = math.ceil(kiters / want)
+        split = math.ceil(kiters / per)  # what the launcher runs (ops/gemm.py::_split_plan)
+        if split != want:
+            continue
+        p = tiles * split
+        if split > 1 and p > 2 * info.sm_count:
+            break  # more than two waves of split programs: the sweep's worst rows (sk8-sk16)
+        util = p / (math.ceil(p / info.sm_count) * info.sm_count)
+        if util > best[0] + 1e-9:
+            best = (util, split)
+    return GemmConfig(64, block_n, 128, 4, 4, best[1], "triton", promote, 8, False)
+
+
 def _choose_small_m(fmt, m, n, k, info: DeviceInfo, a_dtype, promote, block_m, block_k) -> GemmConfig:
     """Small-M (memory-bound) config on a GPU: the smallest small_m_model time over BLOCK_N in
     (64, 128), BLOCK_M in (the row rule's, 64 instead of 128: two M tiles share B through L2),
@@ -373,6 +406,8 @@ def _choose_small_m(fmt, m, n, k, info: DeviceInfo, a_dtype, promote, block_m, b
     kiters = max(1, math.ceil(k / block_k))
     max_split = max(1, min(_SMALL_M_MAX_SPLIT, kiters // _SMALL_M_MIN_CHUNKS))
     rows = 16 if m <= 16 else 32 if m <= 32 else 64 if m <= 64 else 128
+    if fmt == "fp8_block" and a_dtype is None and m > 32 and block_k == 128:
+        return _fp8_rows_rule(m, n, kiters, info, promote, max_split)
     tiles = [(block_m, False)] + ([(64, False)] if block_m == 128 else [])
     if _SMALL_M_SWAP_AB and rows < block_m and promote and a_dtype is None:
         # block_m was raised to 64 for the FP8 wgmma: swap instead (weight rows fill the MMA's M)
