@@ -658,3 +658,30 @@ def test_dq_epilogue_compiles_for_sm90():
     for key, r in res.items():
         assert r["atom"] == 0, key
         assert r["ex2"] == key.endswith(("swiglu_post", "swiglu")), key
+
+
+def test_expected_m_hint_validation_and_result():
+    """expected_m (masked only) steers tiles, never results; bad values and contiguous use raise."""
+    from blockscaled.ops.grouped import grouped_gemm
+    from blockscaled.reference.quantize import quantize as rq
+    from blockscaled.reference import grouped as ref
+
+    torch.manual_seed(0)
+    a = rq(torch.randn(2, 40, 256), "fp8_block")
+    b = rq(torch.randn(2, 64, 256) * 0.05, "fp8_block", block=(128, 128))
+    cnt = torch.tensor([3, 40], dtype=torch.int32)
+    y0 = grouped_gemm(a, b, masked_m=cnt)
+    y1 = grouped_gemm(a, b, masked_m=cnt, expected_m=8)
+    rows = torch.arange(40)[None, :] < cnt[:, None]
+    assert torch.equal(y0[rows], y1[rows])
+    with pytest.raises(ValueError, match="expected_m"):
+        grouped_gemm(a, b, masked_m=cnt, expected_m=0)
+    a2 = rq(torch.randn(43, 256), "fp8_block")
+    offs = torch.tensor([0, 3, 43], dtype=torch.int32)
+    with pytest.raises(ValueError, match="expected_m"):
+        grouped_gemm(a2, b, offsets=offs, expected_m=8)
+    # one expert: the dense GEMM path, same contract
+    b1 = rq(torch.randn(1, 64, 256) * 0.05, "fp8_block", block=(128, 128))
+    offs1 = torch.tensor([0, 43], dtype=torch.int32)
+    out = grouped_gemm(a2, b1, offsets=offs1, out_dtype=torch.float32)
+    torch.testing.assert_close(out.double(), ref.grouped_gemm(a2, b1, offsets=offs1), rtol=2e-2, atol=2e-2)

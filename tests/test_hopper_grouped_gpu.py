@@ -135,3 +135,24 @@ def test_fallbacks():
     assert "16" in hopper_reason(a, b, torch.bfloat16, 1)
     out = grouped_gemm(a, b, offsets=offs)
     assert_gemm_close(out, ref.grouped_gemm(a, b, offsets=offs), "fp8_block", torch.bfloat16)
+
+
+def test_masked_expected_m_hint_picks_64_row_tiles():
+    counts = [64, 0, 33, 64]
+    a, b = _inputs((4, 256), 4, 512, 1024, seed=4)
+    cnt = torch.tensor(counts, dtype=torch.int32, device="cuda")
+    out = torch.full((4, 256, 512), float("nan"), device="cuda", dtype=torch.bfloat16)
+    assert H.choose_grouped_config(64, 512, 1024).block_m == 64
+    grouped_gemm(a, b, masked_m=cnt, out=out, expected_m=64)
+    rows = torch.arange(256, device="cuda")[None, :] < cnt[:, None]
+    assert torch.isnan(out[~rows].float()).all()
+    assert_gemm_close(out[rows], ref.grouped_gemm(a, b, masked_m=cnt)[rows], "fp8_block", torch.bfloat16)
+    again = grouped_gemm(a, b, masked_m=cnt)  # max_m-based tiles: same values
+    assert torch.equal(again[rows], out[rows])
+
+
+def test_one_expert_contiguous_is_dense():
+    a, b = _inputs((300,), 1, 2048, 7168, seed=6)
+    offs = _offsets([300])
+    out = grouped_gemm(a, b, offsets=offs)
+    assert_gemm_close(out, ref.grouped_gemm(a, b, offsets=offs), "fp8_block", torch.bfloat16)

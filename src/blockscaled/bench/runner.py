@@ -553,7 +553,9 @@ class Runner:
                 check(row, out)
 
             if masked:
-                fn = lambda a, b, c: f(a, b, masked_m=c, **kw)  # noqa: E731
+                # typical rows per expert as a host hint (DeepGEMM's expected_m): tile choice only
+                kw_m = dict(kw, expected_m=max(1, round(sum(ms) / max(len(ms), 1))))
+                fn = lambda a, b, c: f(a, b, masked_m=c, **kw_m)  # noqa: E731
                 sets = [(i.qa, i.qb, i.counts) for i in inputs]
             else:
                 fn = lambda a, b, o: f(a, b, offsets=o, **kw)  # noqa: E731

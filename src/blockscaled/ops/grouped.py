@@ -308,7 +308,8 @@ def _grouped_out_op(
     if strategy == STRATEGY_HOPPER:
         from . import _hopper
 
-        _hopper.grouped_fp8_block_hopper_impl(a_data, a_scale, b_data, b_scale, seg, grouping, out)
+        _hopper.grouped_fp8_block_hopper_impl(a_data, a_scale, b_data, b_scale, seg, grouping, out,
+                                              _hopper_cfg(block_m, block_n, num_stages))
         return
     _launch_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out,
                  fmt_id, grouping, k, b_br, promote, block_m, block_n, block_k, num_warps, num_stages)
@@ -335,7 +336,8 @@ def _grouped_op(
     if strategy == STRATEGY_HOPPER:
         from . import _hopper
 
-        _hopper.grouped_fp8_block_hopper_impl(a_data, a_scale, b_data, b_scale, seg, grouping, out)
+        _hopper.grouped_fp8_block_hopper_impl(a_data, a_scale, b_data, b_scale, seg, grouping, out,
+                                              _hopper_cfg(block_m, block_n, num_stages))
         return out
     _launch_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out,
                  fmt_id, grouping, k, b_br, promote, block_m, block_n, block_k, num_warps, num_stages)
@@ -517,6 +519,7 @@ def grouped_gemm(
     config: GemmConfig | dict | None = None,
     b_global_scale: torch.Tensor | None = None,
     validate: bool | None = None,
+    expected_m: int | None = None,
 ) -> torch.Tensor:
     """Grouped block-scaled GEMM for MoE: ``y_e = dequantize(a_e) @ dequantize(b[e]).T``.
 
@@ -557,6 +560,16 @@ def grouped_gemm(
     validation, bad values cannot make the kernel access memory out of bounds (offsets are
     clamped to ``[0, sum_m]``, counts to ``[0, max_m]``) but the result is then meaningless.
 
+    ``expected_m``: masked only, a host-side hint of the typical rows per expert (as DeepGEMM's
+    ``expected_m``; the counts themselves stay on the device): tiles are chosen for it instead
+    of ``max_m`` (e.g. 64-row tiles when experts hold ~64 of 256 rows). Never changes results.
+
+    Dispatch: fp8_block x 128x128 weights on sm_90 run the Gluon kernel
+    (``ops._hopper.grouped_fp8_block_hopper_impl``; ``GemmConfig(strategy="hopper")`` forces it
+    and raises ValueError with the reason when it cannot). Contiguous with one expert is a dense
+    GEMM (offsets must then be ``[0, sum_m]``) and runs :func:`blockscaled.ops.gemm.gemm`
+    (split-K / swap-AB at small M, which a one-expert grouped launch cannot use).
+
     No host synchronisation without ``validate``; the output is bitwise deterministic.
     """
     if (offsets is None) == (masked_m is None):
@@ -582,8 +595,14 @@ def grouped_gemm(
         check_masked_m(masked_m, e, max_m, dev, val)
         shape = (e, max_m, n)
         rows_per_expert = max_m
+        if expected_m is not None:
+            if not isinstance(expected_m, int) or expected_m < 1:
+                raise ValueError(f"expected_m: expected a positive int (rows per expert hint), got {expected_m!r}")
+            rows_per_expert = min(expected_m, max_m)
         seg, mode = masked_m, MODE_MASKED
     else:
+        if expected_m is not None:
+            raise ValueError("expected_m: only for the masked layout (masked_m=); contiguous offsets give the sizes")
         sum_m = a.shape[0]
         check_offsets(offsets, e, sum_m, dev, val)
         shape = (sum_m, n)
@@ -596,20 +615,46 @@ def grouped_gemm(
 
         y = _ref.grouped_gemm(a, b, offsets=offsets, masked_m=masked_m, b_global_scale=b_global_scale)
         return reference_result(y, out, out_dtype, masked_m)
+    if (not masked and e == 1 and config is None and isinstance(a, ScaledTensor) and gsb is None
+            and b.global_scale is None and not use_reference(b.data)):
+        from .gemm import gemm as _dense_gemm
+
+        b0 = ScaledTensor(b.data[0], b.scale[0], b.format, torch.Size((n, k)), b.block, b.rounding)
+        return _dense_gemm(a, b0, out_dtype=out_dtype, out=out)
     forced_hopper = config is not None and (config.get("strategy") if isinstance(config, dict)
                                             else getattr(config, "strategy", None)) == "hopper"
     why = hopper_reason(a, b, out_dtype, mode)
     if forced_hopper:
         if why is not None:
             raise ValueError(f"config.strategy: 'hopper' cannot run this call: {why}")
-        return launch(a, b, gsb, None, seg, out, out_dtype, mode, GemmConfig(strategy="hopper", promote=True))
+        from . import _hopper
+
+        h = _hopper.choose_grouped_config(rows_per_expert, n, k, out_elem_bytes=_out_elem_bytes(out_dtype))
+        return launch(a, b, gsb, None, seg, out, out_dtype, mode,
+                      GemmConfig(block_m=h.block_m, block_n=h.block_n, num_warps=h.num_warps, num_stages=h.stages,
+                                 strategy="hopper", promote=True))
     cfg = resolve_config(config, fmt, rows_per_expert, n, k, dev, a_dtype=a_dtype, mode=mode, experts=e,
                          out_dtype=out_dtype, a=a)
     if config is None and why is None:
         # sm_90 fp8_block x 128x128 weights: the Gluon wide kernel (H100, moe suite: faster than
-        # the portable kernel on every measured MoE shape; benchmarks/NOTES.md)
-        cfg = cfg.replace(strategy="hopper")
+        # the portable kernel on every measured MoE shape; benchmarks/NOTES.md). Its tiles travel
+        # in the config fields (block_m/block_n/num_stages) to the custom op.
+        from . import _hopper
+
+        h = _hopper.choose_grouped_config(rows_per_expert, n, k, out_elem_bytes=_out_elem_bytes(out_dtype))
+        cfg = GemmConfig(block_m=h.block_m, block_n=h.block_n, num_warps=h.num_warps, num_stages=h.stages,
+                         strategy="hopper", promote=True)
     return launch(a, b, gsb, None, seg, out, out_dtype, mode, cfg)
+
+
+def _out_elem_bytes(out_dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=out_dtype).element_size()
+
+
+def _hopper_cfg(block_m: int, block_n: int, num_stages: int):
+    from . import _hopper
+
+    return _hopper.HopperConfig("wide", block_m, block_n, 4 * (block_m // 64), num_stages, epilogue="masked")
 
 
 def hopper_reason(a, b: ScaledTensor, out_dtype: torch.dtype, mode: int) -> str | None:
