@@ -222,8 +222,8 @@ def test_wide_kernel(compiled):
             assert c["tma_store"] >= 1, (key, c)
         if c.get("spill_stores") is not None:
             assert not c["wgmma_serialized"], (key, c)
-            # dense / masked: no spills; contiguous keeps 32-68 B of tile-setup spills outside
+            # dense: no spills; grouped modes keep 32-68 B of tile-setup spills outside
             # the K loop (per-expert offset vectors; the SASS main loop has no LDL/STL)
-            assert c["spill_stores"] <= (72 if "_mode1_" in key else 0), (key, c)
+            assert c["spill_stores"] <= (72 if ("_mode1_" in key or "_mode2_" in key) else 0), (key, c)
         if "_epi1_" in key and c["smem_estimate"] is not None:
             assert c["shared"] <= c["smem_estimate"], (key, c)

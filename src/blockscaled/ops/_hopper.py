@@ -435,6 +435,6 @@ def grouped_fp8_block_hopper_impl(a_data: torch.Tensor, a_scale: torch.Tensor, b
         a_desc, b_desc, a_desc, a_s2, b_scale, out2, seg, max_m, n, k, e, num_pid_m,
         a_s2.stride(0), a_s2.stride(1), b_scale.stride(0), b_scale.stride(1), b_scale.stride(2), out2.stride(0),
         GROUP_M=cfg.group_m, STAGES=cfg.stages, NH=bn // 128, EPI=1, MODE=mode,
-        E_POW2=max(16, triton.next_power_of_2(e)) if mode == 1 else 16, SPLIT_WG=split,
+        E_POW2=max(16, triton.next_power_of_2(e)), SPLIT_WG=split,
         num_warps=4 if split else cfg.num_warps,
     )
