@@ -122,6 +122,7 @@ class HopperConfig:
         return ring + self.block_m * self.block_n * 4 + 1024
 
 
+@functools.lru_cache(maxsize=4096)
 def choose_hopper_config(m: int, n: int, k: int, variant: str = "persistent", overlap: bool = True,
                          num_sms: int = 132, out_elem_bytes: int = 2) -> HopperConfig:
     """First heuristic, NOT yet tuned on the H100 (to be replaced by measurements):
@@ -150,11 +151,20 @@ def choose_hopper_config(m: int, n: int, k: int, variant: str = "persistent", ov
                         overlap=overlap)
 
 
+@functools.lru_cache(maxsize=4096)
 def choose_dispatch_config(m: int, n: int, k: int, out_elem_bytes: int = 2, num_sms: int = 132) -> HopperConfig:
     """The configuration ``gemm()`` runs on sm_90 (M >= config.gemm.HOPPER_MIN_M): the wide kernel.
     H100, M=4096, six DeepSeek-V3 shapes (scripts/hopper_check.py, 2026-11-22): wide 128x256
     760-1141 TFLOP/s vs the best of tma / ws+overlap 697-870 on every shape."""
     return choose_hopper_config(m, n, k, variant="wide", num_sms=num_sms, out_elem_bytes=out_elem_bytes)
+
+
+@functools.lru_cache(maxsize=None)
+def _smem_layout(rows: int, cols: int, dtype_name: str):
+    """NVMMA shared layout of a TMA box (cached: host launch overhead matters for eager calls)."""
+    from triton.experimental.gluon import language as gl
+
+    return gl.NVMMASharedLayout.get_default_for([rows, cols], getattr(gl, dtype_name))
 
 
 def _dev_index(device: torch.device) -> int:
@@ -250,7 +260,6 @@ def gemm_fp8_block_hopper_impl(a2: torch.Tensor, a_s2: torch.Tensor, b_data: tor
     strides), ``b_data [N, K]`` e4m3 (same TMA constraints), ``b_scale [ceil(N/128),
     ceil(K/128)]`` fp32 (any strides), ``out2`` bf16/fp16/fp32 with unit column stride.
     Raises :class:`HopperUnsupported` if A/B violate the TMA constraints. No host synchronisation."""
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     m, k = a2.shape
@@ -267,8 +276,8 @@ def gemm_fp8_block_hopper_impl(a2: torch.Tensor, a_s2: torch.Tensor, b_data: tor
         if reason is not None:
             raise HopperUnsupported(reason)
     bk = 128
-    la = gl.NVMMASharedLayout.get_default_for([cfg.block_m, bk], gl.float8e4nv)
-    lb = gl.NVMMASharedLayout.get_default_for([cfg.block_n, bk], gl.float8e4nv)
+    la = _smem_layout(cfg.block_m, bk, "float8e4nv")
+    lb = _smem_layout(cfg.block_n, bk, "float8e4nv")
     a_desc = TensorDescriptor(a2, [m, k], [a2.stride(0), 1], [cfg.block_m, bk], la)
     b_desc = TensorDescriptor(b_data, [n, k], [b_data.stride(0), 1], [cfg.block_n, bk], lb)
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
@@ -283,8 +292,7 @@ def gemm_fp8_block_hopper_impl(a2: torch.Tensor, a_s2: torch.Tensor, b_data: tor
         split = cfg.split_wg and cfg.block_m == 128
         rows = cfg.block_m // 2 if split else cfg.block_m
         if epi == 2:
-            gdt = getattr(gl, _GL_OUT[out2.dtype])
-            lc = gl.NVMMASharedLayout.get_default_for([rows, 128], gdt)
+            lc = _smem_layout(rows, 128, _GL_OUT[out2.dtype])
             c_desc = TensorDescriptor(out2, [m, n], [out2.stride(0), 1], [rows, 128], lc)
         else:
             c_desc = a_desc  # unused by the kernel when EPI == 1
@@ -337,6 +345,7 @@ def gemm_fp8_block_hopper(a: ScaledTensor, b: ScaledTensor, out_dtype: torch.dty
     return out
 
 
+@functools.lru_cache(maxsize=4096)
 def choose_grouped_config(rows_per_expert: float, n: int, k: int, num_sms: int = 132,
                           out_elem_bytes: int = 2) -> HopperConfig:
     """Grouped (MoE) tiles on the wide kernel: block_m 64 (one math warpgroup) when experts have
@@ -397,7 +406,6 @@ def grouped_fp8_block_hopper_impl(a_data: torch.Tensor, a_scale: torch.Tensor, b
         ``[E]`` (device), ``out [E, max_m, N]``: rows past a count are not written.
     ``b_data [E, N, K]`` e4m3 (experts stacked contiguously), ``b_scale [E, ceil(N/128), nk]`` fp32.
     Callers check :func:`grouped_unsupported_reason` first."""
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     e, n, k = b_data.shape
@@ -419,8 +427,8 @@ def grouped_fp8_block_hopper_impl(a_data: torch.Tensor, a_scale: torch.Tensor, b
     if cfg is None:
         cfg = choose_grouped_config(rows_per_expert, n, k, _num_sms(_dev_index(out.device)), out.element_size())
     bm, bn = cfg.block_m, cfg.block_n
-    la = gl.NVMMASharedLayout.get_default_for([bm, 128], gl.float8e4nv)
-    lb = gl.NVMMASharedLayout.get_default_for([bn, 128], gl.float8e4nv)
+    la = _smem_layout(bm, 128, "float8e4nv")
+    lb = _smem_layout(bn, 128, "float8e4nv")
     b2 = b_data.view(e * n, k)
     a_desc = TensorDescriptor(a2, [rows, k], [a2.stride(0), 1], [bm, 128], la)
     b_desc = TensorDescriptor(b2, [e * n, k], [b2.stride(0), 1], [bn, 128], lb)
