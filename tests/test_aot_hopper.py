@@ -36,6 +36,21 @@ def sig(bm, bn, out, overlap):
             "GROUP_M": "constexpr", "STAGES": "constexpr", "num_warps": "constexpr",
             **({} if overlap is None else {"OVERLAP": "constexpr"})}
 
+def ptxas_stats(ptx):
+    """Spills, registers and wgmma serialisation (ptxas -v) where triton's bundled ptxas exists."""
+    if not os.path.exists(PTXAS):
+        return {}
+    with tempfile.TemporaryDirectory() as d:
+        p = os.path.join(d, "k.ptx")
+        open(p, "w").write(ptx)
+        r = subprocess.run([PTXAS, "-arch=sm_90a", "-v", p, "-o", os.path.join(d, "k.cubin")],
+                           capture_output=True, text=True)
+    spills = re.findall(r"(\d+) bytes spill stores", r.stderr)
+    regs = re.findall(r"Used (\d+) registers", r.stderr)
+    # C7514: "wgmma.mma_async instructions are serialized" (e.g. a copy of an in-flight accumulator)
+    return {"spill_stores": max(int(x) for x in spills) if spills else None,
+            "regs": max(int(x) for x in regs) if regs else None, "wgmma_serialized": "C7514" in r.stderr}
+
 KERNELS = {"tma": H.fp8_block_gemm_tma_kernel, "persistent": H.fp8_block_gemm_persistent_kernel,
            "ws": H.fp8_block_gemm_ws_kernel}
 out = {}
@@ -66,18 +81,7 @@ for variant, ov, cfg, dt in CASES:
            "wait_group": ptx.count("wgmma.wait_group"),
                "wait_group_1": ptx.count("wgmma.wait_group.sync.aligned 1;"), "shared": k.metadata.shared,
            "smem_estimate": cfg.smem_bytes()}
-    if os.path.exists(PTXAS):
-        with tempfile.TemporaryDirectory() as d:
-            p = os.path.join(d, "k.ptx")
-            open(p, "w").write(ptx)
-            r = subprocess.run([PTXAS, "-arch=sm_90a", "-v", p, "-o", os.path.join(d, "k.cubin")],
-                               capture_output=True, text=True)
-            m = re.findall(r"(\d+) bytes spill stores", r.stderr)
-            rec["spill_stores"] = max(int(x) for x in m) if m else None
-            m = re.findall(r"Used (\d+) registers", r.stderr)
-            rec["regs"] = max(int(x) for x in m) if m else None
-            # C7514: "wgmma.mma_async instructions are serialized" (e.g. a copy of an in-flight accumulator)
-            rec["wgmma_serialized"] = "C7514" in r.stderr
+    rec.update(ptxas_stats(ptx))
     out[key] = rec
 
 # the wide kernel (dense MODE 0 with TMA-store / masked epilogue, grouped MODE 1 / 2)
@@ -114,15 +118,7 @@ for bm, bn, st, epi, mode, cdt, split in [
            "tma_load": ptx.count("cp.async.bulk.tensor.2d.shared"), "tma_store": ptx.count("cp.async.bulk.tensor.2d.global"),
            "setmaxnreg": ptx.count("setmaxnreg"), "shared": k.metadata.shared,
            "smem_estimate": cfg.smem_bytes({"bf16": 2, "fp16": 2, "fp32": 4}[cdt])}
-    if os.path.exists(PTXAS):
-        with tempfile.TemporaryDirectory() as d:
-            p = os.path.join(d, "k.ptx")
-            open(p, "w").write(ptx)
-            r = subprocess.run([PTXAS, "-arch=sm_90a", "-v", p, "-o", os.path.join(d, "k.cubin")],
-                               capture_output=True, text=True)
-            m = re.findall(r"(\d+) bytes spill stores", r.stderr)
-            rec["spill_stores"] = max(int(x) for x in m) if m else None
-            rec["wgmma_serialized"] = "C7514" in r.stderr
+    rec.update(ptxas_stats(ptx))
     out[key] = rec
 print(json.dumps(out))
 '''

@@ -30,6 +30,16 @@ def _w(shape, fmt, device, seed):
     return quantize(w, fmt, block=(128, 128) if fmt == "fp8_block" else None)
 
 
+def _nvfp4_experts(e, n, k, scale, g, device):
+    """[E, N, K] nvfp4 weights quantized per expert (own global scale each, magnitudes spread
+    over three decades) and their [E] global scales."""
+    w = torch.randn(e, n, k, generator=g) * torch.logspace(-2, 1, e).reshape(e, 1, 1) * scale
+    qs = [quantize(w[i].to(device), "nvfp4") for i in range(e)]
+    st = replace(qs[0], data=torch.stack([q.data for q in qs]), scale=torch.stack([q.scale for q in qs]),
+                 shape=torch.Size((e, n, k)))
+    return st, torch.stack([q.global_scale.reshape(()) for q in qs])
+
+
 def _offsets(sizes, device):
     offs = [0]
     for s in sizes:
@@ -134,15 +144,7 @@ def test_errors(device):
 def test_nvfp4_per_expert_global_scales(device):
     e, n, k = 3, 16, 64
     g = torch.Generator().manual_seed(11)
-
-    def experts(seed_scale):
-        w = torch.randn(e, n, k, generator=g) * torch.logspace(-2, 1, e).reshape(e, 1, 1) * seed_scale
-        qs = [quantize(w[i].to(device), "nvfp4") for i in range(e)]
-        st = replace(qs[0], data=torch.stack([q.data for q in qs]), scale=torch.stack([q.scale for q in qs]),
-                     shape=torch.Size((e, n, k)))
-        return st, torch.stack([q.global_scale.reshape(()) for q in qs])
-
-    (bg, gs_g), (bu, gs_u) = experts(1.0), experts(0.5)
+    (bg, gs_g), (bu, gs_u) = _nvfp4_experts(e, n, k, 1.0, g, device), _nvfp4_experts(e, n, k, 0.5, g, device)
     offs = _offsets([5, 0, 7], device)
     a = _acts((12, k), "nvfp4", device)
     y = swiglu(a, bg, bu, offsets=offs, out_dtype=torch.float32, b_gate_global_scale=gs_g, b_up_global_scale=gs_u)
@@ -209,15 +211,7 @@ def test_dequant_matmul_weight_only_and_per_expert_gs(device):
     assert_gemm_close(y, ref.swiglu(x, bg, bu, offsets=offs), "mxfp4", torch.bfloat16, what="weight-only")
     e, n, k = 3, 16, 64
     g = torch.Generator().manual_seed(11)
-
-    def experts(s):
-        w = torch.randn(e, n, k, generator=g) * torch.logspace(-2, 1, e).reshape(e, 1, 1) * s
-        qs = [quantize(w[i].to(device), "nvfp4") for i in range(e)]
-        st = replace(qs[0], data=torch.stack([q.data for q in qs]), scale=torch.stack([q.scale for q in qs]),
-                     shape=torch.Size((e, n, k)))
-        return st, torch.stack([q.global_scale.reshape(()) for q in qs])
-
-    (bg, gs_g), (bu, gs_u) = experts(1.0), experts(0.5)
+    (bg, gs_g), (bu, gs_u) = _nvfp4_experts(e, n, k, 1.0, g, device), _nvfp4_experts(e, n, k, 0.5, g, device)
     offs = _offsets([5, 0, 7], device)
     a = _acts((12, k), "nvfp4", device)
     kw = dict(b_gate_global_scale=gs_g, b_up_global_scale=gs_u)

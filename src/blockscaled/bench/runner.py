@@ -304,10 +304,18 @@ class Runner:
     def tile_desc(self, case: Case, fmt: str, op: str) -> str:
         """The config our heuristic picks for this case (best effort, '' if unknown)."""
         try:
+            m = case.m
             if op in ("gemm", "linear"):
                 from ..config.gemm import choose_gemm_config
 
                 c = choose_gemm_config(fmt, case.m, case.n, case.k, torch.device(self.device), 
+                                       out_dtype=self.cfg.out_dtype)
+            elif op == "grouped" and len(case.ms) == 1 and case.kind != "masked":
+                # one-expert contiguous runs the dense GEMM (ops.grouped.grouped_gemm)
+                from ..config.gemm import choose_gemm_config
+
+                m = case.ms[0]
+                c = choose_gemm_config(fmt, m, case.n, case.k, torch.device(self.device),
                                        out_dtype=self.cfg.out_dtype)
             elif op in ("grouped", "swiglu") and case.ms:
                 from ..config.grouped import choose_grouped_config
@@ -327,7 +335,7 @@ class Runner:
             if c.strategy == "hopper":  # the Gluon kernel picks its own tiles (ops/_hopper.py)
                 from ..ops._hopper import choose_dispatch_config
 
-                h = choose_dispatch_config(case.m, case.n, case.k)
+                h = choose_dispatch_config(m, case.n, case.k)
                 return f"hopper {h.variant} {h.block_m}x{h.block_n} s{h.stages}"
             if c.strategy == "dequant_matmul":
                 return "dequant + cuBLAS bf16"

@@ -172,6 +172,12 @@ def _dev_index(device: torch.device) -> int:
 
 
 @functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    # cached: the grouped ops ask on every call (torch's query is not free on the host)
+    return torch.cuda.get_device_capability(index)
+
+
+@functools.lru_cache(maxsize=None)
 def _num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
@@ -207,9 +213,9 @@ def unsupported_reason(a: ScaledTensor, b: ScaledTensor, out_dtype=torch.bfloat1
     dev = b.data.device
     if dev.type != "cuda" or a.data.device != dev:
         return f"needs both operands on one CUDA device, got a on {a.data.device}, b on {dev}"
-    if torch.cuda.get_device_capability(dev) != (9, 0):
+    if _capability(_dev_index(dev)) != (9, 0):
         return (f"needs an sm_90 (Hopper) GPU: wgmma/TMA kernels compiled for sm_90a, got compute capability "
-                f"{torch.cuda.get_device_capability(dev)}")
+                f"{_capability(_dev_index(dev))}")
     if out_dtype not in OUT_DTYPES:
         return f"out_dtype: expected one of {OUT_DTYPES}, got {out_dtype}"
     if a.scale.dtype != torch.float32 or b.scale.dtype != torch.float32:
@@ -226,7 +232,7 @@ def unsupported_reason(a: ScaledTensor, b: ScaledTensor, out_dtype=torch.bfloat1
             if r is not None:
                 return r
     if config is not None:
-        es = torch.empty((), dtype=out_dtype).element_size()
+        es = out_dtype.itemsize
         need = config.smem_bytes(es)
         if config.variant == "wide" and config.epilogue == "tma" and need > _SMEM_LIMIT:
             # the launcher falls back to the masked epilogue when the TMA-store buffers do not fit
@@ -374,7 +380,7 @@ def grouped_unsupported_reason(a_data: torch.Tensor, b_data: torch.Tensor, a_sca
     if a_scale.dtype != torch.float32 or b_scale.dtype != torch.float32:
         return f"scales must be fp32, got {a_scale.dtype}, {b_scale.dtype}"
     dev = b_data.device
-    if dev.type != "cuda" or torch.cuda.get_device_capability(dev) != (9, 0):
+    if dev.type != "cuda" or _capability(_dev_index(dev)) != (9, 0):
         return "needs an sm_90 (Hopper) GPU"
     if out_dtype not in OUT_DTYPES:
         return f"out_dtype: expected one of {OUT_DTYPES}, got {out_dtype}"

@@ -494,15 +494,16 @@ def _add_i32(a, b):
 @gluon.jit
 def _segments(seg_ptr, M, E, MODE: gl.constexpr, E_POW2: gl.constexpr, BLOCK_M: gl.constexpr,
               layout: gl.constexpr):
-    """Per-expert vectors [E_POW2] for MODE 1: (lo, hi, inclusive prefix sum of M tiles).
+    """Per-expert vectors [E_POW2] (grouped modes): (lo, hi, inclusive prefix sum of M tiles).
     Offsets are clamped to [0, M]: unvalidated bad offsets give wrong rows, never out-of-bounds."""
+    gl.static_assert(MODE == 1 or MODE == 2, "per-expert segments exist in the grouped modes only")
     oe = gl.arange(0, E_POW2, layout=layout)
     if MODE == 1:
         lo = gl.minimum(gl.maximum(gl.load(seg_ptr + oe, mask=oe < E, other=0), 0), M)
         hi = gl.minimum(gl.maximum(gl.load(seg_ptr + oe + 1, mask=oe < E, other=0), 0), M)
         hi = gl.maximum(hi, lo)
         cum = gl.associative_scan((hi - lo + BLOCK_M - 1) // BLOCK_M, 0, _add_i32)
-    elif MODE == 2:
+    else:
         # masked: expert e owns rows [e * max_m, e * max_m + count_e) of the 2-D view; its tiles
         # are numbered densely after the previous experts' (as in MODE 1), so the tiles past the
         # counts all come last instead of being spread over the persistent grid (with max_m=256
@@ -511,10 +512,6 @@ def _segments(seg_ptr, M, E, MODE: gl.constexpr, E_POW2: gl.constexpr, BLOCK_M: 
         lo = oe * M
         hi = lo + gl.minimum(gl.maximum(gl.load(seg_ptr + oe, mask=oe < E, other=0), 0), M)
         cum = gl.associative_scan((hi - lo + BLOCK_M - 1) // BLOCK_M, 0, _add_i32)
-    else:
-        lo = oe
-        hi = oe
-        cum = oe
     return oe, lo, hi, cum
 
 
@@ -528,9 +525,12 @@ MATH_REGS = gl.constexpr(232)
 
 
 @gluon.jit
-def _wide_tile(tile, seg_ptr, M, N, E, num_pid_m, num_pid_n, oe, lo, hi, cum, GROUP_M: gl.constexpr,
-               MODE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Tile -> (valid, first row of A/C, end row (exclusive) of the tile's expert, expert, off_n).
+def _wide_tile(tile, seg_ptr, M, N, E, num_pid_m, num_pid_n, GROUP_M: gl.constexpr, MODE: gl.constexpr,
+               E_POW2: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, seg_layout: gl.constexpr):
+    """Tile -> (valid, first row of A/C, end row (exclusive) of the tile's expert, expert, off_n);
+    the producer and the math partitions call it with the same arguments, so they agree.
+    Grouped modes reload the per-expert vectors per tile (L1-resident) rather than once per
+    program: vectors kept live across the K loop cost the math warps registers (36 B of spills).
     Dense: the tiles of the partial last column (N % BLOCK_N != 0) come after all full tiles, so
     the last wave of the persistent grid holds the cheap tiles (a partial tile with no second
     half skips that half's wgmma). 2112 = 8 x 256 + 64: 256 full + 32 partial tiles; grouped
@@ -551,6 +551,7 @@ def _wide_tile(tile, seg_ptr, M, N, E, num_pid_m, num_pid_n, oe, lo, hi, cum, GR
         row_end = M
         e = pid_m * 0
     else:  # MODE 1 and 2: dense tile numbering from the per-expert tile prefix sums
+        oe, lo, hi, cum = _segments(seg_ptr, M, E, MODE, E_POW2, BLOCK_M, seg_layout)
         e = gl.sum((cum <= pid_m).to(gl.int32), 0)
         valid = e < E
         tile0 = gl.sum(gl.where(oe == e - 1, cum, 0), 0)  # tiles of experts before e
@@ -572,11 +573,8 @@ def _wide_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, seg_ptr, M, N, 
     num_k = gl.cdiv(K, BLOCK_K)
     it = 0
     for tile in range(pid, num_pid_m * num_pid_n, nprog):
-        # Per tile (L1-resident reloads) rather than once per program: vectors kept live across
-        # the K loop cost the math warps registers (36 B of spills measured in the PTX).
-        oe, lo, hi, cum = _segments(seg_ptr, M, E, MODE, E_POW2, BLOCK_M, seg_layout)
-        valid, row0, row_end, e, off_n = _wide_tile(tile, seg_ptr, M, N, E, num_pid_m, num_pid_n, oe, lo, hi, cum,
-                                                    GROUP_M, MODE, BLOCK_M, BLOCK_N)
+        valid, row0, row_end, e, off_n = _wide_tile(tile, seg_ptr, M, N, E, num_pid_m, num_pid_n, GROUP_M, MODE,
+                                                    E_POW2, BLOCK_M, BLOCK_N, seg_layout)
         if valid:
             b_row = e * N + off_n
             for kb in range(num_k):
@@ -623,11 +621,8 @@ def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty,
     num_k = gl.cdiv(K, BLOCK_K)
     it = 0
     for tile in range(pid, num_pid_m * num_pid_n, nprog):
-        # Per tile (L1-resident reloads) rather than once per program: vectors kept live across
-        # the K loop cost the math warps registers (36 B of spills measured in the PTX).
-        oe, lo, hi, cum = _segments(seg_ptr, M, E, MODE, E_POW2, BLOCK_M, seg_layout)
-        valid, row0, row_end, e, off_n = _wide_tile(tile, seg_ptr, M, N, E, num_pid_m, num_pid_n, oe, lo, hi, cum,
-                                                    GROUP_M, MODE, BLOCK_M, BLOCK_N)
+        valid, row0, row_end, e, off_n = _wide_tile(tile, seg_ptr, M, N, E, num_pid_m, num_pid_n, GROUP_M, MODE,
+                                                    E_POW2, BLOCK_M, BLOCK_N, seg_layout)
         if valid:
             my_row0 = row0 + WG * ROWS
             rows = my_row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma_layout))
