@@ -85,7 +85,7 @@ bench() {  # bench NAME LIMIT_S ARGS...
 [ -n "${SKIP_BENCH:-}" ] && { echo "SKIP_BENCH set: no bench"; exit 0; }
 # BENCH_STEPS picks steps (default: quantize deepseek moe test-cases); split them across two
 # device calls when the pytest step runs too: each call may take at most 10 minutes.
-STEPS=" ${BENCH_STEPS:-quantize deepseek moe test-cases} "
+STEPS=" ${BENCH_STEPS-quantize deepseek moe test-cases} "  # set but empty: no bench
 want() { case "$STEPS" in *" $1 "*) return 0;; esac; return 1; }
 want quantize && bench quantize 45 --suite quantize --iterations 50
 want deepseek && bench deepseek 150 --suite deepseek --deepseek-small-m --iterations 30 --warmup 5
@@ -93,6 +93,9 @@ want moe && bench moe 150 --suite moe --iterations 10 --warmup 2
 want masked && bench masked 60 --suite masked --iterations 20 --warmup 3
 want nvfp4-group && bench nvfp4-group 45 --suite nvfp4-group --iterations 20 --warmup 3
 want dual-gemm && bench dual-gemm 45 --suite dual-gemm --iterations 20 --warmup 3
+# fp8_block SwiGLU on the DeepSeek-V3 shapes (the Hopper DUAL kernel from M = 128)
+want swiglu && bench swiglu 120 --suite deepseek --ops swiglu --formats fp8_block --iterations 20 --warmup 3
+[ -n "${SWIGLU_CHECK:-}" ] && { echo "=== swiglu_check (t=$(elapsed) s)"; timeout -k 10 200 "$PY" scripts/swiglu_check.py --json "$OUT/swiglu_check.json" 2>&1 | tail -40; }
 want test-cases && bench test-cases 55 --iterations 30 --warmup 5
 
 cp "$WORK/bench.log" "$OUT/bench.log"

@@ -509,7 +509,7 @@ def grouped_cases() -> list[Case]:
     gg("masked-nvfp4-per-expert-gs", "nvfp4", "masked", per_expert_gs=True)
     gg("contig-w4a16-mxfp4-bf16act", "mxfp4", "contig", a_kind="bf16")
 
-    def sw(name, fmt, mode, out_dtype="bf16"):
+    def sw(name, fmt, mode, out_dtype="bf16", cfg=None):
         def run(ctx):
             if mode == "dense":
                 a, seg, e = R.quantize(_x((M, K), seed=14), fmt), None, None
@@ -523,13 +523,21 @@ def grouped_cases() -> list[Case]:
             ref = RG.swiglu(a, bg, bu, **kw)
             o = _nan(tuple(ref.shape), _dt(out_dtype), ctx.dev)
             swiglu(a.to(ctx.dev), bg.to(ctx.dev), bu.to(ctx.dev), **{k_: v.to(ctx.dev) for k_, v in kw.items()},
-                   out_dtype=_dt(out_dtype), out=o)
+                   out_dtype=_dt(out_dtype), out=o, config=cfg)
             chk = _close_masked if mode == "masked" else _close
             return chk(o, ref, fmt, _dt(out_dtype), name)
 
-        out.append(Case(f"swiglu/{name}", run, dict(fmt=fmt, mode=mode, out=out_dtype)))
+        hopper = cfg is not None and cfg.strategy == "hopper"
+        out.append(Case(f"swiglu/{name}", run, dict(fmt=fmt, mode=mode, out=out_dtype, config=cfg),
+                        needs_sm90=hopper))
 
     sw("dense-fp8_block", "fp8_block", "dense")
+    # the Hopper wide kernel in DUAL mode (gate | up halves), each grouping, and the portable
+    # kernel forced where the heuristic now picks Hopper
+    for mode in ("dense", "contig", "masked"):
+        sw(f"{mode}-fp8_block-hopper", "fp8_block", mode, "fp32" if mode == "contig" else "bf16",
+           C(strategy="hopper"))
+    sw("dense-fp8_block-portable", "fp8_block", "dense", cfg=C(64, 64, 128, 4, 3, promote=True))
     sw("contig-mxfp8", "mxfp8", "contig", "fp32")  # fp16: silu(g)*u of these inputs overflows 65504
     sw("masked-nvfp4", "nvfp4", "masked")
     sw("contig-mxfp4", "mxfp4", "contig")

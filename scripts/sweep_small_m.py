@@ -70,7 +70,7 @@ def candidates(fmt, m, n, k, info):
 
     import torch
 
-    heur = choose_gemm_config(fmt, m, n, k, torch.device("cuda"))
+    heur = choose_gemm_config(fmt, m, n, k, torch.device("cuda"), allow_hopper=False)  # portable configs only
     old = _old_choice(fmt, m, n, k, info.sm_count)
     out = [("heur", heur)] + ([("old", old)] if old != heur else [])
     if heur.strategy != "triton":

@@ -6,9 +6,12 @@ no interpreter). For every variant (tma / persistent / ws) and both tile configs
 (``wgmma.mma_async ... e4m3.e4m3``) with use_acc=False restarts (promotion per K block) and TMA
 loads (``cp.async.bulk.tensor``); the ws variant must be warp-specialised (``setmaxnreg``);
 shared memory must fit the H100 (227 KB); and, where triton's bundled ptxas is present, no
-register spills.
+register spills. The wide kernel's fused split-K (SPLIT > 1): arrival atomics behind a named
+per-partition barrier, counter resets, no spills, the same main loop as SPLIT 1.
 """
 
+
+import re
 
 import pytest
 import torch
@@ -88,28 +91,58 @@ for variant, ov, cfg, dt in CASES:
 def wsig(bm, bn, cdt, rows):
     la = gl.NVMMASharedLayout.get_default_for([bm, 128], gl.float8e4nv)
     lb = gl.NVMMASharedLayout.get_default_for([bn, 128], gl.float8e4nv)
+    bdesc = f"tensordesc<fp8e4nv[{bn}, 128],{lb!r}>"
     gdt = {"bf16": gl.bfloat16, "fp32": gl.float32, "fp16": gl.float16}[cdt]
     lc = gl.NVMMASharedLayout.get_default_for([rows, 128], gdt)
-    return {"a_desc": f"tensordesc<fp8e4nv[{bm}, 128],{la!r}>", "b_desc": f"tensordesc<fp8e4nv[{bn}, 128],{lb!r}>",
+    return {"a_desc": f"tensordesc<fp8e4nv[{bm}, 128],{la!r}>", "b_desc": bdesc, "b2_desc": bdesc,
             "c_desc": f"tensordesc<{cdt}[{rows}, 128],{lc!r}>", "sa_ptr": "*fp32", "sb_ptr": "*fp32",
-            "c_ptr": "*" + cdt, "seg_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "E": "i32",
-            "num_pid_m": "i32", "stride_sam": "i32", "stride_sak": "i32", "stride_sbe": "i32", "stride_sbn": "i32",
+            "sb2_ptr": "*fp32", "c_ptr": "*" + cdt, "seg_ptr": "*i32", "ws_ptr": "*fp32", "cnt_ptr": "*i32",
+            "M": "i32", "N": "i32", "K": "i32", "E": "i32", "num_pid_m": "i32", "kb_per_split": "i32",
+            "stride_sam": "i32", "stride_sak": "i32", "stride_sbe": "i32", "stride_sbn": "i32",
             "stride_sbk": "i32", "stride_cm": "i32", "GROUP_M": "constexpr", "STAGES": "constexpr",
             "NH": "constexpr", "EPI": "constexpr", "MODE": "constexpr", "E_POW2": "constexpr",
-            "SPLIT_WG": "constexpr", "num_warps": "constexpr"}
+            "SPLIT_WG": "constexpr", "DUAL": "constexpr", "SPLIT": "constexpr", "num_warps": "constexpr"}
 
-for bm, bn, st, epi, mode, cdt, split in [
-        (128, 256, 3, 2, 0, "bf16", True), (128, 256, 4, 1, 0, "bf16", True), (128, 128, 5, 2, 0, "fp16", True),
-        (128, 256, 3, 1, 0, "fp32", True), (64, 256, 4, 1, 2, "bf16", False), (128, 256, 4, 1, 1, "bf16", True),
-        (64, 128, 6, 2, 0, "bf16", False), (128, 256, 3, 2, 0, "bf16", False), (128, 256, 4, 1, 2, "bf16", True)]:
-    key = f"wide_{bm}x{bn}_s{st}_epi{epi}_mode{mode}_{cdt}_split{int(split)}"
-    cfg = HopperConfig("wide", bm, bn, bm // 16, st, epilogue="tma" if epi == 2 else "masked", split_wg=split)
+def barrier_before_atomics(ptx):
+    """The barrier instruction nearest before each acq_rel atomic (split-K arrival)."""
+    lines = ptx.splitlines()
+    out = []
+    for i, ln in enumerate(lines):
+        if "atom.global.gpu.acq_rel.add" in ln:
+            for j in range(i - 1, -1, -1):
+                if re.search(r"\b(bar|barrier)\.sync\b", lines[j]):
+                    out.append(" ".join(lines[j].split()))
+                    break
+    return out
+
+# (block_m, block_n, stages, epilogue, mode, out dtype, split_wg, dual[, split-K]); dual: block_n 256 = gate | up
+for bm, bn, st, epi, mode, cdt, split, dual, *sk in [
+        (128, 256, 3, 2, 0, "bf16", True, False), (128, 256, 4, 1, 0, "bf16", True, False),
+        (128, 128, 5, 2, 0, "fp16", True, False), (128, 256, 3, 1, 0, "fp32", True, False),
+        (64, 256, 4, 1, 2, "bf16", False, False), (128, 256, 4, 1, 1, "bf16", True, False),
+        (64, 128, 6, 2, 0, "bf16", False, False), (128, 256, 3, 2, 0, "bf16", False, False),
+        (128, 256, 4, 1, 2, "bf16", True, False),
+        (128, 256, 4, 2, 0, "bf16", True, True), (128, 256, 4, 1, 1, "bf16", True, True),
+        (64, 256, 5, 1, 2, "bf16", False, True), (128, 256, 3, 1, 0, "fp32", True, True),
+        # fused split-K (dense): SPLIT 3 next to the same configs above (SPLIT 1), and the
+        # small-M chooser's 128x128 6-stage config with 7 splits
+        (128, 256, 3, 2, 0, "bf16", True, False, 3), (128, 256, 4, 1, 0, "bf16", True, False, 3),
+        (128, 256, 3, 1, 0, "fp32", True, False, 3), (128, 128, 5, 2, 0, "fp16", True, False, 3),
+        (128, 128, 5, 2, 0, "fp32", True, False, 3), (128, 128, 6, 2, 0, "bf16", True, False, 7),
+        (128, 256, 3, 2, 0, "bf16", False, False, 3)]:
+    nsk = sk[0] if sk else 1
+    key = (f"wide_{bm}x{bn}_s{st}_epi{epi}_mode{mode}_{cdt}_split{int(split)}{'_dual' if dual else ''}"
+           f"{f'_sk{nsk}' if nsk > 1 else ''}")
+    cfg = HopperConfig("wide", bm, bn, bm // 16, st, epilogue="tma" if epi == 2 else "masked", split_wg=split,
+                       split_k=nsk)
     warps = 4 if split else bm // 16
     rows = bm // 2 if split else bm
     try:
-        k = triton.compile(GluonASTSource(H.fp8_block_gemm_wide_kernel, wsig(bm, bn, cdt, rows), constexprs={
+        k = triton.compile(GluonASTSource(H.fp8_block_gemm_wide_kernel, wsig(bm, 128 if dual else bn, cdt, rows),
+                                          constexprs={
             "GROUP_M": 8, "STAGES": st, "NH": bn // 128, "EPI": epi, "MODE": mode, "E_POW2": 16,
-            "SPLIT_WG": split, "num_warps": warps}), target=TGT, options={"num_warps": warps})
+            "SPLIT_WG": split, "DUAL": dual, "SPLIT": nsk, "num_warps": warps}), target=TGT,
+            options={"num_warps": warps})
     except Exception as e:
         out[key] = {"error": f"{type(e).__name__}: {str(e)[-800:]}"}
         continue
@@ -117,7 +150,12 @@ for bm, bn, st, epi, mode, cdt, split in [
     rec = {"wgmma": sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.[\w\.]+", ptx))),
            "tma_load": ptx.count("cp.async.bulk.tensor.2d.shared"), "tma_store": ptx.count("cp.async.bulk.tensor.2d.global"),
            "setmaxnreg": ptx.count("setmaxnreg"), "shared": k.metadata.shared,
-           "smem_estimate": cfg.smem_bytes({"bf16": 2, "fp16": 2, "fp32": 4}[cdt])}
+           "smem_estimate": cfg.smem_bytes({"bf16": 2, "fp16": 2, "fp32": 4}[cdt], dual=dual),
+           "ex2": ptx.count("ex2.approx"), "atom": len(re.findall(r"\batom\.", ptx)),
+           "atom_acq_rel": ptx.count("atom.global.gpu.acq_rel.add"),
+           "atom_exch": ptx.count("atom.global.gpu.relaxed.exch"),
+           "ld_cg": ptx.count("ld.global.cg"), "arrive_barriers": barrier_before_atomics(ptx),
+           "wgmma_n": ptx.count("wgmma.mma_async"), "tma_copies": ptx.count("cp.async.bulk.tensor")}
     rec.update(ptxas_stats(ptx))
     out[key] = rec
 print(json.dumps(out))
@@ -205,7 +243,7 @@ def test_hopper_config_validation():
 
 def test_wide_kernel(compiled):
     keys = [k for k in compiled if k.startswith("wide_")]
-    assert len(keys) == 9, keys
+    assert len(keys) == 20, keys
     for key in keys:
         c = compiled[key]
         assert "error" not in c, (key, c)
@@ -223,3 +261,82 @@ def test_wide_kernel(compiled):
             assert c["spill_stores"] <= (72 if ("_mode1_" in key or "_mode2_" in key) else 0), (key, c)
         if "_epi1_" in key and c["smem_estimate"] is not None:
             assert c["shared"] <= c["smem_estimate"], (key, c)
+        if key.endswith("_dual"):
+            # SwiGLU: three TMA boxes per K block (A, gate, up) and the exp of silu in the epilogue
+            assert c["tma_load"] >= 3, (key, c)
+            assert c["ex2"] >= 1, (key, c)
+            if "_epi2_" in key:
+                assert c["shared"] <= c["smem_estimate"], (key, c)
+        else:
+            assert c["ex2"] == 0, (key, c)
+
+
+def test_wide_split_k(compiled):
+    """Fused split-K (SPLIT > 1, dense): one acq_rel arrival atomic and one counter reset per
+    math partition, L2 (.cg) read-back of the partials, the arrival barrier a named barrier of
+    the partition's own threads (``bar.sync id, 128`` per 4-warp partition, ``bar.sync 0, 256``
+    for the single 8-warp one; a CTA-wide ``barrier.sync`` there would also wait for the
+    producer warp and the other math partition: deadlock / serialisation), no spills, the same
+    wgmma and TMA instructions as the SPLIT 1 kernel of the same config; SPLIT 1 has no atomics."""
+    split_keys = [k for k in compiled if k.startswith("wide_") and "_sk" in k]
+    assert len(split_keys) == 7, split_keys
+    for key in split_keys:
+        c = compiled[key]
+        assert "error" not in c, (key, c)
+        ncons = 2 if "_split1" in key else 1  # math partitions
+        assert c["atom_acq_rel"] == ncons and c["atom_exch"] == ncons, (key, c)
+        assert c["atom"] == 2 * ncons, (key, c)  # nothing else uses atomics
+        assert c["ld_cg"] > 0, (key, c)
+        assert len(c["arrive_barriers"]) == ncons, (key, c)
+        ids = set()
+        for bar in c["arrive_barriers"]:
+            m = re.fullmatch(r"bar\.sync (\d+), (\d+);", bar)
+            assert m and int(m.group(2)) == 512 // (2 * ncons), (key, bar)  # the partition's threads only
+            ids.add(m.group(1))
+        assert len(ids) == ncons, (key, c["arrive_barriers"])  # each partition its own barrier id
+        assert c["shared"] <= 232448, (key, c)
+        if c.get("spill_stores") is not None:
+            assert c["spill_stores"] == 0, (key, c)
+            assert not c["wgmma_serialized"], (key, c)
+        base = compiled.get(key.rsplit("_sk", 1)[0])
+        if base is not None:  # same config without split-K: same main loop
+            assert (c["wgmma_n"], c["tma_copies"]) == (base["wgmma_n"], base["tma_copies"]), (key, c, base)
+    for key in compiled:
+        if key.startswith("wide_") and "_sk" not in key:
+            assert compiled[key]["atom"] == 0, (key, compiled[key]["atom"])  # SPLIT 1: no atomics
+
+
+def test_split_k_config_and_plan():
+    from blockscaled.ops._hopper import HopperConfig, _split_plan_kb, choose_small_m_hopper_config
+
+    with pytest.raises(ValueError, match="split_k"):
+        HopperConfig(split_k=0)
+    with pytest.raises(ValueError, match="split_k"):
+        HopperConfig(variant="ws", split_k=2)
+    assert HopperConfig(variant="wide", block_n=256, split_k=4).split_k == 4
+    # (splits launched, K blocks per split): no empty split
+    assert _split_plan_kb(9, 3) == (3, 3)
+    assert _split_plan_kb(5, 2) == (2, 3)
+    assert _split_plan_kb(5, 4) == (3, 2)
+    assert _split_plan_kb(1, 8) == (1, 1)
+    assert _split_plan_kb(56, 1) == (1, 56)
+    for nk in range(1, 70):
+        for sk in range(1, 20):
+            s, per = _split_plan_kb(nk, sk)
+            assert 1 <= s <= max(1, min(sk, nk)) and (s - 1) * per < nk <= s * per, (nk, sk, s, per)
+    # chooser: fills the SMs, keeps >= 4 K blocks per split, fits shared memory
+    cfg = choose_small_m_hopper_config(128, 2112, 7168, 132)
+    assert (cfg.block_n, cfg.split_k) == (128, 7)
+    cfg = choose_small_m_hopper_config(128, 7168, 16384, 132)
+    assert (cfg.block_n, cfg.split_k) == (128, 2)
+    for m in (1, 64, 128, 200, 256):
+        for n, k in ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048),
+                     (520, 1040), (16, 16)):
+            cfg = choose_small_m_hopper_config(m, n, k, 132)
+            nk = -(-k // 128)
+            assert cfg.variant == "wide" and cfg.block_n in (128, 256) and cfg.split_k >= 1, (m, n, k, cfg)
+            assert cfg.split_k == 1 or nk // cfg.split_k >= 4, (m, n, k, cfg)
+            assert cfg.smem_bytes(2) <= 232448 and cfg.stages >= 2, (m, n, k, cfg)
+            tiles = -(-m // 128) * -(-n // cfg.block_n)
+            if cfg.split_k > 1:
+                assert tiles < 132, (m, n, k, cfg)  # splits only when tiles alone leave SMs idle

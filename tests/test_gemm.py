@@ -502,7 +502,14 @@ def test_hopper_strategy_choice_and_fallback(device):
     try:
         cg.device_info = lambda dev: h100
         assert cg.choose_gemm_config("fp8_block", cg.HOPPER_MIN_M, 24576, 1536, torch.device("cuda")).strategy == "hopper"
-        assert cg.choose_gemm_config("fp8_block", cg.HOPPER_MIN_M - 1, 24576, 1536, torch.device("cuda")).strategy != "hopper"
+        # below HOPPER_MIN_M only where the split-K wide config was measured faster
+        # (ops/_hopper.small_m_dispatch_config): M=128 24576x1536 yes, M <= 32 never, and
+        # not with few K blocks per split (M=128 7168x2048: split 2 of 16 blocks)
+        assert cg.choose_gemm_config("fp8_block", 128, 24576, 1536, torch.device("cuda")).strategy == "hopper"
+        assert cg.choose_gemm_config("fp8_block", 128, 7168, 16384, torch.device("cuda")).strategy == "hopper"
+        assert cg.choose_gemm_config("fp8_block", 32, 24576, 1536, torch.device("cuda")).strategy != "hopper"
+        assert cg.choose_gemm_config("fp8_block", 128, 7168, 2048, torch.device("cuda")).strategy != "hopper"
+        assert cg.choose_gemm_config("fp8_block", 64, 24576, 1536, torch.device("cuda")).strategy != "hopper"
         # too few 128x128 tiles for the persistent kernel: portable split-K
         assert cg.choose_gemm_config("fp8_block", 512, 2112, 7168, torch.device("cuda")).strategy != "hopper"
         assert cg.choose_gemm_config("mxfp8", 4096, 4096, 7168, torch.device("cuda")).strategy != "hopper"

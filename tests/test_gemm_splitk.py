@@ -214,6 +214,10 @@ def test_heuristic_small_m_fills_the_gpu(monkeypatch):
             for m in (1, 16, 64, 128):
                 for fmt in ("fp8_block", "mxfp8", "nvfp4"):
                     c = cg.choose_gemm_config(fmt, m, n, k, dev)
+                    if c.strategy == "hopper":
+                        # the split-K wide kernel where it measured faster (fp8_block, M > 32)
+                        assert fmt == "fp8_block" and m > 32, c
+                        continue
                     assert c.strategy == "triton" and c.block_n in (64, 128) and c.num_warps in (4, 8), c
                     split, per = _split_plan(k, c.block_k, c.split_k)
                     assert split == c.split_k, c  # the heuristic's split is what runs

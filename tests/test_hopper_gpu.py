@@ -1,8 +1,12 @@
 """GPU (sm_90) tests of the Hopper fp8_block GEMM kernels: every variant forced, DeepSeek-V3 and
 odd shapes against the float64 reference (outputs NaN-poisoned), out dtypes, 3-D activations,
-fallback reasons (K % 16, unaligned base), variants bitwise equal to each other."""
+fallback reasons (K % 16, unaligned base), variants bitwise equal to each other; the wide
+kernel's fused split-K (small M): forced splits vs the reference, bitwise repeatability,
+CUDA-graph replays equal to eager (self-resetting counters), back-to-back shapes on one stream."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -11,6 +15,7 @@ from blockscaled.ops._hopper import (
     HopperConfig,
     HopperUnsupported,
     choose_hopper_config,
+    choose_small_m_hopper_config,
     gemm_fp8_block_hopper,
     unsupported_reason,
 )
@@ -146,3 +151,118 @@ def test_fallback_reasons():
     w1 = quantize(torch.randn(256, 256, device="cuda"), "fp8_block")  # 1x128 weight blocks
     with pytest.raises(HopperUnsupported, match="b.block"):
         gemm_fp8_block_hopper(a1, w1)
+
+
+# ------------------------------------------------------------------ wide kernel, fused split-K
+# forced configs (block_n, stages, epilogue, split_k, split_wg, block_m): both tile widths,
+# both epilogues, odd split counts, the single 8-warp math partition, 64-row tiles
+SPLITK_CFGS = [(256, 3, "tma", 3, True, 128), (128, 6, "tma", 2, True, 128), (256, 4, "masked", 4, True, 128),
+               (128, 5, "masked", 7, True, 128), (256, 3, "tma", 3, False, 128), (256, 4, "tma", 3, False, 64)]
+# K: 56 / 128 K blocks; 1040 = 9 blocks (K tail; split 3 -> 3, 3, 3); 640 = 5 blocks (split 2 -> 3, 2)
+SPLITK_NK = [(2112, 7168), (7168, 16384), (520, 1040), (2112, 640), (520, 7168), (7168, 1040)]
+
+
+def _splitk_cfg(c):
+    bn, st, epi, sk, wg, bm = c
+    return HopperConfig("wide", bm, bn, bm // 16, st, group_m=8, epilogue=epi, split_k=sk, split_wg=wg)
+
+
+def _counters_zero(device):
+    from blockscaled.ops.gemm import _splitk_counters
+
+    torch.cuda.synchronize()
+    assert int(_splitk_counters(device, 1).count_nonzero()) == 0  # the kernel left them all zero
+
+
+@pytest.mark.parametrize("cfg", SPLITK_CFGS,
+                         ids=lambda c: "m{5}n{0}s{1}{2}k{3}{4}".format(*c[:4], "" if c[4] else "-1part", c[5]))
+@pytest.mark.parametrize("nk", SPLITK_NK, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("m", [1, 64, 128, 200, 256])
+def test_wide_split_k(cfg, nk, m):
+    n, k = nk
+    a, b = _operands(m, n, k, seed=7)
+    _check(a, b, _splitk_cfg(cfg))
+    _counters_zero(b.data.device)
+
+
+@pytest.mark.parametrize("mnk", [(128, 2112, 7168), (128, 7168, 16384), (1, 7168, 2048), (200, 520, 1040),
+                                 (64, 2112, 640), (256, 4096, 7168)], ids=lambda s: "x".join(map(str, s)))
+def test_wide_split_k_chooser(mnk):
+    m, n, k = mnk
+    a, b = _operands(m, n, k, seed=8)
+    nsm = torch.cuda.get_device_properties(0).multi_processor_count
+    _check(a, b, choose_small_m_hopper_config(m, n, k, nsm))
+    _check(a, b, choose_small_m_hopper_config(m, n, k, nsm, 4), torch.float32)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])
+def test_wide_split_k_out_dtypes(out_dtype):
+    a, b = _operands(200, 2112, 1040, seed=9)
+    for c in SPLITK_CFGS:
+        # 3 stages: every config fits with the fp32 output tile (the launcher itself falls back
+        # to the masked store where the TMA-store tile does not fit)
+        _check(a, b, dataclasses.replace(_splitk_cfg(c), stages=3), out_dtype)
+
+
+@pytest.mark.parametrize("mnk", [(128, 7168, 16384), (200, 520, 1040), (1, 2112, 7168)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_wide_split_k_bitwise_repeatable(mnk):
+    """Fixed-order reduction: the same bits whichever split finishes last."""
+    m, n, k = mnk
+    a, b = _operands(m, n, k, seed=10)
+    for c in SPLITK_CFGS[:3]:
+        cfg = _splitk_cfg(c)
+        outs = [gemm_fp8_block_hopper(a, b, config=cfg) for _ in range(3)]
+        for o in outs[1:]:
+            assert torch.equal(o, outs[0]), cfg
+        assert_gemm_close(outs[0], ref_gemm.gemm(a, b), "fp8_block", torch.bfloat16)
+    _counters_zero(b.data.device)
+
+
+def test_wide_split_k_cuda_graph():
+    """Captured split-K GEMMs replay bitwise equal to eager: the counters reset themselves (a
+    stale count would make no split, or two, the last) and the graph's workspace is reused."""
+    shapes = [(128, 2112, 7168, SPLITK_CFGS[1]), (200, 7168, 1040, SPLITK_CFGS[0])]
+    ops = []
+    for m, n, k, c in shapes:
+        a, b = _operands(m, n, k, seed=11)
+        cfg = _splitk_cfg(c)
+        ops.append((a, b, cfg, gemm_fp8_block_hopper(a, b, config=cfg)))  # eager (also compiles)
+    outs = [torch.empty_like(e) for *_, e in ops]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for (a, b, cfg, _), o in zip(ops, outs):  # warm-up on the capture stream
+            gemm_fp8_block_hopper(a, b, out=o, config=cfg)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for (a, b, cfg, _), o in zip(ops, outs):
+            gemm_fp8_block_hopper(a, b, out=o, config=cfg)
+    for _ in range(3):
+        for o in outs:
+            o.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        for (*_, eager), o in zip(ops, outs):
+            assert torch.equal(o, eager)
+    _counters_zero(ops[0][1].data.device)
+    from blockscaled.ops.gemm import _GRAPH_COUNTERS
+
+    assert int(_GRAPH_COUNTERS[ops[0][1].data.device].count_nonzero()) == 0  # the graph's buffer too
+
+
+def test_wide_split_k_back_to_back_shapes():
+    """Different shapes (tile counts, splits) launched back to back on one stream share the
+    counter buffer: each launch must leave it zero for the next."""
+    cases = []
+    for m, n, k, c in [(128, 7168, 16384, SPLITK_CFGS[0]), (64, 2112, 640, SPLITK_CFGS[1]),
+                       (256, 520, 1040, SPLITK_CFGS[3]), (1, 7168, 7168, SPLITK_CFGS[2])]:
+        a, b = _operands(m, n, k, seed=12)
+        cases.append((a, b, _splitk_cfg(c)))
+    first = [gemm_fp8_block_hopper(a, b, config=cfg) for a, b, cfg in cases]  # no sync in between
+    second = [gemm_fp8_block_hopper(a, b, config=cfg) for a, b, cfg in cases]
+    for (a, b, _), o1, o2 in zip(cases, first, second):
+        assert torch.equal(o1, o2)
+        assert_gemm_close(o1, ref_gemm.gemm(a, b), "fp8_block", torch.bfloat16)
+    _counters_zero(cases[0][1].data.device)

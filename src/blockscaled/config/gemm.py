@@ -41,6 +41,8 @@ STRATEGIES = ("triton", "dequant_matmul", "hopper")
 #:   M=512: 2112x7168 500 vs 571 (68 tiles), 4096x7168 955 vs 614 (128), others 1.4-1.7x;
 #:   M=1024: 2112x7168 512 vs 514 (136 tiles). M=128 not measured with the wide kernel (the
 #:   older Hopper variants were slower than the portable kernel on all six shapes there).
+#: Below these, ops/_hopper.small_m_dispatch_config may still take the wide kernel with a fused
+#: split-K (32 < M <= 256; its docstring has the H100 rows that chose it).
 HOPPER_MIN_M = 256
 HOPPER_MIN_TILES = 96
 #: (The variant is chosen by ops/_hopper.choose_dispatch_config: the 128x256 "wide" kernel beat
@@ -216,10 +218,14 @@ def choose_gemm_config(
     ``allow_hopper=False``: the portable choice (the launcher's fallback when the Hopper
     kernels cannot take the operands)."""
     info = device_info(device)
-    if (allow_hopper and fmt == "fp8_block" and a_dtype is None and info.kind == "cuda"
-            and info.capability == (9, 0) and m >= HOPPER_MIN_M
-            and math.ceil(m / 128) * math.ceil(n / 128) >= HOPPER_MIN_TILES):
-        return GemmConfig(strategy="hopper")
+    if allow_hopper and fmt == "fp8_block" and a_dtype is None and info.kind == "cuda" and info.capability == (9, 0):
+        if m >= HOPPER_MIN_M and math.ceil(m / 128) * math.ceil(n / 128) >= HOPPER_MIN_TILES:
+            return GemmConfig(strategy="hopper")
+        from ..ops._hopper import small_m_dispatch_config  # pure function; no import cycle
+
+        if small_m_dispatch_config(m, n, k, info.sm_count) is not None:
+            # fused split-K wide kernel where it beat the portable kernel (its docstring)
+            return GemmConfig(strategy="hopper")
     return _choose(fmt, m, n, k, info, a_dtype, out_dtype)
 
 

@@ -110,9 +110,10 @@ def _dequant_matmul_faster(fmt: str, grouping: str, e: int, rows: int, n: int, k
     t_triton = max(flops / _TRITON_MX_FLOPS, (a_packed + w * eb + out_b) / _BW)
     # dequantize: read packed, write bf16 (A only when quantized)
     dq = w * eb + w * 2 + (0 if a_dtype is not None else a_packed + rows * k * 2)
-    # products: bf16 (contiguous, and masked GEMMs with bf16 out) or fp32 (SwiGLU dense/masked,
-    # other outputs), written by cuBLAS and read back by the epilogue (none for a bf16 GEMM)
-    prod_b = 2 if grouping == "contiguous" or (not dual and out_dtype == torch.bfloat16) else 4
+    # products: bf16 (contiguous; bf16 outputs except nvfp4 SwiGLU) or fp32 (the others),
+    # written by cuBLAS and read back by the epilogue (none for a bf16 GEMM)
+    nv = fmt == "nvfp4"  # as ops.grouped._dequant_matmul
+    prod_b = 2 if grouping == "contiguous" or (out_dtype == torch.bfloat16 and not (dual and nv)) else 4
     epi = 0 if (not dual and prod_b == 2 and grouping != "masked") else nb * rows * n * prod_b + out_b
     t_mm = max(flops / _BF16_FLOPS, ((rows + w // n) * k * 2 + nb * rows * n * prod_b) / _BW)
     return dq / _BW + t_mm + epi / _BW < t_triton

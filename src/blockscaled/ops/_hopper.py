@@ -23,8 +23,11 @@ import torch
 import triton
 
 from ..tensor import ScaledTensor
+from .gemm import _splitk_counters
 
 __all__ = [
+    "choose_small_m_hopper_config",
+    "choose_swiglu_config",
     "grouped_fp8_block_hopper_impl",
     "grouped_unsupported_reason",
     "HopperConfig",
@@ -68,6 +71,10 @@ class HopperConfig:
     epilogue: "wide" only: "tma" (registers -> shared tile -> TMA store, asynchronous; needs a
         16-byte aligned output base and row stride, else the launcher uses "masked") or "masked"
         (layout conversion + masked global stores).
+    split_k: "wide" dense GEMM only: fused deterministic split-K into this many K ranges (whole
+        128-wide K blocks; lowered by the launcher so that no range is empty, e.g. 5 K blocks in
+        4 -> 3 ranges of 2, 2, 1). Partials go to an fp32 workspace and the last range of each
+        tile to finish sums them in fixed order and stores (kernels/hopper/fp8_gemm.py). 1 = no split.
     """
 
     variant: str = "persistent"
@@ -79,6 +86,7 @@ class HopperConfig:
     overlap: bool = True
     epilogue: str = "tma"
     split_wg: bool = True
+    split_k: int = 1
 
     def __post_init__(self):
         if self.variant not in VARIANTS:
@@ -106,16 +114,23 @@ class HopperConfig:
             raise ValueError(f"HopperConfig.stages: expected >= 2, got {self.stages}")
         if self.group_m < 1:
             raise ValueError(f"HopperConfig.group_m: expected >= 1, got {self.group_m}")
+        if not isinstance(self.split_k, int) or self.split_k < 1:
+            raise ValueError(f"HopperConfig.split_k: expected an int >= 1, got {self.split_k!r}")
+        if self.split_k > 1 and self.variant != "wide":
+            raise ValueError(f"HopperConfig.split_k: split-K is implemented for variant 'wide' only, got "
+                             f"split_k={self.split_k} with variant {self.variant!r}")
 
-    def smem_bytes(self, out_elem_bytes: int = 4) -> int:
+    def smem_bytes(self, out_elem_bytes: int = 4, dual: bool = False) -> int:
         """Ring + epilogue buffer + barriers. Masked store: layout-conversion scratch of the
         accumulator tile (up to block_m * block_n(half) * 4 bytes); "wide" + TMA store: one output
-        tile per half in the output dtype."""
+        tile per half in the output dtype (``dual``, SwiGLU: block_n = gate + up rows, one
+        128-column output tile)."""
         ring = self.stages * (self.block_m + self.block_n) * 128
         if self.variant == "wide":
             half = 128
             if self.epilogue == "tma":
-                return ring + self.block_m * self.block_n * out_elem_bytes + 1024
+                out_cols = half if dual else self.block_n
+                return ring + self.block_m * out_cols * out_elem_bytes + 1024
             # masked store: the compiler's layout-conversion scratch holds one half tile in the
             # output dtype (AOT, 128x256 bf16 4 stages: 229444 B = ring + 32836)
             return ring + self.block_m * half * out_elem_bytes + 1024
@@ -153,10 +168,94 @@ def choose_hopper_config(m: int, n: int, k: int, variant: str = "persistent", ov
 
 @functools.lru_cache(maxsize=4096)
 def choose_dispatch_config(m: int, n: int, k: int, out_elem_bytes: int = 2, num_sms: int = 132) -> HopperConfig:
-    """The configuration ``gemm()`` runs on sm_90 (M >= config.gemm.HOPPER_MIN_M): the wide kernel.
-    H100, M=4096, six DeepSeek-V3 shapes (scripts/hopper_check.py, 2026-11-22): wide 128x256
-    760-1141 TFLOP/s vs the best of tma / ws+overlap 697-870 on every shape."""
+    """The configuration ``gemm()`` runs on sm_90 (config.gemm.choose_gemm_config picked the
+    "hopper" strategy): :func:`small_m_dispatch_config` where it applies, else the wide kernel's
+    128x256 / 128x128 tiles. H100, M=4096, six DeepSeek-V3 shapes (scripts/hopper_check.py,
+    2026-11-22): wide 128x256 760-1141 TFLOP/s vs the best of tma / ws+overlap 697-870 on every
+    shape."""
+    small = small_m_dispatch_config(m, n, k, num_sms, out_elem_bytes)
+    if small is not None:
+        return small
     return choose_hopper_config(m, n, k, variant="wide", num_sms=num_sms, out_elem_bytes=out_elem_bytes)
+
+
+#: Rows up to which dense fp8_block GEMMs may take the split-K wide kernel
+#: (:func:`small_m_dispatch_config`); above, the plain wide rule of config.gemm applies.
+SMALL_M_HOPPER_MAX = 256
+#: Fewest K blocks per split for a split (> 1) small-M config to be taken: the H100 rows with 8
+#: or 14 blocks per split lost to the portable kernel, those with >= 19 won or tied (below).
+SMALL_M_MIN_KB_PER_SPLIT = 16
+
+
+@functools.lru_cache(maxsize=4096)
+def small_m_dispatch_config(m: int, n: int, k: int, num_sms: int = 132,
+                            out_elem_bytes: int = 2) -> HopperConfig | None:
+    """The split-K wide config (:func:`choose_small_m_hopper_config`) where it beat the portable
+    kernel on the H100, else None. Rule: 32 < M <= SMALL_M_HOPPER_MAX, and either a K split
+    with >= SMALL_M_MIN_KB_PER_SPLIT K blocks per split or no split at M > 64.
+    Measured (scripts/hopper_small_m.py, CUDA-graph medians, us, portable -> split-K wide, on
+    2112x7168 / 24576x1536 / 32768x512 / 7168x16384 / 4096x7168 / 7168x2048):
+      M <= 16: the wide kernel lost on all 12 rows (10-40% slower): never.
+      M=64:  13.2->20.2 (split 7), 18.5->20.2 (split 1), 10.0->10.9 (1), 60.1->52.3 (split 2, 64
+             blocks: taken), 19.0->20.8 (split 4, 14 blocks), 9.6->13.2 (split 2, 8 blocks).
+      M=128: 15.4->29.6 (split 7), 27.2->21.0 (1: taken), 14.4->11.3 (1: taken), 71.3->57.2
+             (split 2: taken), 23.5->25.2 (split 4, 14 blocks), 10.8->16.0 (split 2, 8 blocks).
+      M=256: 22.8->22.3 (split 3, 19 blocks: taken), 29.9->24.8 (no split, 128x128 tiles instead
+             of the dispatch rule's 128x256: taken), 4096x7168 34.2->25.1 (split 2: taken), the
+             others equal."""
+    if m <= 32 or m > SMALL_M_HOPPER_MAX:
+        return None
+    cfg = choose_small_m_hopper_config(m, n, k, num_sms, out_elem_bytes)
+    if cfg.split_k > 1:
+        nk = triton.cdiv(max(k, 1), 128)
+        return cfg if triton.cdiv(nk, cfg.split_k) >= SMALL_M_MIN_KB_PER_SPLIT else None
+    return cfg if m > 64 else None
+
+
+#: Fewest K blocks (128 wide) per split-K range: below 4 the per-unit fixed cost (ring fill, the
+#: fp32 partial tile store, the last unit's read-back of every partial) is not amortised, and a
+#: 3-6 stage ring never reaches its steady state. A choice, not measured.
+_SPLITK_MIN_KB = 4
+#: Per-unit fixed cost of a split unit in K-block equivalents for :func:`choose_small_m_hopper_config`:
+#: a 128 x 256 fp32 partial is 128 KB written + read back once, about 2.7 x the 48 KB a K block
+#: loads, plus the ring fill of the unit's first blocks. An estimate, not measured (tune on the H100).
+_SPLITK_UNIT_COST_KB = 4
+
+
+@functools.lru_cache(maxsize=4096)
+def choose_small_m_hopper_config(m: int, n: int, k: int, num_sms: int = 132, out_elem_bytes: int = 2) -> HopperConfig:
+    """Wide-kernel config with fused split-K for few output tiles (decode / small prefill: M <= 256,
+    or generally cdiv(M, 128) * cdiv(N, block_n) < num_sms), where unsplit tiles leave most SMs
+    idle. NOT tuned on the H100 (the lead decides dispatch after measuring).
+
+    Rule: over block_n in (256, 128) and split s in 1..max(1, nk // 4) (nk = cdiv(K, 128); every
+    split keeps >= 4 K blocks, ``_SPLITK_MIN_KB``; s = 1 only where tiles >= num_sms), minimise
+    the modelled time of the busiest SM
+        waves(s) * (block_n / 128) * (cdiv(nk, s) + 4),   waves(s) = cdiv(tiles * s, num_sms)
+    (per unit: its K blocks of block_n / 128 halves each, plus ``_SPLITK_UNIT_COST_KB`` for the
+    partial store / reduction and ring fill). ``waves`` charges for wave quantisation: 140 units on
+    132 SMs take two rounds, so "the smallest s with units >= num_sms" is not always best (M=128,
+    N=7168, K=16384: 28 tiles of 256 x 5 = 140 units is worse than 56 tiles of 128 x 2 = 112).
+    Ties: fewer units (less workspace traffic), then block_n 256 (A read once per 256 columns).
+    Examples (132 SMs): M=128 N=2112 K=7168 -> 128 x 128 tiles, split 7 (119 units of 8 K blocks);
+    M=128 N=7168 K=16384 -> 128 x 128, split 2 (112 units of 64 K blocks).
+    Stages: as many as fit next to the TMA-store tile (_fill_stages)."""
+    nk = triton.cdiv(max(k, 1), 128)
+    max_split = max(1, nk // _SPLITK_MIN_KB)
+    best = None
+    for bn in (256, 128):
+        tiles = triton.cdiv(max(m, 1), 128) * triton.cdiv(max(n, 1), bn)
+        # every SM has a tile already: splitting would only trade wave quantisation against
+        # workspace traffic, which the model's unmeasured unit cost cannot judge
+        for s in range(1, (max_split if tiles < num_sms else 1) + 1):
+            units = tiles * s
+            cost = triton.cdiv(units, num_sms) * (bn // 128) * (triton.cdiv(nk, s) + _SPLITK_UNIT_COST_KB)
+            key = (cost, units, -bn)
+            if best is None or key < best[0]:
+                best = (key, bn, s)
+    _, bn, s = best
+    cfg = HopperConfig(variant="wide", block_m=128, block_n=bn, num_warps=8, stages=2, epilogue="tma", split_k=s)
+    return _fill_stages(cfg, out_elem_bytes)
 
 
 @functools.lru_cache(maxsize=None)
@@ -242,6 +341,18 @@ def unsupported_reason(a: ScaledTensor, b: ScaledTensor, out_dtype=torch.bfloat1
     return None
 
 
+def _split_plan_kb(num_k: int, split_k: int) -> tuple[int, int]:
+    """(splits launched, K blocks per split) for ``split_k`` requested splits of ``num_k`` K
+    blocks (the portable launcher's ``_split_plan`` in K blocks): ``per = cdiv(num_k,
+    min(split_k, num_k))``, ``splits = cdiv(num_k, per)``, so no split is empty ((splits - 1) *
+    per < num_k; an empty split would be correct, zeros, but a wasted unit). 9 blocks in 3 ->
+    3, 3, 3; 5 in 2 -> 3, 2; 5 in 4 -> 3 splits of 2, 2, 1."""
+    if split_k <= 1 or num_k <= 1:
+        return 1, max(num_k, 1)
+    per = triton.cdiv(num_k, min(split_k, num_k))
+    return triton.cdiv(num_k, per), per
+
+
 def _kernel_for(variant: str):
     from ..kernels.hopper import fp8_gemm as K
 
@@ -265,7 +376,11 @@ def gemm_fp8_block_hopper_impl(a2: torch.Tensor, a_s2: torch.Tensor, b_data: tor
     ``a2 [M, K]`` e4m3 (K stride 1, 16-byte row stride/base), ``a_s2 [M, ceil(K/128)]`` fp32 (any
     strides), ``b_data [N, K]`` e4m3 (same TMA constraints), ``b_scale [ceil(N/128),
     ceil(K/128)]`` fp32 (any strides), ``out2`` bf16/fp16/fp32 with unit column stride.
-    Raises :class:`HopperUnsupported` if A/B violate the TMA constraints. No host synchronisation."""
+    Raises :class:`HopperUnsupported` if A/B violate the TMA constraints. No host synchronisation.
+    ``cfg.split_k > 1`` ("wide"): fused split-K; allocates an fp32 workspace ``[splits, M, N]``
+    per call (torch.empty; inside a CUDA-graph capture it comes from the graph's pool) and uses
+    the shared self-resetting tile counters of the portable kernel (``ops.gemm._splitk_counters``:
+    one buffer per (device, stream), one per device for graph captures)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     m, k = a2.shape
@@ -302,11 +417,20 @@ def gemm_fp8_block_hopper_impl(a2: torch.Tensor, a_s2: torch.Tensor, b_data: tor
             c_desc = TensorDescriptor(out2, [m, n], [out2.stride(0), 1], [rows, 128], lc)
         else:
             c_desc = a_desc  # unused by the kernel when EPI == 1
+        nsplit, kb_per = _split_plan_kb(triton.cdiv(k, bk), cfg.split_k)
+        ws = cnt = out2  # unused by the kernel when SPLIT == 1
+        if nsplit > 1:
+            # fp32 partials [split, M, N], written and read back by this launch; counters per
+            # (tile, math partition), all zero between launches (the kernel resets them)
+            ws = torch.empty((nsplit, m, n), dtype=torch.float32, device=out2.device)
+            cnt = _splitk_counters(out2.device, tiles * (2 if split else 1))
+            grid = (min(tiles * nsplit, _num_sms(_dev_index(out2.device))),)
         _kernel_for("wide")[grid](
-            a_desc, b_desc, c_desc, a_s2, b_scale, out2, out2, m, n, k, 1, triton.cdiv(m, cfg.block_m),
-            a_s2.stride(0), a_s2.stride(1), 0, b_scale.stride(0), b_scale.stride(1), out2.stride(0),
-            GROUP_M=cfg.group_m, STAGES=cfg.stages, NH=cfg.block_n // 128, EPI=epi, MODE=0, E_POW2=1,
-            SPLIT_WG=split, num_warps=4 if split else cfg.num_warps,
+            a_desc, b_desc, b_desc, c_desc, a_s2, b_scale, b_scale, out2, out2, ws, cnt, m, n, k, 1,
+            triton.cdiv(m, cfg.block_m), kb_per, a_s2.stride(0), a_s2.stride(1), 0, b_scale.stride(0),
+            b_scale.stride(1), out2.stride(0), GROUP_M=cfg.group_m, STAGES=cfg.stages, NH=cfg.block_n // 128,
+            EPI=epi, MODE=0, E_POW2=1, SPLIT_WG=split, DUAL=False, SPLIT=nsplit,
+            num_warps=4 if split else cfg.num_warps,
         )
         return
     extra = {} if cfg.variant == "tma" else {"OVERLAP": cfg.overlap}
@@ -362,17 +486,40 @@ def choose_grouped_config(rows_per_expert: float, n: int, k: int, num_sms: int =
     bn = 256 if n >= 2048 else 128
     cfg = HopperConfig(variant="wide", block_m=bm, block_n=bn, num_warps=4 * (bm // 64), stages=2,
                        epilogue="masked")
-    stage_bytes = (bm + bn) * 128
-    fixed = cfg.smem_bytes(out_elem_bytes) - 2 * stage_bytes
+    return _fill_stages(cfg, out_elem_bytes)
+
+
+def _fill_stages(cfg: HopperConfig, out_elem_bytes: int, dual: bool = False) -> HopperConfig:
+    """As many ring stages as fit in shared memory next to the epilogue buffer (2..6)."""
+    stage_bytes = (cfg.block_m + cfg.block_n) * 128
+    fixed = cfg.smem_bytes(out_elem_bytes, dual=dual) - cfg.stages * stage_bytes
     stages = max(2, min(6, (_SMEM_LIMIT - fixed) // stage_bytes))
     return dataclasses.replace(cfg, stages=stages)
+
+
+@functools.lru_cache(maxsize=4096)
+def choose_swiglu_config(mode: int, rows: int, rows_per_expert: float, n: int, num_sms: int = 132,
+                         out_elem_bytes: int = 2) -> HopperConfig:
+    """SwiGLU tiles on the wide kernel (DUAL): block_n is always 256 = 128 gate rows + the 128 up
+    rows of the same output columns (both halves one 128-row weight-scale block). block_m:
+    grouped as :func:`choose_grouped_config`; dense 128 unless fewer 128-row tiles than SMs
+    (then 64: twice the tiles for small M). Dense: TMA-store epilogue, grouped: masked store."""
+    if mode == 0:
+        bm = 128 if triton.cdiv(rows, 128) * triton.cdiv(n, 128) >= num_sms else 64
+    else:
+        bm = 64 if rows_per_expert <= 64 else 128
+    cfg = HopperConfig(variant="wide", block_m=bm, block_n=256, num_warps=4 * (bm // 64), stages=2,
+                       epilogue="tma" if mode == 0 else "masked")
+    return _fill_stages(cfg, out_elem_bytes, dual=True)
 
 
 def grouped_unsupported_reason(a_data: torch.Tensor, b_data: torch.Tensor, a_scale: torch.Tensor,
                                b_scale: torch.Tensor, a_block, b_block, out_dtype, mode: int) -> str | None:
     """Why the Hopper grouped path cannot run (None when it can): fp8_block 1x128 x 128x128, fp32
     scales, sm_90, TMA-describable A ([rows, K] or [E, max_m, K] viewed 2-D) and B ([E, N, K]
-    viewed as [E * N, K]: needs rows contiguous across experts)."""
+    viewed as [E * N, K]: needs rows contiguous across experts). mode 0 (dense SwiGLU): B [N, K]."""
+    if mode == 0 and b_data.ndim == 2:
+        b_data = b_data.unsqueeze(0)
     if a_data.dtype != torch.float8_e4m3fn or b_data.dtype != torch.float8_e4m3fn:
         return f"needs e4m3 data, got a {a_data.dtype}, b {b_data.dtype}"
     if tuple(a_block) != (1, 128) or tuple(b_block) != (128, 128):
@@ -402,18 +549,28 @@ def grouped_unsupported_reason(a_data: torch.Tensor, b_data: torch.Tensor, a_sca
 
 
 def grouped_fp8_block_hopper_impl(a_data: torch.Tensor, a_scale: torch.Tensor, b_data: torch.Tensor,
-                                  b_scale: torch.Tensor, seg: torch.Tensor, mode: int, out: torch.Tensor,
-                                  cfg: HopperConfig | None = None) -> None:
-    """Grouped fp8_block GEMM on the wide Gluon kernel, written into ``out``. No host sync.
+                                  b_scale: torch.Tensor, seg: torch.Tensor | None, mode: int, out: torch.Tensor,
+                                  cfg: HopperConfig | None = None, b2_data: torch.Tensor | None = None,
+                                  b2_scale: torch.Tensor | None = None) -> None:
+    """Grouped fp8_block GEMM (or SwiGLU with ``b2_*``) on the wide Gluon kernel, written into ``out``.
+    No host sync.
 
     mode 1 (contiguous): ``a_data [sum_m, K]`` e4m3, ``a_scale [sum_m, ceil(K/128)]`` fp32,
         ``seg`` int32 offsets ``[E+1]`` (device), ``out [sum_m, N]``.
     mode 2 (masked): ``a_data [E, max_m, K]``, ``a_scale [E, max_m, nk]``, ``seg`` int32 counts
         ``[E]`` (device), ``out [E, max_m, N]``: rows past a count are not written.
+    mode 0 (dense; SwiGLU only): ``a_data [M, K]``, ``b_data [N, K]``, ``out [M, N]``, ``seg`` unused.
     ``b_data [E, N, K]`` e4m3 (experts stacked contiguously), ``b_scale [E, ceil(N/128), nk]`` fp32.
-    Callers check :func:`grouped_unsupported_reason` first."""
+    ``b2_data`` / ``b2_scale`` (SwiGLU up weights; ``b_*`` are the gate): same shapes and strides;
+    ``out = silu(A @ B.T) * (A @ B2.T)``.
+    Callers check :func:`grouped_unsupported_reason` first (for both weights when dual)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    dual = b2_data is not None
+    if mode == 0:
+        b_data, b_scale = b_data.unsqueeze(0), b_scale.unsqueeze(0)
+        if dual:
+            b2_data, b2_scale = b2_data.unsqueeze(0), b2_scale.unsqueeze(0)
     e, n, k = b_data.shape
     a2 = a_data.view(-1, k)
     rows = a2.shape[0]
@@ -421,7 +578,7 @@ def grouped_fp8_block_hopper_impl(a_data: torch.Tensor, a_scale: torch.Tensor, b
         return
     out2 = out.view(-1, n)
     if k == 0:
-        out2.zero_()  # masked: rows past counts are unspecified, zero is fine
+        out2.zero_()  # masked: rows past counts are unspecified, zero is fine; silu(0) * 0 = 0
         return
     a_s2 = a_scale.view(rows, -1)
     if mode == 2:
@@ -430,25 +587,49 @@ def grouped_fp8_block_hopper_impl(a_data: torch.Tensor, a_scale: torch.Tensor, b
     else:
         max_m = rows
         rows_per_expert = rows / e
+    nsm = _num_sms(_dev_index(out.device))
     if cfg is None:
-        cfg = choose_grouped_config(rows_per_expert, n, k, _num_sms(_dev_index(out.device)), out.element_size())
+        cfg = (choose_swiglu_config(mode, rows, rows_per_expert, n, nsm, out.element_size()) if dual
+               else choose_grouped_config(rows_per_expert, n, k, nsm, out.element_size()))
     bm, bn = cfg.block_m, cfg.block_n
+    if cfg.split_k != 1:
+        raise ValueError(f"cfg.split_k: split-K is implemented for the dense GEMM only (not grouped / SwiGLU), "
+                         f"got split_k={cfg.split_k}")
+    if dual and bn != 256:
+        raise ValueError(f"cfg.block_n: SwiGLU on the wide kernel needs block_n 256 (gate | up halves), got {bn}")
+    box_n = 128 if dual else bn
     la = _smem_layout(bm, 128, "float8e4nv")
-    lb = _smem_layout(bn, 128, "float8e4nv")
-    b2 = b_data.view(e * n, k)
+    lb = _smem_layout(box_n, 128, "float8e4nv")
     a_desc = TensorDescriptor(a2, [rows, k], [a2.stride(0), 1], [bm, 128], la)
-    b_desc = TensorDescriptor(b2, [e * n, k], [b2.stride(0), 1], [bn, 128], lb)
+    b2v = b_data.view(e * n, k)
+    b_desc = TensorDescriptor(b2v, [e * n, k], [b2v.stride(0), 1], [box_n, 128], lb)
+    if dual:
+        u2v = b2_data.view(e * n, k)
+        u_desc = TensorDescriptor(u2v, [e * n, k], [u2v.stride(0), 1], [box_n, 128], lb)
+        u_scale = b2_scale
+    else:
+        u_desc, u_scale = b_desc, b_scale
     if mode == 1:
         num_pid_m = triton.cdiv(rows, bm) + e  # upper bound on sum_e cdiv(m_e, bm)
-    else:
+    elif mode == 2:
         num_pid_m = e * triton.cdiv(max_m, bm)
-    tiles = num_pid_m * triton.cdiv(n, bn)
-    grid = (max(1, min(tiles, _num_sms(_dev_index(out.device)))),)
+    else:
+        num_pid_m = triton.cdiv(rows, bm)
+    tiles = num_pid_m * triton.cdiv(n, box_n)
+    grid = (max(1, min(tiles, nsm)),)
     split = cfg.split_wg and bm == 128
+    epi = 1
+    c_desc = a_desc  # unused by the kernel when EPI == 1
+    if (mode == 0 and cfg.epilogue == "tma" and _tma_store_ok(out2)
+            and cfg.smem_bytes(out2.element_size(), dual=dual) <= _SMEM_LIMIT):
+        epi = 2
+        r = bm // 2 if split else bm
+        c_desc = TensorDescriptor(out2, [rows, n], [out2.stride(0), 1], [r, 128], _smem_layout(r, 128, _GL_OUT[out2.dtype]))
     _kernel_for("wide")[grid](
-        a_desc, b_desc, a_desc, a_s2, b_scale, out2, seg, max_m, n, k, e, num_pid_m,
+        a_desc, b_desc, u_desc, c_desc, a_s2, b_scale, u_scale, out2, seg if seg is not None else out2,
+        out2, out2, max_m, n, k, e, num_pid_m, 1,
         a_s2.stride(0), a_s2.stride(1), b_scale.stride(0), b_scale.stride(1), b_scale.stride(2), out2.stride(0),
-        GROUP_M=cfg.group_m, STAGES=cfg.stages, NH=bn // 128, EPI=1, MODE=mode,
-        E_POW2=max(16, triton.next_power_of_2(e)), SPLIT_WG=split,
+        GROUP_M=cfg.group_m, STAGES=cfg.stages, NH=bn // 128, EPI=epi, MODE=mode,
+        E_POW2=max(16, triton.next_power_of_2(e)) if mode else 1, SPLIT_WG=split, DUAL=dual, SPLIT=1,
         num_warps=4 if split else cfg.num_warps,
     )

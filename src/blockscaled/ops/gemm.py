@@ -15,10 +15,13 @@ the split-K fp32 workspace (the split-K tile counters are cached, see ``_COUNTER
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 
 import torch
 import triton.language as tl
+from triton.runtime.jit import JITFunction
 
 from .. import _checks
 from ..config.gemm import GemmConfig, choose_gemm_config, default_promote
@@ -226,6 +229,40 @@ def _splitk_counters(device: torch.device, n: int) -> torch.Tensor:
     return buf
 
 
+#: Programmatic Dependent Launch of ``gemm_kernel`` (sm_90+; kernels/triton/gemm.py module
+#: docstring): the kernel's CTAs become resident while the preceding kernel on the stream
+#: finishes, and its ``griddepcontrol.wait`` (before any global memory access) orders it after
+#: that kernel. OFF by default: on the H100 (scripts/pdl_ab.py, CUDA graphs of back-to-back
+#: fp8_block decode GEMMs, two runs agreeing within 0.2 us) it saved 0.2-0.7 us on some shapes
+#: (M=1 2112x7168 9.8 -> 9.2 us) and cost as much or more on others (M=1 24576x1536 15.7 ->
+#: 16.8, M=128 7168x16384 71 -> 91 us); an L2 prefetch of the weights before the wait did not
+#: change that (benchmarks/NOTES.md). ``BLOCKSCALED_PDL=1`` in the environment (read at import)
+#: or ``blockscaled.ops.gemm.PDL = True`` turns it on (e.g. behind a kernel that triggers
+#: its dependents early).
+PDL = os.environ.get("BLOCKSCALED_PDL", "0").strip() == "1"
+#: False when gemm_kernel is the Triton interpreter's stand-in (TRITON_INTERPRET=1 at import):
+#: the 3.6 interpreter cannot run griddepcontrol (``gdc_wait`` raises "_semantic argument must
+#: be provided outside of JIT functions"), so PDL stays off there.
+_GEMM_COMPILED = isinstance(gemm_kernel, JITFunction)
+#: extra launch keywords, built once (the launch sits on the host hot path)
+_PDL_ON = {"PDL": True, "launch_pdl": True}
+_PDL_OFF: dict = {}
+
+
+@functools.lru_cache(maxsize=None)
+def _pdl_capable(index: int) -> bool:
+    """griddepcontrol / programmatic stream serialization exist on NVIDIA sm_90+ (not ROCm,
+    whose torch also reports device type "cuda"). Cached: torch's query is not free on the host."""
+    return torch.version.hip is None and torch.cuda.get_device_capability(index) >= (9, 0)
+
+
+def _use_pdl(device: torch.device) -> bool:
+    """Launch gemm_kernel with PDL on ``device``? (the module switch, a compiled kernel, sm_90+)"""
+    if not (PDL and _GEMM_COMPILED and device.type == "cuda"):
+        return False
+    return _pdl_capable(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def _launch_triton(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows, out2, bias, fmt: Format, m, n, k,
                    cfg: GemmConfig, promote: bool, interpret: bool) -> None:
     split, k_per_split = _split_plan(k, cfg.block_k, cfg.split_k)
@@ -236,7 +273,8 @@ def _launch_triton(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows, out2, bias, fm
 def _launch_gemm_kernel(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows, out2, bias, fmt: Format, m, n, k,
                         cfg: GemmConfig, promote: bool, interpret: bool, split: int, k_per_split: int) -> None:
     """One ``gemm_kernel`` launch with an explicit split plan (tests use it for plans that
-    leave empty splits, which _split_plan never makes)."""
+    leave empty splits, which _split_plan never makes). With programmatic dependent launch
+    where ``_use_pdl`` allows it (see ``PDL``)."""
     a_dense = a_s2 is None
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     if cfg.swap_ab and b_rows % bn and b_rows > 1:
@@ -266,7 +304,7 @@ def _launch_gemm_kernel(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows, out2, bia
         DOT_DTYPE=_dot_dtype(promote, a_dense, a2.dtype, interpret), EVEN_K=k % bk == 0 and k_per_split % bk == 0,
         HAS_BIAS=bias is not None, SPLIT_K=split, GROUP_M=cfg.group_m,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        ws_ptr=ws, cnt_ptr=cnt, SWAP_AB=cfg.swap_ab,
+        ws_ptr=ws, cnt_ptr=cnt, SWAP_AB=cfg.swap_ab, **(_PDL_ON if _use_pdl(out2.device) else _PDL_OFF),
     )
 
 
@@ -394,9 +432,12 @@ def _launch_hopper(a2, a_s2, b_data, b_scale, b_rows, fmt: Format, k: int, out2,
     base-address rule (K % 16 != 0 for contiguous fp8) or a non-unit output column stride."""
     if fmt.name != "fp8_block" or a_s2 is None or b_rows != 128 or bias is not None or k == 0:
         return False
-    if out2.device.type != "cuda" or torch.cuda.get_device_capability(out2.device) != (9, 0):
-        return False  # wgmma / TMA kernels are built for sm_90a only
+    if out2.device.type != "cuda":
+        return False
     from . import _hopper
+
+    if _hopper._capability(_hopper._dev_index(out2.device)) != (9, 0):  # cached query: host time per call
+        return False  # wgmma / TMA kernels are built for sm_90a only
 
     if out2.stride(1) != 1 or _hopper._tma_2d_reason("a", a2) or _hopper._tma_2d_reason("b", b_data):
         return False

@@ -197,9 +197,11 @@ def _dequant_matmul(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_sc
       ``out`` is None and nothing is left to apply (rows past ``masked_m`` then hold products
       of the padding rows: unspecified, as documented), else written into ``out`` by the
       epilogue for rows below the counts only (one extra pass over the output).
-    * masked GEMM other outputs, masked / dense SwiGLU: ``torch.bmm`` -> fp32, then the
-      epilogue applies ``1 / (gs_a gs_b[e])`` and the activation in fp32 and casts once: the
-      portable kernel's numerics (only the summation order differs).
+    * masked / dense SwiGLU, bf16 out: ``torch.bmm`` -> bf16 products, activation in fp32 in
+      the epilogue (as contiguous: two extra bf16 roundings, within the bf16 tolerance row).
+    * other outputs (fp16 / fp32), masked GEMM and masked / dense SwiGLU: ``torch.bmm`` ->
+      fp32, then the epilogue applies ``1 / (gs_a gs_b[e])`` and the activation in fp32 and
+      casts once: the portable kernel's numerics (only the summation order differs).
     """
     from ..kernels.triton.grouped import dq_epilogue_kernel
 
@@ -220,7 +222,13 @@ def _dequant_matmul(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_sc
         return alloc()
     one = _unit(dev) if nv else None
     per_expert = nv and b_gs.numel() > 1
-    prods16 = mode == MODE_CONTIGUOUS or (not dual and out_dtype == torch.bfloat16)
+    # bf16 products for bf16 outputs (and always for contiguous: _grouped_mm's only output):
+    # fp32 products would double the bytes the products and the epilogue move (dense SwiGLU
+    # mxfp4 weight-only, H100 M=4096 N=2048 K=7168: 0.392 ms with fp32 products vs 0.372 for
+    # dequantize + bf16 matmuls + torch silu * mul in bf16). Not for a non-contiguous nvfp4
+    # SwiGLU: with the global scale folded into bf16 B as well, masked 4x256x512 measured
+    # rel_fro 4.35e-3 > the bf16 row's 4e-3 (H100), so its products stay fp32 (B exact).
+    prods16 = mode == MODE_CONTIGUOUS or (out_dtype == torch.bfloat16 and not (dual and nv))
     fold = nv and prods16 and not per_expert
 
     def gs_ab(gsb):  # A's and B's nvfp4 global scales together (0-d or [E])
@@ -309,7 +317,7 @@ def _grouped_out_op(
         from . import _hopper
 
         _hopper.grouped_fp8_block_hopper_impl(a_data, a_scale, b_data, b_scale, seg, grouping, out,
-                                              _hopper_cfg(block_m, block_n, num_stages))
+                                              _hopper_cfg(block_m, block_n, num_stages, grouping), b2_data, b2_scale)
         return
     _launch_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out,
                  fmt_id, grouping, k, b_br, promote, block_m, block_n, block_k, num_warps, num_stages)
@@ -337,7 +345,7 @@ def _grouped_op(
         from . import _hopper
 
         _hopper.grouped_fp8_block_hopper_impl(a_data, a_scale, b_data, b_scale, seg, grouping, out,
-                                              _hopper_cfg(block_m, block_n, num_stages))
+                                              _hopper_cfg(block_m, block_n, num_stages, grouping), b2_data, b2_scale)
         return out
     _launch_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out,
                  fmt_id, grouping, k, b_br, promote, block_m, block_n, block_k, num_warps, num_stages)
@@ -651,15 +659,20 @@ def _out_elem_bytes(out_dtype: torch.dtype) -> int:
     return out_dtype.itemsize
 
 
-def _hopper_cfg(block_m: int, block_n: int, num_stages: int):
+def _hopper_cfg(block_m: int, block_n: int, num_stages: int, grouping: int):
     from . import _hopper
 
-    return _hopper.HopperConfig("wide", block_m, block_n, 4 * (block_m // 64), num_stages, epilogue="masked")
+    # grouped tiles may cover the next expert's rows: masked store; dense (SwiGLU): TMA store
+    # (the launcher falls back to the masked store for outputs TMA cannot describe)
+    return _hopper.HopperConfig("wide", block_m, block_n, 4 * (block_m // 64), num_stages,
+                                epilogue="tma" if grouping == MODE_DENSE else "masked")
 
 
-def hopper_reason(a, b: ScaledTensor, out_dtype: torch.dtype, mode: int) -> str | None:
-    """Why the sm_90a grouped kernel cannot take this call (None when it can): fp8_block
-    activations (1x128) x fp8_block 128x128 weights on an sm_90 GPU, TMA-describable operands."""
+def hopper_reason(a, b: ScaledTensor, out_dtype: torch.dtype, mode: int,
+                  b2: ScaledTensor | None = None) -> str | None:
+    """Why the sm_90a wide kernel cannot take this grouped (or, with ``b2``, SwiGLU) call (None
+    when it can): fp8_block activations (1x128) x fp8_block 128x128 weights on an sm_90 GPU,
+    TMA-describable operands, no nvfp4-style global scales."""
     if not isinstance(a, ScaledTensor):
         return "weight-only (dense activations) runs the portable kernel"
     if a.format.name != "fp8_block" or b.format.name != "fp8_block":
@@ -668,7 +681,13 @@ def hopper_reason(a, b: ScaledTensor, out_dtype: torch.dtype, mode: int) -> str 
         return f"needs a CUDA device, got {b.data.device}"
     from . import _hopper
 
-    return _hopper.grouped_unsupported_reason(a.data, b.data, a.scale, b.scale, a.block, b.block, out_dtype, mode)
+    for name, w in (("b", b), ("b2", b2)):
+        if w is None:
+            continue
+        r = _hopper.grouped_unsupported_reason(a.data, w.data, a.scale, w.scale, a.block, w.block, out_dtype, mode)
+        if r is not None:
+            return r if name == "b" else f"up weight: {r}"
+    return None
 
 
 

@@ -29,6 +29,7 @@ from .grouped import (
     check_masked_m,
     check_offsets,
     check_pair,
+    hopper_reason,
     launch,
     resolve_config,
 )
@@ -91,10 +92,12 @@ def swiglu(
     ``out_dtype`` bf16 / fp16 / fp32; ``out`` destination; ``config`` forces a
     :class:`blockscaled.config.GemmConfig` (``strategy="dequant_matmul"``: dequantize to bf16
     + cuBLAS, chosen by the heuristic on sm_90 for MX/NV and bf16 weight-only at large M;
-    dense and masked keep the contract above: fp32 products, fp32 activation, one cast;
-    contiguous runs ``torch._grouped_mm``, whose products are bf16 before the fp32
-    activation, so it takes bf16 outputs only and adds up to two bf16 roundings, within the
-    bf16 tolerance row); ``validate`` checks offsets / counts values (a
+    its products are bf16 for bf16 outputs (contiguous: ``torch._grouped_mm``, bf16 outputs
+    only; dense / masked nvfp4: fp32) and fp32 for fp16 / fp32 outputs, the activation is fp32 and the cast one: bf16
+    products add up to two bf16 roundings, within the bf16 tolerance row;
+    ``strategy="hopper"``: the sm_90 Gluon kernel, fp8_block with 128x128 weights only, chosen by
+    the heuristic for those on sm_90 (grouped always, dense from ``SWIGLU_HOPPER_MIN_M`` rows),
+    the portable kernel's numerics); ``validate`` checks offsets / counts values (a
     host sync; default True on CPU, False on CUDA). No host sync otherwise; deterministic.
     """
     if offsets is not None and masked_m is not None:
@@ -144,6 +147,34 @@ def swiglu(
         y = _ref.swiglu(a, b_gate, b_up, offsets=offsets, masked_m=masked_m,
                         b_gate_global_scale=b_gate_global_scale, b_up_global_scale=b_up_global_scale)
         return reference_result(y, out, out_dtype, masked_m)
+    forced_hopper = config is not None and (config.get("strategy") if isinstance(config, dict)
+                                            else getattr(config, "strategy", None)) == "hopper"
+    why = hopper_reason(a, b_gate, out_dtype, mode, b2=b_up)
+    if forced_hopper and why is not None:
+        raise ValueError(f"config.strategy: 'hopper' cannot run this call: {why}")
+    if forced_hopper or (config is None and why is None and swiglu_hopper_preferred(mode, a.shape[0], n)):
+        # sm_90 fp8_block x 128x128 weights: the Gluon wide kernel with gate | up halves per
+        # tile (ops._hopper.choose_swiglu_config); tiles travel in the GemmConfig fields.
+        from . import _hopper
+
+        m_rows = a.shape[0] * (a.shape[1] if masked else 1)
+        h = _hopper.choose_swiglu_config(mode, m_rows, rows, n, out_elem_bytes=out_dtype.itemsize)
+        cfg = GemmConfig(block_m=h.block_m, block_n=h.block_n, num_warps=h.num_warps, num_stages=h.stages,
+                         strategy="hopper", promote=True)
+        return launch(a, b_gate, gs_g, b_up, seg, out, out_dtype, mode, cfg, b2_gs=gs_u)
     cfg = resolve_config(config, fmt, rows, n, k, dev, dual=True, a_dtype=a_dtype, mode=mode,
                          experts=e, out_dtype=out_dtype, a=a)
     return launch(a, b_gate, gs_g, b_up, seg, out, out_dtype, mode, cfg, b2_gs=gs_u)
+
+
+# Dense SwiGLU runs the Hopper kernel from this many rows (below: the portable kernel).
+# H100, scripts/swiglu_check.py (CUDA-graph medians, K=7168, N=18432 / 2048 / 4096): Hopper vs
+# portable 0.90 / 0.66 / 0.84x at M=16, 0.90 / 0.85 / 0.90x at M=64, 1.06 / 1.32 / 1.26x at
+# M=128, 1.3-1.9x above (benchmarks/NOTES.md).
+SWIGLU_HOPPER_MIN_M = 128
+
+
+def swiglu_hopper_preferred(mode: int, m: int, n: int) -> bool:
+    """Size rule for the Hopper SwiGLU path when it can run: always for grouped layouts (as the
+    grouped GEMM), dense from ``SWIGLU_HOPPER_MIN_M`` rows."""
+    return mode != MODE_DENSE or m >= SWIGLU_HOPPER_MIN_M

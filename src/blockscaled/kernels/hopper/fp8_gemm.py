@@ -11,7 +11,7 @@ chain (fp32 accumulation inside the tensor core, starting from zero) gives ``par
 promoted into the fp32 accumulator as ``acc += part * sa[row] * sb[col // 128]``. No fast
 accumulation across K blocks.
 
-Three variants, all selectable by the launcher (one kernel each so each can be timed):
+Four variants, all selectable by the launcher (one kernel each so each can be timed):
   * ``fp8_block_gemm_tma_kernel``        step 1: one output tile per program, STAGES-deep TMA ring
                                            (mbarrier per slot), wgmma FP8, promotion per K block.
   * ``fp8_block_gemm_persistent_kernel`` step 2: grid = #SMs, each program walks tiles
@@ -24,6 +24,12 @@ Three variants, all selectable by the launcher (one kernel each so each can be t
                                            mbarriers); the default partition (num_warps math warps
                                            = 2 warpgroups for BLOCK_M=128) issues wgmma, promotes
                                            and stores.
+  * ``fp8_block_gemm_wide_kernel``       step 4: persistent + warp-specialised, 128 x 256 tile as two
+                                           128-column halves, one math partition per warpgroup,
+                                           TMA-store epilogue; dense, grouped contiguous and
+                                           masked (MODE), and SwiGLU (DUAL: the halves are the
+                                           gate and up rows of the same 128 output columns);
+                                           dense: fused deterministic split-K (SPLIT) for few tiles.
 The persistent and ws kernels share the math loop ``_consume`` and take ``OVERLAP`` (constexpr):
 False = per K block wgmma -> wait(0) -> promote; True = the wgmma chain of block k+1 is issued
 before block k is waited for and promoted (software-pipelined promotion, loop unrolled by two).
@@ -56,13 +62,19 @@ def _launch_metadata(grid, kernel, args):
     m, n, k = args["M"], args["N"], args["K"]
     bm, bk = args["a_desc"].block_shape
     bn = args["b_desc"].block_shape[0]
+    nb = 2 if args.get("DUAL") else 1  # SwiGLU: two weights (gate, up) per output column
     nk = -(-k // 128)
-    nbytes = m * k + m * nk * 4 + n * k + -(-n // 128) * nk * 4 + m * n * args["c_ptr"].element_size()
+    nbytes = m * k + m * nk * 4 + nb * (n * k + -(-n // 128) * nk * 4) + m * n * args["c_ptr"].element_size()
     ov = args.get("OVERLAP")
+    dual = ", swiglu" if args.get("DUAL") else ""
+    sk = args.get("SPLIT") or 1
+    if sk > 1:  # fused split-K: fp32 partials written once and read back once
+        nbytes += 2 * sk * m * n * 4
+    splitk = f", split_k={sk}" if sk > 1 else ""
     return {
-        "name": f"{kernel.name} [M={m}, N={n}, K={k}, tile={bm}x{bn}x{bk}, stages={args.get('STAGES')}"
-                f"{'' if ov is None else f', overlap={bool(ov)}'}, grid={grid[0]}]",
-        "flops": 2.0 * m * n * k,
+        "name": f"{kernel.name} [M={m}, N={n}, K={k}, tile={bm}x{nb * bn}x{bk}, stages={args.get('STAGES')}"
+                f"{'' if ov is None else f', overlap={bool(ov)}'}{dual}{splitk}, grid={grid[0]}]",
+        "flops": 2.0 * nb * m * n * k,
         "bytes": int(nbytes),
     }
 
@@ -561,27 +573,65 @@ def _wide_tile(tile, seg_ptr, M, N, E, num_pid_m, num_pid_n, GROUP_M: gl.constex
 
 
 @gluon.jit
-def _wide_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, seg_ptr, M, N, K, E, num_pid_m,
-                   GROUP_M: gl.constexpr, STAGES: gl.constexpr, MODE: gl.constexpr, E_POW2: gl.constexpr):
+def _wide_unit(u, num_k, kb_per_split, SPLIT: gl.constexpr):
+    """Work unit -> (tile, split, first K block, end K block (exclusive)).
+    Order: tile-major, u = tile * SPLIT + split. The persistent grid hands consecutive units to
+    consecutive programs, so the SPLIT units of a tile run side by side in the same wave: the
+    last of them (the one that reduces) finishes shortly after the others instead of a wave
+    later, the partials it reads back were written moments before (still in L2), and only about
+    one wave's worth of tiles has partials live in the workspace. (Split-major order, u = split
+    * tiles + tile, puts a tile's splits ``tiles`` units apart: in different waves once units >
+    programs.) Any order is correct: no unit ever waits for another (the last arrival reduces).
+    The producer and the math partitions call this with the same arguments, so they walk the
+    same K blocks (the ring phase ``it`` depends on it). SPLIT == 1: the whole K range."""
+    if SPLIT == 1:
+        tile = u
+        sp = u * 0
+        kb_lo = u * 0
+        kb_hi = num_k
+    else:
+        tile = u // SPLIT
+        sp = u % SPLIT
+        kb_lo = sp * kb_per_split
+        kb_hi = gl.minimum(kb_lo + kb_per_split, num_k)
+    return tile, sp, kb_lo, kb_hi
+
+
+@gluon.jit
+def _wide_producer(a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, seg_ptr, M, N, K, E, num_pid_m,
+                   kb_per_split, GROUP_M: gl.constexpr, STAGES: gl.constexpr, MODE: gl.constexpr,
+                   E_POW2: gl.constexpr, DUAL: gl.constexpr, SPLIT: gl.constexpr):
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    BOX_N: gl.constexpr = b_desc.block_type.shape[0]
+    TILE_N: gl.constexpr = BOX_N  # output columns per tile (DUAL: the gate and the up box share them)
     seg_layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
-    num_pid_n = gl.cdiv(N, BLOCK_N)
+    num_pid_n = gl.cdiv(N, TILE_N)
     num_k = gl.cdiv(K, BLOCK_K)
     it = 0
-    for tile in range(pid, num_pid_m * num_pid_n, nprog):
+    for u in range(pid, num_pid_m * num_pid_n * SPLIT, nprog):
+        tile, sp, kb_lo, kb_hi = _wide_unit(u, num_k, kb_per_split, SPLIT)
         valid, row0, row_end, e, off_n = _wide_tile(tile, seg_ptr, M, N, E, num_pid_m, num_pid_n, GROUP_M, MODE,
-                                                    E_POW2, BLOCK_M, BLOCK_N, seg_layout)
+                                                    E_POW2, BLOCK_M, TILE_N, seg_layout)
         if valid:
             b_row = e * N + off_n
-            for kb in range(num_k):
+            for kb in range(kb_lo, kb_hi):
                 s = it % STAGES
                 # Slot s is free once the consumer released use (it // STAGES) - 1; the first pass is free.
                 mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1, pred=it >= STAGES)
-                _issue_load(a_desc, b_desc, a_bufs, b_bufs, ready, s, row0, b_row, kb * BLOCK_K, True)
+                if DUAL:
+                    # gate rows -> the slot's first BOX_N rows, up rows -> the next BOX_N
+                    bar = ready.index(s)
+                    b_s = b_bufs.index(s)
+                    mbarrier.expect(bar, a_desc.block_type.nbytes + 2 * b_desc.block_type.nbytes)
+                    tma.async_copy_global_to_shared(a_desc, [row0, kb * BLOCK_K], bar, a_bufs.index(s))
+                    tma.async_copy_global_to_shared(b_desc, [b_row, kb * BLOCK_K], bar, b_s.slice(0, BOX_N, dim=0))
+                    tma.async_copy_global_to_shared(b2_desc, [b_row, kb * BLOCK_K], bar,
+                                                    b_s.slice(BOX_N, BOX_N, dim=0))
+                else:
+                    _issue_load(a_desc, b_desc, a_bufs, b_bufs, ready, s, row0, b_row, kb * BLOCK_K, True)
                 it += 1
 
 
@@ -598,45 +648,125 @@ def _wide_store_half(c_desc, c_smem, c_ptr, acc, row0, row_end, off_n, N, stride
 
 
 @gluon.jit
-def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty, sa_ptr, sb_ptr, c_ptr, seg_ptr,
-                   M, N, K, E, num_pid_m, stride_sam, stride_sak, stride_sbe, stride_sbn, stride_sbk, stride_cm,
-                   GROUP_M: gl.constexpr, STAGES: gl.constexpr, NH: gl.constexpr, EPI: gl.constexpr,
-                   MODE: gl.constexpr, E_POW2: gl.constexpr, WG: gl.constexpr, ROWS: gl.constexpr,
+def _wide_splitk_sum(row_ptrs, c, mask, split_stride, SPLIT: gl.constexpr):
+    """Sum of the SPLIT fp32 partials of one half tile (``row_ptrs``: ws[0] address of each of
+    the partition's rows at the half's first column; ``c``: column offsets within the half), in
+    the fixed order s = 0..SPLIT-1, every partial read back from the workspace (the caller's own
+    included: the same fp32 bits it stored; its registers are free for the sum) -> bitwise the
+    same result whichever split finished last. ``.cg`` loads (L2, not L1: an SM's L1 is not
+    coherent with the other SMs' stores)."""
+    tot = gl.load(row_ptrs[:, None] + c[None, :], mask=mask, other=0.0, cache_modifier=".cg")
+    for s in range(1, SPLIT):
+        tot += gl.load((row_ptrs + s * split_stride)[:, None] + c[None, :], mask=mask, other=0.0,
+                       cache_modifier=".cg")
+    return tot
+
+
+@gluon.jit
+def _wide_splitk_finish(c_desc, c_smem, c_ptr, ws_ptr, cnt_ptr, acc0, acc1, tile, sp, row0, M, off_n, N, stride_cm,
+                        SPLIT: gl.constexpr, NH: gl.constexpr, EPI: gl.constexpr, WG: gl.constexpr,
+                        NCONS: gl.constexpr, ROWS: gl.constexpr, HALF: gl.constexpr, mma_layout: gl.constexpr,
+                        num_warps: gl.constexpr):
+    """Fused split-K of one (tile, math partition) unit (the portable kernel's protocol,
+    kernels/triton/gemm.py): store this split's fp32 partials (rows [row0, row0 + ROWS), the
+    tile's NH halves; masked to M x N) to ``ws[sp]`` (fp32 [SPLIT, M, N] contiguous); partition
+    barrier (every thread's stores happen-before the release below); one gpu-scope acq_rel
+    atomic on the (tile, partition) counter ``cnt[tile * NCONS + WG]``. The unit that sees
+    SPLIT - 1 arrivals before its own is the last: all partials are visible to it (acquire; the
+    broadcast of the atomic's result orders its other threads after it); it sums them in fixed
+    order (``_wide_splitk_sum``, one 128-column half at a time: two half tiles live at most),
+    runs the normal epilogue and resets the counter to 0, so the buffer is all zeros again for
+    the next launch or CUDA-graph replay. The others skip the epilogue.
+    Addresses: one int64 pointer per row (2 per thread in the wgmma layout) + the int32 column
+    offsets, which LLVM folds into the loads'/stores' immediate offsets. A [ROWS, HALF] offset
+    tensor (``r * N + c``) is loop-invariant: LLVM hoisted its 64 int64 values out of the
+    persistent loop, live through the K loop (2876 B of spills)."""
+    r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma_layout))
+    c = gl.arange(0, HALF, layout=gl.SliceLayout(0, mma_layout))
+    row_ok = (r < M - row0)[:, None]
+    mask0 = row_ok & (c < N - off_n)[None, :]
+    # to_tensor: M == 1 arrives as a constexpr int (the JIT specialises arguments equal to 1)
+    split_stride = gl.to_tensor(M).to(gl.int64) * N
+    # ws[0, row0 + r, off_n]
+    rows0 = ws_ptr + (row0.to(gl.int64) * N + off_n) + r.to(gl.int64) * N
+    own = rows0 + sp * split_stride
+    gl.store(own[:, None] + c[None, :], acc0, mask=mask0)
+    if NH == 2:
+        mask1 = row_ok & (c < N - off_n - HALF)[None, :]
+        gl.store((own + HALF)[:, None] + c[None, :], acc1, mask=mask1)
+    gl.thread_barrier()
+    cnt = cnt_ptr + tile * NCONS + WG
+    arrived = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+    if arrived == SPLIT - 1:
+        if EPI == 2:
+            tma.store_wait(0)  # the previous tile's TMA stores have finished reading c_smem
+        tot = _wide_splitk_sum(rows0, c, mask0, split_stride, SPLIT)
+        _wide_store_half(c_desc, c_smem, c_ptr, tot, row0, M, off_n, N, stride_cm, WG * NH, EPI, ROWS, HALF,
+                         num_warps)
+        if NH == 2:
+            tot = _wide_splitk_sum(rows0 + HALF, c, mask1, split_stride, SPLIT)
+            _wide_store_half(c_desc, c_smem, c_ptr, tot, row0, M, off_n + HALF, N, stride_cm, WG * NH + 1, EPI,
+                             ROWS, HALF, num_warps)
+        # leave the counter buffer all zeros for the next launch / graph replay
+        gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+
+
+@gluon.jit
+def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty, sa_ptr, sb_ptr, sb2_ptr, c_ptr,
+                   seg_ptr, ws_ptr, cnt_ptr, M, N, K, E, num_pid_m, kb_per_split, stride_sam, stride_sak, stride_sbe,
+                   stride_sbn, stride_sbk, stride_cm, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                   NH: gl.constexpr, EPI: gl.constexpr, MODE: gl.constexpr, E_POW2: gl.constexpr,
+                   DUAL: gl.constexpr, SPLIT: gl.constexpr, WG: gl.constexpr, ROWS: gl.constexpr,
                    num_warps: gl.constexpr):
     """Math partition: rows [WG * ROWS, (WG + 1) * ROWS) of each 128-row tile (ROWS = BLOCK_M when
     one partition does all rows). With two 4-warp partitions (one per warpgroup) each releases
     its ring slots itself (empty barriers count 2), so nothing synchronises the two warpgroups:
     a barrier across both (the single 8-warp partition has one per K block, before its arrive)
-    makes them promote at the same time while the tensor cores idle."""
+    makes them promote at the same time while the tensor cores idle.
+    DUAL (SwiGLU): half 0 of the ring slot holds gate rows, half 1 the up rows of the same 128
+    output columns; the epilogue stores ``silu(acc0) * acc1`` (fp32) for those columns.
+    SPLIT > 1 (dense only): a unit is one K range of a tile; the partition's partials go to the
+    workspace and the last of the SPLIT units of (tile, WG) to finish reduces and stores them
+    (``_wide_splitk_finish``)."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    BOX_N: gl.constexpr = b_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = 2 * BOX_N if DUAL else BOX_N  # rows of a B ring slot
+    TILE_N: gl.constexpr = BOX_N  # output columns per tile
     HALF: gl.constexpr = BLOCK_N // NH
     gl.static_assert(HALF == B_SCALE_ROWS, "each half spans exactly one 128-row weight-scale block")
+    gl.static_assert(NH == 2 or not DUAL, "DUAL: one half for gate, one for up")
     mma_layout: gl.constexpr = mma_layout_for(ROWS, HALF, num_warps)
     seg_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
-    num_pid_n = gl.cdiv(N, BLOCK_N)
+    num_pid_n = gl.cdiv(N, TILE_N)
     num_k = gl.cdiv(K, BLOCK_K)
     it = 0
-    for tile in range(pid, num_pid_m * num_pid_n, nprog):
+    for u in range(pid, num_pid_m * num_pid_n * SPLIT, nprog):
+        tile, sp, kb_lo, kb_hi = _wide_unit(u, num_k, kb_per_split, SPLIT)
         valid, row0, row_end, e, off_n = _wide_tile(tile, seg_ptr, M, N, E, num_pid_m, num_pid_n, GROUP_M, MODE,
-                                                    E_POW2, BLOCK_M, BLOCK_N, seg_layout)
+                                                    E_POW2, BLOCK_M, TILE_N, seg_layout)
         if valid:
             my_row0 = row0 + WG * ROWS
             rows = my_row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma_layout))
             row_ok = rows < row_end
             sa_rows = sa_ptr + rows.to(gl.int64) * stride_sam
-            sb_row = sb_ptr + e.to(gl.int64) * stride_sbe + (off_n // B_SCALE_ROWS) * stride_sbn
+            sb_off = e.to(gl.int64) * stride_sbe + (off_n // B_SCALE_ROWS) * stride_sbn
+            sb_row = sb_ptr + sb_off
             acc0 = gl.zeros((ROWS, HALF), dtype=gl.float32, layout=mma_layout)
             # wgmma destination, carried through the K loop so use_acc=False reuses its registers;
             # created per tile so it is dead during the epilogue.
             part = gl.zeros((ROWS, HALF), dtype=gl.float32, layout=mma_layout)
             if NH == 2:
                 acc1 = gl.zeros((ROWS, HALF), dtype=gl.float32, layout=mma_layout)
-                has1 = off_n + HALF < N
-            for kb in range(num_k):
+                if DUAL:
+                    has1 = off_n < N  # the up half covers the gate half's columns: always computed
+                    sb1_row = sb2_ptr + sb_off
+                else:
+                    has1 = off_n + HALF < N
+                    sb1_row = sb_row + stride_sbn
+            for kb in range(kb_lo, kb_hi):
                 s = it % STAGES
                 # Scales first: their global-load latency overlaps the barrier wait and the wgmma.
                 sa = gl.load(sa_rows + kb * stride_sak, mask=row_ok, other=0.0)
@@ -648,7 +778,7 @@ def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty,
                     a_s = a_bufs.index(s).slice(WG * ROWS, ROWS, dim=0)
                 b_s = b_bufs.index(s)
                 if NH == 2:
-                    sb1 = gl.load(sb_row + stride_sbn + kb * stride_sbk, mask=has1, other=0.0)
+                    sb1 = gl.load(sb1_row + kb * stride_sbk, mask=has1, other=0.0)
                     b0 = b_s.slice(0, HALF, dim=0)
                     part = warpgroup_mma(a_s, b0.permute((1, 0)), part, use_acc=False, is_async=True)
                     part, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(part, a_s, b0))
@@ -667,44 +797,72 @@ def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty,
                     mbarrier.arrive(empty.index(s), count=1)
                     acc0 = acc0 + part * (sa * sb0)[:, None]
                 it += 1
-            if EPI == 2:
-                tma.store_wait(0)  # the previous tile's TMA stores have finished reading c_smem
-            _wide_store_half(c_desc, c_smem, c_ptr, acc0, my_row0, row_end, off_n, N, stride_cm, WG * NH, EPI,
-                             ROWS, HALF, num_warps)
-            if NH == 2:
-                _wide_store_half(c_desc, c_smem, c_ptr, acc1, my_row0, row_end, off_n + HALF, N, stride_cm,
-                                 WG * NH + 1, EPI, ROWS, HALF, num_warps)
+            if SPLIT > 1:
+                if NH == 1:
+                    acc1 = acc0  # unused
+                _wide_splitk_finish(c_desc, c_smem, c_ptr, ws_ptr, cnt_ptr, acc0, acc1, tile, sp, my_row0, M,
+                                    off_n, N, stride_cm, SPLIT, NH, EPI, WG, BLOCK_M // ROWS, ROWS, HALF,
+                                    mma_layout, num_warps)
+            elif DUAL:
+                if EPI == 2:
+                    tma.store_wait(0)  # the previous tile's TMA stores have finished reading c_smem
+                # silu(g) * u in fp32 (the portable kernel's formula), one cast at the store
+                y = acc0 / (1.0 + gl.exp(-acc0)) * acc1
+                _wide_store_half(c_desc, c_smem, c_ptr, y, my_row0, row_end, off_n, N, stride_cm, WG, EPI,
+                                 ROWS, HALF, num_warps)
+            else:
+                if EPI == 2:
+                    tma.store_wait(0)  # the previous tile's TMA stores have finished reading c_smem
+                _wide_store_half(c_desc, c_smem, c_ptr, acc0, my_row0, row_end, off_n, N, stride_cm, WG * NH, EPI,
+                                 ROWS, HALF, num_warps)
+                if NH == 2:
+                    _wide_store_half(c_desc, c_smem, c_ptr, acc1, my_row0, row_end, off_n + HALF, N, stride_cm,
+                                     WG * NH + 1, EPI, ROWS, HALF, num_warps)
     if EPI == 2:
         tma.store_wait(0)
 
 
 @gluon.jit(launch_metadata=_launch_metadata)
-def fp8_block_gemm_wide_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, c_ptr, seg_ptr, M, N, K, E, num_pid_m,
-                               stride_sam, stride_sak, stride_sbe, stride_sbn, stride_sbk, stride_cm,
-                               GROUP_M: gl.constexpr, STAGES: gl.constexpr, NH: gl.constexpr, EPI: gl.constexpr,
-                               MODE: gl.constexpr, E_POW2: gl.constexpr, SPLIT_WG: gl.constexpr,
+def fp8_block_gemm_wide_kernel(a_desc, b_desc, b2_desc, c_desc, sa_ptr, sb_ptr, sb2_ptr, c_ptr, seg_ptr, ws_ptr,
+                               cnt_ptr, M, N, K, E, num_pid_m, kb_per_split, stride_sam, stride_sak, stride_sbe,
+                               stride_sbn, stride_sbk, stride_cm, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                               NH: gl.constexpr, EPI: gl.constexpr, MODE: gl.constexpr, E_POW2: gl.constexpr,
+                               SPLIT_WG: gl.constexpr, DUAL: gl.constexpr, SPLIT: gl.constexpr,
                                num_warps: gl.constexpr):
     """Dense (MODE 0) or grouped (MODE 1 contiguous, 2 masked) fp8_block GEMM; see above.
     ``num_pid_m``: M tiles of the tile space (dense cdiv(M, 128); contiguous cdiv(sum_m, 128) + E,
     an upper bound; masked E * cdiv(max_m, 128)). SPLIT_WG (BLOCK_M = 128, num_warps = 4): one
     4-warp math partition per 64-row warpgroup instead of one 8-warp partition (num_warps = 8).
-    c_desc block: [rows per math partition, 128]."""
+    c_desc block: [rows per math partition, 128].
+    DUAL (SwiGLU, NH = 2): ``C = silu(A @ B.T) * (A @ B2.T)``; b_desc / b2_desc boxes [128, 128]
+    (gate / up, same shape and strides, scales ``sb_ptr`` / ``sb2_ptr`` with the same strides),
+    tiles BLOCK_M x 128 output columns, each K block one 256-row ring slot (gate | up).
+    Not DUAL: b2_desc / sb2_ptr are unused (pass b_desc / sb_ptr).
+    SPLIT (dense MODE 0, not DUAL): fused deterministic split-K over SPLIT K ranges of
+    ``kb_per_split`` K blocks each (the host guarantees none is empty: (SPLIT - 1) *
+    kb_per_split < cdiv(K, 128)). Work units = tiles x SPLIT, tile-major (``_wide_unit``).
+    ``ws_ptr``: fp32 workspace [SPLIT, M, N] contiguous; ``cnt_ptr``: int32 [>= tiles * math
+    partitions], all zeros on entry, left all zeros on exit (``_wide_splitk_finish``).
+    SPLIT == 1: both unused (pass any pointers), today's code path."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = 2 * b_desc.block_type.shape[0] if DUAL else b_desc.block_type.shape[0]
     ROWS: gl.constexpr = BLOCK_M // 2 if SPLIT_WG else BLOCK_M
     NCONS: gl.constexpr = 2 if SPLIT_WG else 1
+    NOUT: gl.constexpr = 1 if DUAL else NH  # output tiles of 128 columns per math partition
     gl.static_assert(BLOCK_K == 128, "BLOCK_K must equal the 128-wide fp8_block scale block")
     gl.static_assert(STAGES >= 2, "need at least 2 pipeline stages")
     gl.static_assert(NH == 1 or NH == 2, "NH: one or two 128-column halves")
     gl.static_assert(EPI == 1 or EPI == 2, "EPI: 1 = masked store, 2 = TMA store")
     gl.static_assert(MODE == 0 or EPI == 1, "grouped tiles may cover rows of the next expert: masked store only")
     gl.static_assert(ROWS == 16 * num_warps, "one warpgroup (4 warps) per 64 rows")
+    gl.static_assert(SPLIT >= 1, "SPLIT: number of K splits, >= 1")
+    gl.static_assert(SPLIT == 1 or (MODE == 0 and not DUAL), "split-K: dense (MODE 0), non-SwiGLU only")
 
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
     if EPI == 2:
-        c_smem = gl.allocate_shared_memory(c_desc.dtype, [NCONS * NH, ROWS, BLOCK_N // NH], c_desc.layout)
+        c_smem = gl.allocate_shared_memory(c_desc.dtype, [NCONS * NOUT, ROWS, BLOCK_N // NH], c_desc.layout)
     else:
         c_smem = a_bufs  # unused
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -715,21 +873,27 @@ def fp8_block_gemm_wide_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, c_ptr, se
 
     if SPLIT_WG:
         gl.warp_specialize([
-            (_wide_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty, sa_ptr, sb_ptr, c_ptr,
-                              seg_ptr, M, N, K, E, num_pid_m, stride_sam, stride_sak, stride_sbe, stride_sbn,
-                              stride_sbk, stride_cm, GROUP_M, STAGES, NH, EPI, MODE, E_POW2, 0, ROWS, num_warps)),
-            (_wide_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty, sa_ptr, sb_ptr, c_ptr,
-                              seg_ptr, M, N, K, E, num_pid_m, stride_sam, stride_sak, stride_sbe, stride_sbn,
-                              stride_sbk, stride_cm, GROUP_M, STAGES, NH, EPI, MODE, E_POW2, 1, ROWS, num_warps)),
-            (_wide_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, seg_ptr, M, N, K, E, num_pid_m, GROUP_M,
-                              STAGES, MODE, E_POW2)),
+            (_wide_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty, sa_ptr, sb_ptr, sb2_ptr,
+                              c_ptr, seg_ptr, ws_ptr, cnt_ptr, M, N, K, E, num_pid_m, kb_per_split, stride_sam,
+                              stride_sak, stride_sbe, stride_sbn, stride_sbk, stride_cm, GROUP_M, STAGES, NH, EPI,
+                              MODE, E_POW2, DUAL, SPLIT, 0, ROWS,
+                              num_warps)),
+            (_wide_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty, sa_ptr, sb_ptr, sb2_ptr,
+                              c_ptr, seg_ptr, ws_ptr, cnt_ptr, M, N, K, E, num_pid_m, kb_per_split, stride_sam,
+                              stride_sak, stride_sbe, stride_sbn, stride_sbk, stride_cm, GROUP_M, STAGES, NH, EPI,
+                              MODE, E_POW2, DUAL, SPLIT, 1, ROWS,
+                              num_warps)),
+            (_wide_producer, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, seg_ptr, M, N, K, E, num_pid_m,
+                              kb_per_split, GROUP_M, STAGES, MODE, E_POW2, DUAL, SPLIT)),
         ], [num_warps, 1], [MATH_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
-            (_wide_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty, sa_ptr, sb_ptr, c_ptr,
-                              seg_ptr, M, N, K, E, num_pid_m, stride_sam, stride_sak, stride_sbe, stride_sbn,
-                              stride_sbk, stride_cm, GROUP_M, STAGES, NH, EPI, MODE, E_POW2, 0, ROWS, num_warps)),
-            (_wide_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, seg_ptr, M, N, K, E, num_pid_m, GROUP_M,
-                              STAGES, MODE, E_POW2)),
+            (_wide_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty, sa_ptr, sb_ptr, sb2_ptr,
+                              c_ptr, seg_ptr, ws_ptr, cnt_ptr, M, N, K, E, num_pid_m, kb_per_split, stride_sam,
+                              stride_sak, stride_sbe, stride_sbn, stride_sbk, stride_cm, GROUP_M, STAGES, NH, EPI,
+                              MODE, E_POW2, DUAL, SPLIT, 0, ROWS,
+                              num_warps)),
+            (_wide_producer, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, seg_ptr, M, N, K, E, num_pid_m,
+                              kb_per_split, GROUP_M, STAGES, MODE, E_POW2, DUAL, SPLIT)),
         ], [1], [PRODUCER_REGS])
     # No mbarrier.invalidate afterwards (see fp8_block_gemm_ws_kernel).

@@ -18,12 +18,44 @@ Fused, deterministic split-K (SPLIT_K > 1), one launch:
 Empty splits (``k_lo >= K``) run no K iteration, store a zero partial and count like the rest.
 The reducing program takes its own partial from registers: the same fp32 bits it stored, so
 the sum does not depend on which split arrived last.
+
+Programmatic Dependent Launch (``PDL=True``; the launcher then also passes ``launch_pdl=True``,
+sm_90+ only, see ops/gemm.py::_use_pdl): the kernel is launched with the programmatic
+stream-serialization attribute, so its CTAs may be scheduled as soon as the preceding kernel
+on the stream allows it (all its CTAs executed ``griddepcontrol.launch_dependents`` or
+exited) instead of after that grid has completed and flushed its memory. Protocol:
+  * ``gdc_wait()`` (``griddepcontrol.wait``) comes before the kernel's first global memory
+    access of any kind: it returns once every prerequisite grid has completed and its memory
+    operations are visible. Only tile-index arithmetic on kernel arguments runs before it, so
+    the kernel is correct whatever produced A, A's scales, B, the bias or the nvfp4 global
+    scales, and whatever reads or writes the output after us. It matters most for memory the
+    launcher shares between consecutive launches: the split-K tile counters (one buffer per
+    stream / graph, reset to zero by the previous launch's reducing programs) and the fp32
+    workspace / output (the caching allocator hands the previous launch's freed blocks to the
+    next one in stream order). Nothing is prefetched before the wait (not even B, which is
+    usually a static weight): a producer of B would otherwise race with us.
+  * ``gdc_launch_dependents()`` right after the wait: the next PDL kernel on the stream may
+    start launching once every CTA of this grid has executed it (so all of our CTAs are
+    already resident; the dependents only take leftover SM slots). Its own wait still blocks
+    until this grid has completed, so the early trigger costs nothing in correctness; the
+    kernel has no inter-CTA spin-wait (split-K uses one atomic per tile, no polling), so
+    resident dependents cannot starve it.
+What it buys: the dependent's launch latency, CTA dispatch and index prologue overlap this
+grid's tail. Measured on the H100 (scripts/pdl_ab.py, CUDA graphs of back-to-back decode
+GEMMs): +-0.2..0.7 us per call, a loss on some shapes (M=128 7168x16384 71 -> 91 us), so the
+launcher keeps it off unless ``BLOCKSCALED_PDL=1`` (ops/gemm.py). It does not hide the
+pipeline fill: the first A/B loads are issued after the wait (sm_90 SASS: ``ACQBULK`` within
+the first ~8 instructions, the first ``LDGSTS`` 120-240 instructions later). Without the
+launch attribute (older GPUs, PDL off) both instructions are no-ops; the launcher passes
+PDL=False there anyway, and always in the Triton interpreter, which cannot execute them
+(triton 3.6 raises in ``gdc_wait``).
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ._mma import FMT_DENSE, FMT_NVFP4, nvfp4_output_scale, scaled_mma
 
@@ -36,6 +68,7 @@ def _gemm_repr(specialization):
     return (
         f"bs_gemm_{a}x{b}_{c.get('BLOCK_M')}x{c.get('BLOCK_N')}x{c.get('BLOCK_K')}"
         f"_sk{c.get('SPLIT_K')}{'_promote' if c.get('PROMOTE') else ''}{'_swapab' if c.get('SWAP_AB') else ''}"
+        f"{'_pdl' if c.get('PDL') else ''}"
     )
 
 
@@ -75,7 +108,7 @@ def gemm_kernel(
     PROMOTE: tl.constexpr, DOT_DTYPE: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    ws_ptr=None, cnt_ptr=None, SWAP_AB: tl.constexpr = False,
+    ws_ptr=None, cnt_ptr=None, SWAP_AB: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """``c[M, N] = epilogue(A[M, K] @ B[N, K].T)``.
 
@@ -89,7 +122,10 @@ def gemm_kernel(
     (BLOCK_N, >= 64) fill the MMA's M dimension and few activation rows (BLOCK_M = 16) its N
     dimension (FP8 wgmma needs M = 64: unswapped decode tiles pad A to 64 rows, 4x the MMA work
     and A shared memory). Quantized A only; with 128-row B scale blocks BLOCK_N must divide 128
-    (the tile's weight rows then share one scale row: scale pointer offset, row stride 0)."""
+    (the tile's weight rows then share one scale row: scale pointer offset, row stride 0).
+    PDL: programmatic dependent launch (module docstring): ``griddepcontrol.wait`` before the
+    first global memory access, then ``griddepcontrol.launch_dependents``. Launch with
+    ``launch_pdl=True`` for it to have an effect; correct (the two are no-ops) without."""
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     num_m = tl.cdiv(M, BLOCK_M)
@@ -107,6 +143,12 @@ def gemm_kernel(
     mask_n = offs_n < N
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
+
+    if PDL:
+        # Everything above is index arithmetic on arguments; every global access (A, B, scales,
+        # bias, gs, workspace, counters, output) is below the wait (module docstring).
+        gdc_wait()
+        gdc_launch_dependents()
 
     if SWAP_AB:
         tl.static_assert(A_FMT == B_FMT, "SWAP_AB needs a quantized A")
