@@ -87,6 +87,7 @@ bench() {  # bench NAME LIMIT_S ARGS...
 # device calls when the pytest step runs too: each call may take at most 10 minutes.
 STEPS=" ${BENCH_STEPS-quantize deepseek moe test-cases} "  # set but empty: no bench
 want() { case "$STEPS" in *" $1 "*) return 0;; esac; return 1; }
+[ -z "${STEPS// /}" ] && { echo "BENCH_STEPS empty: no bench"; exit 0; }
 want quantize && bench quantize 45 --suite quantize --iterations 50
 want deepseek && bench deepseek 150 --suite deepseek --deepseek-small-m --iterations 30 --warmup 5
 want moe && bench moe 150 --suite moe --iterations 10 --warmup 2
