@@ -462,6 +462,12 @@ def hopper_cases() -> list[Case]:
         for shape in ((M, N, K), ALIGNED, (M, 322, K)):
             h(f"{v}-heuristic-{'x'.join(map(str, shape))}", H.choose_hopper_config(*shape, variant=v), shape,
               "bf16", None)
+    # the wide kernel's fused split-K (dense small M): splits 2 and 3 (K = 656: 6 K blocks -> 3+3
+    # and 2+2+2), both epilogues, with 3 SMs (programs loop over units) and the device's count
+    if hasattr(H, "choose_small_m_hopper_config"):
+        for split, epi, sms in ((2, "tma", FEW_SMS), (3, "masked", FEW_SMS), (3, "tma", None)):
+            cfg = dataclasses.replace(H.choose_small_m_hopper_config(M, N, K), split_k=split, epilogue=epi)
+            h(f"wide-split{split}-{epi}-{'sms' + str(sms) if sms else 'device'}", cfg, (M, N, K), "bf16", sms)
     return out
 
 
