@@ -42,13 +42,15 @@ def operands(m, n, k, seed):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ms", default="1,16,64,128,256")
+    p.add_argument("--shapes", default=None, help="NxK,NxK,... (default: the six DeepSeek-V3 shapes)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
+    shapes = NK if not args.shapes else [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     nsm = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     print(f"{'M':>5}{'N':>7}{'K':>7} | {'gemm() us':>10} {'%':>4} | {'hopper split us':>16} {'%':>4} | cfg")
     for m in (int(x) for x in args.ms.split(",")):
-        for n, k in NK:
+        for n, k in shapes:
             nk = -(-k // 128)
             nbytes = m * k + n * k + m * nk * 4 + (-(-n // 128)) * nk * 4 + m * n * 2
             floor_us = nbytes / COPY_BW * 1e6

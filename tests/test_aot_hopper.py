@@ -340,3 +340,23 @@ def test_split_k_config_and_plan():
             tiles = -(-m // 128) * -(-n // cfg.block_n)
             if cfg.split_k > 1:
                 assert tiles < 132, (m, n, k, cfg)  # splits only when tiles alone leave SMs idle
+
+
+def test_small_m_dispatch_rule():
+    """ops._hopper.small_m_dispatch_config takes the split-K wide kernel exactly where the H100
+    measured it faster than the portable kernel (rows in its docstring)."""
+    from blockscaled.ops._hopper import choose_dispatch_config, small_m_dispatch_config as f
+
+    taken = [(64, 7168, 16384), (128, 24576, 1536), (128, 32768, 512), (128, 7168, 16384), (256, 4096, 7168),
+             (256, 24576, 1536), (384, 2048, 7168), (384, 2112, 7168), (512, 2048, 4096), (512, 2048, 7168)]
+    not_taken = [(1, 2112, 7168), (16, 7168, 16384), (32, 24576, 1536), (64, 24576, 1536), (64, 2112, 7168),
+                 (128, 2112, 7168), (128, 4096, 7168), (128, 7168, 2048), (384, 4096, 7168), (384, 7168, 7168),
+                 (512, 2112, 7168), (512, 2048, 2048), (1024, 2048, 7168), (4096, 7168, 2048)]
+    for m, n, k in taken:
+        c = f(m, n, k)
+        assert c is not None and c.variant == "wide", (m, n, k)
+        assert choose_dispatch_config(m, n, k) == c
+        if c.split_k > 1:
+            assert c.block_n == 128 and -(-m // 128) * -(-n // 128) * c.split_k <= 132, c
+    for m, n, k in not_taken:
+        assert f(m, n, k) is None, (m, n, k, f(m, n, k))

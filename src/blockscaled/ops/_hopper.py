@@ -181,9 +181,9 @@ def choose_dispatch_config(m: int, n: int, k: int, out_elem_bytes: int = 2, num_
 
 #: Rows up to which dense fp8_block GEMMs may take the split-K wide kernel
 #: (:func:`small_m_dispatch_config`); above, the plain wide rule of config.gemm applies.
-SMALL_M_HOPPER_MAX = 256
+SMALL_M_HOPPER_MAX = 512
 #: Fewest K blocks per split for a split (> 1) small-M config to be taken: the H100 rows with 8
-#: or 14 blocks per split lost to the portable kernel, those with >= 19 won or tied (below).
+#: or 14 blocks per split lost to the portable kernel, those with >= 16 won or tied (below).
 SMALL_M_MIN_KB_PER_SPLIT = 16
 
 
@@ -191,10 +191,16 @@ SMALL_M_MIN_KB_PER_SPLIT = 16
 def small_m_dispatch_config(m: int, n: int, k: int, num_sms: int = 132,
                             out_elem_bytes: int = 2) -> HopperConfig | None:
     """The split-K wide config (:func:`choose_small_m_hopper_config`) where it beat the portable
-    kernel on the H100, else None. Rule: 32 < M <= SMALL_M_HOPPER_MAX, and either a K split
-    with >= SMALL_M_MIN_KB_PER_SPLIT K blocks per split or no split at M > 64.
-    Measured (scripts/hopper_small_m.py, CUDA-graph medians, us, portable -> split-K wide, on
-    2112x7168 / 24576x1536 / 32768x512 / 7168x16384 / 4096x7168 / 7168x2048):
+    kernel on the H100, else None. Rule (every measured row below agrees with it):
+      * 32 < M <= SMALL_M_HOPPER_MAX;
+      * a K split (> 1): 128x128 tiles, >= SMALL_M_MIN_KB_PER_SPLIT K blocks per split, and all
+        units in one wave (units <= SMs): split 3-4 runs of 252-384 units (several waves) were
+        1.7-2.2x slower than the portable kernel, 128x256 split 3 at M=512 lost 24%;
+      * no split: only 64 < M <= 256 (above, the rows tied with the portable kernel or the
+        plain wide rule already applies).
+    Measured (scripts/hopper_small_m.py, CUDA-graph medians, us, portable -> split-K wide;
+    benchmarks/results/h100/hopper-small-m-20261122.json and NOTES.md), on 2112x7168 /
+    24576x1536 / 32768x512 / 7168x16384 / 4096x7168 / 7168x2048:
       M <= 16: the wide kernel lost on all 12 rows (10-40% slower): never.
       M=64:  13.2->20.2 (split 7), 18.5->20.2 (split 1), 10.0->10.9 (1), 60.1->52.3 (split 2, 64
              blocks: taken), 19.0->20.8 (split 4, 14 blocks), 9.6->13.2 (split 2, 8 blocks).
@@ -202,14 +208,21 @@ def small_m_dispatch_config(m: int, n: int, k: int, num_sms: int = 132,
              (split 2: taken), 23.5->25.2 (split 4, 14 blocks), 10.8->16.0 (split 2, 8 blocks).
       M=256: 22.8->22.3 (split 3, 19 blocks: taken), 29.9->24.8 (no split, 128x128 tiles instead
              of the dispatch rule's 128x256: taken), 4096x7168 34.2->25.1 (split 2: taken), the
-             others equal."""
+             others equal.
+    and at M=384 / 512 on MoE-expert shapes (N x K): 2048x4096 19.6->17.8 / 19.6->18.1 and
+    2048x7168 31.8->22.8 / 31.6->23.1 (128x128 split 2: taken), 2112x7168 31.9->23.6 (M=384,
+    128x128 split 2: taken) but 32.1->39.9 (M=512, 128x256 split 3), 4096x7168 M=384 28.3->61.5
+    (split 4 x 96 tiles), 7168x7168 M=384 56.0->97.3 (128x256 split 3, 252 units)."""
     if m <= 32 or m > SMALL_M_HOPPER_MAX:
         return None
     cfg = choose_small_m_hopper_config(m, n, k, num_sms, out_elem_bytes)
     if cfg.split_k > 1:
         nk = triton.cdiv(max(k, 1), 128)
-        return cfg if triton.cdiv(nk, cfg.split_k) >= SMALL_M_MIN_KB_PER_SPLIT else None
-    return cfg if m > 64 else None
+        units = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n) * cfg.split_k
+        ok = (cfg.block_n == 128 and triton.cdiv(nk, cfg.split_k) >= SMALL_M_MIN_KB_PER_SPLIT
+              and units <= num_sms)
+        return cfg if ok else None
+    return cfg if 64 < m <= 256 else None
 
 
 #: Fewest K blocks (128 wide) per split-K range: below 4 the per-unit fixed cost (ring fill, the
