@@ -193,7 +193,8 @@ def small_m_dispatch_config(m: int, n: int, k: int, num_sms: int = 132,
     """The split-K wide config (:func:`choose_small_m_hopper_config`) where it beat the portable
     kernel on the H100, else None. Rule (every measured row below agrees with it):
       * 32 < M <= SMALL_M_HOPPER_MAX;
-      * a K split (> 1): 128x128 tiles, >= SMALL_M_MIN_KB_PER_SPLIT K blocks per split, and all
+      * a K split (> 1): 128x128 tiles, >= SMALL_M_MIN_KB_PER_SPLIT K blocks per split (twice
+        that at M <= 64), and all
         units in one wave (units <= SMs): split 3-4 runs of 252-384 units (several waves) were
         1.7-2.2x slower than the portable kernel, 128x256 split 3 at M=512 lost 24%;
       * no split: only 64 < M <= 256 (above, the rows tied with the portable kernel or the
@@ -219,8 +220,10 @@ def small_m_dispatch_config(m: int, n: int, k: int, num_sms: int = 132,
     if cfg.split_k > 1:
         nk = triton.cdiv(max(k, 1), 128)
         units = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n) * cfg.split_k
-        ok = (cfg.block_n == 128 and triton.cdiv(nk, cfg.split_k) >= SMALL_M_MIN_KB_PER_SPLIT
-              and units <= num_sms)
+        # M <= 64: twice the K blocks (half of each 128-row wgmma tile is padding there; the
+        # moe suite's E=1 M=64 N=7168 K=4096, split 2 of 16 blocks: 16.4 -> 19.4 us)
+        min_kb = SMALL_M_MIN_KB_PER_SPLIT * (1 if m > 64 else 2)
+        ok = cfg.block_n == 128 and triton.cdiv(nk, cfg.split_k) >= min_kb and units <= num_sms
         return cfg if ok else None
     return cfg if 64 < m <= 256 else None
 
