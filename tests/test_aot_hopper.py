@@ -124,6 +124,7 @@ for bm, bn, st, epi, mode, cdt, split, dual, *sk in [
         (128, 256, 4, 1, 2, "bf16", True, False),
         (128, 256, 4, 2, 0, "bf16", True, True), (128, 256, 4, 1, 1, "bf16", True, True),
         (64, 256, 5, 1, 2, "bf16", False, True), (128, 256, 3, 1, 0, "fp32", True, True),
+        (128, 256, 4, 2, 0, "fp16", True, True),
         # fused split-K (dense): SPLIT 3 next to the same configs above (SPLIT 1), and the
         # small-M chooser's 128x128 6-stage config with 7 splits
         (128, 256, 3, 2, 0, "bf16", True, False, 3), (128, 256, 4, 1, 0, "bf16", True, False, 3),
@@ -243,7 +244,7 @@ def test_hopper_config_validation():
 
 def test_wide_kernel(compiled):
     keys = [k for k in compiled if k.startswith("wide_")]
-    assert len(keys) == 20, keys
+    assert len(keys) == 21, keys
     for key in keys:
         c = compiled[key]
         assert "error" not in c, (key, c)

@@ -14,6 +14,7 @@ access and ``griddepcontrol.launch_dependents`` right after. Checked here:
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -310,10 +311,14 @@ def _forced_configs(fmt, m):
     return [None, split, swap] if m <= 64 else [None, split]
 
 
-def _need_pdl():
+def _need_pdl(monkeypatch):
     # the tests switch gemm_mod.PDL themselves (it is off by default)
     if not (gemm_mod._GEMM_COMPILED and gemm_mod._pdl_capable(torch.cuda.current_device())):
         pytest.skip("PDL needs a compiled kernel on sm_90+")
+    # PDL is a property of the portable kernel: keep the heuristic off the Hopper kernels, so
+    # every call below launches gemm_kernel whatever the Hopper dispatch rules become
+    monkeypatch.setattr(gemm_mod, "choose_gemm_config",
+                        functools.partial(gemm_mod.choose_gemm_config, allow_hopper=False))
 
 
 @pytest.mark.gpu
@@ -324,7 +329,7 @@ def test_gpu_pdl_bitwise_eager_and_graph(fmt, n, k, m, monkeypatch, spy):
     independent calls (heuristic + forced split-K / swap-AB configs in turn, 20 different
     activations, 20 outputs; the split-K counter buffer and the allocator's workspace blocks
     are shared between consecutive launches). Every launch really uses PDL when on."""
-    _need_pdl()
+    _need_pdl(monkeypatch)
     b = _gpu_weights(fmt, n, k)
     acts = [_acts(m, k, fmt, "cuda", seed=s) for s in range(20)]
     cfgs = _forced_configs(fmt, m)
@@ -415,7 +420,7 @@ def test_gpu_pdl_chain_quantize_gemm(fmt, m, monkeypatch, spy):
     (heuristic, forced split-K and swap-AB configs in turn): with PDL every GEMM is launched
     while the quantize kernel before it may still run, so only its griddepcontrol.wait orders
     the reads of the fresh A. Bitwise equal to a step-by-step synchronised run."""
-    _need_pdl()
+    _need_pdl(monkeypatch)
     from blockscaled.ops.quantize import quantize
 
     ws = [_gpu_weights(fmt, 2112, 7168, seed=1), _gpu_weights(fmt, 7168, 2112, seed=2)]
@@ -438,7 +443,7 @@ def test_gpu_pdl_chain_gemm_gemm(fmt, m, monkeypatch, spy):
     launches back to back with a true read-after-write dependency through global memory, and
     consecutive launches sharing the split-K counters and workspace blocks. Bitwise equal to
     a synchronised run."""
-    _need_pdl()
+    _need_pdl(monkeypatch)
     ws = [_gpu_weights(fmt, 2112, 7168, seed=1), _gpu_weights(fmt, 7168, 2112, seed=2)]
     x0 = randn_like_activations(m, 7168, dtype=torch.bfloat16, device="cuda", seed=3, outliers=False)
     forced = GemmConfig(block_m=16 if m <= 16 else 64, block_n=64, block_k=128, num_warps=4, num_stages=4,

@@ -266,3 +266,83 @@ def test_wide_split_k_back_to_back_shapes():
         assert torch.equal(o1, o2)
         assert_gemm_close(o1, ref_gemm.gemm(a, b), "fp8_block", torch.bfloat16)
     _counters_zero(cases[0][1].data.device)
+
+
+def test_split_k_interleaved_with_portable_split_k():
+    """The wide kernel's split-K (counters indexed tile * partitions + partition) and the portable
+    kernel's split-K (counters indexed by tile) share the per-stream counter buffer: launched
+    alternately on one stream, eagerly and in one captured graph, each leaves it zero for the
+    other and every result stays exact and bitwise repeatable."""
+    from blockscaled.config import GemmConfig
+    from blockscaled.ops.gemm import gemm
+
+    a, b = _operands(128, 7168, 16384, seed=13)
+    a2, b2 = _operands(64, 2112, 7168, seed=14)
+    wide = _splitk_cfg(SPLITK_CFGS[0])
+    portable = GemmConfig(block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=4, promote=True)
+
+    def run():
+        return [gemm_fp8_block_hopper(a, b, config=wide), gemm(a2, b2, config=portable),
+                gemm_fp8_block_hopper(a, b, config=wide), gemm(a2, b2, config=portable)]
+
+    eager = run()
+    assert torch.equal(eager[0], eager[2]) and torch.equal(eager[1], eager[3])
+    assert_gemm_close(eager[0], ref_gemm.gemm(a, b), "fp8_block", torch.bfloat16)
+    assert_gemm_close(eager[1], ref_gemm.gemm(a2, b2), "fp8_block", torch.bfloat16)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s), torch.cuda.graph(g):
+        outs = run()
+    torch.cuda.current_stream().wait_stream(s)
+    for _ in range(2):
+        for o in outs:
+            o.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        for o, e in zip(outs, eager):
+            assert torch.equal(o, e)
+    _counters_zero(b.data.device)
+
+
+def test_split_k_dispatch_with_unaligned_output():
+    """The dispatch's split-K config at M=128 7168x16384 (ops/_hopper.small_m_dispatch_config)
+    into an output view whose row stride is not 16-byte aligned: no TMA-store target, so the last
+    split's epilogue falls back to the masked store and writes nothing past the view."""
+    from blockscaled.ops import _hopper as H
+    from blockscaled.ops.gemm import gemm
+
+    m, n, k = 128, 7168, 16384
+    cfg = H.small_m_dispatch_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+    assert cfg is not None and cfg.split_k > 1 and cfg.epilogue == "tma"
+    a, b = _operands(m, n, k, seed=15)
+    assert gemm(a, b).shape == (m, n)  # the public op dispatches there (contiguous output)
+    big = torch.full((m, n + 3), float("nan"), device="cuda", dtype=torch.bfloat16)
+    out = big[:, :n]
+    assert (out.stride(0) * 2) % 16
+    H.gemm_fp8_block_hopper_impl(a.data, a.scale, b.data, b.scale, out, cfg)
+    assert_gemm_close(out, ref_gemm.gemm(a, b), "fp8_block", torch.bfloat16)
+    assert torch.isnan(big[:, n:].float()).all(), "wrote past the output view"
+    _counters_zero(b.data.device)
+
+
+def test_split_k_workspace_beyond_2_31_elements():
+    """int64 workspace indexing: split 2 x M=512 x N=2,097,280 fp32 partials = 2.1e9 elements
+    (8.6 GB) > 2^31; the last 256 output columns (whose partials lie past element 2^31 of the
+    second split) are checked against the reference of those weight rows."""
+    m, n, k = 512, 16385 * 128, 256
+    free, _ = torch.cuda.mem_get_info()
+    if free < 14 * 2**30:
+        pytest.skip("needs ~14 GB of free GPU memory")
+    g = torch.Generator(device="cuda").manual_seed(16)
+    a = quantize(torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16), "fp8_block")
+    w = torch.empty(n, k, device="cuda", dtype=torch.bfloat16).normal_(0, 0.05, generator=g)
+    b = quantize(w, "fp8_block", block=(128, 128))
+    del w
+    assert 2 * m * n > 2**31
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    gemm_fp8_block_hopper(a, b, torch.bfloat16, out, config=HopperConfig("wide", 128, 128, 8, 3, split_k=2))
+    tail = ScaledTensor(b.data[-256:], b.scale[-2:], b.format, torch.Size((256, k)), b.block, b.rounding)
+    assert_gemm_close(out[:, -256:], ref_gemm.gemm(a, tail), "fp8_block", torch.bfloat16)
+    assert not torch.isnan(out[:, :: 4099].float()).any()
+    _counters_zero(b.data.device)

@@ -54,7 +54,7 @@ DENSE = [(1, 256, 256), (64, 2048, 7168), (300, 520, 1040), (4096, 2048, 7168), 
 
 @pytest.mark.parametrize("shape", DENSE, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("forced", [True, False], ids=["forced", "heuristic"])
-@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
 @gpu
 def test_dense(shape, forced, out_dtype):
     m, n, k = shape
@@ -154,6 +154,51 @@ def test_tile_configs(cfg, mode):
         rows = torch.arange(150, device="cuda")[None, :] < seg[:, None]
         assert torch.isnan(out[~rows].float()).all()
         assert_gemm_close(out[rows], ref.swiglu(a, bg, bu, masked_m=seg)[rows], "fp8_block", torch.bfloat16)
+
+
+@gpu
+@pytest.mark.parametrize("mode", ["dense", "contiguous", "masked"])
+def test_empty_dims(mode):
+    """M = 0 / zero-row experts: nothing launched, empty or untouched output; K = 0: the empty
+    sum, silu(0) * 0 = 0 everywhere (rows past a masked count may be written too: unspecified)."""
+    n = 256
+    for m, k in ((0, 256), (130, 0)):
+        if mode == "dense":
+            a, bg, bu = _inputs((m,), (), n, k, seed=10)
+            kw, shape = {}, (m, n)
+        elif mode == "contiguous":
+            a, bg, bu = _inputs((m,), (3,), n, k, seed=10)
+            kw, shape = {"offsets": _offsets([m, 0, 0])}, (m, n)
+        else:
+            a, bg, bu = _inputs((3, m), (3,), n, k, seed=10)
+            kw, shape = {"masked_m": torch.tensor([m, 0, min(m, 7)], dtype=torch.int32, device="cuda")}, (3, m, n)
+        out = _nan(shape)
+        y = swiglu(a, bg, bu, out=out, config=HOPPER, **kw)
+        assert y.shape == shape
+        if k == 0 and m:
+            rows = out if mode != "masked" else out[0]
+            assert torch.equal(rows.float(), torch.zeros_like(rows.float()))
+
+
+@gpu
+def test_forced_config_tiles_come_from_the_chooser():
+    """A forced hopper config contributes only its strategy: odd tile fields in it are ignored
+    (documented), the result is the chooser's, bitwise."""
+    a, bg, bu = _inputs((300,), (), 520, 1040, seed=11)
+    y1 = swiglu(a, bg, bu, config=HOPPER)
+    y2 = swiglu(a, bg, bu, config=GemmConfig(block_m=64, block_n=64, num_warps=4, num_stages=2, strategy="hopper"))
+    assert torch.equal(y1.view(torch.int16), y2.view(torch.int16))
+
+
+@gpu
+def test_impl_rejects_unpaired_up_weight():
+    a, bg, bu = _inputs((64,), (), 256, 256, seed=12)
+    out = _nan((64, 256))
+    with pytest.raises(ValueError, match="b2_scale: give b2_data and b2_scale together"):
+        H.grouped_fp8_block_hopper_impl(a.data, a.scale, bg.data, bg.scale, None, 0, out, None, bu.data, None)
+    bu2 = _inputs((64,), (), 128, 256, seed=12)[2]
+    with pytest.raises(ValueError, match="up weight must match the gate's shapes"):
+        H.grouped_fp8_block_hopper_impl(a.data, a.scale, bg.data, bg.scale, None, 0, out, None, bu2.data, bu2.scale)
 
 
 @gpu

@@ -42,7 +42,7 @@ STRATEGIES = ("triton", "dequant_matmul", "hopper")
 #:   M=1024: 2112x7168 512 vs 514 (136 tiles). M=128 not measured with the wide kernel (the
 #:   older Hopper variants were slower than the portable kernel on all six shapes there).
 #: Below these, ops/_hopper.small_m_dispatch_config may still take the wide kernel with a fused
-#: split-K (32 < M <= 256; its docstring has the H100 rows that chose it).
+#: split-K (32 < M <= 512; its docstring has the H100 rows that chose it).
 HOPPER_MIN_M = 256
 HOPPER_MIN_TILES = 96
 #: (The variant is chosen by ops/_hopper.choose_dispatch_config: the 128x256 "wide" kernel beat

@@ -242,10 +242,11 @@ _SPLITK_UNIT_COST_KB = 4
 def choose_small_m_hopper_config(m: int, n: int, k: int, num_sms: int = 132, out_elem_bytes: int = 2) -> HopperConfig:
     """Wide-kernel config with fused split-K for few output tiles (decode / small prefill: M <= 256,
     or generally cdiv(M, 128) * cdiv(N, block_n) < num_sms), where unsplit tiles leave most SMs
-    idle. NOT tuned on the H100 (the lead decides dispatch after measuring).
+    idle. Its cost model ranks configs; ``small_m_dispatch_config`` decides from H100
+    measurements where they run.
 
     Rule: over block_n in (256, 128) and split s in 1..max(1, nk // 4) (nk = cdiv(K, 128); every
-    split keeps >= 4 K blocks, ``_SPLITK_MIN_KB``; s = 1 only where tiles >= num_sms), minimise
+    split keeps >= 4 K blocks, ``_SPLITK_MIN_KB``; only s = 1 is tried where tiles >= num_sms), minimise
     the modelled time of the busiest SM
         waves(s) * (block_n / 128) * (cdiv(nk, s) + 4),   waves(s) = cdiv(tiles * s, num_sms)
     (per unit: its K blocks of block_n / 128 halves each, plus ``_SPLITK_UNIT_COST_KB`` for the
@@ -295,6 +296,11 @@ def _capability(index: int) -> tuple[int, int]:
 @functools.lru_cache(maxsize=None)
 def _num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def num_sms_of(device: torch.device) -> int:
+    """SM count of a CUDA device (cached query): the tile choosers balance work over it."""
+    return _num_sms(_dev_index(device))
 
 
 def _tma_2d_reason(name: str, t: torch.Tensor) -> str | None:
@@ -548,6 +554,8 @@ def grouped_unsupported_reason(a_data: torch.Tensor, b_data: torch.Tensor, a_sca
     if out_dtype not in OUT_DTYPES:
         return f"out_dtype: expected one of {OUT_DTYPES}, got {out_dtype}"
     e, n, k = b_data.shape
+    if a_data.numel() == 0 or b_data.numel() == 0:
+        return None  # nothing to load: the launcher returns (or zero-fills for K = 0) without a kernel
     if b_data.stride(2) != 1 or b_data.stride(0) != n * b_data.stride(1):
         return f"b.data: experts must be stacked contiguously ([E*N, K] view), got strides {b_data.stride()}"
     try:
@@ -583,19 +591,28 @@ def grouped_fp8_block_hopper_impl(a_data: torch.Tensor, a_scale: torch.Tensor, b
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     dual = b2_data is not None
+    if (b2_scale is None) == dual:
+        raise ValueError("b2_scale: give b2_data and b2_scale together (SwiGLU up weight) or neither")
+    if dual and (b2_data.shape != b_data.shape or b2_data.stride() != b_data.stride()
+                 or b2_scale.shape != b_scale.shape or b2_scale.stride() != b_scale.stride()):
+        raise ValueError(
+            f"b2_data/b2_scale: the up weight must match the gate's shapes and strides (one set of strides in "
+            f"the kernel), got data {tuple(b2_data.shape)}/{b2_data.stride()} vs {tuple(b_data.shape)}/"
+            f"{b_data.stride()}, scale {tuple(b2_scale.shape)}/{b2_scale.stride()} vs {tuple(b_scale.shape)}/"
+            f"{b_scale.stride()}")
     if mode == 0:
         b_data, b_scale = b_data.unsqueeze(0), b_scale.unsqueeze(0)
         if dual:
             b2_data, b2_scale = b2_data.unsqueeze(0), b2_scale.unsqueeze(0)
     e, n, k = b_data.shape
+    if out.numel() == 0 or e == 0:
+        return
+    if k == 0:
+        out.zero_()  # the empty sum (masked: rows past counts are unspecified, zero is fine); silu(0) * 0 = 0
+        return
     a2 = a_data.view(-1, k)
     rows = a2.shape[0]
-    if rows == 0 or n == 0 or e == 0:
-        return
     out2 = out.view(-1, n)
-    if k == 0:
-        out2.zero_()  # masked: rows past counts are unspecified, zero is fine; silu(0) * 0 = 0
-        return
     a_s2 = a_scale.view(rows, -1)
     if mode == 2:
         max_m = a_data.shape[1]

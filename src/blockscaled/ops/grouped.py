@@ -574,7 +574,8 @@ def grouped_gemm(
 
     Dispatch: fp8_block x 128x128 weights on sm_90 run the Gluon kernel
     (``ops._hopper.grouped_fp8_block_hopper_impl``; ``GemmConfig(strategy="hopper")`` forces it
-    and raises ValueError with the reason when it cannot). Contiguous with one expert is a dense
+    and raises ValueError with the reason when it cannot; only the strategy of such a config is
+    used, the tiles come from ``ops._hopper.choose_grouped_config``). Contiguous with one expert is a dense
     GEMM (offsets must then be ``[0, sum_m]``) and runs :func:`blockscaled.ops.gemm.gemm`
     (split-K / swap-AB at small M, which a one-expert grouped launch cannot use).
 
@@ -629,34 +630,36 @@ def grouped_gemm(
 
         b0 = ScaledTensor(b.data[0], b.scale[0], b.format, torch.Size((n, k)), b.block, b.rounding)
         return _dense_gemm(a, b0, out_dtype=out_dtype, out=out)
-    forced_hopper = config is not None and (config.get("strategy") if isinstance(config, dict)
-                                            else getattr(config, "strategy", None)) == "hopper"
+    forced_hopper = is_forced_hopper(config)
     why = hopper_reason(a, b, out_dtype, mode)
-    if forced_hopper:
-        if why is not None:
-            raise ValueError(f"config.strategy: 'hopper' cannot run this call: {why}")
+    if forced_hopper and why is not None:
+        raise ValueError(f"config.strategy: 'hopper' cannot run this call: {why}")
+    if forced_hopper or (config is None and why is None):
+        # sm_90 fp8_block x 128x128 weights: the Gluon wide kernel (H100, moe suite: faster than
+        # the portable kernel on every measured MoE shape; benchmarks/NOTES.md).
         from . import _hopper
 
-        h = _hopper.choose_grouped_config(rows_per_expert, n, k, out_elem_bytes=_out_elem_bytes(out_dtype))
-        return launch(a, b, gsb, None, seg, out, out_dtype, mode,
-                      GemmConfig(block_m=h.block_m, block_n=h.block_n, num_warps=h.num_warps, num_stages=h.stages,
-                                 strategy="hopper", promote=True))
+        h = _hopper.choose_grouped_config(rows_per_expert, n, k, _hopper.num_sms_of(dev), out_dtype.itemsize)
+        return launch(a, b, gsb, None, seg, out, out_dtype, mode, hopper_gemm_config(h))
     cfg = resolve_config(config, fmt, rows_per_expert, n, k, dev, a_dtype=a_dtype, mode=mode, experts=e,
                          out_dtype=out_dtype, a=a)
-    if config is None and why is None:
-        # sm_90 fp8_block x 128x128 weights: the Gluon wide kernel (H100, moe suite: faster than
-        # the portable kernel on every measured MoE shape; benchmarks/NOTES.md). Its tiles travel
-        # in the config fields (block_m/block_n/num_stages) to the custom op.
-        from . import _hopper
-
-        h = _hopper.choose_grouped_config(rows_per_expert, n, k, out_elem_bytes=_out_elem_bytes(out_dtype))
-        cfg = GemmConfig(block_m=h.block_m, block_n=h.block_n, num_warps=h.num_warps, num_stages=h.stages,
-                         strategy="hopper", promote=True)
     return launch(a, b, gsb, None, seg, out, out_dtype, mode, cfg)
 
 
-def _out_elem_bytes(out_dtype: torch.dtype) -> int:
-    return out_dtype.itemsize
+def is_forced_hopper(config) -> bool:
+    """``config`` (GemmConfig or dict) asks for the sm_90 Gluon kernel (``strategy="hopper"``).
+    Only the strategy is taken from it: the Hopper tiles are always chosen by ops._hopper."""
+    if config is None:
+        return False
+    strategy = config.get("strategy") if isinstance(config, dict) else getattr(config, "strategy", None)
+    return strategy == "hopper"
+
+
+def hopper_gemm_config(h) -> GemmConfig:
+    """A HopperConfig's tiles in the GemmConfig fields that travel to the custom op (block_m,
+    block_n, num_stages; num_warps follows block_m)."""
+    return GemmConfig(block_m=h.block_m, block_n=h.block_n, num_warps=h.num_warps, num_stages=h.stages,
+                      strategy="hopper", promote=True)
 
 
 def _hopper_cfg(block_m: int, block_n: int, num_stages: int, grouping: int):

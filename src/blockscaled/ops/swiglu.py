@@ -29,7 +29,9 @@ from .grouped import (
     check_masked_m,
     check_offsets,
     check_pair,
+    hopper_gemm_config,
     hopper_reason,
+    is_forced_hopper,
     launch,
     resolve_config,
 )
@@ -97,7 +99,8 @@ def swiglu(
     products add up to two bf16 roundings, within the bf16 tolerance row;
     ``strategy="hopper"``: the sm_90 Gluon kernel, fp8_block with 128x128 weights only, chosen by
     the heuristic for those on sm_90 (grouped always, dense from ``SWIGLU_HOPPER_MIN_M`` rows),
-    the portable kernel's numerics); ``validate`` checks offsets / counts values (a
+    the portable kernel's numerics; a forced hopper config contributes only its strategy: the
+    tiles are chosen by ``ops._hopper.choose_swiglu_config``); ``validate`` checks offsets / counts values (a
     host sync; default True on CPU, False on CUDA). No host sync otherwise; deterministic.
     """
     if offsets is not None and masked_m is not None:
@@ -147,8 +150,7 @@ def swiglu(
         y = _ref.swiglu(a, b_gate, b_up, offsets=offsets, masked_m=masked_m,
                         b_gate_global_scale=b_gate_global_scale, b_up_global_scale=b_up_global_scale)
         return reference_result(y, out, out_dtype, masked_m)
-    forced_hopper = config is not None and (config.get("strategy") if isinstance(config, dict)
-                                            else getattr(config, "strategy", None)) == "hopper"
+    forced_hopper = is_forced_hopper(config)
     why = hopper_reason(a, b_gate, out_dtype, mode, b2=b_up)
     if forced_hopper and why is not None:
         raise ValueError(f"config.strategy: 'hopper' cannot run this call: {why}")
@@ -158,10 +160,8 @@ def swiglu(
         from . import _hopper
 
         m_rows = a.shape[0] * (a.shape[1] if masked else 1)
-        h = _hopper.choose_swiglu_config(mode, m_rows, rows, n, out_elem_bytes=out_dtype.itemsize)
-        cfg = GemmConfig(block_m=h.block_m, block_n=h.block_n, num_warps=h.num_warps, num_stages=h.stages,
-                         strategy="hopper", promote=True)
-        return launch(a, b_gate, gs_g, b_up, seg, out, out_dtype, mode, cfg, b2_gs=gs_u)
+        h = _hopper.choose_swiglu_config(mode, m_rows, rows, n, _hopper.num_sms_of(dev), out_dtype.itemsize)
+        return launch(a, b_gate, gs_g, b_up, seg, out, out_dtype, mode, hopper_gemm_config(h), b2_gs=gs_u)
     cfg = resolve_config(config, fmt, rows, n, k, dev, dual=True, a_dtype=a_dtype, mode=mode,
                          experts=e, out_dtype=out_dtype, a=a)
     return launch(a, b_gate, gs_g, b_up, seg, out, out_dtype, mode, cfg, b2_gs=gs_u)
