@@ -9,6 +9,9 @@
 # Files left in $OUT (few, because only the latest 8 come back): pytest.log, bench.log,
 # summary.md, results.tar.gz (json + md + png of every bench step, laid out as benchmarks/results/).
 #
+# BENCH_STEPS picks the bench steps (default "quantize deepseek moe test-cases"; also masked,
+# nvfp4-group, dual-gemm, swiglu = fp8_block SwiGLU on the DeepSeek-V3 shapes; set but empty: none).
+# SWIGLU_CHECK=1 runs scripts/swiglu_check.py (Hopper vs portable SwiGLU) after the bench steps.
 # Optional steps (off by default; each needs most of a 10-minute device call, so combine them
 # with SKIP_PYTEST=1 SKIP_BENCH=1, e.g. `SKIP_PYTEST=1 SKIP_BENCH=1 SANITIZE=1 OUT=... bash scripts/gpu_check.sh`):
 #   COMPILE_TIME=1  scripts/compile_time.py: cold / warm start of the DeepSeek-V3 fp8_block path
