@@ -27,3 +27,29 @@ def run_compile_script(script: str, timeout: int = 900) -> dict:
     marked = [ln for ln in lines if ln.startswith("JSON")]
     last = marked[-1][4:] if marked else lines[-1]
     return json.loads(last)
+
+
+#: Python source (prepend it to a compile script) of ``gemm_sig``: the AOT signature of
+#: kernels/triton/gemm.py::gemm_kernel, shared by the AOT tests of that kernel.
+GEMM_SIG = r'''
+def gemm_sig(a_dt, s_dt, b_dt, out="*bf16", split=1, tail=()):
+    """gemm_kernel's signature in parameter order (``attrs`` index it). ``a_dt`` / ``b_dt`` / ``s_dt``:
+    A, B data and scale pointer types; ``tail``: trailing constexpr parameters to spell out
+    ("SWAP_AB", "PDL"); ws_ptr / cnt_ptr are listed with a split (> 1: the fp32 workspace and
+    int32 counters) or a tail (constexpr None when unsplit)."""
+    sig = {"a_ptr": a_dt, "a_s_ptr": s_dt, "b_ptr": b_dt, "b_s_ptr": s_dt,
+           "gs_a_ptr": "*fp32", "gs_b_ptr": "*fp32", "bias_ptr": "*fp32", "c_ptr": out,
+           "M": "i32", "N": "i32", "K": "i32", "k_per_split": "i32",
+           "stride_am": "i32", "stride_ak": "constexpr", "stride_asm": "i32", "stride_ask": "constexpr",
+           "stride_bn": "i32", "stride_bk": "constexpr", "stride_bsn": "i32", "stride_bsk": "constexpr",
+           "stride_cs": "i32", "stride_cm": "i32", "stride_cn": "constexpr",
+           "A_FMT": "constexpr", "B_FMT": "constexpr", "B_SCALE_ROWS": "constexpr", "PROMOTE": "constexpr",
+           "DOT_DTYPE": "constexpr", "EVEN_K": "constexpr", "HAS_BIAS": "constexpr", "SPLIT_K": "constexpr",
+           "GROUP_M": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr"}
+    if split > 1 or tail:
+        sig["ws_ptr"] = "*fp32" if split > 1 else "constexpr"
+        sig["cnt_ptr"] = "*i32" if split > 1 else "constexpr"
+    for name in tail:
+        sig[name] = "constexpr"
+    return sig
+'''

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from _aot import run_compile_script
+from _aot import GEMM_SIG, run_compile_script
 
-SCRIPT = r'''
+SCRIPT = GEMM_SIG + r'''
 import json, re, sys
 import torch
 import triton, triton.language as tl
@@ -28,20 +28,7 @@ SDT = {0: "*fp32", 1: "*u8", 2: "*u8", 3: "*fp8e4nv"}
 DDT = {0: "*fp8e4nv", 1: "*fp8e4nv", 2: "*u8", 3: "*u8"}
 
 def comp(afmt, bfmt, promote, dot, bm, bn, bk, warps, stages, adt=None, split=1, even=True, out="*bf16", swap=False):
-    sig = {"a_ptr": adt or DDT[bfmt], "a_s_ptr": SDT[bfmt], "b_ptr": DDT[bfmt], "b_s_ptr": SDT[bfmt],
-           "gs_a_ptr": "*fp32", "gs_b_ptr": "*fp32", "bias_ptr": "*fp32", "c_ptr": out,
-           "M": "i32", "N": "i32", "K": "i32", "k_per_split": "i32",
-           "stride_am": "i32", "stride_ak": "constexpr", "stride_asm": "i32", "stride_ask": "constexpr",
-           "stride_bn": "i32", "stride_bk": "constexpr", "stride_bsn": "i32", "stride_bsk": "constexpr",
-           "stride_cs": "i32", "stride_cm": "i32", "stride_cn": "constexpr",
-           "A_FMT": "constexpr", "B_FMT": "constexpr", "B_SCALE_ROWS": "constexpr", "PROMOTE": "constexpr",
-           "DOT_DTYPE": "constexpr", "EVEN_K": "constexpr", "HAS_BIAS": "constexpr", "SPLIT_K": "constexpr",
-           "GROUP_M": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr"}
-    if split > 1:  # fused split-K: fp32 workspace + int32 tile counters
-        sig.update(ws_ptr="*fp32", cnt_ptr="*i32")
-    if swap:
-        sig.update(ws_ptr="*fp32" if split > 1 else "constexpr", cnt_ptr="*i32" if split > 1 else "constexpr",
-                   SWAP_AB="constexpr")
+    sig = gemm_sig(adt or DDT[bfmt], SDT[bfmt], DDT[bfmt], out, split, ("SWAP_AB",) if swap else ())
     const = {"stride_ak": 1, "stride_ask": 1, "stride_bk": 1, "stride_bsk": 1, "stride_cn": 1,
              "A_FMT": afmt, "B_FMT": bfmt, "B_SCALE_ROWS": 128 if bfmt == 0 else 1, "PROMOTE": promote,
              "DOT_DTYPE": dot, "EVEN_K": even, "HAS_BIAS": True, "SPLIT_K": split, "GROUP_M": 8,

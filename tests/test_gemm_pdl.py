@@ -31,7 +31,7 @@ from blockscaled.reference.quantize import quantize as ref_quantize
 from blockscaled.testing.inputs import randn_like_activations
 from blockscaled.testing.tolerances import assert_gemm_close, assert_no_nan_survivors
 
-from _aot import SRC, run_compile_script
+from _aot import GEMM_SIG, SRC, run_compile_script
 
 
 def _weights(n, k, fmt, device, seed=1, scale=0.05):
@@ -168,7 +168,7 @@ def test_env_switch(value, want):
 
 
 # --------------------------------------------------------------------------- AOT (sm_90)
-AOT_SCRIPT = r'''
+AOT_SCRIPT = GEMM_SIG + r'''
 import json, re, shutil, subprocess, tempfile, os
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
@@ -185,17 +185,7 @@ PTX_MEM = re.compile(r"(?<![\w.])(ld\.global|st\.global|atom\.|red\.|cp\.async\.
 SASS_MEM = re.compile(r"\b(LDG|STG|LDGSTS|ATOMG|ATOM|RED|UBLKCP|UTMALDG|CCTL)\b")
 
 def comp(fmt, pdl, split, swap, bm, bn, bk, promote, stages=4):
-    sig = {"a_ptr": "*fp8e4nv", "a_s_ptr": SDT[fmt], "b_ptr": "*fp8e4nv", "b_s_ptr": SDT[fmt],
-           "gs_a_ptr": "*fp32", "gs_b_ptr": "*fp32", "bias_ptr": "*fp32", "c_ptr": "*bf16",
-           "M": "i32", "N": "i32", "K": "i32", "k_per_split": "i32",
-           "stride_am": "i32", "stride_ak": "constexpr", "stride_asm": "i32", "stride_ask": "constexpr",
-           "stride_bn": "i32", "stride_bk": "constexpr", "stride_bsn": "i32", "stride_bsk": "constexpr",
-           "stride_cs": "i32", "stride_cm": "i32", "stride_cn": "constexpr",
-           "A_FMT": "constexpr", "B_FMT": "constexpr", "B_SCALE_ROWS": "constexpr", "PROMOTE": "constexpr",
-           "DOT_DTYPE": "constexpr", "EVEN_K": "constexpr", "HAS_BIAS": "constexpr", "SPLIT_K": "constexpr",
-           "GROUP_M": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
-           "ws_ptr": "*fp32" if split > 1 else "constexpr", "cnt_ptr": "*i32" if split > 1 else "constexpr",
-           "SWAP_AB": "constexpr", "PDL": "constexpr"}
+    sig = gemm_sig("*fp8e4nv", SDT[fmt], "*fp8e4nv", "*bf16", split, ("SWAP_AB", "PDL"))
     const = {"stride_ak": 1, "stride_ask": 1, "stride_bk": 1, "stride_bsk": 1, "stride_cn": 1,
              "A_FMT": fmt, "B_FMT": fmt, "B_SCALE_ROWS": 128 if fmt == 0 else 1, "PROMOTE": promote,
              "DOT_DTYPE": tl.float8e4nv if promote else tl.bfloat16, "EVEN_K": True, "HAS_BIAS": True,

@@ -29,9 +29,9 @@ import triton.language as tl
 
 from blockscaled.kernels.triton._mma import decode_e2m1
 
-from _aot import run_compile_script
+from _aot import GEMM_SIG, run_compile_script
 
-SCRIPT = r'''
+SCRIPT = GEMM_SIG + r'''
 import json, os, re, subprocess, tempfile
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
@@ -45,15 +45,7 @@ SDT = {1: "*u8", 2: "*u8", 3: "*fp8e4nv"}
 DDT = {1: "*fp8e4nv", 2: "*u8", 3: "*u8"}
 
 def comp(code, bm, bn, bk, warps, stages, even):
-    sig = {"a_ptr": DDT[code], "a_s_ptr": SDT[code], "b_ptr": DDT[code], "b_s_ptr": SDT[code],
-           "gs_a_ptr": "*fp32", "gs_b_ptr": "*fp32", "bias_ptr": "*fp32", "c_ptr": "*bf16",
-           "M": "i32", "N": "i32", "K": "i32", "k_per_split": "i32",
-           "stride_am": "i32", "stride_ak": "constexpr", "stride_asm": "i32", "stride_ask": "constexpr",
-           "stride_bn": "i32", "stride_bk": "constexpr", "stride_bsn": "i32", "stride_bsk": "constexpr",
-           "stride_cs": "i32", "stride_cm": "i32", "stride_cn": "constexpr",
-           "A_FMT": "constexpr", "B_FMT": "constexpr", "B_SCALE_ROWS": "constexpr", "PROMOTE": "constexpr",
-           "DOT_DTYPE": "constexpr", "EVEN_K": "constexpr", "HAS_BIAS": "constexpr", "SPLIT_K": "constexpr",
-           "GROUP_M": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr"}
+    sig = gemm_sig(DDT[code], SDT[code], DDT[code])
     const = {"stride_ak": 1, "stride_ask": 1, "stride_bk": 1, "stride_bsk": 1, "stride_cn": 1,
              "A_FMT": code, "B_FMT": code, "B_SCALE_ROWS": 1, "PROMOTE": False,
              "DOT_DTYPE": tl.bfloat16, "EVEN_K": even, "HAS_BIAS": False, "SPLIT_K": 1, "GROUP_M": 8,
