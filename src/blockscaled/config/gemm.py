@@ -375,6 +375,16 @@ def small_m_model(fmt, m, n, k, info: DeviceInfo, a_dtype, promote, block_m, blo
 _FP8_WIDE_N_TILES = 450
 
 
+def _split_counts(kiters: int, max_split: int):
+    """The distinct split counts the launcher runs (ops/gemm.py::_split_plan) for requests
+    1..max_split over ``kiters`` K chunks, ascending; a request whose plan equals a smaller
+    one's (e.g. 5 chunks: 4 -> 3 splits) is skipped."""
+    for want in range(1, max_split + 1):
+        per = math.ceil(kiters / want)
+        if math.ceil(kiters / per) == want:
+            yield want
+
+
 def _fp8_rows_rule(m, n, kiters, info: DeviceInfo, promote, max_split) -> GemmConfig:
     """fp8_block at 32 < M <= 128, fitted to the H100 sweep (the model above mis-ranked these:
     its picks reached 22-69% where the best measured 35-75%): 64x64x128 tiles (64x128 when there
@@ -388,11 +398,7 @@ def _fp8_rows_rule(m, n, kiters, info: DeviceInfo, promote, max_split) -> GemmCo
     block_n = 128 if mt * math.ceil(n / 64) > _FP8_WIDE_N_TILES else 64
     tiles = mt * math.ceil(n / block_n)
     best = (-1.0, 1)
-    for want in range(1, max_split + 1):
-        per = math.ceil(kiters / want)
-        split = math.ceil(kiters / per)  # what the launcher runs (ops/gemm.py::_split_plan)
-        if split != want:
-            continue
+    for split in _split_counts(kiters, max_split):
         p = tiles * split
         if split > 1 and p > 2 * info.sm_count:
             break  # more than two waves of split programs: the sweep's worst rows (sk8-sk16)
@@ -426,11 +432,7 @@ def _choose_small_m(fmt, m, n, k, info: DeviceInfo, a_dtype, promote, block_m, b
             warps = 8 if bm * block_n >= 128 * 128 else 4
             stage_b = block_n * block_k * _ELEM_BYTES[fmt]
             stages = min(max(1 + math.ceil(_SMALL_M_INFLIGHT / stage_b), _SMALL_M_STAGES[0]), _SMALL_M_STAGES[1])
-            for want in range(1, max_split + 1):
-                per = math.ceil(kiters / want)
-                split = math.ceil(kiters / per)  # what the launcher runs (ops/gemm.py::_split_plan)
-                if split != want:
-                    continue  # the same plan as a smaller request
+            for split in _split_counts(kiters, max_split):
                 t = small_m_model(fmt, m, n, k, info, a_dtype, promote, bm, block_n, block_k, warps, stages, split)
                 if best is None or t < best[0] * (1 - 1e-9):
                     best = (t, bm, swap, block_n, warps, stages, split)

@@ -365,14 +365,12 @@ def unsupported_reason(a: ScaledTensor, b: ScaledTensor, out_dtype=torch.bfloat1
 
 def _split_plan_kb(num_k: int, split_k: int) -> tuple[int, int]:
     """(splits launched, K blocks per split) for ``split_k`` requested splits of ``num_k`` K
-    blocks (the portable launcher's ``_split_plan`` in K blocks): ``per = cdiv(num_k,
-    min(split_k, num_k))``, ``splits = cdiv(num_k, per)``, so no split is empty ((splits - 1) *
-    per < num_k; an empty split would be correct, zeros, but a wasted unit). 9 blocks in 3 ->
-    3, 3, 3; 5 in 2 -> 3, 2; 5 in 4 -> 3 splits of 2, 2, 1."""
-    if split_k <= 1 or num_k <= 1:
-        return 1, max(num_k, 1)
-    per = triton.cdiv(num_k, min(split_k, num_k))
-    return triton.cdiv(num_k, per), per
+    blocks: the portable launcher's plan (ops/gemm.py::_split_plan) in 128-wide K blocks, so
+    no split is empty. 9 blocks in 3 -> 3, 3, 3; 5 in 2 -> 3, 2; 5 in 4 -> 3 splits of 2, 2, 1."""
+    from .gemm import _split_plan
+
+    splits, per = _split_plan(num_k * 128, 128, split_k)
+    return splits, per // 128
 
 
 def _kernel_for(variant: str):

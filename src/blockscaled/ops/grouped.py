@@ -24,7 +24,7 @@ from ..config.grouped import check_grouped_config, choose_grouped_config
 from ..formats import get_format
 from ..kernels.triton._mma import FORMAT_CODES
 from ..tensor import ScaledTensor
-from . import quantize as _quant
+from .gemm import _dequant, _one
 
 __all__ = ["grouped_gemm", "grouped_gemm_list"]
 
@@ -114,25 +114,8 @@ def _launch_impl(
 
 
 # --------------------------------------------------------------------------- dequantize + cuBLAS
-_UNIT: dict[torch.device, torch.Tensor] = {}
-
-
-def _unit(device: torch.device) -> torch.Tensor:
-    """Cached 0-d fp32 1.0 (an nvfp4 global scale that dequantizes exactly); not cached while
-    a CUDA graph is being captured (its memory belongs to the graph)."""
-    t = _UNIT.get(device)
-    if t is None:
-        t = torch.ones((), dtype=torch.float32, device=device)
-        if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
-            _UNIT[device] = t
-    return t
-
-
-def _dq_bf16(data, scale, gs, fmt, shape, block_rows: int) -> torch.Tensor:
-    """Our Triton dequantize kernel (internal entry, no validation / dispatch) to a new bf16
-    tensor of ``shape``: ``data * scale`` (``/ gs`` for nvfp4)."""
-    block = (block_rows, fmt.block_k) if block_rows == 1 else (block_rows, block_rows)
-    return _quant._dequantize_impl(data, scale, gs, fmt, tuple(shape), block, torch.bfloat16)
+# The 0-d fp32 one (``_one``) and the internal dequantize entry (``_dequant``) are the dense
+# GEMM's (ops/gemm.py): the same cached tensor and the same single call into ops/quantize.py.
 
 
 #: aten::bmm.dtype (bf16 x bf16 -> fp32 in cuBLAS, torch >= 2.8); flipped off at the first failure.
@@ -220,7 +203,7 @@ def _dequant_matmul(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_sc
         alloc = lambda: out  # noqa: E731
     if rows == 0 or n == 0 or e == 0 or a_data.shape[0] == 0:
         return alloc()
-    one = _unit(dev) if nv else None
+    one = _one(dev) if nv else None
     per_expert = nv and b_gs.numel() > 1
     # bf16 products for bf16 outputs (and always for contiguous: _grouped_mm's only output):
     # fp32 products would double the bytes the products and the epilogue move (dense SwiGLU
@@ -237,9 +220,10 @@ def _dequant_matmul(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_sc
     bshape = (*b_data.shape[:-1], k)
 
     def weights(data, scale, gsb):
-        return _dq_bf16(data, scale, (gs_ab(gsb) if fold else one) if nv else None, fmt, bshape, b_br)
+        return _dequant(data, scale, (gs_ab(gsb) if fold else one) if nv else None, fmt, bshape, b_br,
+                        torch.bfloat16)
 
-    A = a_data if a_dense else _dq_bf16(a_data, a_scale, one, fmt, (*a_data.shape[:-1], k), 1)
+    A = a_data if a_dense else _dequant(a_data, a_scale, one, fmt, (*a_data.shape[:-1], k), 1, torch.bfloat16)
     B = weights(b_data, b_scale, b_gs)
     B2 = weights(b2_data, b2_scale, b2_gs) if dual else None
     post = torch.reciprocal(gs_ab(b_gs)) if nv and not fold else None

@@ -840,7 +840,8 @@ def fp8_block_gemm_wide_kernel(a_desc, b_desc, b2_desc, c_desc, sa_ptr, sb_ptr, 
     Not DUAL: b2_desc / sb2_ptr are unused (pass b_desc / sb_ptr).
     SPLIT (dense MODE 0, not DUAL): fused deterministic split-K over SPLIT K ranges of
     ``kb_per_split`` K blocks each (the host keeps every split non-empty, (SPLIT - 1) *
-    kb_per_split < cdiv(K, 128), for efficiency: an empty split stores zeros and is still correct). Work units = tiles x SPLIT, tile-major (``_wide_unit``).
+    kb_per_split < cdiv(K, 128), for efficiency: an empty split stores zeros and is still
+    correct). Work units = tiles x SPLIT, tile-major (``_wide_unit``).
     ``ws_ptr``: fp32 workspace [SPLIT, M, N] contiguous; ``cnt_ptr``: int32 [>= tiles * math
     partitions], all zeros on entry, left all zeros on exit (``_wide_splitk_finish``).
     SPLIT == 1: both unused (pass any pointers), today's code path."""
