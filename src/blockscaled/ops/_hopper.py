@@ -12,6 +12,8 @@ Variants (``HopperConfig.variant``), one kernel each so each can be timed:
   * ``"ws"``         step 3: persistent + warp specialisation (1-warp TMA producer partition).
   * ``"wide"``       step 4: persistent + warp-specialised, 128 x 256 tile computed as two 128-column
                      halves (half the L2->SM traffic per FLOP of 128 x 128), TMA-store epilogue.
+  * ``"skinny"``     step 5: decode / small M (M <= 64): swap-AB (weight rows on the wgmma's M side),
+                     one program per (weight tile, K split), deep TMA ring, fused split-K.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ __all__ = [
     "unsupported_reason",
 ]
 
-VARIANTS = ("tma", "persistent", "ws", "wide")
+VARIANTS = ("tma", "persistent", "ws", "wide", "skinny")
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 # 16 bytes: TMA (cuTensorMapEncodeTiled) requires a 16-byte aligned global base address and
@@ -91,6 +93,9 @@ class HopperConfig:
     def __post_init__(self):
         if self.variant not in VARIANTS:
             raise ValueError(f"HopperConfig.variant: expected one of {VARIANTS}, got {self.variant!r}")
+        if self.variant == "skinny":
+            self._check_skinny()
+            return
         if self.block_m not in (64, 128):
             raise ValueError(f"HopperConfig.block_m: expected 64 or 128 (64 rows per warpgroup), got {self.block_m}")
         if self.num_warps != 4 * (self.block_m // 64):
@@ -120,12 +125,31 @@ class HopperConfig:
             raise ValueError(f"HopperConfig.split_k: split-K is implemented for variant 'wide' only, got "
                              f"split_k={self.split_k} with variant {self.variant!r}")
 
+    def _check_skinny(self):
+        # block_m = the activation rows padded to the wgmma's N (multiple of 8, power of two for
+        # Gluon block shapes); block_n = weight rows per program: 64 or 128 (one warpgroup's
+        # wgmma M side, dividing the 128-row weight-scale block).
+        if self.block_m not in (8, 16, 32, 64):
+            raise ValueError(f"HopperConfig.block_m: variant 'skinny' needs 8, 16, 32 or 64 (activation rows "
+                             f"padded to the wgmma N), got {self.block_m}")
+        if self.block_n not in (64, 128):
+            raise ValueError(f"HopperConfig.block_n: variant 'skinny' needs 64 or 128, got {self.block_n}")
+        if self.num_warps != 4:
+            raise ValueError(f"HopperConfig.num_warps: variant 'skinny' runs one warpgroup (4), got {self.num_warps}")
+        if self.stages < 2:
+            raise ValueError(f"HopperConfig.stages: expected >= 2, got {self.stages}")
+        if not isinstance(self.split_k, int) or self.split_k < 1:
+            raise ValueError(f"HopperConfig.split_k: expected an int >= 1, got {self.split_k!r}")
+
     def smem_bytes(self, out_elem_bytes: int = 4, dual: bool = False) -> int:
         """Ring + epilogue buffer + barriers. Masked store: layout-conversion scratch of the
         accumulator tile (up to block_m * block_n(half) * 4 bytes); "wide" + TMA store: one output
         tile per half in the output dtype (``dual``, SwiGLU: block_n = gate + up rows, one
         128-column output tile)."""
         ring = self.stages * (self.block_m + self.block_n) * 128
+        if self.variant == "skinny":
+            # + the epilogue's layout-conversion scratch of the fp32 C^T tile
+            return ring + self.block_n * self.block_m * 4 + 1024
         if self.variant == "wide":
             half = 128
             if self.epilogue == "tma":
@@ -377,7 +401,8 @@ def _kernel_for(variant: str):
     from ..kernels.hopper import fp8_gemm as K
 
     return {"tma": K.fp8_block_gemm_tma_kernel, "persistent": K.fp8_block_gemm_persistent_kernel,
-            "ws": K.fp8_block_gemm_ws_kernel, "wide": K.fp8_block_gemm_wide_kernel}[variant]
+            "ws": K.fp8_block_gemm_ws_kernel, "wide": K.fp8_block_gemm_wide_kernel,
+            "skinny": K.fp8_block_gemm_skinny_kernel}[variant]
 
 
 _GL_OUT = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
@@ -417,6 +442,9 @@ def gemm_fp8_block_hopper_impl(a2: torch.Tensor, a_s2: torch.Tensor, b_data: tor
         if reason is not None:
             raise HopperUnsupported(reason)
     bk = 128
+    if cfg.variant == "skinny":
+        _launch_skinny(a2, a_s2, b_data, b_scale, out2, cfg)
+        return
     la = _smem_layout(cfg.block_m, bk, "float8e4nv")
     lb = _smem_layout(cfg.block_n, bk, "float8e4nv")
     a_desc = TensorDescriptor(a2, [m, k], [a2.stride(0), 1], [cfg.block_m, bk], la)
@@ -458,6 +486,31 @@ def gemm_fp8_block_hopper_impl(a2: torch.Tensor, a_s2: torch.Tensor, b_data: tor
         a_desc, b_desc, a_s2, b_scale, out2, m, n, k,
         a_s2.stride(0), a_s2.stride(1), b_scale.stride(0), b_scale.stride(1), out2.stride(0),
         GROUP_M=cfg.group_m, STAGES=cfg.stages, num_warps=cfg.num_warps, **extra,
+    )
+
+
+def _launch_skinny(a2, a_s2, b_data, b_scale, out2, cfg: HopperConfig) -> None:
+    """Variant "skinny" (M <= cfg.block_m): grid = weight tiles x K splits, one unit each."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    m, k = a2.shape
+    n = b_data.shape[0]
+    if m > cfg.block_m:
+        raise HopperUnsupported(f"variant 'skinny' takes M <= block_m = {cfg.block_m} rows, got M={m}")
+    a_desc = TensorDescriptor(a2, [m, k], [a2.stride(0), 1], [cfg.block_m, 128],
+                              _smem_layout(cfg.block_m, 128, "float8e4nv"))
+    b_desc = TensorDescriptor(b_data, [n, k], [b_data.stride(0), 1], [cfg.block_n, 128],
+                              _smem_layout(cfg.block_n, 128, "float8e4nv"))
+    tiles = triton.cdiv(n, cfg.block_n)
+    nsplit, kb_per = _split_plan_kb(triton.cdiv(k, 128), cfg.split_k)
+    ws = cnt = out2  # unused by the kernel when SPLIT == 1
+    if nsplit > 1:
+        ws = torch.empty((nsplit, tiles, cfg.block_n, cfg.block_m), dtype=torch.float32, device=out2.device)
+        cnt = _splitk_counters(out2.device, tiles)
+    _kernel_for("skinny")[(tiles * nsplit,)](
+        a_desc, b_desc, a_s2, b_scale, out2, ws, cnt, m, n, k, kb_per, nsplit,
+        a_s2.stride(0), a_s2.stride(1), b_scale.stride(0), b_scale.stride(1), out2.stride(0),
+        STAGES=cfg.stages, num_warps=4,
     )
 
 
