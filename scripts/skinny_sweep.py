@@ -42,8 +42,8 @@ def operands(m, n, k, seed):
 
 
 def candidates(m, n, k, nsm):
-    """(block_n, stages, split) grid: ring depths filling shared memory for 1 or 2 programs per
-    SM, and every distinct split plan with at least 2 K blocks per split and at most 3 programs
+    """(block_n, stages, split) grid: ring depths filling shared memory per
+    SM (1, 2 or 4 programs), and every distinct split plan with at least 2 K blocks per split and at most 3 programs
     per SM."""
     mp = max(8, triton.next_power_of_2(m))
     nk = triton.cdiv(k, 128)
@@ -51,7 +51,7 @@ def candidates(m, n, k, nsm):
     for bn in (64, 128):
         tiles = triton.cdiv(n, bn)
         stage = (bn + mp) * 128
-        for per_sm in (1, 2):
+        for per_sm in (1, 2, 4):
             st = max(2, min(16, (H._SMEM_LIMIT // per_sm - bn * mp * 4 - 2048) // stage))
             for want in range(1, 33):
                 splits, per = H._split_plan_kb(nk, want)

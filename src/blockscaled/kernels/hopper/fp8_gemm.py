@@ -927,6 +927,17 @@ def skinny_store_layout(block_n, mp, num_warps):
     return gl.BlockedLayout([8, 1], [t0, t1], [num_warps // w1, w1], [0, 1])
 
 
+@gluon.jit
+def _skinny_scales(sa_rows, row_ok, sb_row, sk, kb0, kb_end, stride_sak, stride_sbk):
+    """Promotion scales of K blocks kb0 .. kb0 + SC - 1 (0 past kb_end): [MP, SC] =
+    sa[m, kb] * sb[tile's 128-row block, kb]."""
+    kbs = kb0 + sk
+    ok = kbs < kb_end
+    sb = gl.load(sb_row + kbs * stride_sbk, mask=ok, other=0.0)
+    sa = gl.load(sa_rows + (kbs * stride_sak)[None, :], mask=row_ok & ok[None, :], other=0.0)
+    return sa * sb[None, :]
+
+
 @gluon.jit(launch_metadata=_launch_metadata)
 def fp8_block_gemm_skinny_kernel(a_desc, b_desc, sa_ptr, sb_ptr, c_ptr, ws_ptr, cnt_ptr, M, N, K, kb_per_split,
                                  SPLIT, stride_sam, stride_sak, stride_sbn, stride_sbk, stride_cm,
@@ -964,25 +975,39 @@ def fp8_block_gemm_skinny_kernel(a_desc, b_desc, sa_ptr, sb_ptr, c_ptr, ws_ptr, 
     for i in gl.static_range(STAGES - 1):
         _issue_load(b_desc, a_desc, b_bufs, a_bufs, bars, i, off_n, 0, (kb_lo + i) * BLOCK_K, i < n_kb)
 
-    cols = gl.arange(0, MP, layout=gl.SliceLayout(0, mma_layout))
-    sa_cols = sa_ptr + cols.to(gl.int64) * stride_sam
-    col_ok = cols < M
+    # Scales: a global load per K block right before its promotion costs one DRAM latency per
+    # iteration (the first H100 sweep of this kernel: 14 blocks per program took ~10 us, slower
+    # than the portable kernel). They are loaded SC K blocks at a time as the product
+    # sa[m, kb] * sb[n // 128, kb] ([MP, SC] registers), the next chunk prefetched while the
+    # current one is used, and column i % SC is extracted per iteration (a masked row sum).
+    SC: gl.constexpr = 32
+    scl: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])
+    sm = gl.arange(0, MP, layout=gl.SliceLayout(1, scl))
+    sk = gl.arange(0, SC, layout=gl.SliceLayout(0, scl))
+    sa_rows = sa_ptr + sm.to(gl.int64)[:, None] * stride_sam
+    row_ok = (sm < M)[:, None]
     sb_row = sb_ptr + (off_n // B_SCALE_ROWS) * stride_sbn
+    kb_end = kb_lo + n_kb
+    cur = _skinny_scales(sa_rows, row_ok, sb_row, sk, kb_lo, kb_end, stride_sak, stride_sbk)
+    nxt = _skinny_scales(sa_rows, row_ok, sb_row, sk, kb_lo + SC, kb_end, stride_sak, stride_sbk)
     acc = gl.zeros((BLOCK_N, MP), dtype=gl.float32, layout=mma_layout)
     part = gl.zeros((BLOCK_N, MP), dtype=gl.float32, layout=mma_layout)
     for i in range(n_kb):
         # refill the slot read by iteration i - 1 (its wgmma completed: wait(0) below)
         p = i + STAGES - 1
         _issue_load(b_desc, a_desc, b_bufs, a_bufs, bars, p % STAGES, off_n, 0, (kb_lo + p) * BLOCK_K, p < n_kb)
-        kb = kb_lo + i
-        sa = gl.load(sa_cols + kb * stride_sak, mask=col_ok, other=0.0)
-        sb = gl.load(sb_row + kb * stride_sbk)
+        j = i % SC
+        if (j == 0) & (i > 0):
+            cur = nxt
+            nxt = _skinny_scales(sa_rows, row_ok, sb_row, sk, kb_lo + i + SC, kb_end, stride_sak, stride_sbk)
+        scale = gl.convert_layout(gl.sum(gl.where(sk[None, :] == j, cur, 0.0), axis=1),
+                                  gl.SliceLayout(0, mma_layout))
         s = i % STAGES
         mbarrier.wait(bars.index(s), (i // STAGES) & 1)
         part = warpgroup_mma(b_bufs.index(s), a_bufs.index(s).permute((1, 0)), part, use_acc=False,
                              is_async=True)
         part, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(part, a_bufs.index(s), b_bufs.index(s)))
-        acc = acc + part * (sa * sb)[None, :]
+        acc = acc + part * scale[None, :]
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))
 
@@ -1007,8 +1032,25 @@ def fp8_block_gemm_skinny_kernel(a_desc, b_desc, sa_ptr, sb_ptr, c_ptr, ws_ptr, 
             # last unit of the tile: all partials are visible (acquire); fixed order s = 0..SPLIT-1,
             # its own read back too, so the bits do not depend on which unit finished last.
             # .cg: L2, not L1 (an SM's L1 is not coherent with the other SMs' stores).
+            # Several partials in flight per step (one L2 round trip per step, not per split),
+            # added in split order: 4 per step, 2 for the 128x64 tile (4 x 64 fp32 registers
+            # per thread spilled, ptxas).
             tot = gl.load(base + offs, cache_modifier=".cg")
-            for s2 in range(1, SPLIT):
-                tot += gl.load(base + s2 * split_stride + offs, cache_modifier=".cg")
+            if BLOCK_N * MP <= 4096:
+                for s2 in range(1, SPLIT, 4):
+                    p1 = gl.load(base + s2 * split_stride + offs, cache_modifier=".cg")
+                    p2 = gl.load(base + (s2 + 1) * split_stride + offs, mask=s2 + 1 < SPLIT, other=0.0,
+                                 cache_modifier=".cg")
+                    p3 = gl.load(base + (s2 + 2) * split_stride + offs, mask=s2 + 2 < SPLIT, other=0.0,
+                                 cache_modifier=".cg")
+                    p4 = gl.load(base + (s2 + 3) * split_stride + offs, mask=s2 + 3 < SPLIT, other=0.0,
+                                 cache_modifier=".cg")
+                    tot = (((tot + p1) + p2) + p3) + p4
+            else:
+                for s2 in range(1, SPLIT, 2):
+                    p1 = gl.load(base + s2 * split_stride + offs, cache_modifier=".cg")
+                    p2 = gl.load(base + (s2 + 1) * split_stride + offs, mask=s2 + 1 < SPLIT, other=0.0,
+                                 cache_modifier=".cg")
+                    tot = (tot + p1) + p2
             gl.store(c_ptrs, tot.to(c_ptr.dtype.element_ty), mask=mask)
             gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")  # all zeros for the next launch
