@@ -159,6 +159,34 @@ for bm, bn, st, epi, mode, cdt, split, dual, *sk in [
            "wgmma_n": ptx.count("wgmma.mma_async"), "tma_copies": ptx.count("cp.async.bulk.tensor")}
     rec.update(ptxas_stats(ptx))
     out[key] = rec
+# the skinny decode kernel (swap-AB): activation rows padded to 8..64, weight tiles 64 / 128
+def ssig(mp, bn, out):
+    la = gl.NVMMASharedLayout.get_default_for([mp, 128], gl.float8e4nv)
+    lb = gl.NVMMASharedLayout.get_default_for([bn, 128], gl.float8e4nv)
+    return {"a_desc": f"tensordesc<fp8e4nv[{mp}, 128],{la!r}>", "b_desc": f"tensordesc<fp8e4nv[{bn}, 128],{lb!r}>",
+            "sa_ptr": "*fp32", "sb_ptr": "*fp32", "c_ptr": out, "ws_ptr": "*fp32", "cnt_ptr": "*i32",
+            "M": "i32", "N": "i32", "K": "i32", "kb_per_split": "i32", "SPLIT": "i32",
+            "stride_sam": "i32", "stride_sak": "i32", "stride_sbn": "i32", "stride_sbk": "i32", "stride_cm": "i32",
+            "STAGES": "constexpr", "num_warps": "constexpr"}
+
+for mp, bn, st, cdt in [(8, 64, 5, "bf16"), (16, 128, 2, "bf16"), (32, 64, 3, "fp16"), (64, 128, 2, "fp32"),
+                        (64, 64, 9, "bf16")]:
+    key = f"skinny_{mp}x{bn}_s{st}_{cdt}"
+    cfg = HopperConfig("skinny", mp, bn, 4, st)
+    try:
+        k = triton.compile(GluonASTSource(H.fp8_block_gemm_skinny_kernel, ssig(mp, bn, "*" + cdt),
+                                          constexprs={"STAGES": st, "num_warps": 4}), target=TGT,
+                           options={"num_warps": 4})
+    except Exception as e:
+        out[key] = {"error": f"{type(e).__name__}: {str(e)[-800:]}"}
+        continue
+    ptx = k.asm["ptx"]
+    rec = {"wgmma": sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.[\w\.]+", ptx))),
+           "tma_load": ptx.count("cp.async.bulk.tensor.2d.shared"), "shared": k.metadata.shared,
+           "smem_estimate": cfg.smem_bytes(), "atom_acq_rel": ptx.count("atom.global.gpu.acq_rel.add"),
+           "atom_exch": ptx.count("atom.global.gpu.relaxed.exch"), "ld_cg": ptx.count("ld.global.cg")}
+    rec.update(ptxas_stats(ptx))
+    out[key] = rec
 print(json.dumps(out))
 '''
 
@@ -361,3 +389,45 @@ def test_small_m_dispatch_rule():
             assert c.block_n == 128 and -(-m // 128) * -(-n // 128) * c.split_k <= 132, c
     for m, n, k in not_taken:
         assert f(m, n, k) is None, (m, n, k, f(m, n, k))
+
+
+def test_skinny_kernel(compiled):
+    """Swap-AB: the weight tile is the wgmma's M side (m64) and the padded activation rows its N
+    (n8..n64), FP8 e4m3 inputs; weight and activation boxes through TMA; the split-K arrival
+    (acq_rel add + relaxed reset) and the L2 (.cg) read-back; fits 4 programs' shared memory
+    estimate; no spills."""
+    keys = [k for k in compiled if k.startswith("skinny_")]
+    assert len(keys) == 5, keys
+    for key in keys:
+        c = compiled[key]
+        assert "error" not in c, (key, c)
+        mp = int(key.split("_")[1].split("x")[0])
+        assert c["wgmma"] == [f"wgmma.mma_async.sync.aligned.m64n{mp}k32.f32.e4m3.e4m3"], (key, c)
+        assert c["tma_load"] >= 2, (key, c)
+        assert c["atom_acq_rel"] == 1 and c["atom_exch"] == 1 and c["ld_cg"] > 0, (key, c)
+        assert c["shared"] <= c["smem_estimate"], (key, c)
+        if c.get("spill_stores") is not None:
+            assert c["spill_stores"] == 0, (key, c)
+
+
+def test_skinny_config_and_dispatch_rule():
+    from blockscaled.ops._hopper import (HopperConfig, choose_dispatch_config, skinny_dispatch_config,
+                                         skinny_stages)
+
+    for bad, match in (({"block_m": 128}, "block_m"), ({"block_n": 256}, "block_n"), ({"num_warps": 8}, "num_warps"),
+                       ({"stages": 1}, "stages"), ({"split_k": 0}, "split_k")):
+        kw = {"block_m": 16, "block_n": 64, "num_warps": 4, "stages": 4, **bad}
+        with pytest.raises(ValueError, match=match):
+            HopperConfig("skinny", **kw)
+    # the rule's measured winners (docstring) and losers
+    c = skinny_dispatch_config(16, 7168, 2048, 132)
+    assert (c.variant, c.block_m, c.block_n, c.split_k) == ("skinny", 16, 64, 1)
+    assert c.stages == skinny_stages(16, 64) and 4 * c.smem_bytes() <= 232448
+    c = skinny_dispatch_config(1, 32768, 512, 132)
+    assert (c.block_m, c.block_n) == (8, 128)
+    assert skinny_dispatch_config(64, 32768, 512, 132).block_m == 64
+    for m, n, k in ((1, 2112, 7168), (16, 4096, 7168), (1, 7168, 16384), (64, 7168, 2048), (33, 7168, 2048),
+                    (1, 2048, 2048), (0, 7168, 2048)):
+        assert skinny_dispatch_config(m, n, k, 132) is None, (m, n, k)
+    assert choose_dispatch_config(16, 7168, 2048, 2, 132).variant == "skinny"
+    assert choose_dispatch_config(16, 2112, 7168, 2, 132).variant != "skinny"

@@ -221,8 +221,11 @@ def choose_gemm_config(
     if allow_hopper and fmt == "fp8_block" and a_dtype is None and info.kind == "cuda" and info.capability == (9, 0):
         if m >= HOPPER_MIN_M and math.ceil(m / 128) * math.ceil(n / 128) >= HOPPER_MIN_TILES:
             return GemmConfig(strategy="hopper")
-        from ..ops._hopper import small_m_dispatch_config  # pure function; no import cycle
+        from ..ops._hopper import skinny_dispatch_config, small_m_dispatch_config  # pure; no import cycle
 
+        if skinny_dispatch_config(m, n, k, info.sm_count) is not None:
+            # swap-AB TMA decode kernel where it beat the portable kernel (its docstring)
+            return GemmConfig(strategy="hopper")
         if small_m_dispatch_config(m, n, k, info.sm_count) is not None:
             # fused split-K wide kernel where it beat the portable kernel (its docstring)
             return GemmConfig(strategy="hopper")

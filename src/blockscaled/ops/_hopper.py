@@ -29,6 +29,8 @@ from .gemm import _splitk_counters
 
 __all__ = [
     "choose_small_m_hopper_config",
+    "skinny_dispatch_config",
+    "skinny_stages",
     "choose_swiglu_config",
     "grouped_fp8_block_hopper_impl",
     "grouped_unsupported_reason",
@@ -197,10 +199,48 @@ def choose_dispatch_config(m: int, n: int, k: int, out_elem_bytes: int = 2, num_
     128x256 / 128x128 tiles. H100, M=4096, six DeepSeek-V3 shapes (scripts/hopper_check.py,
     2026-11-22): wide 128x256 760-1141 TFLOP/s vs the best of tma / ws+overlap 697-870 on every
     shape."""
+    skinny = skinny_dispatch_config(m, n, k, num_sms)
+    if skinny is not None:
+        return skinny
     small = small_m_dispatch_config(m, n, k, num_sms, out_elem_bytes)
     if small is not None:
         return small
     return choose_hopper_config(m, n, k, variant="wide", num_sms=num_sms, out_elem_bytes=out_elem_bytes)
+
+
+#: Programs per SM the skinny kernel's ring is sized for (shared memory / 4): the H100 sweep's
+#: fastest ring on all 24 rows (scripts/skinny_sweep.py; rings for 1 or 2 programs per SM, up to
+#: 16 stages, were 5-50% slower even with one program per SM).
+SKINNY_PROGRAMS_PER_SM = 4
+
+
+def skinny_stages(block_m: int, block_n: int) -> int:
+    """Ring depth of the skinny kernel: shared memory for SKINNY_PROGRAMS_PER_SM programs per SM
+    (ring + the epilogue's fp32 C^T conversion scratch + barriers), at least 2."""
+    stage = (block_n + block_m) * 128
+    return max(2, (_SMEM_LIMIT // SKINNY_PROGRAMS_PER_SM - block_n * block_m * 4 - 2048) // stage)
+
+
+@functools.lru_cache(maxsize=4096)
+def skinny_dispatch_config(m: int, n: int, k: int, num_sms: int = 132) -> HopperConfig | None:
+    """The skinny (swap-AB, TMA ring) config where it beat the portable kernel on the H100, else
+    None. Rule: 1 <= M <= 32 (M <= 64 when K <= 512), K <= 2048, no K split, and at least
+    num_sms / 2 weight tiles of 64 rows; block_n 128 when that still gives >= num_sms tiles;
+    ring from :func:`skinny_stages`.
+    Measured (scripts/skinny_sweep.py, benchmarks/results/h100/skinny-sweep-20261122.json, CUDA-
+    graph medians, gemm() before -> skinny, us): 7168x2048 M=1 9.24 -> 8.15, M=16 9.74 -> 8.40,
+    M=32 10.70 -> 8.92 (64-row tiles, 112 programs); 32768x512 M=1 7.95 -> 7.69, M=16 8.11 -> 7.99,
+    M=32 8.81 -> 8.27, M=64 9.97 -> 9.28 (128-row tiles); 24576x1536 M=1 15.58 -> 15.40, M=16
+    16.51 -> 16.04, M=32 16.44 -> 16.71 (tie). Not taken: K >= 7168 (2112x7168, 4096x7168,
+    7168x16384), where the unsplit kernel has too few programs (33-112) and its split-K was 0-60%
+    slower than the portable kernel at every split tried (1-19); 7168x2048 at M=64 (0.85x)."""
+    if m < 1 or k > 2048 or k < 1 or m > (64 if k <= 512 else 32):
+        return None
+    if triton.cdiv(n, 64) < num_sms // 2:
+        return None
+    bn = 128 if triton.cdiv(n, 128) >= num_sms else 64
+    bm = max(8, triton.next_power_of_2(m))
+    return HopperConfig("skinny", block_m=bm, block_n=bn, num_warps=4, stages=skinny_stages(bm, bn), split_k=1)
 
 
 #: Rows up to which dense fp8_block GEMMs may take the split-K wide kernel
