@@ -468,6 +468,14 @@ def hopper_cases() -> list[Case]:
         for split, epi, sms in ((2, "tma", FEW_SMS), (3, "masked", FEW_SMS), (3, "tma", None)):
             cfg = dataclasses.replace(H.choose_small_m_hopper_config(M, N, K), split_k=split, epilogue=epi)
             h(f"wide-split{split}-{epi}-{'sms' + str(sms) if sms else 'device'}", cfg, (M, N, K), "bf16", sms)
+    # the skinny decode kernel (M <= 64: not the generic M above): both weight tiles, padded
+    # activation rows 8 / 16 / 64 with row tails, splits 1 and 3 (K = 656: 2 + 2 + 2 blocks)
+    if "skinny" in H.VARIANTS:
+        for m, bm, bn, st, split, dt in ((13, 16, 64, 5, 3, "bf16"), (1, 8, 128, 2, 1, "fp32"),
+                                         (50, 64, 128, 3, 3, "fp16"), (7, 8, 64, 4, 1, "bf16")):
+            cfg = H.HopperConfig("skinny", block_m=bm, block_n=bn, num_warps=4, stages=st, split_k=split)
+            h(f"skinny-{bm}x{bn}-s{st}-split{split}-M{m}", cfg, (m, N, K), dt, None)
+        h("skinny-heuristic-M5", H.choose_hopper_config(5, N, K, variant="skinny"), (5, N, K), "bf16", None)
     return out
 
 

@@ -174,6 +174,17 @@ def choose_hopper_config(m: int, n: int, k: int, variant: str = "persistent", ov
     * stages: as many ring stages ((block_m + block_n) * 128 bytes each) as fit next to the
       epilogue scratch in 227 KB, at most 8 (6 for the 128x128 tile: 5 fit).
     """
+    if variant == "skinny":
+        # decode kernel: activation rows padded to a power of two >= 8 (at most 64), 64-row weight
+        # tiles, K split so that tiles x splits fill the SMs with >= 2 K blocks per split (what
+        # gemm() runs is skinny_dispatch_config: unsplit, where it was measured faster)
+        if m > 64:
+            raise ValueError(f"variant 'skinny' takes M <= 64 (activation rows on the wgmma N side), got M={m}")
+        bm = max(8, triton.next_power_of_2(max(m, 1)))
+        tiles = triton.cdiv(max(n, 1), 64)
+        split = max(1, min(triton.cdiv(max(k, 1), 128) // 2, num_sms // tiles))
+        return HopperConfig("skinny", block_m=bm, block_n=64, num_warps=4, stages=skinny_stages(bm, 64),
+                            split_k=split)
     if variant == "wide":
         # 128 x 256 unless that leaves SMs idle (fewer tiles than SMs): then 128 x 128.
         bn = 256 if triton.cdiv(m, 128) * triton.cdiv(n, 256) >= num_sms else 128
