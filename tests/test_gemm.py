@@ -508,6 +508,11 @@ def test_hopper_strategy_choice_and_fallback(device):
         assert cg.choose_gemm_config("fp8_block", 128, 24576, 1536, torch.device("cuda")).strategy == "hopper"
         assert cg.choose_gemm_config("fp8_block", 128, 7168, 16384, torch.device("cuda")).strategy == "hopper"
         assert cg.choose_gemm_config("fp8_block", 32, 24576, 1536, torch.device("cuda")).strategy != "hopper"
+        assert cg.choose_gemm_config("fp8_block", 32, 2112, 7168, torch.device("cuda")).strategy != "hopper"
+        # decode shapes the skinny kernel measured faster on (ops/_hopper.skinny_dispatch_config)
+        assert cg.choose_gemm_config("fp8_block", 16, 7168, 2048, torch.device("cuda")).strategy == "hopper"
+        assert cg.choose_gemm_config("fp8_block", 1, 32768, 512, torch.device("cuda")).strategy == "hopper"
+        assert cg.choose_gemm_config("mxfp8", 16, 7168, 2048, torch.device("cuda")).strategy != "hopper"
         assert cg.choose_gemm_config("fp8_block", 128, 7168, 2048, torch.device("cuda")).strategy != "hopper"
         assert cg.choose_gemm_config("fp8_block", 64, 24576, 1536, torch.device("cuda")).strategy != "hopper"
         # too few 128x128 tiles for the persistent kernel: portable split-K

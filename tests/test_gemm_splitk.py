@@ -204,6 +204,7 @@ def test_heuristic_small_m_fills_the_gpu(monkeypatch):
     wherever K allows, splits keep >= _SMALL_M_MIN_CHUNKS chunks, tiles of 64/128 columns, 4-8
     warps, and the shared memory of one CTA fits."""
     from blockscaled.config import gemm as cg
+    from blockscaled.ops._hopper import skinny_dispatch_config
 
     h100 = cg.DeviceInfo("cuda", 132, (9, 0), 232448)
     monkeypatch.setattr(cg, "device_info", lambda d: h100)
@@ -215,8 +216,10 @@ def test_heuristic_small_m_fills_the_gpu(monkeypatch):
                 for fmt in ("fp8_block", "mxfp8", "nvfp4"):
                     c = cg.choose_gemm_config(fmt, m, n, k, dev)
                     if c.strategy == "hopper":
-                        # the split-K wide kernel where it measured faster (fp8_block, M > 32)
-                        assert fmt == "fp8_block" and m > 32, c
+                        # the split-K wide kernel where it measured faster (fp8_block, M > 32), or
+                        # the skinny decode kernel (ops/_hopper.skinny_dispatch_config)
+                        assert fmt == "fp8_block", c
+                        assert m > 32 or skinny_dispatch_config(m, n, k, 132) is not None, (m, n, k, c)
                         continue
                     assert c.strategy == "triton" and c.block_n in (64, 128) and c.num_warps in (4, 8), c
                     split, per = _split_plan(k, c.block_k, c.split_k)

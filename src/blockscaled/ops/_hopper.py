@@ -44,6 +44,9 @@ __all__ = [
 ]
 
 VARIANTS = ("tma", "persistent", "ws", "wide", "skinny")
+#: HopperConfig flag fields each variant reads, where not all (scripts/sanitize.py varies only
+#: these): the skinny kernel has no overlap / split_wg / epilogue choice.
+VARIANT_FLAGS = {"skinny": ()}
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 # 16 bytes: TMA (cuTensorMapEncodeTiled) requires a 16-byte aligned global base address and
@@ -235,14 +238,14 @@ def skinny_stages(block_m: int, block_n: int) -> int:
 @functools.lru_cache(maxsize=4096)
 def skinny_dispatch_config(m: int, n: int, k: int, num_sms: int = 132) -> HopperConfig | None:
     """The skinny (swap-AB, TMA ring) config where it beat the portable kernel on the H100, else
-    None. Rule: 1 <= M <= 32 (M <= 64 when K <= 512), K <= 2048, no K split, and at least
-    num_sms / 2 weight tiles of 64 rows; block_n 128 when that still gives >= num_sms tiles;
-    ring from :func:`skinny_stages`.
+    None. Rule: K <= 2048, no K split, at least num_sms / 2 weight tiles of 64 rows, block_n
+    128 when that still gives >= num_sms tiles (else 64), ring from :func:`skinny_stages`, and
+    1 <= M <= 16, or M <= 32 with 64-row tiles, or M <= 64 when K <= 512.
     Measured (scripts/skinny_sweep.py, benchmarks/results/h100/skinny-sweep-20261122.json, CUDA-
     graph medians, gemm() before -> skinny, us): 7168x2048 M=1 9.24 -> 8.15, M=16 9.74 -> 8.40,
     M=32 10.70 -> 8.92 (64-row tiles, 112 programs); 32768x512 M=1 7.95 -> 7.69, M=16 8.11 -> 7.99,
     M=32 8.81 -> 8.27, M=64 9.97 -> 9.28 (128-row tiles); 24576x1536 M=1 15.58 -> 15.40, M=16
-    16.51 -> 16.04, M=32 16.44 -> 16.71 (tie). Not taken: K >= 7168 (2112x7168, 4096x7168,
+    16.51 -> 16.04. Not taken: 24576x1536 at M=32 (128-row tiles, 16.44 -> 16.71); K >= 7168 (2112x7168, 4096x7168,
     7168x16384), where the unsplit kernel has too few programs (33-112) and its split-K was 0-60%
     slower than the portable kernel at every split tried (1-19); 7168x2048 at M=64 (0.85x)."""
     if m < 1 or k > 2048 or k < 1 or m > (64 if k <= 512 else 32):
@@ -250,6 +253,8 @@ def skinny_dispatch_config(m: int, n: int, k: int, num_sms: int = 132) -> Hopper
     if triton.cdiv(n, 64) < num_sms // 2:
         return None
     bn = 128 if triton.cdiv(n, 128) >= num_sms else 64
+    if 16 < m <= 32 and bn == 128 and k > 512:
+        return None
     bm = max(8, triton.next_power_of_2(m))
     return HopperConfig("skinny", block_m=bm, block_n=bn, num_warps=4, stages=skinny_stages(bm, bn), split_k=1)
 
