@@ -241,7 +241,11 @@ def test_eager_call_overhead(fmt):
     _, a = _a(4096, k, fmt)
     b = _w(n, k, fmt)
     cfg = choose_gemm_config(fmt, 4096, n, k, torch.device("cuda"))
-    ours = _host_us(lambda: gemm(a, b))
-    forced = _host_us(lambda: gemm(a, b, config=cfg))
+    # alternating rounds, best of each: host timings drift between rounds (this test failed once
+    # on the H100 right after the 8-worker GPU suite with gemm() 178 vs forced 142 us, and passed
+    # twice when rerun alone: 167 vs 159, 235 vs 210), so neither side may profit from going first
+    rounds = [(_host_us(lambda: gemm(a, b)), _host_us(lambda: gemm(a, b, config=cfg))) for _ in range(3)]
+    ours = min(r[0] for r in rounds)
+    forced = min(r[1] for r in rounds)
     print(f"{fmt}: host per call gemm() {ours:.1f} us, forced config {forced:.1f} us")
     assert ours <= 1.10 * forced + 5.0, f"{fmt}: gemm() {ours:.1f} us vs forced {cfg} {forced:.1f} us of host time"
