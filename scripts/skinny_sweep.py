@@ -26,20 +26,11 @@ from blockscaled.bench.runner import measure_roofline  # noqa: E402
 from blockscaled.bench.timing import rotation_count, time_op  # noqa: E402
 from blockscaled.ops import _hopper as H  # noqa: E402
 from blockscaled.ops.gemm import gemm  # noqa: E402
-from blockscaled.ops.quantize import quantize  # noqa: E402
 from blockscaled.reference.gemm import gemm as ref_gemm  # noqa: E402
 from blockscaled.testing.tolerances import assert_gemm_close  # noqa: E402
 
-DEV = torch.device("cuda")
-NK = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
-
-
-def operands(m, n, k, seed):
-    g = torch.Generator(device=DEV).manual_seed(seed)
-    x = torch.randn(m, k, device=DEV, generator=g).to(torch.bfloat16)
-    w = (torch.randn(n, k, device=DEV, generator=g) * 0.05).to(torch.bfloat16)
-    return quantize(x, "fp8_block"), quantize(w, "fp8_block", block=(128, 128))
-
+# the same operands and shapes as the split-K A/B script (run from scripts/: it is importable)
+from hopper_small_m import NK, operands  # noqa: E402
 
 def candidates(m, n, k, nsm):
     """(block_n, stages, split) grid: ring depths filling shared memory per

@@ -32,8 +32,7 @@ from blockscaled.bench.timing import rotation_count, time_op  # noqa: E402
 from blockscaled.ops.gemm import gemm  # noqa: E402
 from blockscaled.ops.quantize import quantize  # noqa: E402
 
-DEV = torch.device("cuda")
-NK = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
+from hopper_small_m import DEV, NK  # noqa: E402  (scripts/ is on sys.path when run as a script)
 
 
 @triton.jit
