@@ -315,6 +315,11 @@ def gemm_cases() -> list[Case]:
     g("dequant_matmul-nvfp4", "nvfp4", C(strategy="dequant_matmul"))
     g("dequant_matmul-fp8_block-fp16", "fp8_block", C(strategy="dequant_matmul"), "fp16")
     g("strategy-hopper-fp8_block", "fp8_block", C(strategy="hopper"))
+    # the CUDA-core decode GEMV: K in 3 chunks with a tail (650), 4-row programs over M=3, bias;
+    # per-row weight scales with 2-row programs, one M row per program
+    g("gemv-w128x128-4x8x256-M3-K650-bias", "fp8_block", C(4, 8, 256, 8, 1, strategy="gemv"), "fp32",
+      shape=(3, N, 650), bias=True)
+    g("gemv-w1x128-1x2x128-M2", "fp8_block", C(1, 2, 128, 4, 1, strategy="gemv"), rows=1, shape=(2, N, K))
     for fmt in ("fp8_block", "mxfp8", "mxfp4", "nvfp4"):
         g(f"heuristic-{fmt}-aligned", fmt, None, shape=ALIGNED)
     g("heuristic-fp8_block-M1", "fp8_block", None, shape=(1, N, K))

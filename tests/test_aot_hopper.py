@@ -431,3 +431,21 @@ def test_skinny_config_and_dispatch_rule():
         assert skinny_dispatch_config(m, n, k, 132) is None, (m, n, k)
     assert choose_dispatch_config(16, 7168, 2048, 2, 132).variant == "skinny"
     assert choose_dispatch_config(16, 2112, 7168, 2, 132).variant != "skinny"
+
+
+def test_grouped_tile_rule():
+    """ops/_hopper.choose_grouped_config: the H100 moe sweep's winners (its docstring)."""
+    from blockscaled.ops._hopper import choose_grouped_config, grouped_raster
+
+    def tile(*a, **kw):
+        c = choose_grouped_config(*a, **kw)
+        return c.block_m, c.block_n, c.group_m, c.stages, c.epilogue
+
+    assert tile(64, 4096, 7168) == (64, 128, 8, 6, "masked")
+    assert tile(40, 2048, 2048, experts=4) == (64, 128, 8, 6, "masked")
+    assert tile(128, 4096, 7168, experts=8) == (128, 128, 1, 6, "masked")
+    assert tile(128, 7168, 2048, experts=4) == (128, 128, 1, 6, "masked")
+    assert tile(128, 2048, 7168, experts=4)[:3] == (64, 128, 8)  # 64 tiles of 128x128 < SMs / 2
+    assert tile(512, 4096, 7168, experts=8)[:3] == (128, 256, 8)
+    assert tile(512, 1024, 7168, experts=8)[:3] == (128, 128, 1)
+    assert (grouped_raster(128, 128), grouped_raster(64, 128), grouped_raster(128, 256)) == (1, 8, 8)

@@ -231,8 +231,13 @@ def test_heuristic_hopper_rules(monkeypatch):
     assert 3 <= c.num_stages <= 4
     # decode: 64-row FP8 wgmma tiles (smallest FP8 wgmma M; with swap-AB the 64 weight rows are
     # the wgmma's M and 16 activation rows its N), split-K to fill the SMs
-    c = cg.choose_gemm_config("fp8_block", 1, 2112, 7168, dev)
+    c = cg.choose_gemm_config("fp8_block", 2, 2112, 7168, dev)
     assert (c.block_m == 64 or (c.swap_ab and c.block_n >= 64)) and c.split_k > 1
+    # M = 1 with K >= 2048: the CUDA-core GEMV (config.gemm.gemv_dispatch_config), also as the
+    # fallback when the Hopper kernels cannot take the operands
+    for allow in (True, False):
+        assert cg.choose_gemm_config("fp8_block", 1, 2112, 7168, dev, allow_hopper=allow).strategy == "gemv"
+    assert cg.choose_gemm_config("fp8_block", 1, 2112, 7168, dev, a_dtype=torch.bfloat16).strategy != "gemv"
     assert cg.choose_gemm_config("nvfp4", 1, 2112, 7168, dev).block_m == 16
     assert cg.choose_gemm_config("fp8_block", 4096, 7168, 2048, dev, out_dtype=torch.float32,
                                  allow_hopper=False).strategy == "triton"

@@ -215,6 +215,10 @@ def test_heuristic_small_m_fills_the_gpu(monkeypatch):
             for m in (1, 16, 64, 128):
                 for fmt in ("fp8_block", "mxfp8", "nvfp4"):
                     c = cg.choose_gemm_config(fmt, m, n, k, dev)
+                    if c.strategy == "gemv":
+                        # the CUDA-core decode GEMV (M = 1, K >= 2048; config.gemm.gemv_dispatch_config)
+                        assert fmt == "fp8_block" and c == cg.gemv_dispatch_config(m, n, k), (m, n, k, c)
+                        continue
                     if c.strategy == "hopper":
                         # the split-K wide kernel where it measured faster (fp8_block, M > 32), or
                         # the skinny decode kernel (ops/_hopper.skinny_dispatch_config)
@@ -232,7 +236,7 @@ def test_heuristic_small_m_fills_the_gpu(monkeypatch):
                     if fmt == "fp8_block" and m <= 16:
                         progs = math.ceil(m / c.block_m) * math.ceil(n / c.block_n) * split
                         assert progs >= 132, (n, k, m, c, progs)
-        c = cg.choose_gemm_config("fp8_block", 1, 2112, 7168, dev)
+        c = cg.choose_gemm_config("fp8_block", 2, 2112, 7168, dev)  # (M = 1: the GEMV)
         assert c.split_k > 1 and (c.block_m == 64 or (c.swap_ab and c.block_m == 16 and c.block_n >= 64)), c
         # swap-AB only where FP8 dots would pad A (quantized A, promote, M <= 32); never weight-only
         assert not cg.choose_gemm_config("fp8_block", 64, 2112, 7168, dev).swap_ab

@@ -106,11 +106,12 @@ def test_split_k_cuda_graph_replays_equal_eager():
     assert_gemm_close(out, ref_gemm.gemm(x2, b), "fp8_block", torch.bfloat16)
 
 
-@pytest.mark.parametrize("mnk", [(1, 7168, 2048), (16, 7168, 2048), (32, 7168, 2048), (1, 32768, 512),
+@pytest.mark.parametrize("mnk", [(2, 7168, 2048), (16, 7168, 2048), (32, 7168, 2048), (1, 32768, 512),
                                  (64, 32768, 512), (16, 24576, 1536), (5, 5000, 1040)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_dispatch_rule_shapes_through_gemm(mnk):
-    """gemm() takes the skinny kernel on the rule's shapes (bitwise equal to the forced config)."""
+    """gemm() takes the skinny kernel on the rule's shapes (bitwise equal to the forced config); M=1 with
+    K >= 2048 goes to the GEMV first (tests/test_gemv.py)."""
     m, n, k = mnk
     nsm = torch.cuda.get_device_properties(0).multi_processor_count
     cfg = skinny_dispatch_config(m, n, k, nsm)

@@ -328,17 +328,21 @@ class Runner:
                         and torch.cuda.get_device_capability(dev) == (9, 0)):
                     from ..ops._hopper import choose_grouped_config as hopper_grouped
 
-                    h = hopper_grouped(rows, case.n, case.k)  # what ops.grouped dispatches to
-                    return f"hopper wide {h.block_m}x{h.block_n} s{h.stages}"
+                    # what ops.grouped dispatches to
+                    h = hopper_grouped(rows, case.n, case.k, experts=len(case.ms))
+                    return f"hopper wide {h.block_m}x{h.block_n} s{h.stages} g{h.group_m}"
             else:
                 return ""
             if c.strategy == "hopper":  # the Gluon kernel picks its own tiles (ops/_hopper.py)
                 from ..ops._hopper import choose_dispatch_config
 
                 h = choose_dispatch_config(m, case.n, case.k)
-                return f"hopper {h.variant} {h.block_m}x{h.block_n} s{h.stages}"
+                return (f"hopper {h.variant} {h.block_m}x{h.block_n} s{h.stages}"
+                        + (f" splitk{h.split_k}" if h.split_k > 1 else ""))
             if c.strategy == "dequant_matmul":
                 return "dequant + cuBLAS bf16"
+            if c.strategy == "gemv":
+                return f"gemv {c.block_n} rows x {c.block_k} K w{c.num_warps}"
             return (f"{c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages}"
                     + (f" splitk{c.split_k}" if c.split_k > 1 else "") + ("" if c.strategy == "triton" else f" {c.strategy}"))
         except Exception:

@@ -30,7 +30,7 @@ import torch
 
 __all__ = ["GemmConfig", "choose_gemm_config", "STRATEGIES", "DeviceInfo", "device_info"]
 
-STRATEGIES = ("triton", "dequant_matmul", "hopper")
+STRATEGIES = ("triton", "dequant_matmul", "hopper", "gemv")
 
 #: fp8_block x fp8_block on sm_90 takes the Gluon "wide" kernel (ops/_hopper.py) from HOPPER_MIN_M
 #: rows on, when the 128x128 tile count reaches HOPPER_MIN_TILES (below that the portable
@@ -91,6 +91,53 @@ _FP8_DEQUANT_MARGIN = 0.9
 _FP8_LARGE_TILE_STAGES = 3
 
 
+#: Most activation rows the CUDA-core decode GEMV (strategy "gemv", kernels/triton/gemv.py)
+#: takes: every row costs one fp32 FMA per weight byte on the CUDA cores.
+GEMV_MAX_M = 4
+#: Weight bytes one GEMV program loads at once (its chunk): the H100 streaming-read probe
+#: (scripts/stream_ceiling.py) was fastest with 32 KB per program on 4 of the 6 DeepSeek-V3 shapes.
+GEMV_CHUNK_BYTES = 32 * 1024
+
+
+def gemv_config(m: int, n: int, k: int, chunk_bytes: int = GEMV_CHUNK_BYTES, num_warps: int | None = None) -> "GemmConfig":
+    """The decode GEMV's tiles: block_n = the most weight rows (power of two, <= 128) whose whole K
+    fits one ``chunk_bytes`` chunk (at least 1; then K is walked in chunks of that size),
+    block_m = M rounded up to a power of two; 4 warps for one row, 8 for more (sm_90 ptxas, 32 KB
+    chunk: 1 row 208 registers at 4 warps; 2-4 rows spill 452-632 B at 4 warps, none at 8)."""
+    kp = 128 * (1 << max(0, math.ceil(math.log2(max(1, math.ceil(k / 128))))))  # K rounded up to pow2 blocks
+    bn = 1
+    while bn < 128 and 2 * bn * kp <= chunk_bytes:
+        bn *= 2
+    bk = min(kp, max(128, chunk_bytes // bn))
+    bm = 1 << max(0, math.ceil(math.log2(max(1, m))))
+    if num_warps is None:
+        num_warps = 4 if bm == 1 else 8
+    return GemmConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=num_warps, num_stages=1, strategy="gemv")
+
+
+#: Fewest K for which gemm() takes the GEMV at M = 1 (below, the shapes are short rows of many
+#: weight rows and the tensor-core decode kernels measured faster; see gemv_dispatch_config).
+GEMV_MIN_K = 2048
+
+
+def gemv_dispatch_config(m: int, n: int, k: int) -> "GemmConfig | None":
+    """The GEMV config ``gemm()`` runs on sm_90 (fp8_block, quantized A), or None.
+    Rule: M == 1 and K >= GEMV_MIN_K; chunk 8 KB (16 KB above K = 8192); 8 warps when a program
+    holds one weight row of K <= 8192, else 4. H100 sweep (scripts/gemv_sweep.py, benchmarks/
+    results/h100/gemv-sweep-20261122.json; 12 chunk x warps candidates, % of the memory floor,
+    gemm() before -> GEMV): 2112x7168 51 -> 59 (8 KB, 1 row, 8 warps; 32 KB chunks 47-50),
+    4096x7168 67 -> 70 (same), 7168x16384 86 -> 97 (16 KB, 1 row, 4 warps), 7168x2048 60 -> 64
+    (8 KB = 4 rows, 4 warps; 8 warps 57). Not taken: 24576x1536 (75 vs 81) and 32768x512 (69 vs
+    72), and M >= 2, where every candidate was 1.5-4x slower than gemm(): each extra activation
+    row costs one more fp32 FMA per weight byte and an L2 re-read of the row per program."""
+    if m != 1 or k < GEMV_MIN_K:
+        return None
+    cfg = gemv_config(m, n, k, chunk_bytes=16384 if k > 8192 else 8192, num_warps=4)
+    if cfg.block_n == 1 and k <= 8192:
+        cfg = replace(cfg, num_warps=8)
+    return cfg
+
+
 @dataclass(frozen=True)
 class GemmConfig:
     """One GEMM launch configuration (hashable; use as a cache key).
@@ -127,6 +174,9 @@ class GemmConfig:
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
             raise ValueError(f"GemmConfig.strategy: expected one of {STRATEGIES}, got {self.strategy!r}")
+        if self.strategy == "gemv":
+            self._check_gemv()
+            return
         for name in ("block_m", "block_n", "block_k"):
             v = getattr(self, name)
             if v < 16 or v & (v - 1):
@@ -137,6 +187,23 @@ class GemmConfig:
             raise ValueError(f"GemmConfig.num_warps: expected a power of two <= 16, got {self.num_warps}")
         if self.num_stages < 1:
             raise ValueError(f"GemmConfig.num_stages: expected >= 1, got {self.num_stages}")
+
+    def _check_gemv(self) -> None:
+        # kernels/triton/gemv.py: block_m activation rows and block_n weight rows per program
+        # (powers of two for Triton block shapes; block_n divides the 128-row weight-scale
+        # block), block_k = K elements per weight-chunk load (whole 128-wide scale blocks)
+        for name, lo, hi in (("block_m", 1, GEMV_MAX_M), ("block_n", 1, 128)):
+            v = getattr(self, name)
+            if not lo <= v <= hi or v & (v - 1):
+                raise ValueError(f"GemmConfig.{name}: strategy 'gemv' needs a power of two in [{lo}, {hi}], got {v}")
+        if self.block_k < 128 or self.block_k & (self.block_k - 1):
+            raise ValueError(f"GemmConfig.block_k: strategy 'gemv' needs a power of two >= 128 (whole K blocks per "
+                             f"chunk), got {self.block_k}")
+        if self.split_k != 1:
+            raise ValueError(f"GemmConfig.split_k: strategy 'gemv' never splits K (one program owns whole rows), "
+                             f"got {self.split_k}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"GemmConfig.num_warps: expected a power of two <= 16, got {self.num_warps}")
 
     def replace(self, **kw) -> "GemmConfig":
         return replace(self, **kw)
@@ -218,6 +285,12 @@ def choose_gemm_config(
     ``allow_hopper=False``: the portable choice (the launcher's fallback when the Hopper
     kernels cannot take the operands)."""
     info = device_info(device)
+    if fmt == "fp8_block" and a_dtype is None and info.kind == "cuda" and info.capability == (9, 0):
+        # the CUDA-core decode GEMV (portable: also the fallback when the Hopper kernels cannot
+        # take the operands); measured on the H100 only, hence sm_90
+        gemv = gemv_dispatch_config(m, n, k)
+        if gemv is not None:
+            return gemv
     if allow_hopper and fmt == "fp8_block" and a_dtype is None and info.kind == "cuda" and info.capability == (9, 0):
         if m >= HOPPER_MIN_M and math.ceil(m / 128) * math.ceil(n / 128) >= HOPPER_MIN_TILES:
             return GemmConfig(strategy="hopper")

@@ -604,17 +604,40 @@ def gemm_fp8_block_hopper(a: ScaledTensor, b: ScaledTensor, out_dtype: torch.dty
     return out
 
 
+def grouped_raster(block_m: int, block_n: int) -> int:
+    """GROUP_M of the grouped (MoE) wide kernel for a tile: 1 (plain row-major tile order) for
+    128 x 128, else 8. H100 (scripts/grouped_sweep.py --moe, benchmarks/results/h100/
+    grouped-sweep-20261122.json): 128 x 128 with GROUP_M 1 was within 1% of the best of 1 / 8 on 17
+    of the 20 m=128 rows (geomean 0.974 of the best candidate vs 0.963 with 8); 64 x 128: 8 (0.990
+    vs 0.993 geomean at m=64, but min 0.969 vs 0.921)."""
+    return 1 if (block_m, block_n) == (128, 128) else 8
+
+
 @functools.lru_cache(maxsize=4096)
 def choose_grouped_config(rows_per_expert: float, n: int, k: int, num_sms: int = 132,
-                          out_elem_bytes: int = 2) -> HopperConfig:
-    """Grouped (MoE) tiles on the wide kernel: block_m 64 (one math warpgroup) when experts have
-    <= 64 rows on average, so a 64-row expert is not padded to 128 rows of wgmma work; else 128.
-    block_n 256 (two halves) unless that leaves SMs idle at this size (then 128); stages fill the
-    shared memory next to the masked-store scratch (grouped tiles use the masked epilogue)."""
-    bm = 64 if rows_per_expert <= 64 else 128
-    bn = 256 if n >= 2048 else 128
+                          out_elem_bytes: int = 2, experts: int = 8) -> HopperConfig:
+    """Grouped (MoE) tiles on the wide kernel, from an H100 sweep of the moe suite's E=8 / E=4
+    rows and the masked rows (scripts/grouped_sweep.py --moe; 8 candidates per row, CUDA-graph
+    medians; benchmarks/results/h100/grouped-sweep-20261122.json):
+      * <= 64 rows per expert: 64 x 128 (one math warpgroup, no 64-row expert padded to 128)
+        -- geomean 0.990 of the best candidate over 20 rows, min 0.969; the 64 x 256 tile used
+        before: 0.914, min 0.719 (E=4 N=2048: 64 tiles of 256 columns leave half the SMs idle);
+      * 64 < rows <= 128: 128 x 128 (GROUP_M 1) -- 0.974 of the best, vs 0.854 for the 128 x 256
+        tile used before (e.g. masked m=128 N=7168 K=2048: 465 -> 523 TFLOP/s; N=4096 K=7168
+        583 -> 618); unless experts x cdiv(N, 128) < num_sms / 2, where 64 x 128 (twice the tiles)
+        won (E=4 m=128 N=2048: 1.09-1.18x the 128 x 128 tile);
+      * more rows: 128 x 256 (two 128-column halves; A read once per 256 columns): the best or
+        within 3% on the 18 m=512 rows (128 x 128: 0.917); 128 x 128 below N = 2048.
+    Stages fill the shared memory next to the masked-store scratch (_fill_stages; 6 for the
+    128-column tiles, as swept); grouped tiles use the masked epilogue."""
+    if rows_per_expert <= 64:
+        bm, bn = 64, 128
+    elif rows_per_expert <= 128:
+        bm, bn = (64, 128) if experts * triton.cdiv(n, 128) < num_sms // 2 else (128, 128)
+    else:
+        bm, bn = 128, (256 if n >= 2048 else 128)
     cfg = HopperConfig(variant="wide", block_m=bm, block_n=bn, num_warps=4 * (bm // 64), stages=2,
-                       epilogue="masked")
+                       group_m=grouped_raster(bm, bn), epilogue="masked")
     return _fill_stages(cfg, out_elem_bytes)
 
 
@@ -730,7 +753,7 @@ def grouped_fp8_block_hopper_impl(a_data: torch.Tensor, a_scale: torch.Tensor, b
     nsm = _num_sms(_dev_index(out.device))
     if cfg is None:
         cfg = (choose_swiglu_config(mode, rows, rows_per_expert, n, nsm, out.element_size()) if dual
-               else choose_grouped_config(rows_per_expert, n, k, nsm, out.element_size()))
+               else choose_grouped_config(rows_per_expert, n, k, nsm, out.element_size(), e))
     bm, bn = cfg.block_m, cfg.block_n
     if cfg.split_k != 1:
         raise ValueError(f"cfg.split_k: split-K is implemented for the dense GEMM only (not grouped / SwiGLU), "

@@ -28,6 +28,7 @@ from ..config.gemm import GemmConfig, choose_gemm_config, default_promote
 from ..formats import Format
 from ..kernels.triton._mma import FORMAT_CODES
 from ..kernels.triton.gemm import gemm_kernel
+from ..kernels.triton.gemv import gemv_kernel
 from ..tensor import ScaledTensor
 from . import quantize as _quant
 
@@ -308,6 +309,25 @@ def _launch_gemm_kernel(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows, out2, bia
     )
 
 
+def _launch_gemv(a2, a_s2, b_data, b_scale, b_rows, out2, bias, fmt: Format, m, n, k, cfg: GemmConfig) -> None:
+    """The CUDA-core decode GEMV (kernels/triton/gemv.py): fp8_block with quantized A only."""
+    if fmt.name != "fp8_block" or a_s2 is None:
+        raise ValueError(f"config.strategy: 'gemv' takes fp8_block x fp8_block (quantized A), got "
+                         f"{'dense' if a_s2 is None else fmt.name} x {fmt.name}")
+    if b_rows != 1 and b_rows % cfg.block_n:
+        raise ValueError(f"config.block_n: 'gemv' needs block_n dividing the {b_rows}-row weight-scale block "
+                         f"(one scale row per program), got {cfg.block_n}")
+    gemv_kernel[(_cdiv(n, cfg.block_n), _cdiv(m, cfg.block_m))](
+        a2, a_s2, b_data, b_scale, bias if bias is not None else out2, out2,
+        m, n, k,
+        a2.stride(0), a_s2.stride(0), a_s2.stride(-1), b_data.stride(0), b_scale.stride(0), b_scale.stride(1),
+        out2.stride(0),
+        B_SCALE_ROWS=b_rows, HAS_BIAS=bias is not None,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CHUNK_KB=cfg.block_k // 128, num_warps=cfg.num_warps,
+        num_stages=1,
+    )
+
+
 # --------------------------------------------------------------------------- dequant + cuBLAS
 def _dequant(data, scale, gs, fmt: Format, shape, block_rows: int, dtype) -> torch.Tensor:
     """The one call into ops/quantize.py's internal dequantize (no validation, no custom-op
@@ -468,6 +488,9 @@ def gemm_impl(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows: int, fmt: Format, k
             return
         cfg = choose_gemm_config(fmt.name, m, n, k, out2.device, a_dtype=a_dtype, out_dtype=out_dtype,
                                  allow_hopper=False)
+    if cfg.strategy == "gemv":
+        _launch_gemv(a2, a_s2, b_data, b_scale, b_rows, out2, bias, fmt, m, n, k, cfg)
+        return
     if cfg.strategy == "dequant_matmul":
         _dequant_matmul(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows, fmt, k, out2, bias, out_dtype)
         return

@@ -623,7 +623,7 @@ def grouped_gemm(
         # the portable kernel on every measured MoE shape; benchmarks/NOTES.md).
         from . import _hopper
 
-        h = _hopper.choose_grouped_config(rows_per_expert, n, k, _hopper.num_sms_of(dev), out_dtype.itemsize)
+        h = _hopper.choose_grouped_config(rows_per_expert, n, k, _hopper.num_sms_of(dev), out_dtype.itemsize, e)
         return launch(a, b, gsb, None, seg, out, out_dtype, mode, hopper_gemm_config(h))
     cfg = resolve_config(config, fmt, rows_per_expert, n, k, dev, a_dtype=a_dtype, mode=mode, experts=e,
                          out_dtype=out_dtype, a=a)
@@ -652,6 +652,7 @@ def _hopper_cfg(block_m: int, block_n: int, num_stages: int, grouping: int):
     # grouped tiles may cover the next expert's rows: masked store; dense (SwiGLU): TMA store
     # (the launcher falls back to the masked store for outputs TMA cannot describe)
     return _hopper.HopperConfig("wide", block_m, block_n, 4 * (block_m // 64), num_stages,
+                                group_m=_hopper.grouped_raster(block_m, block_n),
                                 epilogue="tma" if grouping == MODE_DENSE else "masked")
 
 
