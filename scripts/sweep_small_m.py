@@ -70,11 +70,8 @@ def candidates(fmt, m, n, k, info):
 
     import torch
 
-    heur = choose_gemm_config(fmt, m, n, k, torch.device("cuda"), allow_hopper=False)  # portable configs only
-    if heur.strategy == "gemv":  # M = 1: the portable tensor-core kernel's choice is the sweep's subject
-        from blockscaled.config.gemm import _choose
-
-        heur = _choose(fmt, m, n, k, info, None, torch.bfloat16)
+    # the portable tensor-core kernel's configs only (not the Hopper kernels, not the M=1 GEMV)
+    heur = choose_gemm_config(fmt, m, n, k, torch.device("cuda"), allow_hopper=False, allow_gemv=False)
     old = _old_choice(fmt, m, n, k, info.sm_count)
     out = [("heur", heur)] + ([("old", old)] if old != heur else [])
     if heur.strategy != "triton":

@@ -60,7 +60,7 @@ f8, bf = tl.float8e4nv, tl.bfloat16
 cfg = choose_gemm_config("fp8_block", 4096, 7168, 16384, torch.device("cuda"))
 out["fp8_block_large"] = comp(0, 0, True, f8, cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages)
 out["fp8_block_large"]["cfg"] = [cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages]
-cfg = choose_gemm_config("fp8_block", 1, 2112, 7168, torch.device("cuda"))
+cfg = choose_gemm_config("fp8_block", 1, 2112, 7168, torch.device("cuda"), allow_gemv=False)
 out["fp8_block_decode"] = comp(0, 0, True, f8, cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps,
                                cfg.num_stages, split=cfg.split_k, swap=cfg.swap_ab)
 out["fp8_block_decode"]["swap"] = cfg.swap_ab

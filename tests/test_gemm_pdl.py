@@ -308,7 +308,7 @@ def _need_pdl(monkeypatch):
     # PDL is a property of the portable kernel: keep the heuristic off the Hopper kernels, so
     # every call below launches gemm_kernel whatever the Hopper dispatch rules become
     monkeypatch.setattr(gemm_mod, "choose_gemm_config",
-                        functools.partial(gemm_mod.choose_gemm_config, allow_hopper=False))
+                        functools.partial(gemm_mod.choose_gemm_config, allow_hopper=False, allow_gemv=False))
 
 
 @pytest.mark.gpu

@@ -279,13 +279,16 @@ def choose_gemm_config(
     a_dtype: torch.dtype | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
     allow_hopper: bool = True,
+    allow_gemv: bool = True,
 ) -> GemmConfig:
     """Analytic choice for ``[m, k] @ [n, k].T`` in format ``fmt`` (``a_dtype`` set = weight-only
     with dense activations of that dtype). Deterministic in its inputs; no device sync.
     ``allow_hopper=False``: the portable choice (the launcher's fallback when the Hopper
-    kernels cannot take the operands)."""
+    kernels cannot take the operands; the portable GEMV stays allowed). ``allow_gemv=False``:
+    never the decode GEMV (with ``allow_hopper=False``: the portable tensor-core kernel's choice,
+    for A/B scripts and tests of that kernel)."""
     info = device_info(device)
-    if fmt == "fp8_block" and a_dtype is None and info.kind == "cuda" and info.capability == (9, 0):
+    if allow_gemv and fmt == "fp8_block" and a_dtype is None and info.kind == "cuda" and info.capability == (9, 0):
         # the CUDA-core decode GEMV (portable: also the fallback when the Hopper kernels cannot
         # take the operands); measured on the H100 only, hence sm_90
         gemv = gemv_dispatch_config(m, n, k)
