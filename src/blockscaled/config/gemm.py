@@ -6,6 +6,11 @@ reason. Tests force any variant with ``gemm(..., config=GemmConfig(...))``.
 Strategies
 ----------
 ``"triton"``: the portable block-scaled Triton kernel (``kernels/triton/gemm.py``).
+``"gemv"``: the CUDA-core decode GEMV for fp8_block with quantized A (``kernels/triton/gemv.py``):
+whole weight rows per program, no K split. Rule (:func:`gemv_dispatch_config`, fitted to an H100
+sweep): chosen on sm_90 at M = 1 with K >= 2048, before the Hopper kernels.
+``"hopper"``: the sm_90a Gluon kernels (``ops/_hopper.py``; tiles chosen there), see
+HOPPER_MIN_M below and ``ops._hopper.choose_dispatch_config``.
 ``"dequant_matmul"``: dequantize both operands to bf16 with our Triton dequantize kernel
 (``blockscaled.ops.quantize.dequantize``), then ``torch.matmul`` (cuBLAS). Rule: chosen on
 Hopper (sm_90) for MX/NV formats and weight-only GEMMs whenever the roofline model below
@@ -150,7 +155,10 @@ class GemmConfig:
         the epilogue, all in one launch; deterministic (bitwise, whatever the arrival order).
         Each split covers a multiple of block_k; the launcher lowers the count so that no
         split is empty (ops/gemm.py::_split_plan).
-    strategy: "triton" or "dequant_matmul" (see module docstring).
+    strategy: "triton", "gemv", "hopper" or "dequant_matmul" (see module docstring). "gemv"
+        reads only block_m (activation rows per program, <= GEMV_MAX_M), block_n (weight rows per
+        program, a power of two <= 128), block_k (K elements per weight-chunk load, a power of two
+        >= 128) and num_warps; split_k must be 1.
     promote: apply scales per K chunk after an FP8 / raw-value dot (True) or dequantize
         tiles to bf16 in registers (False); None = the format's default.
     group_m: rows of tiles walked together (L2 reuse of B).
