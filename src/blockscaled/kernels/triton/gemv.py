@@ -1,5 +1,5 @@
 """Decode GEMV for fp8_block x fp8_block (portable Triton, CUDA cores): ``out = A @ B.T`` for a
-few activation rows (M <= 4).
+few activation rows (M <= 4; gemm() dispatches it at M = 1 only, where it measured faster).
 
 Why a separate kernel: at M = 1-4 the GEMM is a pure weight stream (15-120 MB on the DeepSeek-V3
 shapes, a 5-40 us floor at 3 TB/s) and what decides the time is how many bytes each SM keeps in
@@ -10,15 +10,18 @@ flight, not the MMA. H100 measurements that shaped it (benchmarks/NOTES.md, sess
   * the tensor-core decode kernels (portable swap-AB split-K, Hopper "skinny") need a K split to
     get that many programs on K >= 7168, and their last-arriver reduction costs 2-3 us per call.
 So one program here owns BLOCK_N whole weight rows (no K split, no reduction, deterministic by
-construction) and loads its [BLOCK_N, CHUNK_KB, 128] weight chunk -- 16-32 KB -- with one
-vectorised load before any math. BLOCK_N is chosen so that the whole K fits one chunk where
-possible (K = 7168: 4 rows = 28 KB; K = 16384: 2 rows); longer K loops over chunks.
+construction) and loads its [BLOCK_N, CHUNK_KB, 128] weight chunk with one vectorised load before
+any math. BLOCK_N is the most rows whose whole K fits one chunk (config.gemm.gemv_config); longer
+K loops over chunks. The H100 sweep preferred 8-16 KB chunks over the read probe's 32 KB (32 KB
+took 245 registers at 4 warps, and every program re-reads the activation row from L2), so
+gemm() runs 1 row x 8192 K at K = 7168, 1 x 16384 at K = 16384 and 4 x 2048 at K = 2048
+(config.gemm.gemv_dispatch_config has the measurements).
 
 Math (CUDA cores, fp32): for each K block kb the activation row is pre-scaled once per program,
 ``xs[kb, :] = x[kb, :] * (sa[kb] * sb[kb])`` (128-row weight-scale blocks: one sb per block for the
-whole program, BLOCK_N divides 128), and each weight element costs one fp32 FMA; the sum over K
-is a per-thread sum then one cross-thread reduction per row. 1x128 weight scales (per row): the
-per-block dot is reduced first and scaled per (row, block). fp32 accumulation throughout, the
+whole program, BLOCK_N divides 128), and each weight element costs one fp32 FMA; the products are
+summed over the 128-wide axis, then over the K blocks (two tl.sum; see the kernel for why not
+one). 1x128 weight scales (per row): the products are also scaled per (row, block). fp32 accumulation throughout, the
 products and sums differ from the tensor-core kernels only in rounding order (same tolerance
 table).
 """
