@@ -52,20 +52,6 @@ def run(a, b, seg, masked, n, cfg):
     return out
 
 
-def short_candidates(m, n, k, nsm):
-    """today's choice and the four tiles with their fullest ring, GROUP_M 1 and 8."""
-    base = H.choose_grouped_config(m, n, k, nsm, 2)
-    yield "today", base
-    for bm in (64, 128):
-        for bn in (128, 256):
-            c0 = H._fill_stages(H.HopperConfig("wide", block_m=bm, block_n=bn, num_warps=4 * (bm // 64), stages=2,
-                                               epilogue="masked"), 2)
-            for gm in (1, 8):
-                cfg = dataclasses.replace(c0, group_m=gm)
-                if cfg != base:
-                    yield f"{bm}x{bn} s{cfg.stages} g{gm}", cfg
-
-
 def moe_rows():
     """The moe suite's E=8 / E=4 rows (contiguous; E=1 runs the dense gemm()) and the masked
     suite's uniform rows (max_m 256)."""
@@ -79,16 +65,18 @@ def moe_rows():
             yield (f"masked m={m} {n}x{k}", True, 8, 256, m, n, k)
 
 
-def candidates(m, n, k, nsm):
+def candidates(m, n, k, nsm, short=False):
+    """today's choice, then every (block_m, block_n, ring depth, GROUP_M, split_wg) candidate;
+    ``short``: the fullest ring only, both math partitions (the --moe sweep)."""
     base = H.choose_grouped_config(m, n, k, nsm, 2)
     yield "today", base
     for bm in (64, 128):
         for bn in (128, 256):
             c0 = H._fill_stages(H.HopperConfig("wide", block_m=bm, block_n=bn, num_warps=4 * (bm // 64), stages=2,
                                                epilogue="masked"), 2)
-            for st in sorted({c0.stages, max(2, c0.stages - 1)}):
+            for st in ((c0.stages,) if short else sorted({c0.stages, max(2, c0.stages - 1)})):
                 for gm in (1, 8):
-                    for swg in ((True, False) if bm == 128 else (True,)):
+                    for swg in ((True, False) if bm == 128 and not short else (True,)):
                         cfg = dataclasses.replace(c0, stages=st, group_m=gm, split_wg=swg)
                         if cfg != base:
                             yield f"{bm}x{bn} s{st} g{gm}{'' if swg else ' one-partition'}", cfg
@@ -100,7 +88,6 @@ def main():
     p.add_argument("--moe", action="store_true", help="all moe-suite E=8/4 rows and the masked rows, short candidate list")
     args = p.parse_args()
     rows = list(moe_rows()) if args.moe else ROWS
-    cands = short_candidates if args.moe else candidates
     nsm = torch.cuda.get_device_properties(0).multi_processor_count
     out_rows = []
     for label, masked, e, max_m, m, n, k in rows:
@@ -112,7 +99,7 @@ def main():
                else torch.cat([da[i * m:(i + 1) * m] @ db[i].T for i in range(e)]))
         flops = 2.0 * e * m * n * k
         res = []
-        for name, cfg in cands(m, n, k, nsm):
+        for name, cfg in candidates(m, n, k, nsm, short=args.moe):
             y = run(a, b, seg, masked, n, cfg)
             y = y[:, :m] if masked else y
             assert_gemm_close(y, ref, "fp8_block", torch.bfloat16, what=f"{label} {name}")

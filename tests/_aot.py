@@ -53,3 +53,26 @@ def gemm_sig(a_dt, s_dt, b_dt, out="*bf16", split=1, tail=()):
         sig[name] = "constexpr"
     return sig
 '''
+
+
+#: Python source of ``ptxas_stats(ptx)`` for compile scripts (prepend it): spills, registers and
+#: wgmma serialisation from ``ptxas -v`` where triton's bundled ptxas exists ({} otherwise).
+PTXAS_STATS = r'''
+import os as _os, re as _re, subprocess as _sp, tempfile as _tf
+import triton as _triton
+PTXAS = _os.path.join(_os.path.dirname(_triton.__file__), "backends", "nvidia", "bin", "ptxas")
+
+def ptxas_stats(ptx):
+    """Spills, registers and wgmma serialisation (ptxas -v) where triton's bundled ptxas exists."""
+    if not _os.path.exists(PTXAS):
+        return {}
+    with _tf.TemporaryDirectory() as d:
+        p = _os.path.join(d, "k.ptx")
+        open(p, "w").write(ptx)
+        r = _sp.run([PTXAS, "-arch=sm_90a", "-v", p, "-o", _os.path.join(d, "k.cubin")], capture_output=True, text=True)
+    spills = _re.findall(r"(\d+) bytes spill stores", r.stderr)
+    regs = _re.findall(r"Used (\d+) registers", r.stderr)
+    # C7514: "wgmma.mma_async instructions are serialized" (e.g. a copy of an in-flight accumulator)
+    return {"spill_stores": max(int(x) for x in spills) if spills else None,
+            "regs": max(int(x) for x in regs) if regs else None, "wgmma_serialized": "C7514" in r.stderr}
+'''

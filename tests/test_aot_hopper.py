@@ -16,9 +16,9 @@ import re
 import pytest
 import torch
 
-from _aot import run_compile_script
+from _aot import PTXAS_STATS, run_compile_script
 
-SCRIPT = r'''
+SCRIPT = PTXAS_STATS + r'''
 import json, re, os, subprocess, tempfile
 import triton
 from triton.backends.compiler import GPUTarget
@@ -28,7 +28,6 @@ from blockscaled.kernels.hopper import fp8_gemm as H
 from blockscaled.ops._hopper import HopperConfig
 
 TGT = GPUTarget("cuda", 90, 32)
-PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 
 def sig(bm, bn, out, overlap):
     la = gl.NVMMASharedLayout.get_default_for([bm, 128], gl.float8e4nv)
@@ -38,21 +37,6 @@ def sig(bm, bn, out, overlap):
             "stride_sam": "i32", "stride_sak": "i32", "stride_sbn": "i32", "stride_sbk": "i32", "stride_cm": "i32",
             "GROUP_M": "constexpr", "STAGES": "constexpr", "num_warps": "constexpr",
             **({} if overlap is None else {"OVERLAP": "constexpr"})}
-
-def ptxas_stats(ptx):
-    """Spills, registers and wgmma serialisation (ptxas -v) where triton's bundled ptxas exists."""
-    if not os.path.exists(PTXAS):
-        return {}
-    with tempfile.TemporaryDirectory() as d:
-        p = os.path.join(d, "k.ptx")
-        open(p, "w").write(ptx)
-        r = subprocess.run([PTXAS, "-arch=sm_90a", "-v", p, "-o", os.path.join(d, "k.cubin")],
-                           capture_output=True, text=True)
-    spills = re.findall(r"(\d+) bytes spill stores", r.stderr)
-    regs = re.findall(r"Used (\d+) registers", r.stderr)
-    # C7514: "wgmma.mma_async instructions are serialized" (e.g. a copy of an in-flight accumulator)
-    return {"spill_stores": max(int(x) for x in spills) if spills else None,
-            "regs": max(int(x) for x in regs) if regs else None, "wgmma_serialized": "C7514" in r.stderr}
 
 KERNELS = {"tma": H.fp8_block_gemm_tma_kernel, "persistent": H.fp8_block_gemm_persistent_kernel,
            "ws": H.fp8_block_gemm_ws_kernel}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _aot import run_compile_script
+from _aot import PTXAS_STATS, run_compile_script
 from blockscaled.config.gemm import GEMV_MAX_M, GemmConfig, gemv_config, gemv_dispatch_config
 from blockscaled.ops.gemm import gemm
 from blockscaled.ops.quantize import quantize
@@ -123,12 +123,11 @@ def test_dispatch_rule():
 
 def test_aot_sm90_build():
     """The dispatched configs compile for sm_90 with 16-byte weight loads, no MMA and no spills."""
-    res = run_compile_script(r'''
-import json, os, re, subprocess, tempfile
+    res = run_compile_script(PTXAS_STATS + r'''
+import json, re
 import triton
 from triton.backends.compiler import GPUTarget
 from blockscaled.kernels.triton.gemv import gemv_kernel
-PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 out = {}
 for bm, bn, kb, warps in [(1, 1, 64, 8), (1, 1, 128, 4), (1, 4, 16, 4), (4, 32, 8, 8)]:
     sig = {"a_ptr": "*fp8e4nv", "a_s_ptr": "*fp32", "b_ptr": "*fp8e4nv", "b_s_ptr": "*fp32", "bias_ptr": "*bf16",
@@ -143,17 +142,9 @@ for bm, bn, kb, warps in [(1, 1, 64, 8), (1, 1, 128, 4), (1, 4, 16, 4), (4, 32, 
     k = triton.compile(triton.compiler.ASTSource(gemv_kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": warps, "num_stages": 1})
     ptx = k.asm["ptx"]
-    st = {}
-    if os.path.exists(PTXAS):
-        with tempfile.TemporaryDirectory() as d:
-            p = os.path.join(d, "k.ptx")
-            open(p, "w").write(ptx)
-            r = subprocess.run([PTXAS, "-arch=sm_90a", "-v", p, "-o", os.path.join(d, "k.cubin")],
-                               capture_output=True, text=True)
-        sp = re.findall(r"(\d+) bytes spill stores", r.stderr)
-        st["spills"] = max(int(x) for x in sp) if sp else None
+    st = ptxas_stats(ptx)
     out[f"{bm}x{bn}x{kb}w{warps}"] = {"v4": len(re.findall(r"ld\.global[.a-z0-9]*\.v4\.b32", ptx)),
-                                      "mma": ptx.count("mma"), **st}
+                                      "mma": ptx.count("mma"), "spills": st.get("spill_stores")}
 print("JSON" + json.dumps(out))
 ''')
     for name, r in res.items():

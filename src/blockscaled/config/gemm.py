@@ -125,6 +125,7 @@ def gemv_config(m: int, n: int, k: int, chunk_bytes: int = GEMV_CHUNK_BYTES, num
 GEMV_MIN_K = 2048
 
 
+@functools.lru_cache(maxsize=4096)
 def gemv_dispatch_config(m: int, n: int, k: int) -> "GemmConfig | None":
     """The GEMV config ``gemm()`` runs on sm_90 (fp8_block, quantized A), or None.
     Rule: M == 1 and K >= GEMV_MIN_K; chunk 8 KB (16 KB above K = 8192); 8 warps when a program
