@@ -27,7 +27,7 @@ from blockscaled.ops.gemm import gemm  # noqa: E402
 from blockscaled.reference.gemm import gemm as ref_gemm  # noqa: E402
 from blockscaled.testing.tolerances import assert_gemm_close  # noqa: E402
 
-from hopper_small_m import NK, operands  # noqa: E402  (scripts/ is on sys.path when run as a script)
+from hopper_small_m import NK, floor_bytes, operands  # noqa: E402  (scripts/ is on sys.path when run as a script)
 
 CHUNKS = (8192, 16384, 32768, 65536)
 
@@ -54,8 +54,7 @@ def main():
     rows = []
     for m in (int(x) for x in args.ms.split(",")):
         for n, k in shapes:
-            nk = triton.cdiv(k, 128)
-            nbytes = m * k + n * k + m * nk * 4 + triton.cdiv(n, 128) * nk * 4 + m * n * 2
+            nbytes = floor_bytes(m, n, k)
             floor_us = nbytes / bw * 1e6
             sets = [operands(m, n, k, s) for s in range(min(rotation_count(nbytes), 8))]
             a, b = sets[0]

@@ -32,6 +32,13 @@ NK = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7
 COPY_BW = 3.0e12
 
 
+def floor_bytes(m, n, k):
+    """Bytes of the memory floor of an fp8_block GEMM: A, B and their fp32 scales read once (1x128
+    / 128x128 blocks), the bf16 output written once."""
+    nk = -(-k // 128)
+    return m * k + n * k + m * nk * 4 + (-(-n // 128)) * nk * 4 + m * n * 2
+
+
 def operands(m, n, k, seed):
     g = torch.Generator(device=DEV).manual_seed(seed)
     x = torch.randn(m, k, device=DEV, generator=g).to(torch.bfloat16)
@@ -51,8 +58,7 @@ def main():
     print(f"{'M':>5}{'N':>7}{'K':>7} | {'gemm() us':>10} {'%':>4} | {'hopper split us':>16} {'%':>4} | cfg")
     for m in (int(x) for x in args.ms.split(",")):
         for n, k in shapes:
-            nk = -(-k // 128)
-            nbytes = m * k + n * k + m * nk * 4 + (-(-n // 128)) * nk * 4 + m * n * 2
+            nbytes = floor_bytes(m, n, k)
             floor_us = nbytes / COPY_BW * 1e6
             sets = [operands(m, n, k, s) for s in range(min(rotation_count(nbytes), 8))]
             cfg = H.choose_small_m_hopper_config(m, n, k, nsm)

@@ -30,7 +30,7 @@ from blockscaled.reference.gemm import gemm as ref_gemm  # noqa: E402
 from blockscaled.testing.tolerances import assert_gemm_close  # noqa: E402
 
 # the same operands and shapes as the split-K A/B script (run from scripts/: it is importable)
-from hopper_small_m import NK, operands  # noqa: E402
+from hopper_small_m import NK, floor_bytes, operands  # noqa: E402
 
 def candidates(m, n, k, nsm):
     """(block_n, stages, split) grid: ring depths filling shared memory per
@@ -68,8 +68,7 @@ def main():
     rows = []
     for m in (int(x) for x in args.ms.split(",")):
         for n, k in shapes:
-            nk = triton.cdiv(k, 128)
-            nbytes = m * k + n * k + m * nk * 4 + triton.cdiv(n, 128) * nk * 4 + m * n * 2
+            nbytes = floor_bytes(m, n, k)
             floor_us = nbytes / bw * 1e6
             sets = [operands(m, n, k, s) for s in range(min(rotation_count(nbytes), 8))]
             a, b = sets[0]
