@@ -233,6 +233,12 @@ def test_heuristic_hopper_rules(monkeypatch):
     # the wgmma's M and 16 activation rows its N), split-K to fill the SMs
     c = cg.choose_gemm_config("fp8_block", 2, 2112, 7168, dev)
     assert (c.block_m == 64 or (c.swap_ab and c.block_n >= 64)) and c.split_k > 1
+    # 32 < M <= 128 (config.gemm._fp8_rows_rule): the split that fills the last wave best; ties go
+    # to more splits while each keeps >= 12 K blocks (H100 sweep, session 6)
+    for (m, n, k), split in {(64, 2112, 7168): 4, (128, 2112, 7168): 4, (64, 4096, 7168): 4,
+                             (128, 4096, 7168): 2, (64, 7168, 16384): 2, (64, 7168, 2048): 1}.items():
+        c = cg.choose_gemm_config("fp8_block", m, n, k, dev, allow_hopper=False)
+        assert (c.block_m, c.block_n, c.split_k) == (64, 64, split), (m, n, k, c)
     # M = 1 with K >= 2048: the CUDA-core GEMV (config.gemm.gemv_dispatch_config), also as the
     # fallback when the Hopper kernels cannot take the operands
     for allow in (True, False):

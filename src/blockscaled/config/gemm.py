@@ -463,6 +463,11 @@ def small_m_model(fmt, m, n, k, info: DeviceInfo, a_dtype, promote, block_m, blo
 _FP8_WIDE_N_TILES = 450
 
 
+#: fewest K blocks per split for the fp8 row rule's tie-break towards more splits (H100 sweep,
+#: session 6: splits of 14-64 blocks won their ties, 7 blocks lost)
+_FP8_TIE_MIN_KB = 12
+
+
 def _split_counts(kiters: int, max_split: int):
     """The distinct split counts the launcher runs (ops/gemm.py::_split_plan) for requests
     1..max_split over ``kiters`` K chunks, ascending; a request whose plan equals a smaller
@@ -477,8 +482,12 @@ def _fp8_rows_rule(m, n, kiters, info: DeviceInfo, promote, max_split) -> GemmCo
     """fp8_block at 32 < M <= 128, fitted to the H100 sweep (the model above mis-ranked these:
     its picks reached 22-69% where the best measured 35-75%): 64x64x128 tiles (64x128 when there
     are more than _FP8_WIDE_N_TILES), 4 warps, 4 stages, and the K split (at most two waves of
-    programs) whose program count fills the last wave best (programs / (waves * SMs)), fewest
-    splits on ties. It picks the
+    programs) whose program count fills the last wave best (programs / (waves * SMs)), the most
+    splits on ties while each keeps >= _FP8_TIE_MIN_KB K blocks (session 6, scripts/splitk_sweep.py with the grouped reduction loads, H100 us:
+    2112x7168 M=128 sk2 15.55 -> sk4 14.99, 4096x7168 M=64 sk2 18.76 -> sk4 18.33, M=128 sk1
+    24.05 -> sk2 21.91, 7168x16384 M=64 sk1 60.03 -> sk2 52.29: all four ties went to the larger
+    split; 2112x7168 M=64 sk4 12.80 vs sk8 (7 blocks) 14.77 did not). Before that (fewest splits
+    on ties) it picked the
     sweep's best config for 2112x7168 (M=64 sk4, M=128 sk2), 4096x7168 M=64 sk2, 7168x2048,
     24576x1536 M=64 and 32768x512; within 3-10% of it for 4096x7168 M=128 (44 vs 47%),
     7168x16384 M=64 (67 vs 75%); 7168x16384 M=128 is the worst (best 128x128 sk2, 60%)."""
@@ -491,7 +500,8 @@ def _fp8_rows_rule(m, n, kiters, info: DeviceInfo, promote, max_split) -> GemmCo
         if split > 1 and p > 2 * info.sm_count:
             break  # more than two waves of split programs: the sweep's worst rows (sk8-sk16)
         util = p / (math.ceil(p / info.sm_count) * info.sm_count)
-        if util > best[0] + 1e-9:
+        longer = math.ceil(kiters / split) >= _FP8_TIE_MIN_KB  # ties: more splits if long enough
+        if util > best[0] + 1e-9 or (util > best[0] - 1e-9 and longer):
             best = (util, split)
     return GemmConfig(64, block_n, 128, 4, 4, best[1], "triton", promote, 8, False)
 

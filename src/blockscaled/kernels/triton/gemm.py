@@ -16,7 +16,7 @@ Fused, deterministic split-K (SPLIT_K > 1), one launch:
      so one buffer serves every later launch on the same stream and every replay of a CUDA
      graph (ops/gemm.py::_splitk_counters owns the buffers and their concurrency rule).
 Empty splits (``k_lo >= K``) run no K iteration, store a zero partial and count like the rest.
-The reducing program takes its own partial from registers: the same fp32 bits it stored, so
+The reducing program reads its own partial back like the others (the same fp32 bits it stored), so
 the sum does not depend on which split arrived last.
 
 Programmatic Dependent Launch (``PDL=True``; the launcher then also passes ``launch_pdl=True``,
@@ -177,6 +177,9 @@ def gemm_kernel(
         )
 
     mask = mask_m[:, None] & mask_n[None, :]
+    # partials loaded together by the reducing program (see there): 4 for tiles of <= 64x64, 2
+    # above (ptxas sm_90: 4 at a time spilled in 64x128 w4 / 128x128 w8 tiles, 2 did not)
+    REDUCE_GROUP: tl.constexpr = min(SPLIT_K, 4 if BLOCK_M * BLOCK_N <= 4096 else 2)
     if SPLIT_K == 1:
         _epilogue(acc, gs_a_ptr, gs_b_ptr, bias_ptr, c_ptr, offs_m, offs_n, mask_n, mask, stride_cm, stride_cn,
                   A_FMT, B_FMT, HAS_BIAS)
@@ -190,12 +193,19 @@ def gemm_kernel(
         if arrived == SPLIT_K - 1:
             # last program of this tile: all SPLIT_K partials are visible (acquire above; the
             # broadcast of ``arrived`` orders the other threads after it). Fixed order s = 0..
-            # Its own partial comes from registers (the same fp32 bits it stored).
+            # SPLIT_K - 1, its own partial included (read back: the same fp32 bits it stored, so
+            # the sum does not depend on which program arrived last).
+            # Loads go REDUCE_GROUP partials at a time (an unrolled inner loop): their L2 round
+            # trips overlap, where a plain runtime loop waited for each partial before loading the
+            # next. Not all SPLIT_K at once: the compiler hoists every unrolled load above the
+            # adds, and 8 partials of a 64x64 tile took 255 registers and spilled (ptxas, sm_90).
             tot = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for s in range(SPLIT_K):
-                part = tl.load(ws_ptr + tl.full([], s, tl.int64) * stride_cs + w_off, mask=mask & (s != pid_k),
-                               other=0.0, cache_modifier=".cg")
-                tot += tl.where(s == pid_k, acc, part)
+            for g in range(0, SPLIT_K, REDUCE_GROUP):
+                for j in tl.static_range(REDUCE_GROUP):
+                    s = g + j
+                    part = tl.load(ws_ptr + s.to(tl.int64) * stride_cs + w_off, mask=mask & (s < SPLIT_K),
+                                   other=0.0, cache_modifier=".cg")
+                    tot = tl.where(s < SPLIT_K, tot + part, tot)
             _epilogue(tot, gs_a_ptr, gs_b_ptr, bias_ptr, c_ptr, offs_m, offs_n, mask_n, mask, stride_cm,
                       stride_cn, A_FMT, B_FMT, HAS_BIAS)
             # leave the counter buffer all zeros for the next launch / graph replay
