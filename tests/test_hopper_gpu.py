@@ -346,3 +346,84 @@ def test_split_k_workspace_beyond_2_31_elements():
     assert_gemm_close(out[:, -256:], ref_gemm.gemm(a, tail), "fp8_block", torch.bfloat16)
     assert not torch.isnan(out[:, :: 4099].float()).any()
     _counters_zero(b.data.device)
+
+
+# ------------------------------------------------------------------ wide kernel, tail split
+# forced configs (block_n, stages, epilogue, tail_split, split_wg): the M=4096 dispatch config,
+# the masked epilogue, 128x128 tiles with many splits, the single 8-warp math partition
+TAIL_CFGS = [(256, 3, "tma", 5, True), (256, 4, "masked", 3, True), (128, 6, "tma", 14, True),
+             (256, 3, "tma", 4, False)]
+# tiles (128 x 256 / 128 x 128) on 132 SMs: 288 / 544 (2112: the last column 64 wide), 144 / 272,
+# 297 / 561 (M tail), 252 / 504 (K tail: 9 K blocks), 136 / 272
+TAIL_MNK = [(4096, 2112, 7168), (2048, 2112, 7168), (4100, 2112, 7168), (1100, 7168, 1040), (1024, 4352, 2048)]
+
+
+def _tail_cfg(c):
+    bn, st, epi, ts, wg = c
+    return HopperConfig("wide", 128, bn, 8, st, group_m=8, epilogue=epi, split_wg=wg, tail_split=ts)
+
+
+@pytest.mark.parametrize("cfg", TAIL_CFGS, ids=lambda c: "n{0}s{1}{2}t{3}{4}".format(*c[:4], "" if c[4] else "-1part"))
+@pytest.mark.parametrize("mnk", TAIL_MNK, ids=lambda s: "x".join(map(str, s)))
+def test_wide_tail_split(cfg, mnk):
+    """Whole tiles for the full waves, split units for the last one: vs the float64 reference
+    (NaN-poisoned output), bitwise equal on repeat and to the same config without the tail split
+    only up to rounding (different summation order), counters left zero."""
+    m, n, k = mnk
+    a, b = _operands(m, n, k, seed=17)
+    c = _tail_cfg(cfg)
+    out = _check(a, b, c)
+    again = gemm_fp8_block_hopper(a, b, config=c)
+    assert torch.equal(out, again)
+    _counters_zero(b.data.device)
+
+
+def test_wide_tail_split_plan_runs_split_units():
+    """The plan really splits (so the tests above exercise the split units): 4096x2112x7168 on
+    this GPU's SMs with the dispatch config."""
+    from blockscaled.ops._hopper import _wide_split_plan, choose_dispatch_config, num_sms_of
+
+    nsm = num_sms_of(torch.device("cuda"))
+    cfg = choose_dispatch_config(4096, 2112, 7168, num_sms=nsm)
+    tiles = 32 * 9
+    split_from, nsplit, _ = _wide_split_plan(tiles, 56, cfg, nsm)
+    if tiles % nsm == 0 or tiles < nsm:
+        pytest.skip(f"{tiles} tiles leave no partial wave on {nsm} SMs")
+    assert cfg.tail_split > 1 and nsplit == cfg.tail_split and split_from == (tiles // nsm) * nsm
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])
+def test_wide_tail_split_out_dtypes(out_dtype):
+    a, b = _operands(1100, 7168, 1040, seed=18)
+    for c in TAIL_CFGS:
+        _check(a, b, dataclasses.replace(_tail_cfg(c), stages=3), out_dtype)
+    _counters_zero(b.data.device)
+
+
+def test_wide_tail_split_cuda_graph_and_unaligned_output():
+    """Captured tail-split GEMMs replay bitwise equal to eager; an output view whose row stride
+    TMA cannot store (masked epilogue) writes nothing outside the view."""
+    m, n, k = 2048, 2112, 7168
+    a, b = _operands(m, n, k, seed=19)
+    cfg = _tail_cfg(TAIL_CFGS[0])
+    eager = gemm_fp8_block_hopper(a, b, config=cfg)
+    out = torch.empty_like(eager)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        gemm_fp8_block_hopper(a, b, out=out, config=cfg)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        gemm_fp8_block_hopper(a, b, out=out, config=cfg)
+    for _ in range(3):
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager)
+    big = torch.full((m, n + 3), float("nan"), device="cuda", dtype=torch.bfloat16)
+    view = big[:, :n]
+    gemm_fp8_block_hopper(a, b, torch.bfloat16, view, config=cfg)
+    assert torch.equal(view, eager)
+    assert torch.isnan(big[:, n:].float()).all(), "wrote past the output view"
+    _counters_zero(b.data.device)

@@ -338,7 +338,8 @@ class Runner:
 
                 h = choose_dispatch_config(m, case.n, case.k)
                 return (f"hopper {h.variant} {h.block_m}x{h.block_n} s{h.stages}"
-                        + (f" splitk{h.split_k}" if h.split_k > 1 else ""))
+                        + (f" splitk{h.split_k}" if h.split_k > 1 else "")
+                        + (f" tail{h.tail_split}" if h.tail_split > 1 else ""))
             if c.strategy == "dequant_matmul":
                 return "dequant + cuBLAS bf16"
             if c.strategy == "gemv":

@@ -82,6 +82,12 @@ class HopperConfig:
         128-wide K blocks; lowered by the launcher so that no range is empty, e.g. 5 K blocks in
         4 -> 3 ranges of 2, 2, 1). Partials go to an fp32 workspace and the last range of each
         tile to finish sums them in fixed order and stores (kernels/hopper/fp8_gemm.py). 1 = no split.
+    tail_split: "wide" dense GEMM only, exclusive with split_k: split only the tiles of the last,
+        partial wave of the persistent grid into this many K ranges (same fused reduction); the
+        full waves' tiles run whole. With T tiles on S SMs (T > S), T - (T // S) * S tiles are
+        left for a last wave that would otherwise take a whole tile-time for a few busy SMs
+        (M=4096 N=2112: 288 tiles of 128x256 -> 24 in the third wave). 1 = off; where the grid
+        has no partial wave (T % S == 0) or fewer tiles than SMs, the launcher runs no split.
     """
 
     variant: str = "persistent"
@@ -94,6 +100,7 @@ class HopperConfig:
     epilogue: str = "tma"
     split_wg: bool = True
     split_k: int = 1
+    tail_split: int = 1
 
     def __post_init__(self):
         if self.variant not in VARIANTS:
@@ -129,6 +136,11 @@ class HopperConfig:
         if self.split_k > 1 and self.variant != "wide":
             raise ValueError(f"HopperConfig.split_k: split-K is implemented for variant 'wide' only, got "
                              f"split_k={self.split_k} with variant {self.variant!r}")
+        if not isinstance(self.tail_split, int) or self.tail_split < 1:
+            raise ValueError(f"HopperConfig.tail_split: expected an int >= 1, got {self.tail_split!r}")
+        if self.tail_split > 1 and (self.variant != "wide" or self.split_k > 1):
+            raise ValueError(f"HopperConfig.tail_split: variant 'wide' without split_k only, got tail_split="
+                             f"{self.tail_split} with variant {self.variant!r}, split_k={self.split_k}")
 
     def _check_skinny(self):
         # block_m = the activation rows padded to the wgmma's N (multiple of 8, power of two for
@@ -166,6 +178,24 @@ class HopperConfig:
         return ring + self.block_m * self.block_n * 4 + 1024
 
 
+#: Most K ranges a tail-split tile is cut into (each range is one unit of the last wave).
+TAIL_SPLIT_MAX = 16
+
+
+def tail_split_for(tiles: int, k: int, num_sms: int) -> int:
+    """HopperConfig.tail_split for a dense wide launch of ``tiles`` tiles: split the last partial
+    wave's T - (T // S) * S tiles into as many K ranges as still fit in one wave (at most
+    TAIL_SPLIT_MAX, each >= _SPLITK_MIN_KB K blocks); 1 where there is no partial wave after a full
+    one, or it is more than half full (then at most 1 split per tile fits). Model: the last wave
+    then costs about 1/split of a tile-time plus one reduction, instead of a whole tile-time."""
+    full = (tiles // num_sms) * num_sms
+    tail = tiles - full
+    if full == 0 or tail == 0:
+        return 1
+    split = min(num_sms // tail, triton.cdiv(max(k, 1), 128) // _SPLITK_MIN_KB, TAIL_SPLIT_MAX)
+    return split if split >= 2 else 1
+
+
 @functools.lru_cache(maxsize=4096)
 def choose_hopper_config(m: int, n: int, k: int, variant: str = "persistent", overlap: bool = True,
                          num_sms: int = 132, out_elem_bytes: int = 2) -> HopperConfig:
@@ -191,7 +221,8 @@ def choose_hopper_config(m: int, n: int, k: int, variant: str = "persistent", ov
     if variant == "wide":
         # 128 x 256 unless that leaves SMs idle (fewer tiles than SMs): then 128 x 128.
         bn = 256 if triton.cdiv(m, 128) * triton.cdiv(n, 256) >= num_sms else 128
-        cfg = HopperConfig(variant="wide", block_m=128, block_n=bn, num_warps=8, stages=2, epilogue="tma")
+        cfg = HopperConfig(variant="wide", block_m=128, block_n=bn, num_warps=8, stages=2, epilogue="tma",
+                           tail_split=tail_split_for(triton.cdiv(m, 128) * triton.cdiv(n, bn), k, num_sms))
         stage_bytes = (128 + bn) * 128
         fixed = cfg.smem_bytes(out_elem_bytes) - 2 * stage_bytes
         stages = max(2, min(6, (_SMEM_LIMIT - fixed) // stage_bytes))
@@ -453,6 +484,22 @@ def _split_plan_kb(num_k: int, split_k: int) -> tuple[int, int]:
     return splits, per // 128
 
 
+def _wide_split_plan(tiles: int, num_k: int, cfg: HopperConfig, num_sms: int) -> tuple[int, int, int]:
+    """(split_from, splits, K blocks per split) of a dense "wide" launch: tiles [0, split_from)
+    run whole, the rest in ``splits`` K ranges (kernels/hopper/fp8_gemm.py::_wide_unit).
+    split_k > 1: every tile split (split_from 0). tail_split > 1: the last partial wave's tiles,
+    only where there are full waves before it and a partial one at all. Else no split."""
+    if cfg.split_k > 1:
+        nsplit, kb_per = _split_plan_kb(num_k, cfg.split_k)
+        return (0, nsplit, kb_per) if nsplit > 1 else (tiles, 1, num_k)
+    full = (tiles // num_sms) * num_sms
+    if cfg.tail_split > 1 and 0 < full < tiles:
+        nsplit, kb_per = _split_plan_kb(num_k, cfg.tail_split)
+        if nsplit > 1:
+            return full, nsplit, kb_per
+    return tiles, 1, num_k
+
+
 def _kernel_for(variant: str):
     from ..kernels.hopper import fp8_gemm as K
 
@@ -521,19 +568,22 @@ def gemm_fp8_block_hopper_impl(a2: torch.Tensor, a_s2: torch.Tensor, b_data: tor
             c_desc = TensorDescriptor(out2, [m, n], [out2.stride(0), 1], [rows, 128], lc)
         else:
             c_desc = a_desc  # unused by the kernel when EPI == 1
-        nsplit, kb_per = _split_plan_kb(triton.cdiv(k, bk), cfg.split_k)
+        nsm = _num_sms(_dev_index(out2.device))
+        split_from, nsplit, kb_per = _wide_split_plan(tiles, triton.cdiv(k, bk), cfg, nsm)
         ws = cnt = out2  # unused by the kernel when SPLIT == 1
         if nsplit > 1:
-            # fp32 partials [split, M, N], written and read back by this launch; counters per
-            # (tile, math partition), all zero between launches (the kernel resets them)
-            ws = torch.empty((nsplit, m, n), dtype=torch.float32, device=out2.device)
-            cnt = _splitk_counters(out2.device, tiles * (2 if split else 1))
-            grid = (min(tiles * nsplit, _num_sms(_dev_index(out2.device))),)
+            # fp32 partials [split tiles, split, block_m, block_n], written and read back by this
+            # launch; counters per (split tile, math partition), all zero between launches (the
+            # kernel resets them)
+            ws = torch.empty((tiles - split_from, nsplit, cfg.block_m, cfg.block_n), dtype=torch.float32,
+                             device=out2.device)
+            cnt = _splitk_counters(out2.device, (tiles - split_from) * (2 if split else 1))
+            grid = (min(split_from + (tiles - split_from) * nsplit, nsm),)
         _kernel_for("wide")[grid](
             a_desc, b_desc, b_desc, c_desc, a_s2, b_scale, b_scale, out2, out2, ws, cnt, m, n, k, 1,
-            triton.cdiv(m, cfg.block_m), kb_per, a_s2.stride(0), a_s2.stride(1), 0, b_scale.stride(0),
+            triton.cdiv(m, cfg.block_m), kb_per, split_from, a_s2.stride(0), a_s2.stride(1), 0, b_scale.stride(0),
             b_scale.stride(1), out2.stride(0), GROUP_M=cfg.group_m, STAGES=cfg.stages, NH=cfg.block_n // 128,
-            EPI=epi, MODE=0, E_POW2=1, SPLIT_WG=split, DUAL=False, SPLIT=nsplit,
+            EPI=epi, MODE=0, E_POW2=1, SPLIT_WG=split, DUAL=False, SPLIT=nsplit, TAIL=split_from > 0 and nsplit > 1,
             num_warps=4 if split else cfg.num_warps,
         )
         return
@@ -790,7 +840,7 @@ def grouped_fp8_block_hopper_impl(a_data: torch.Tensor, a_scale: torch.Tensor, b
         c_desc = TensorDescriptor(out2, [rows, n], [out2.stride(0), 1], [r, 128], _smem_layout(r, 128, _GL_OUT[out2.dtype]))
     _kernel_for("wide")[grid](
         a_desc, b_desc, u_desc, c_desc, a_s2, b_scale, u_scale, out2, seg if seg is not None else out2,
-        out2, out2, max_m, n, k, e, num_pid_m, 1,
+        out2, out2, max_m, n, k, e, num_pid_m, 1, 0,
         a_s2.stride(0), a_s2.stride(1), b_scale.stride(0), b_scale.stride(1), b_scale.stride(2), out2.stride(0),
         GROUP_M=cfg.group_m, STAGES=cfg.stages, NH=bn // 128, EPI=epi, MODE=mode,
         E_POW2=max(16, triton.next_power_of_2(e)) if mode else 1, SPLIT_WG=split, DUAL=dual, SPLIT=1,

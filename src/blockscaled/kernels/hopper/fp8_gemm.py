@@ -68,9 +68,12 @@ def _launch_metadata(grid, kernel, args):
     ov = args.get("OVERLAP")
     dual = ", swiglu" if args.get("DUAL") else ""
     sk = args.get("SPLIT") or 1
-    if sk > 1:  # fused split-K: fp32 partials written once and read back once
-        nbytes += 2 * sk * m * n * 4
-    splitk = f", split_k={sk}" if sk > 1 else ""
+    splitk = ""
+    if sk > 1:  # fused split-K: fp32 tile partials of the split tiles written once and read back once
+        tiles = args["num_pid_m"] * -(-n // bn)
+        split_tiles = tiles - args.get("split_from", 0)
+        nbytes += 2 * sk * split_tiles * bm * bn * 4
+        splitk = f", split_k={sk}" + (f" (last {split_tiles} tiles)" if split_tiles < tiles else "")
     return {
         "name": f"{kernel.name} [M={m}, N={n}, K={k}, tile={bm}x{nb * bn}x{bk}, stages={args.get('STAGES')}"
                 f"{'' if ov is None else f', overlap={bool(ov)}'}{dual}{splitk}, grid={grid[0]}]",
@@ -573,33 +576,49 @@ def _wide_tile(tile, seg_ptr, M, N, E, num_pid_m, num_pid_n, GROUP_M: gl.constex
 
 
 @gluon.jit
-def _wide_unit(u, num_k, kb_per_split, SPLIT: gl.constexpr):
-    """Work unit -> (tile, split, first K block, end K block (exclusive)).
-    Order: tile-major, u = tile * SPLIT + split. The persistent grid hands consecutive units to
-    consecutive programs, so the SPLIT units of a tile run side by side in the same wave: the
-    last of them (the one that reduces) finishes shortly after the others instead of a wave
-    later, the partials it reads back were written moments before (still in L2), and only about
-    one wave's worth of tiles has partials live in the workspace. (Split-major order, u = split
-    * tiles + tile, puts a tile's splits ``tiles`` units apart: in different waves once units >
-    programs.) Any order is correct: no unit ever waits for another (the last arrival reduces).
-    The producer and the math partitions call this with the same arguments, so they walk the
-    same K blocks (the ring phase ``it`` depends on it). SPLIT == 1: the whole K range."""
+def _wide_units(num_tiles, split_from, SPLIT: gl.constexpr):
+    """Work units of the persistent grid: tiles [0, split_from) whole, tiles [split_from,
+    num_tiles) SPLIT K ranges each (``_wide_unit``)."""
+    return split_from + (num_tiles - split_from) * SPLIT
+
+
+@gluon.jit
+def _wide_unit(u, num_k, kb_per_split, split_from, SPLIT: gl.constexpr):
+    """Work unit -> (tile, split, first K block, end K block (exclusive), split unit?).
+    Units [0, split_from) are the whole tiles 0..split_from-1 (no split). From split_from on,
+    order is tile-major over the remaining tiles: u = split_from + (tile - split_from) * SPLIT +
+    split. ``split_from`` = 0: every tile split (few tiles, small M); = the tiles of the full
+    waves: only the last, partial wave's tiles are split ("tail split", large M), so that wave
+    takes about 1/SPLIT of a tile-time instead of a whole one.
+    Tile-major: the persistent grid hands consecutive units to consecutive programs, so the SPLIT
+    units of a tile run side by side in the same wave: the last of them (the one that reduces)
+    finishes shortly after the others instead of a wave later, the partials it reads back were
+    written moments before (still in L2), and only about one wave's worth of tiles has partials
+    live in the workspace. (Split-major order, u = split * tiles + tile, puts a tile's splits
+    ``tiles`` units apart: in different waves once units > programs.) Any order is correct: no
+    unit ever waits for another (the last arrival reduces). The producer and the math
+    partitions call this with the same arguments, so they walk the same K blocks (the ring
+    phase ``it`` depends on it). SPLIT == 1: the whole K range of tile u."""
     if SPLIT == 1:
         tile = u
         sp = u * 0
         kb_lo = u * 0
         kb_hi = num_k
+        is_split = u < 0
     else:
-        tile = u // SPLIT
-        sp = u % SPLIT
+        is_split = u >= split_from
+        sel = is_split.to(gl.int32)
+        v = gl.maximum(u - split_from, 0)
+        tile = u + (split_from + v // SPLIT - u) * sel
+        sp = (v % SPLIT) * sel
         kb_lo = sp * kb_per_split
-        kb_hi = gl.minimum(kb_lo + kb_per_split, num_k)
-    return tile, sp, kb_lo, kb_hi
+        kb_hi = num_k + (gl.minimum(kb_lo + kb_per_split, num_k) - num_k) * sel
+    return tile, sp, kb_lo, kb_hi, is_split
 
 
 @gluon.jit
 def _wide_producer(a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, seg_ptr, M, N, K, E, num_pid_m,
-                   kb_per_split, GROUP_M: gl.constexpr, STAGES: gl.constexpr, MODE: gl.constexpr,
+                   kb_per_split, split_from, GROUP_M: gl.constexpr, STAGES: gl.constexpr, MODE: gl.constexpr,
                    E_POW2: gl.constexpr, DUAL: gl.constexpr, SPLIT: gl.constexpr):
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
@@ -611,8 +630,8 @@ def _wide_producer(a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, seg_pt
     num_pid_n = gl.cdiv(N, TILE_N)
     num_k = gl.cdiv(K, BLOCK_K)
     it = 0
-    for u in range(pid, num_pid_m * num_pid_n * SPLIT, nprog):
-        tile, sp, kb_lo, kb_hi = _wide_unit(u, num_k, kb_per_split, SPLIT)
+    for u in range(pid, _wide_units(num_pid_m * num_pid_n, split_from, SPLIT), nprog):
+        tile, sp, kb_lo, kb_hi, is_split = _wide_unit(u, num_k, kb_per_split, split_from, SPLIT)
         valid, row0, row_end, e, off_n = _wide_tile(tile, seg_ptr, M, N, E, num_pid_m, num_pid_n, GROUP_M, MODE,
                                                     E_POW2, BLOCK_M, TILE_N, seg_layout)
         if valid:
@@ -648,14 +667,31 @@ def _wide_store_half(c_desc, c_smem, c_ptr, acc, row0, row_end, off_n, N, stride
 
 
 @gluon.jit
+def _wide_store_tile(c_desc, c_smem, c_ptr, acc0, acc1, row0, row_end, off_n, N, stride_cm, NH: gl.constexpr,
+                     EPI: gl.constexpr, WG: gl.constexpr, ROWS: gl.constexpr, HALF: gl.constexpr,
+                     num_warps: gl.constexpr):
+    """The plain epilogue of one math partition: its NH half tiles (acc1 unused when NH == 1)."""
+    if EPI == 2:
+        tma.store_wait(0)  # the previous tile's TMA stores have finished reading c_smem
+    _wide_store_half(c_desc, c_smem, c_ptr, acc0, row0, row_end, off_n, N, stride_cm, WG * NH, EPI, ROWS, HALF,
+                     num_warps)
+    if NH == 2:
+        _wide_store_half(c_desc, c_smem, c_ptr, acc1, row0, row_end, off_n + HALF, N, stride_cm, WG * NH + 1, EPI,
+                         ROWS, HALF, num_warps)
+
+
+@gluon.jit
 def _wide_splitk_sum(row_ptrs, c, mask, split_stride, SPLIT: gl.constexpr):
-    """Sum of the SPLIT fp32 partials of one half tile (``row_ptrs``: ws[0] address of each of
-    the partition's rows at the half's first column; ``c``: column offsets within the half), in
-    the fixed order s = 0..SPLIT-1, every partial read back from the workspace (the caller's own
-    included: the same fp32 bits it stored; its registers are free for the sum) -> bitwise the
-    same result whichever split finished last. ``.cg`` loads (L2, not L1: an SM's L1 is not
-    coherent with the other SMs' stores)."""
+    """Sum of the SPLIT fp32 partials of one half tile (``row_ptrs``: the split-0 partial's
+    address of each of the partition's rows at the half's first column; ``c``: column offsets
+    within the half), in the fixed order s = 0..SPLIT-1, every partial read back from the
+    workspace (the caller's own included: the same fp32 bits it stored; its registers are free
+    for the sum) -> bitwise the same result whichever split finished last. ``.cg`` loads (L2, not
+    L1: an SM's L1 is not coherent with the other SMs' stores)."""
     tot = gl.load(row_ptrs[:, None] + c[None, :], mask=mask, other=0.0, cache_modifier=".cg")
+    # One partial per loop trip. Two per trip (both loads issued before the adds, as in the
+    # portable kernel since session 6) spilled 160-192 B in the math partitions (232 registers:
+    # 2 x 64 loaded + 64 running sum; ptxas sm_90, 128x256 fp32 / 128x128 bf16 split configs).
     for s in range(1, SPLIT):
         tot += gl.load((row_ptrs + s * split_stride)[:, None] + c[None, :], mask=mask, other=0.0,
                        cache_modifier=".cg")
@@ -663,15 +699,18 @@ def _wide_splitk_sum(row_ptrs, c, mask, split_stride, SPLIT: gl.constexpr):
 
 
 @gluon.jit
-def _wide_splitk_finish(c_desc, c_smem, c_ptr, ws_ptr, cnt_ptr, acc0, acc1, tile, sp, row0, M, off_n, N, stride_cm,
+def _wide_splitk_finish(c_desc, c_smem, c_ptr, ws_ptr, cnt_ptr, acc0, acc1, stile, sp, row0, M, off_n, N, stride_cm,
                         SPLIT: gl.constexpr, NH: gl.constexpr, EPI: gl.constexpr, WG: gl.constexpr,
                         NCONS: gl.constexpr, ROWS: gl.constexpr, HALF: gl.constexpr, mma_layout: gl.constexpr,
                         num_warps: gl.constexpr):
     """Fused split-K of one (tile, math partition) unit (the portable kernel's protocol,
     kernels/triton/gemm.py): store this split's fp32 partials (rows [row0, row0 + ROWS), the
-    tile's NH halves; masked to M x N) to ``ws[sp]`` (fp32 [SPLIT, M, N] contiguous); partition
-    barrier (every thread's stores happen-before the release below); one gpu-scope acq_rel
-    atomic on the (tile, partition) counter ``cnt[tile * NCONS + WG]``. The unit that sees
+    tile's NH halves; masked to M x N) to ``ws[stile, sp]`` (fp32 [split tiles, SPLIT, NCONS *
+    ROWS, NH * HALF] contiguous: one tile-shaped slot per unit, ``stile`` = the tile's index
+    among the split tiles, so the workspace holds only the split tiles' partials: a [SPLIT, M, N]
+    one would be 173 MB for a tail split at M=4096); partition barrier (every thread's stores
+    happen-before the release below); one gpu-scope acq_rel atomic on the (split tile,
+    partition) counter ``cnt[stile * NCONS + WG]``. The unit that sees
     SPLIT - 1 arrivals before its own is the last: all partials are visible to it (acquire; the
     broadcast of the atomic's result orders its other threads after it); it sums them in fixed
     order (``_wide_splitk_sum``, one 128-column half at a time: two half tiles live at most),
@@ -679,32 +718,32 @@ def _wide_splitk_finish(c_desc, c_smem, c_ptr, ws_ptr, cnt_ptr, acc0, acc1, tile
     the next launch or CUDA-graph replay. The others skip the epilogue.
     Addresses: one int64 pointer per row (2 per thread in the wgmma layout) + the int32 column
     offsets, which LLVM folds into the loads'/stores' immediate offsets. A [ROWS, HALF] offset
-    tensor (``r * N + c``) is loop-invariant: LLVM hoisted its 64 int64 values out of the
+    tensor (``r * W + c``) is loop-invariant: LLVM hoisted its 64 int64 values out of the
     persistent loop, live through the K loop (2876 B of spills)."""
+    W: gl.constexpr = NH * HALF  # workspace row length: the tile's columns
+    UNIT: gl.constexpr = NCONS * ROWS * W  # elements of one unit's partial tile
     r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma_layout))
     c = gl.arange(0, HALF, layout=gl.SliceLayout(0, mma_layout))
     row_ok = (r < M - row0)[:, None]
     mask0 = row_ok & (c < N - off_n)[None, :]
-    # to_tensor: M == 1 arrives as a constexpr int (the JIT specialises arguments equal to 1)
-    split_stride = gl.to_tensor(M).to(gl.int64) * N
-    # ws[0, row0 + r, off_n]
-    rows0 = ws_ptr + (row0.to(gl.int64) * N + off_n) + r.to(gl.int64) * N
-    own = rows0 + sp * split_stride
+    # ws[stile, 0, WG * ROWS + r, 0]
+    rows0 = ws_ptr + stile.to(gl.int64) * (SPLIT * UNIT) + ((WG * ROWS) + r) * W
+    own = rows0 + sp * UNIT
     gl.store(own[:, None] + c[None, :], acc0, mask=mask0)
     if NH == 2:
         mask1 = row_ok & (c < N - off_n - HALF)[None, :]
         gl.store((own + HALF)[:, None] + c[None, :], acc1, mask=mask1)
     gl.thread_barrier()
-    cnt = cnt_ptr + tile * NCONS + WG
+    cnt = cnt_ptr + stile * NCONS + WG
     arrived = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
     if arrived == SPLIT - 1:
         if EPI == 2:
             tma.store_wait(0)  # the previous tile's TMA stores have finished reading c_smem
-        tot = _wide_splitk_sum(rows0, c, mask0, split_stride, SPLIT)
+        tot = _wide_splitk_sum(rows0, c, mask0, UNIT, SPLIT)
         _wide_store_half(c_desc, c_smem, c_ptr, tot, row0, M, off_n, N, stride_cm, WG * NH, EPI, ROWS, HALF,
                          num_warps)
         if NH == 2:
-            tot = _wide_splitk_sum(rows0 + HALF, c, mask1, split_stride, SPLIT)
+            tot = _wide_splitk_sum(rows0 + HALF, c, mask1, UNIT, SPLIT)
             _wide_store_half(c_desc, c_smem, c_ptr, tot, row0, M, off_n + HALF, N, stride_cm, WG * NH + 1, EPI,
                              ROWS, HALF, num_warps)
         # leave the counter buffer all zeros for the next launch / graph replay
@@ -713,11 +752,11 @@ def _wide_splitk_finish(c_desc, c_smem, c_ptr, ws_ptr, cnt_ptr, acc0, acc1, tile
 
 @gluon.jit
 def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty, sa_ptr, sb_ptr, sb2_ptr, c_ptr,
-                   seg_ptr, ws_ptr, cnt_ptr, M, N, K, E, num_pid_m, kb_per_split, stride_sam, stride_sak, stride_sbe,
-                   stride_sbn, stride_sbk, stride_cm, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                   seg_ptr, ws_ptr, cnt_ptr, M, N, K, E, num_pid_m, kb_per_split, split_from, stride_sam, stride_sak,
+                   stride_sbe, stride_sbn, stride_sbk, stride_cm, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
                    NH: gl.constexpr, EPI: gl.constexpr, MODE: gl.constexpr, E_POW2: gl.constexpr,
-                   DUAL: gl.constexpr, SPLIT: gl.constexpr, WG: gl.constexpr, ROWS: gl.constexpr,
-                   num_warps: gl.constexpr):
+                   DUAL: gl.constexpr, SPLIT: gl.constexpr, TAIL: gl.constexpr, WG: gl.constexpr,
+                   ROWS: gl.constexpr, num_warps: gl.constexpr):
     """Math partition: rows [WG * ROWS, (WG + 1) * ROWS) of each 128-row tile (ROWS = BLOCK_M when
     one partition does all rows). With two 4-warp partitions (one per warpgroup) each releases
     its ring slots itself (empty barriers count 2), so nothing synchronises the two warpgroups:
@@ -743,8 +782,8 @@ def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty,
     num_pid_n = gl.cdiv(N, TILE_N)
     num_k = gl.cdiv(K, BLOCK_K)
     it = 0
-    for u in range(pid, num_pid_m * num_pid_n * SPLIT, nprog):
-        tile, sp, kb_lo, kb_hi = _wide_unit(u, num_k, kb_per_split, SPLIT)
+    for u in range(pid, _wide_units(num_pid_m * num_pid_n, split_from, SPLIT), nprog):
+        tile, sp, kb_lo, kb_hi, is_split = _wide_unit(u, num_k, kb_per_split, split_from, SPLIT)
         valid, row0, row_end, e, off_n = _wide_tile(tile, seg_ptr, M, N, E, num_pid_m, num_pid_n, GROUP_M, MODE,
                                                     E_POW2, BLOCK_M, TILE_N, seg_layout)
         if valid:
@@ -797,12 +836,20 @@ def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty,
                     mbarrier.arrive(empty.index(s), count=1)
                     acc0 = acc0 + part * (sa * sb0)[:, None]
                 it += 1
-            if SPLIT > 1:
-                if NH == 1:
-                    acc1 = acc0  # unused
-                _wide_splitk_finish(c_desc, c_smem, c_ptr, ws_ptr, cnt_ptr, acc0, acc1, tile, sp, my_row0, M,
-                                    off_n, N, stride_cm, SPLIT, NH, EPI, WG, BLOCK_M // ROWS, ROWS, HALF,
-                                    mma_layout, num_warps)
+            if NH == 1:
+                acc1 = acc0  # unused
+            if SPLIT > 1 and not TAIL:  # every unit is a split unit
+                _wide_splitk_finish(c_desc, c_smem, c_ptr, ws_ptr, cnt_ptr, acc0, acc1, tile - split_from, sp,
+                                    my_row0, M, off_n, N, stride_cm, SPLIT, NH, EPI, WG, BLOCK_M // ROWS, ROWS,
+                                    HALF, mma_layout, num_warps)
+            elif SPLIT > 1:  # tail split: whole tiles before split_from, split units after
+                if is_split:
+                    _wide_splitk_finish(c_desc, c_smem, c_ptr, ws_ptr, cnt_ptr, acc0, acc1, tile - split_from, sp,
+                                        my_row0, M, off_n, N, stride_cm, SPLIT, NH, EPI, WG, BLOCK_M // ROWS, ROWS,
+                                        HALF, mma_layout, num_warps)
+                else:
+                    _wide_store_tile(c_desc, c_smem, c_ptr, acc0, acc1, my_row0, row_end, off_n, N, stride_cm, NH,
+                                     EPI, WG, ROWS, HALF, num_warps)
             elif DUAL:
                 if EPI == 2:
                     tma.store_wait(0)  # the previous tile's TMA stores have finished reading c_smem
@@ -811,24 +858,19 @@ def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty,
                 _wide_store_half(c_desc, c_smem, c_ptr, y, my_row0, row_end, off_n, N, stride_cm, WG, EPI,
                                  ROWS, HALF, num_warps)
             else:
-                if EPI == 2:
-                    tma.store_wait(0)  # the previous tile's TMA stores have finished reading c_smem
-                _wide_store_half(c_desc, c_smem, c_ptr, acc0, my_row0, row_end, off_n, N, stride_cm, WG * NH, EPI,
-                                 ROWS, HALF, num_warps)
-                if NH == 2:
-                    _wide_store_half(c_desc, c_smem, c_ptr, acc1, my_row0, row_end, off_n + HALF, N, stride_cm,
-                                     WG * NH + 1, EPI, ROWS, HALF, num_warps)
+                _wide_store_tile(c_desc, c_smem, c_ptr, acc0, acc1, my_row0, row_end, off_n, N, stride_cm, NH, EPI,
+                                 WG, ROWS, HALF, num_warps)
     if EPI == 2:
         tma.store_wait(0)
 
 
 @gluon.jit(launch_metadata=_launch_metadata)
 def fp8_block_gemm_wide_kernel(a_desc, b_desc, b2_desc, c_desc, sa_ptr, sb_ptr, sb2_ptr, c_ptr, seg_ptr, ws_ptr,
-                               cnt_ptr, M, N, K, E, num_pid_m, kb_per_split, stride_sam, stride_sak, stride_sbe,
-                               stride_sbn, stride_sbk, stride_cm, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                               cnt_ptr, M, N, K, E, num_pid_m, kb_per_split, split_from, stride_sam, stride_sak,
+                               stride_sbe, stride_sbn, stride_sbk, stride_cm, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
                                NH: gl.constexpr, EPI: gl.constexpr, MODE: gl.constexpr, E_POW2: gl.constexpr,
                                SPLIT_WG: gl.constexpr, DUAL: gl.constexpr, SPLIT: gl.constexpr,
-                               num_warps: gl.constexpr):
+                               num_warps: gl.constexpr, TAIL: gl.constexpr = False):
     """Dense (MODE 0) or grouped (MODE 1 contiguous, 2 masked) fp8_block GEMM; see above.
     ``num_pid_m``: M tiles of the tile space (dense cdiv(M, 128); contiguous cdiv(sum_m, 128) + E,
     an upper bound; masked E * cdiv(max_m, 128)). SPLIT_WG (BLOCK_M = 128, num_warps = 4): one
@@ -841,10 +883,15 @@ def fp8_block_gemm_wide_kernel(a_desc, b_desc, b2_desc, c_desc, sa_ptr, sb_ptr, 
     SPLIT (dense MODE 0, not DUAL): fused deterministic split-K over SPLIT K ranges of
     ``kb_per_split`` K blocks each (the host keeps every split non-empty, (SPLIT - 1) *
     kb_per_split < cdiv(K, 128), for efficiency: an empty split stores zeros and is still
-    correct). Work units = tiles x SPLIT, tile-major (``_wide_unit``).
-    ``ws_ptr``: fp32 workspace [SPLIT, M, N] contiguous; ``cnt_ptr``: int32 [>= tiles * math
-    partitions], all zeros on entry, left all zeros on exit (``_wide_splitk_finish``).
-    SPLIT == 1: both unused (pass any pointers), today's code path."""
+    correct) for the tiles from ``split_from`` on; tiles before it run whole (``_wide_unit``:
+    0 = every tile split, the small-M split-K; the full waves' tile count = tail split).
+    ``ws_ptr``: fp32 workspace [tiles - split_from, SPLIT, BLOCK_M, BLOCK_N] contiguous;
+    ``cnt_ptr``: int32 [>= (tiles - split_from) * math partitions], all zeros on entry, left all
+    zeros on exit (``_wide_splitk_finish``).
+    TAIL: split_from may be > 0 (tail split): the math partitions then also compile the whole-tile
+    epilogue next to the split one (a runtime branch per unit). False: split_from must be 0 with
+    SPLIT > 1 (every unit a split unit; the branch would cost registers for nothing).
+    SPLIT == 1: ws_ptr, cnt_ptr, split_from and TAIL unused (pass any), today's code path."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = 2 * b_desc.block_type.shape[0] if DUAL else b_desc.block_type.shape[0]
@@ -859,6 +906,7 @@ def fp8_block_gemm_wide_kernel(a_desc, b_desc, b2_desc, c_desc, sa_ptr, sb_ptr, 
     gl.static_assert(ROWS == 16 * num_warps, "one warpgroup (4 warps) per 64 rows")
     gl.static_assert(SPLIT >= 1, "SPLIT: number of K splits, >= 1")
     gl.static_assert(SPLIT == 1 or (MODE == 0 and not DUAL), "split-K: dense (MODE 0), non-SwiGLU only")
+    gl.static_assert(not TAIL or SPLIT > 1, "TAIL: a tail split needs SPLIT > 1")
 
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
@@ -875,27 +923,27 @@ def fp8_block_gemm_wide_kernel(a_desc, b_desc, b2_desc, c_desc, sa_ptr, sb_ptr, 
     if SPLIT_WG:
         gl.warp_specialize([
             (_wide_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty, sa_ptr, sb_ptr, sb2_ptr,
-                              c_ptr, seg_ptr, ws_ptr, cnt_ptr, M, N, K, E, num_pid_m, kb_per_split, stride_sam,
+                              c_ptr, seg_ptr, ws_ptr, cnt_ptr, M, N, K, E, num_pid_m, kb_per_split, split_from, stride_sam,
                               stride_sak, stride_sbe, stride_sbn, stride_sbk, stride_cm, GROUP_M, STAGES, NH, EPI,
-                              MODE, E_POW2, DUAL, SPLIT, 0, ROWS,
+                              MODE, E_POW2, DUAL, SPLIT, TAIL, 0, ROWS,
                               num_warps)),
             (_wide_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty, sa_ptr, sb_ptr, sb2_ptr,
-                              c_ptr, seg_ptr, ws_ptr, cnt_ptr, M, N, K, E, num_pid_m, kb_per_split, stride_sam,
+                              c_ptr, seg_ptr, ws_ptr, cnt_ptr, M, N, K, E, num_pid_m, kb_per_split, split_from, stride_sam,
                               stride_sak, stride_sbe, stride_sbn, stride_sbk, stride_cm, GROUP_M, STAGES, NH, EPI,
-                              MODE, E_POW2, DUAL, SPLIT, 1, ROWS,
+                              MODE, E_POW2, DUAL, SPLIT, TAIL, 1, ROWS,
                               num_warps)),
             (_wide_producer, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, seg_ptr, M, N, K, E, num_pid_m,
-                              kb_per_split, GROUP_M, STAGES, MODE, E_POW2, DUAL, SPLIT)),
+                              kb_per_split, split_from, GROUP_M, STAGES, MODE, E_POW2, DUAL, SPLIT)),
         ], [num_warps, 1], [MATH_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_wide_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty, sa_ptr, sb_ptr, sb2_ptr,
-                              c_ptr, seg_ptr, ws_ptr, cnt_ptr, M, N, K, E, num_pid_m, kb_per_split, stride_sam,
+                              c_ptr, seg_ptr, ws_ptr, cnt_ptr, M, N, K, E, num_pid_m, kb_per_split, split_from, stride_sam,
                               stride_sak, stride_sbe, stride_sbn, stride_sbk, stride_cm, GROUP_M, STAGES, NH, EPI,
-                              MODE, E_POW2, DUAL, SPLIT, 0, ROWS,
+                              MODE, E_POW2, DUAL, SPLIT, TAIL, 0, ROWS,
                               num_warps)),
             (_wide_producer, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, seg_ptr, M, N, K, E, num_pid_m,
-                              kb_per_split, GROUP_M, STAGES, MODE, E_POW2, DUAL, SPLIT)),
+                              kb_per_split, split_from, GROUP_M, STAGES, MODE, E_POW2, DUAL, SPLIT)),
         ], [1], [PRODUCER_REGS])
     # No mbarrier.invalidate afterwards (see fp8_block_gemm_ws_kernel).
 

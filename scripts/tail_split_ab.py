@@ -1,0 +1,75 @@
+"""H100 A/B of the wide kernel's tail split (HopperConfig.tail_split) at prefill M.
+
+For each (M, N, K): the dispatch config (ops/_hopper.choose_dispatch_config) with its tail split
+vs the same config with tail_split=1, CUDA-graph medians (blockscaled.bench.timing.time_op) with
+inputs rotated past L2, both outputs checked against the float64 reference first. Prints tiles,
+waves, the split, us and TFLOP/s of both and the ratio; ``--json`` writes the rows.
+
+    python scripts/tail_split_ab.py --json $OUT/tail_split_ab.json      # ~1 min
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+
+from blockscaled.bench.timing import rotation_count, time_op  # noqa: E402
+from blockscaled.ops import _hopper as H  # noqa: E402
+from blockscaled.reference.gemm import gemm as ref_gemm  # noqa: E402
+from blockscaled.testing.tolerances import assert_gemm_close  # noqa: E402
+from hopper_small_m import floor_bytes, operands  # noqa: E402
+
+NK = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
+MS = (1024, 2048, 3000, 4096, 8192)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ms", default=",".join(map(str, MS)))
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    nsm = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = []
+    print(f"{'M':>5}{'N':>7}{'K':>7} {'tiles':>6} {'waves':>6} {'split':>5} | {'off us':>8} {'TF':>5} | "
+          f"{'tail us':>8} {'TF':>5} | ratio")
+    for m in (int(x) for x in args.ms.split(",")):
+        for n, k in NK:
+            cfg = H.choose_dispatch_config(m, n, k, num_sms=nsm)
+            if cfg.variant != "wide" or cfg.tail_split == 1:
+                continue
+            off = dataclasses.replace(cfg, tail_split=1)
+            nbytes = floor_bytes(m, n, k)
+            sets = [operands(m, n, k, s) for s in range(min(rotation_count(nbytes), 4))]
+            a, b = sets[0]
+            ref = ref_gemm(a, b)
+            for c in (cfg, off):
+                y = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+                H.gemm_fp8_block_hopper(a, b, torch.bfloat16, y, config=c)
+                assert_gemm_close(y, ref, "fp8_block", torch.bfloat16, what=f"{m}x{n}x{k} {c}")
+            t = {}
+            for name, c in (("tail", cfg), ("off", off)):
+                t[name] = time_op(lambda a, b, c=c: H.gemm_fp8_block_hopper(a, b, torch.bfloat16, config=c), sets,
+                                  warmup=5, iterations=30).median_ms * 1e3
+            tiles = -(-m // 128) * -(-n // cfg.block_n)
+            fl = 2.0 * m * n * k
+            r = {"m": m, "n": n, "k": k, "tiles": tiles, "waves": tiles / nsm, "tail_split": cfg.tail_split,
+                 "cfg": f"{cfg.block_m}x{cfg.block_n} s{cfg.stages}", "off_us": t["off"], "tail_us": t["tail"],
+                 "off_tflops": fl / t["off"] / 1e6, "tail_tflops": fl / t["tail"] / 1e6}
+            rows.append(r)
+            print(f"{m:>5}{n:>7}{k:>7} {tiles:>6} {tiles / nsm:6.2f} {cfg.tail_split:>5} | {t['off']:8.1f} "
+                  f"{r['off_tflops']:5.0f} | {t['tail']:8.1f} {r['tail_tflops']:5.0f} | {t['off'] / t['tail']:.3f}",
+                  flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "sms": nsm, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
