@@ -473,6 +473,13 @@ def hopper_cases() -> list[Case]:
         for split, epi, sms in ((2, "tma", FEW_SMS), (3, "masked", FEW_SMS), (3, "tma", None)):
             cfg = dataclasses.replace(H.choose_small_m_hopper_config(M, N, K), split_k=split, epilogue=epi)
             h(f"wide-split{split}-{epi}-{'sms' + str(sms) if sms else 'device'}", cfg, (M, N, K), "bf16", sms)
+    # the wide kernel's tail split (whole tiles, then the last partial wave's tiles in K ranges):
+    # 128x256 -> 4 tiles on 3 SMs = 3 whole + 1 in 3 ranges (2+2+2 K blocks); 128x128 -> 6 tiles
+    # on 4 SMs = 4 whole + 2 in 2 ranges; both epilogues
+    if "tail_split" in {f.name for f in dataclasses.fields(H.HopperConfig)}:
+        for bn, ts, epi, sms in ((256, 3, "tma", FEW_SMS), (256, 3, "masked", FEW_SMS), (128, 2, "tma", 4)):
+            cfg = H.HopperConfig("wide", 128, bn, 8, 3, epilogue=epi, tail_split=ts)
+            h(f"wide-tail{ts}-128x{bn}-{epi}-sms{sms}", cfg, (M, N, K), "bf16", sms)
     # the skinny decode kernel (M <= 64: not the generic M above): both weight tiles, padded
     # activation rows 8 / 16 / 64 with row tails, splits 1 and 3 (K = 656: 2 + 2 + 2 blocks)
     if "skinny" in H.VARIANTS:

@@ -390,7 +390,9 @@ def test_tail_split_config_and_plan():
     assert tail_split_for(288, 7168, 132) == 5
     assert tail_split_for(144, 7168, 132) == 11
     assert tail_split_for(136, 7168, 132) == 14  # 4 tiles left: 33 fit, 56 // 4 = 14 K ranges of 4
-    assert tail_split_for(4096, 512, 132) == 1  # 4 K blocks: no range of >= 4 to spare
+    assert tail_split_for(4096, 512, 132) == 1  # short K: the split's fixed cost is not amortised
+    assert tail_split_for(448, 2048, 132) == 1  # (H100: 16 K blocks lost 6-7%, TAIL_SPLIT_MIN_KB)
+    assert tail_split_for(448, 4096, 132) == 2
     assert tail_split_for(264, 7168, 132) == 1  # no partial wave
     assert tail_split_for(100, 7168, 132) == 1  # no full wave (the small-M split_k handles it)
     assert tail_split_for(252, 7168, 132) == 1  # 120 left: more than half a wave

@@ -180,17 +180,25 @@ class HopperConfig:
 
 #: Most K ranges a tail-split tile is cut into (each range is one unit of the last wave).
 TAIL_SPLIT_MAX = 16
+#: Fewest K blocks for a tail split. Each split unit pays a fixed cost (fp32 partial tile store,
+#: arrival atomic, the last unit's serial read-back) that only a long tile amortises. H100
+#: (scripts/tail_split_ab.py, benchmarks/results/h100/tail-split-ab-20261122.json, time without /
+#: with): K = 7168 and 16384 won on all 7 rows (1.03-1.17x; 4096x2112x7168 140.0 -> 129.2 us),
+#: K = 1536 won 1.04x twice, K = 2048 lost twice (0.93x / 0.94x: 2048x7168, 3000x7168).
+TAIL_SPLIT_MIN_KB = 32
 
 
 def tail_split_for(tiles: int, k: int, num_sms: int) -> int:
     """HopperConfig.tail_split for a dense wide launch of ``tiles`` tiles: split the last partial
     wave's T - (T // S) * S tiles into as many K ranges as still fit in one wave (at most
     TAIL_SPLIT_MAX, each >= _SPLITK_MIN_KB K blocks); 1 where there is no partial wave after a full
-    one, or it is more than half full (then at most 1 split per tile fits). Model: the last wave
-    then costs about 1/split of a tile-time plus one reduction, instead of a whole tile-time."""
+    one, it is more than half full (then at most 1 split per tile fits) or K is shorter than
+    TAIL_SPLIT_MIN_KB blocks. Model: the last wave then costs about 1/split of a tile-time plus
+    one reduction, instead of a whole tile-time. The result is deterministic (fixed-order
+    reduction) but not bitwise equal to the unsplit kernel's (another fp32 summation order)."""
     full = (tiles // num_sms) * num_sms
     tail = tiles - full
-    if full == 0 or tail == 0:
+    if full == 0 or tail == 0 or triton.cdiv(max(k, 1), 128) < TAIL_SPLIT_MIN_KB:
         return 1
     split = min(num_sms // tail, triton.cdiv(max(k, 1), 128) // _SPLITK_MIN_KB, TAIL_SPLIT_MAX)
     return split if split >= 2 else 1
