@@ -1,7 +1,8 @@
 """H100 A/B of the wide kernel's tail split (HopperConfig.tail_split) at prefill M.
 
 For each (M, N, K): the dispatch config (ops/_hopper.choose_dispatch_config) with its tail split
-vs the same config with tail_split=1, CUDA-graph medians (blockscaled.bench.timing.time_op) with
+vs the same config with tail_split=1 and vs the other tile width (128 <-> 256 columns, its own
+tail split from ops/_hopper.tail_split_for: "alt"), CUDA-graph medians (blockscaled.bench.timing.time_op) with
 inputs rotated past L2, both outputs checked against the float64 reference first. Prints tiles,
 waves, the split, us and TFLOP/s of both and the ratio; ``--json`` writes the rows.
 
@@ -45,26 +46,31 @@ def main():
             if cfg.variant != "wide" or cfg.tail_split == 1:
                 continue
             off = dataclasses.replace(cfg, tail_split=1)
+            abn = 384 - cfg.block_n
+            alt = H._fill_stages(dataclasses.replace(cfg, block_n=abn, stages=2, tail_split=H.tail_split_for(
+                -(-m // 128) * -(-n // abn), k, nsm)), 2)
             nbytes = floor_bytes(m, n, k)
             sets = [operands(m, n, k, s) for s in range(min(rotation_count(nbytes), 4))]
             a, b = sets[0]
             ref = ref_gemm(a, b)
-            for c in (cfg, off):
+            for c in (cfg, off, alt):
                 y = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
                 H.gemm_fp8_block_hopper(a, b, torch.bfloat16, y, config=c)
                 assert_gemm_close(y, ref, "fp8_block", torch.bfloat16, what=f"{m}x{n}x{k} {c}")
             t = {}
-            for name, c in (("tail", cfg), ("off", off)):
+            for name, c in (("tail", cfg), ("off", off), ("alt", alt)):
                 t[name] = time_op(lambda a, b, c=c: H.gemm_fp8_block_hopper(a, b, torch.bfloat16, config=c), sets,
                                   warmup=5, iterations=30).median_ms * 1e3
             tiles = -(-m // 128) * -(-n // cfg.block_n)
             fl = 2.0 * m * n * k
             r = {"m": m, "n": n, "k": k, "tiles": tiles, "waves": tiles / nsm, "tail_split": cfg.tail_split,
                  "cfg": f"{cfg.block_m}x{cfg.block_n} s{cfg.stages}", "off_us": t["off"], "tail_us": t["tail"],
-                 "off_tflops": fl / t["off"] / 1e6, "tail_tflops": fl / t["tail"] / 1e6}
+                 "off_tflops": fl / t["off"] / 1e6, "tail_tflops": fl / t["tail"] / 1e6,
+                 "alt_cfg": f"{alt.block_m}x{alt.block_n} s{alt.stages} tail{alt.tail_split}", "alt_us": t["alt"]}
             rows.append(r)
             print(f"{m:>5}{n:>7}{k:>7} {tiles:>6} {tiles / nsm:6.2f} {cfg.tail_split:>5} | {t['off']:8.1f} "
-                  f"{r['off_tflops']:5.0f} | {t['tail']:8.1f} {r['tail_tflops']:5.0f} | {t['off'] / t['tail']:.3f}",
+                  f"{r['off_tflops']:5.0f} | {t['tail']:8.1f} {r['tail_tflops']:5.0f} | {t['off'] / t['tail']:.3f} | "
+                  f"alt {r['alt_cfg']} {t['alt']:8.1f} ({t['alt'] / t['tail']:.3f}x tail)",
                   flush=True)
     if args.json:
         with open(args.json, "w") as f:
