@@ -244,8 +244,15 @@ def test_eager_call_overhead(fmt):
     # alternating rounds, best of each: host timings drift between rounds (this test failed once
     # on the H100 right after the 8-worker GPU suite with gemm() 178 vs forced 142 us, and passed
     # twice when rerun alone: 167 vs 159, 235 vs 210), so neither side may profit from going first
-    rounds = [(_host_us(lambda: gemm(a, b)), _host_us(lambda: gemm(a, b, config=cfg))) for _ in range(3)]
-    ours = min(r[0] for r in rounds)
-    forced = min(r[1] for r in rounds)
+    # Session 6: it failed once more (gemm() 259 vs forced 185 us). A rerun on the same H100 gave
+    # 265/175, 292/214, 201/175 with gemm() measured first in each round, and cProfile timed the
+    # same launcher code at 2x in whichever variant ran first after the sleep. So the order
+    # alternates between rounds too, and there are four rounds.
+    ours_ts, forced_ts = [], []
+    for i in range(4):
+        first, second = ((ours_ts, lambda: gemm(a, b)), (forced_ts, lambda: gemm(a, b, config=cfg)))[::1 - 2 * (i % 2)]
+        first[0].append(_host_us(first[1]))
+        second[0].append(_host_us(second[1]))
+    ours, forced = min(ours_ts), min(forced_ts)
     print(f"{fmt}: host per call gemm() {ours:.1f} us, forced config {forced:.1f} us")
     assert ours <= 1.10 * forced + 5.0, f"{fmt}: gemm() {ours:.1f} us vs forced {cfg} {forced:.1f} us of host time"
