@@ -35,6 +35,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ms", default=",".join(map(str, MS)))
     p.add_argument("--json", default=None)
+    p.add_argument("--sweep", action="store_true",
+                   help="also time every tail split 2..the chooser's (the 'splits' field of each row)")
     args = p.parse_args()
     nsm = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
@@ -61,12 +63,20 @@ def main():
             for name, c in (("tail", cfg), ("off", off), ("alt", alt)):
                 t[name] = time_op(lambda a, b, c=c: H.gemm_fp8_block_hopper(a, b, torch.bfloat16, config=c), sets,
                                   warmup=5, iterations=30).median_ms * 1e3
+            if args.sweep:
+                t["splits"] = {}
+                for ts in range(2, cfg.tail_split + 1):
+                    c = dataclasses.replace(cfg, tail_split=ts)
+                    t["splits"][ts] = time_op(lambda a, b, c=c: H.gemm_fp8_block_hopper(a, b, torch.bfloat16, config=c),
+                                              sets, warmup=5, iterations=30).median_ms * 1e3
+                print("   splits:", " ".join(f"{ts}:{v:.1f}" for ts, v in t["splits"].items()), flush=True)
             tiles = -(-m // 128) * -(-n // cfg.block_n)
             fl = 2.0 * m * n * k
             r = {"m": m, "n": n, "k": k, "tiles": tiles, "waves": tiles / nsm, "tail_split": cfg.tail_split,
                  "cfg": f"{cfg.block_m}x{cfg.block_n} s{cfg.stages}", "off_us": t["off"], "tail_us": t["tail"],
                  "off_tflops": fl / t["off"] / 1e6, "tail_tflops": fl / t["tail"] / 1e6,
-                 "alt_cfg": f"{alt.block_m}x{alt.block_n} s{alt.stages} tail{alt.tail_split}", "alt_us": t["alt"]}
+                 "alt_cfg": f"{alt.block_m}x{alt.block_n} s{alt.stages} tail{alt.tail_split}", "alt_us": t["alt"],
+                 "splits_us": t.get("splits")}
             rows.append(r)
             print(f"{m:>5}{n:>7}{k:>7} {tiles:>6} {tiles / nsm:6.2f} {cfg.tail_split:>5} | {t['off']:8.1f} "
                   f"{r['off_tflops']:5.0f} | {t['tail']:8.1f} {r['tail_tflops']:5.0f} | {t['off'] / t['tail']:.3f} | "
