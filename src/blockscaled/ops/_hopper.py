@@ -178,8 +178,13 @@ class HopperConfig:
         return ring + self.block_m * self.block_n * 4 + 1024
 
 
-#: Most K ranges a tail-split tile is cut into (each range is one unit of the last wave).
-TAIL_SPLIT_MAX = 16
+#: Most K ranges a tail-split tile is cut into (each range is one unit of the last wave). Each
+#: range adds a serial read-back of its partial to the reducing unit, so past ~8 the last wave
+#: gets slower again. H100 (scripts/tail_split_ab.py --sweep, results/h100/tail-split-sweep-
+#: 20261122.json, us by split): 1024x2112x7168 (4 tail tiles) 2: 45.7, 5: 41.3, 8: 42.8, 14: 46.6;
+#: 2048x2112x7168 (12) 2: 78.2, 8: 70.3, 11: 74.1; 3000x7168x16384 best at 5-8 (701-717 us) vs
+#: 752 at 11 (noisier: +-4%); 4096x2112x7168 flat from 4 to 5.
+TAIL_SPLIT_MAX = 8
 #: Fewest K blocks for a tail split. Each split unit pays a fixed cost (fp32 partial tile store,
 #: arrival atomic, the last unit's serial read-back) that only a long tile amortises. H100
 #: (scripts/tail_split_ab.py, benchmarks/results/h100/tail-split-ab-20261122.json, time without /
