@@ -11,7 +11,9 @@ Variants (``HopperConfig.variant``), one kernel each so each can be timed:
   * ``"persistent"`` step 2: grid = min(#SMs, #tiles), grouped raster, flattened (tile, k) pipeline.
   * ``"ws"``         step 3: persistent + warp specialisation (1-warp TMA producer partition).
   * ``"wide"``       step 4: persistent + warp-specialised, 128 x 256 tile computed as two 128-column
-                     halves (half the L2->SM traffic per FLOP of 128 x 128), TMA-store epilogue.
+                     halves (half the L2->SM traffic per FLOP of 128 x 128), TMA-store epilogue;
+                     fused split-K of every tile (``split_k``: few tiles, small M) or of the
+                     last partial wave's tiles only (``tail_split``: large M, :func:`tail_split_for`).
   * ``"skinny"``     step 5: decode / small M (M <= 64): swap-AB (weight rows on the wgmma's M side),
                      one program per (weight tile, K split), deep TMA ring, fused split-K.
 """
@@ -29,6 +31,7 @@ from .gemm import _splitk_counters
 
 __all__ = [
     "choose_small_m_hopper_config",
+    "tail_split_for",
     "skinny_dispatch_config",
     "skinny_stages",
     "choose_swiglu_config",

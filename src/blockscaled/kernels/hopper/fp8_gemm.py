@@ -29,7 +29,9 @@ Four variants, all selectable by the launcher (one kernel each so each can be ti
                                            TMA-store epilogue; dense, grouped contiguous and
                                            masked (MODE), and SwiGLU (DUAL: the halves are the
                                            gate and up rows of the same 128 output columns);
-                                           dense: fused deterministic split-K (SPLIT) for few tiles.
+                                           dense: fused deterministic split-K (SPLIT) of every
+                                           tile (few tiles) or of the tiles from ``split_from``
+                                           on (the last partial wave: "tail split", TAIL).
 The persistent and ws kernels share the math loop ``_consume`` and take ``OVERLAP`` (constexpr):
 False = per K block wgmma -> wait(0) -> promote; True = the wgmma chain of block k+1 is issued
 before block k is waited for and promoted (software-pipelined promotion, loop unrolled by two).
