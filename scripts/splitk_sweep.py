@@ -140,10 +140,9 @@ def main(argv=None) -> int:
 
     import blockscaled.ops.gemm as gemm_mod
     from blockscaled.bench.counting import gemm_count
-    from blockscaled.bench.timing import rotation_count, time_op
-    from blockscaled.ops.gemm import gemm
+    from blockscaled.bench.timing import rotation_count
     from blockscaled.ops.quantize import dequantize
-    from sweep_small_m import label, make_act, make_weight, programs
+    from sweep_small_m import check_and_time, label, make_act, make_weight, programs
 
     t_start = time.time()
     old = load_old_kernel(args.old) if args.old else None
@@ -182,24 +181,8 @@ def main(argv=None) -> int:
             for kind, c in cands:
                 row = {"n": n, "k": k, "m": m, "kind": kind, "config": label(c), "cfg": dataclasses.asdict(c),
                        "programs": programs(c, m, n, k), "floor_us": floor_us}
-                try:
-                    with kernel_swapped(old if kind == "old" else None):
-                        y = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=dev)
-                        gemm(a_sets[0], b_sets[0], out=y, config=c)
-                        y2 = gemm(a_sets[0], b_sets[0], config=c)
-                        err = ((y.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-                        same = torch.equal(y.view(torch.int16), y2.view(torch.int16))
-                        nan = bool(torch.isnan(y).any())
-                        row["rel_err"] = err
-                        row["check"] = "ok" if (err < 1e-2 and same and not nan) else \
-                            f"BAD(err={err:.1e},rep={same},nan={nan})"
-                        t = time_op(lambda a, b, o: gemm(a, b, out=o, config=c), sets, warmup=3,
-                                    iterations=args.iters, budget_ms=150.0)
-                    row["us"] = t.median_ms * 1e3
-                    row["pct_floor"] = 100.0 * floor_us / row["us"]
-                except Exception as e:  # e.g. out of shared memory: keep going
-                    row["check"] = f"ERR {type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
-                    torch.cuda.synchronize()
+                with kernel_swapped(old if kind == "old" else None):
+                    check_and_time(row, c, a_sets[0], b_sets[0], ref, sets, args.iters, floor_us)
                 rows.append(row)
                 case.append(row)
                 print(f"{n:>6}x{k:<5} {m:>4} {kind:4} {row['config']:30} {row['programs']:>5} "

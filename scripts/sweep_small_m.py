@@ -144,6 +144,37 @@ def make_act(fmt, m, k, seed):
     return quantize(x, fmt)
 
 
+# --------------------------------------------------------------------------- one config
+def check_and_time(row, c, a0, b0, ref, sets, iters, floor_us):
+    """Correctness first (NaN-poisoned output vs ``ref``, relative Frobenius error < 1e-2, two runs
+    bitwise equal, no NaN left), then the CUDA-graph time over the rotated ``sets``; fills ``row``
+    (check, rel_err, bitwise_repeat, us, p20_us, p80_us, method, pct_floor). Errors (e.g. out of
+    shared memory) go to row["check"] as "ERR ..." so that a sweep keeps going."""
+    import torch
+
+    from blockscaled.bench.timing import time_op
+    from blockscaled.ops.gemm import gemm
+
+    m, n = a0.shape[0], b0.shape[0]
+    try:
+        y = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=ref.device)
+        gemm(a0, b0, out=y, config=c)
+        y2 = gemm(a0, b0, config=c)
+        err = ((y.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+        same = torch.equal(y.view(torch.int16), y2.view(torch.int16))
+        nan = bool(torch.isnan(y).any())
+        row["rel_err"], row["bitwise_repeat"] = err, same
+        row["check"] = "ok" if (err < 1e-2 and same and not nan) else f"BAD(err={err:.1e},rep={same},nan={nan})"
+        t = time_op(lambda a, b, o: gemm(a, b, out=o, config=c), sets, warmup=3, iterations=iters, budget_ms=150.0)
+        row["us"] = t.median_ms * 1e3
+        row["p20_us"], row["p80_us"], row["method"] = t.p20_ms * 1e3, t.p80_ms * 1e3, t.method
+        row["pct_floor"] = 100.0 * floor_us / row["us"]
+    except Exception as e:  # e.g. out of shared memory: keep going
+        row["check"] = f"ERR {type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
+        torch.cuda.synchronize()
+    return row
+
+
 # --------------------------------------------------------------------------- precompile
 def _compile_worker(job):
     """Run each config once on fresh inputs of the same shapes (same Triton specialization as
@@ -194,10 +225,9 @@ def main(argv=None) -> int:
     import torch
 
     from blockscaled.bench.counting import gemm_count
-    from blockscaled.bench.timing import rotation_count, time_op
+    from blockscaled.bench.timing import rotation_count
     from blockscaled.config.gemm import device_info, small_m_model
     import blockscaled.ops.gemm as gemm_mod
-    from blockscaled.ops.gemm import gemm
     from blockscaled.ops.quantize import dequantize
 
     t_start = time.time()
@@ -237,28 +267,11 @@ def main(argv=None) -> int:
                 row = {"fmt": fmt, "n": n, "k": k, "m": m, "kind": kind, "config": label(c),
                        "cfg": dataclasses.asdict(c), "programs": programs(c, m, n, k),
                        "floor_us": floor_us, "n_sets": n_sets}
-                try:
-                    # correctness first: poisoned output, vs fp32 matmul, split-K bitwise repeatable
-                    y = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=dev)
-                    gemm(a0, b_sets[0], out=y, config=c)
-                    y2 = gemm(a0, b_sets[0], config=c)
-                    err = ((y.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-                    same = torch.equal(y.view(torch.int16), y2.view(torch.int16))
-                    nan = bool(torch.isnan(y).any())
-                    row["rel_err"], row["bitwise_repeat"] = err, same
-                    row["check"] = "ok" if (err < 1e-2 and same and not nan) else f"BAD(err={err:.1e},rep={same},nan={nan})"
-                    t = time_op(lambda a, b, o: gemm(a, b, out=o, config=c), sets, warmup=3,
-                                iterations=args.iters, budget_ms=150.0)
-                    row["us"] = t.median_ms * 1e3
-                    row["p20_us"], row["p80_us"], row["method"] = t.p20_ms * 1e3, t.p80_ms * 1e3, t.method
-                    row["pct_floor"] = 100.0 * floor_us / row["us"]
-                    if c.strategy == "triton":
-                        row["model_us"] = 1e6 * small_m_model(fmt, m, n, k, info, None, c.promote, c.block_m,
-                                                              c.block_n, c.block_k, c.num_warps, c.num_stages,
-                                                              c.split_k)
-                except Exception as e:  # e.g. out of shared memory: keep going
-                    row["check"] = f"ERR {type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
-                    torch.cuda.synchronize()
+                # correctness first: poisoned output, vs fp32 matmul, split-K bitwise repeatable
+                check_and_time(row, c, a0, b_sets[0], ref, sets, args.iters, floor_us)
+                if "us" in row and c.strategy == "triton":
+                    row["model_us"] = 1e6 * small_m_model(fmt, m, n, k, info, None, c.promote, c.block_m, c.block_n,
+                                                          c.block_k, c.num_warps, c.num_stages, c.split_k)
                 rows.append(row)
                 case_rows.append(row)
                 print(f"{n:>6}x{k:<5} {m:>4}  {kind:4} {row['config']:28} {row['programs']:>5} "
