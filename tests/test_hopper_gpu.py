@@ -127,20 +127,22 @@ def test_3d_activations_and_empty():
 
 def test_variants_bitwise_equal_and_deterministic():
     """Same summation order in every variant (per K block: one wgmma chain, then promotion) ->
-    the same bits. The wide chooser's tail split (136 tiles of 128x128 here: the last 4 in 14 K
-    ranges) sums those tiles in another order, so it is compared with tail_split=1 here and
-    against the reference (and itself, repeated) below."""
+    the same bits. The wide chooser's tail split (on 132 SMs: 136 tiles of 128x128, the last 4
+    in 8 K ranges) sums those tiles in another order, so it is compared with tail_split=1 here
+    and against the reference (and itself, repeated) below."""
     a, b = _operands(1000, 2112, 7168)
-    cfgs = [choose_hopper_config(1000, 2112, 7168, *spec) for spec in SPECS]
-    assert cfgs[-1].variant == "wide" and cfgs[-1].tail_split > 1  # what the last check exercises
+    nsm = torch.cuda.get_device_properties(0).multi_processor_count
+    cfgs = [choose_hopper_config(1000, 2112, 7168, *spec, num_sms=nsm) for spec in SPECS]
+    assert cfgs[-1].variant == "wide"
     outs = [gemm_fp8_block_hopper(a, b, config=dataclasses.replace(c, tail_split=1)) for c in cfgs]
     again = gemm_fp8_block_hopper(a, b, config=choose_hopper_config(1000, 2112, 7168, "ws", True))
     for o in outs[1:]:
         assert torch.equal(o, outs[0])
     assert torch.equal(again, outs[-2])
-    tail = [gemm_fp8_block_hopper(a, b, config=cfgs[-1]) for _ in range(2)]
-    assert torch.equal(tail[0], tail[1])
-    assert_gemm_close(tail[0], ref_gemm.gemm(a, b), "fp8_block", torch.bfloat16)
+    if cfgs[-1].tail_split > 1:  # (on 132 SMs it is)
+        tail = [gemm_fp8_block_hopper(a, b, config=cfgs[-1]) for _ in range(2)]
+        assert torch.equal(tail[0], tail[1])
+        assert_gemm_close(tail[0], ref_gemm.gemm(a, b), "fp8_block", torch.bfloat16)
 
 
 def test_fallback_reasons():
@@ -336,9 +338,10 @@ def test_split_k_dispatch_with_unaligned_output():
 
 
 def test_split_k_workspace_beyond_2_31_elements():
-    """int64 workspace indexing: split 2 x M=512 x N=2,097,280 fp32 partials = 2.1e9 elements
-    (8.6 GB) > 2^31; the last 256 output columns (whose partials lie past element 2^31 of the
-    second split) are checked against the reference of those weight rows."""
+    """int64 workspace indexing: split 2 of 4 x 16385 tiles of 128 x 128 fp32 partials = 2.1e9
+    elements (8.6 GB) > 2^31 (workspace [tiles, split, 128, 128]); the last 256 output columns
+    (whose partials are the last tiles' slots, past element 2^31) are checked against the
+    reference of those weight rows."""
     m, n, k = 512, 16385 * 128, 256
     free, _ = torch.cuda.mem_get_info()
     if free < 14 * 2**30:
@@ -367,6 +370,34 @@ TAIL_CFGS = [(256, 3, "tma", 5, True), (256, 4, "masked", 3, True), (128, 6, "tm
 TAIL_MNK = [(4096, 2112, 7168), (2048, 2112, 7168), (4100, 2112, 7168), (1100, 7168, 1040), (1024, 4352, 2048)]
 
 
+def _spy_wide_launches(monkeypatch):
+    """Record (grid, args, kwargs) of every wide-kernel launch: proves what the launcher ran
+    (correct results alone would also come from a launcher that quietly ran no split)."""
+    import blockscaled.ops._hopper as hop
+
+    real = hop._kernel_for
+    seen = []
+
+    class _Spy:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            launch = self.kernel[grid]
+
+            def run(*args, **kw):
+                seen.append((grid, args, kw))
+                return launch(*args, **kw)
+            return run
+
+    monkeypatch.setattr(hop, "_kernel_for", lambda v: _Spy(real(v)) if v == "wide" else real(v))
+    return seen
+
+
+#: position of ``split_from`` in fp8_block_gemm_wide_kernel's arguments
+_SPLIT_FROM_ARG = 17
+
+
 def _tail_cfg(c):
     bn, st, epi, ts, wg = c
     return HopperConfig("wide", 128, bn, 8, st, group_m=8, epilogue=epi, split_wg=wg, tail_split=ts)
@@ -374,31 +405,45 @@ def _tail_cfg(c):
 
 @pytest.mark.parametrize("cfg", TAIL_CFGS, ids=lambda c: "n{0}s{1}{2}t{3}{4}".format(*c[:4], "" if c[4] else "-1part"))
 @pytest.mark.parametrize("mnk", TAIL_MNK, ids=lambda s: "x".join(map(str, s)))
-def test_wide_tail_split(cfg, mnk):
-    """Whole tiles for the full waves, split units for the last one: vs the float64 reference
-    (NaN-poisoned output), bitwise equal on repeat and to the same config without the tail split
-    only up to rounding (different summation order), counters left zero."""
+def test_wide_tail_split(cfg, mnk, monkeypatch):
+    """Whole tiles for the full waves, split units for the last one: the launch really is a tail
+    split (SPLIT, TAIL and split_from as planned), vs the float64 reference (NaN-poisoned output),
+    bitwise equal on repeat, counters left zero."""
+    from blockscaled.ops._hopper import _wide_split_plan, num_sms_of
+
     m, n, k = mnk
     a, b = _operands(m, n, k, seed=17)
     c = _tail_cfg(cfg)
+    nsm = num_sms_of(torch.device("cuda"))
+    tiles = -(-m // 128) * -(-n // c.block_n)
+    split_from, nsplit, _ = _wide_split_plan(tiles, -(-k // 128), c, nsm)
+    seen = _spy_wide_launches(monkeypatch)
     out = _check(a, b, c)
     again = gemm_fp8_block_hopper(a, b, config=c)
     assert torch.equal(out, again)
     _counters_zero(b.data.device)
+    (grid, args, kw), _ = seen
+    assert (kw["SPLIT"], kw["TAIL"], args[_SPLIT_FROM_ARG]) == (nsplit, nsplit > 1, split_from), (c, seen[0][1:])
+    if tiles % nsm and tiles > nsm:  # a partial wave after full ones: it is split (these shapes on an H100)
+        assert nsplit > 1 and split_from == (tiles // nsm) * nsm and grid == (nsm,)
 
 
-def test_wide_tail_split_plan_runs_split_units():
-    """The plan really splits (so the tests above exercise the split units): 4096x2112x7168 on
-    this GPU's SMs with the dispatch config."""
+def test_wide_tail_split_dispatched(monkeypatch):
+    """gemm_fp8_block_hopper's default config (the one gemm() dispatches) at M=4096 N=2112
+    K=7168 launches a tail split where this GPU's SM count leaves a short last wave."""
     from blockscaled.ops._hopper import _wide_split_plan, choose_dispatch_config, num_sms_of
 
     nsm = num_sms_of(torch.device("cuda"))
     cfg = choose_dispatch_config(4096, 2112, 7168, num_sms=nsm)
-    tiles = 32 * 9
+    tiles = 32 * -(-2112 // cfg.block_n)
     split_from, nsplit, _ = _wide_split_plan(tiles, 56, cfg, nsm)
-    if tiles % nsm == 0 or tiles < nsm:
-        pytest.skip(f"{tiles} tiles leave no partial wave on {nsm} SMs")
-    assert cfg.tail_split > 1 and nsplit == cfg.tail_split and split_from == (tiles // nsm) * nsm
+    if cfg.tail_split == 1:
+        pytest.skip(f"{tiles} tiles on {nsm} SMs: no short last wave to split")
+    a, b = _operands(4096, 2112, 7168, seed=20)
+    seen = _spy_wide_launches(monkeypatch)
+    _check(a, b, None)
+    (_, args, kw), = seen
+    assert kw["SPLIT"] == nsplit > 1 and kw["TAIL"] and args[_SPLIT_FROM_ARG] == split_from > 0
 
 
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])

@@ -334,9 +334,9 @@ class Runner:
             else:
                 return ""
             if c.strategy == "hopper":  # the Gluon kernel picks its own tiles (ops/_hopper.py)
-                from ..ops._hopper import choose_dispatch_config
+                from ..ops._hopper import choose_dispatch_config, num_sms_of
 
-                h = choose_dispatch_config(m, case.n, case.k)
+                h = choose_dispatch_config(m, case.n, case.k, num_sms=num_sms_of(torch.device(self.device)))
                 return (f"hopper {h.variant} {h.block_m}x{h.block_n} s{h.stages}"
                         + (f" splitk{h.split_k}" if h.split_k > 1 else "")
                         + (f" tail{h.tail_split}" if h.tail_split > 1 else ""))

@@ -541,8 +541,11 @@ def gemm_fp8_block_hopper_impl(a2: torch.Tensor, a_s2: torch.Tensor, b_data: tor
     strides), ``b_data [N, K]`` e4m3 (same TMA constraints), ``b_scale [ceil(N/128),
     ceil(K/128)]`` fp32 (any strides), ``out2`` bf16/fp16/fp32 with unit column stride.
     Raises :class:`HopperUnsupported` if A/B violate the TMA constraints. No host synchronisation.
-    ``cfg.split_k > 1`` ("wide"): fused split-K; allocates an fp32 workspace ``[splits, M, N]``
-    per call (torch.empty; inside a CUDA-graph capture it comes from the graph's pool) and uses
+    ``cfg.split_k > 1`` or ``cfg.tail_split > 1`` ("wide"; :func:`_wide_split_plan`): fused
+    split-K of all tiles / of the last partial wave's tiles; allocates an fp32 workspace
+    ``[split tiles, splits, block_m, block_n]`` per call (one tile-shaped slot per unit; at
+    32 < M <= 128 up to 4x the M x N partials of a [splits, M, N] layout, the rows past M are
+    never touched) (torch.empty; inside a CUDA-graph capture it comes from the graph's pool) and uses
     the shared self-resetting tile counters of the portable kernel (``ops.gemm._splitk_counters``:
     one buffer per (device, stream), one per device for graph captures)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -821,9 +824,9 @@ def grouped_fp8_block_hopper_impl(a_data: torch.Tensor, a_scale: torch.Tensor, b
         cfg = (choose_swiglu_config(mode, rows, rows_per_expert, n, nsm, out.element_size()) if dual
                else choose_grouped_config(rows_per_expert, n, k, nsm, out.element_size(), e))
     bm, bn = cfg.block_m, cfg.block_n
-    if cfg.split_k != 1:
-        raise ValueError(f"cfg.split_k: split-K is implemented for the dense GEMM only (not grouped / SwiGLU), "
-                         f"got split_k={cfg.split_k}")
+    if cfg.split_k != 1 or cfg.tail_split != 1:
+        raise ValueError(f"cfg.split_k / cfg.tail_split: split-K is implemented for the dense GEMM only (not "
+                         f"grouped / SwiGLU), got split_k={cfg.split_k}, tail_split={cfg.tail_split}")
     if dual and bn != 256:
         raise ValueError(f"cfg.block_n: SwiGLU on the wide kernel needs block_n 256 (gate | up halves), got {bn}")
     box_n = 128 if dual else bn

@@ -71,10 +71,11 @@ def _launch_metadata(grid, kernel, args):
     dual = ", swiglu" if args.get("DUAL") else ""
     sk = args.get("SPLIT") or 1
     splitk = ""
-    if sk > 1:  # fused split-K: fp32 tile partials of the split tiles written once and read back once
+    if sk > 1:  # fused split-K: fp32 partials of the split tiles written once and read back once
         tiles = args["num_pid_m"] * -(-n // bn)
         split_tiles = tiles - args.get("split_from", 0)
-        nbytes += 2 * sk * split_tiles * bm * bn * 4
+        # (masked to the valid rows / columns: all of M x N when every tile is split)
+        nbytes += 2 * sk * 4 * (m * n if split_tiles == tiles else split_tiles * bm * bn)
         splitk = f", split_k={sk}" + (f" (last {split_tiles} tiles)" if split_tiles < tiles else "")
     return {
         "name": f"{kernel.name} [M={m}, N={n}, K={k}, tile={bm}x{nb * bn}x{bk}, stages={args.get('STAGES')}"
