@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from blockscaled.bench.timing import rotation_count, time_op  # noqa: E402
 from blockscaled.ops import _hopper as H  # noqa: E402
 from blockscaled.ops.gemm import gemm  # noqa: E402
-from blockscaled.ops.quantize import quantize  # noqa: E402
+from blockscaled.testing import fp8_block_operands  # noqa: E402
 from blockscaled.reference.gemm import gemm as ref_gemm  # noqa: E402
 from blockscaled.testing.tolerances import assert_gemm_close  # noqa: E402
 
@@ -40,10 +40,7 @@ def floor_bytes(m, n, k):
 
 
 def operands(m, n, k, seed):
-    g = torch.Generator(device=DEV).manual_seed(seed)
-    x = torch.randn(m, k, device=DEV, generator=g).to(torch.bfloat16)
-    w = (torch.randn(n, k, device=DEV, generator=g) * 0.05).to(torch.bfloat16)
-    return quantize(x, "fp8_block"), quantize(w, "fp8_block", block=(128, 128))
+    return fp8_block_operands(m, n, k, seed, device=DEV)
 
 
 def main():

@@ -15,16 +15,14 @@ from blockscaled.config.gemm import GEMV_MAX_M, GemmConfig, gemv_config, gemv_di
 from blockscaled.ops.gemm import gemm
 from blockscaled.ops.quantize import quantize
 from blockscaled.reference import gemm as ref_gemm
+from blockscaled.testing import fp8_block_operands
 from blockscaled.testing.tolerances import assert_gemm_close
 
 from conftest import DEVICE, HAS_CUDA
 
 
 def _operands(m, n, k, wblock=(128, 128), seed=0, device=DEVICE):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(m, k, generator=g).to(device, torch.bfloat16)
-    w = (torch.randn(n, k, generator=g) * 0.05).to(device, torch.bfloat16)
-    return quantize(x, "fp8_block"), quantize(w, "fp8_block", block=wblock)
+    return fp8_block_operands(m, n, k, seed, device=device, weight_block=wblock)
 
 
 def _gemv(bm, bn, bk, warps=4):

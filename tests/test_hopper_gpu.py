@@ -7,6 +7,7 @@ CUDA-graph replays equal to eager (self-resetting counters), back-to-back shapes
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ from blockscaled.ops._hopper import (
 from blockscaled.ops.quantize import quantize
 from blockscaled.reference import gemm as ref_gemm
 from blockscaled.tensor import ScaledTensor
+from blockscaled.testing import fp8_block_operands
 from blockscaled.testing.tolerances import assert_gemm_close
 
 pytestmark = [
@@ -38,11 +40,7 @@ ODD = [(1, 2112, 7168), (77, 7168, 2048), (128, 200, 7168), (77, 200, 320), (300
        (129, 129, 144), (513, 1000, 4096)]
 
 
-def _operands(m, n, k, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
-    w = torch.randn(n, k, device="cuda", generator=g).mul_(0.05).to(torch.bfloat16)
-    return quantize(x, "fp8_block"), quantize(w, "fp8_block", block=(128, 128))
+_operands = functools.partial(fp8_block_operands, device="cuda")
 
 
 def _check(a, b, cfg, out_dtype=torch.bfloat16):

@@ -6,6 +6,8 @@ split-K; the dispatch rule's shapes through ``gemm()``; M above the tile rejecte
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -19,6 +21,7 @@ from blockscaled.ops._hopper import (
 from blockscaled.ops.gemm import gemm
 from blockscaled.ops.quantize import quantize
 from blockscaled.reference import gemm as ref_gemm
+from blockscaled.testing import fp8_block_operands
 from blockscaled.testing.tolerances import assert_gemm_close
 
 pytestmark = [
@@ -28,11 +31,7 @@ pytestmark = [
 ]
 
 
-def _operands(m, n, k, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
-    w = torch.randn(n, k, device="cuda", generator=g).mul_(0.05).to(torch.bfloat16)
-    return quantize(x, "fp8_block"), quantize(w, "fp8_block", block=(128, 128))
+_operands = functools.partial(fp8_block_operands, device="cuda")
 
 
 def _cfg(bm, bn, stages, split):

@@ -27,6 +27,21 @@ def randn_like_activations(
     return x.to(dtype).to(device)
 
 
+def fp8_block_operands(m: int, n: int, k: int, seed: int = 0, *, device="cpu",
+                       weight_block: tuple[int, int] = (128, 128)):
+    """Quantized operands of an fp8_block GEMM ``A [m, k] @ B [n, k].T`` (DeepSeek-style):
+    A = quantize(N(0, 1) bf16, 1x128 blocks), B = quantize(0.05 * N(0, 1) bf16, ``weight_block``
+    blocks: (128, 128) or (1, 128)). The random numbers are drawn on ``device`` (fast for GB-sized
+    weights) from one generator seeded with ``seed``, A first. Returns (a, b) ScaledTensors."""
+    from ..ops.quantize import quantize  # (ops imports testing's siblings; keep import-time light)
+
+    dev = torch.device(device)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    x = torch.randn(m, k, device=dev, generator=g).to(torch.bfloat16)
+    w = torch.randn(n, k, device=dev, generator=g).mul_(0.05).to(torch.bfloat16)
+    return quantize(x, "fp8_block"), quantize(w, "fp8_block", block=weight_block)
+
+
 def special_values(dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """A 1-D tensor of special values: signed zeros, denormals, ties, huge, Inf, NaN."""
     fi = torch.finfo(dtype)
