@@ -10,8 +10,6 @@ once at the copy bandwidth measured in the same run), next to today's ``gemm()``
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 
@@ -21,13 +19,11 @@ import triton
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
 from blockscaled.bench.runner import measure_roofline  # noqa: E402
-from blockscaled.bench.timing import rotation_count, time_op  # noqa: E402
+from blockscaled.bench.timing import time_op  # noqa: E402
 from blockscaled.config.gemm import choose_gemm_config, gemv_config  # noqa: E402
 from blockscaled.ops.gemm import gemm  # noqa: E402
-from blockscaled.reference.gemm import gemm as ref_gemm  # noqa: E402
-from blockscaled.testing.tolerances import assert_gemm_close  # noqa: E402
 
-from hopper_small_m import NK, floor_bytes, operands  # noqa: E402  (scripts/ is on sys.path when run as a script)
+from hopper_small_m import case_inputs, checked_us, save_json, sweep_cli  # noqa: E402  (scripts/ is on sys.path when run as a script)
 
 CHUNKS = (8192, 16384, 32768, 65536)
 
@@ -43,29 +39,18 @@ def candidates(m, n, k):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ms", default="1,2,4")
-    p.add_argument("--shapes", default=None, help="NxK,NxK,... (default: the six DeepSeek-V3 shapes)")
-    p.add_argument("--json", default=None)
-    args = p.parse_args()
-    shapes = NK if not args.shapes else [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    args = sweep_cli(__doc__, "1,2,4")
     bw = measure_roofline(iterations=10)["copy_gbps"] * 1e9
     print(f"copy bandwidth {bw / 1e12:.3f} TB/s")
     rows = []
-    for m in (int(x) for x in args.ms.split(",")):
-        for n, k in shapes:
-            nbytes = floor_bytes(m, n, k)
-            floor_us = nbytes / bw * 1e6
-            sets = [operands(m, n, k, s) for s in range(min(rotation_count(nbytes), 8))]
-            a, b = sets[0]
-            ref = ref_gemm(a, b)
-            disp = choose_gemm_config("fp8_block", m, n, k, a.data.device)
+    for m in args.ms:
+        for n, k in args.shapes:
+            floor_us, sets, ref = case_inputs(m, n, k, bw)
+            disp = choose_gemm_config("fp8_block", m, n, k, sets[0][0].data.device)
             t_gemm = time_op(lambda a, b: gemm(a, b), sets, warmup=5, iterations=30).median_ms * 1e3
             cands = []
             for chunk, cfg in candidates(m, n, k):
-                y = gemm(a, b, config=cfg)
-                assert_gemm_close(y, ref, "fp8_block", torch.bfloat16, what=f"{m}x{n}x{k} {cfg}")
-                t = time_op(lambda a, b, cfg=cfg: gemm(a, b, config=cfg), sets, warmup=5, iterations=30).median_ms * 1e3
+                t = checked_us(lambda a, b, cfg=cfg: gemm(a, b, config=cfg), sets, ref, f"{m}x{n}x{k} {cfg}")
                 cands.append({"chunk": chunk, "block_m": cfg.block_m, "block_n": cfg.block_n, "block_k": cfg.block_k,
                               "warps": cfg.num_warps, "programs": triton.cdiv(n, cfg.block_n), "us": t})
             best = min(cands, key=lambda c: c["us"])
@@ -78,9 +63,7 @@ def main():
                   flush=True)
             del sets
             torch.cuda.empty_cache()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "copy_gbps": bw / 1e9, "rows": rows}, f, indent=1)
+    save_json(args.json, copy_gbps=bw / 1e9, rows=rows)
 
 
 if __name__ == "__main__":

@@ -43,36 +43,66 @@ def operands(m, n, k, seed):
     return fp8_block_operands(m, n, k, seed, device=DEV)
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ms", default="1,16,64,128,256")
-    p.add_argument("--shapes", default=None, help="NxK,NxK,... (default: the six DeepSeek-V3 shapes)")
+# ------------------------------------------------- shared by the H100 sweep scripts in scripts/
+def sweep_cli(doc, ms_default, shapes=True, extra=None):
+    """Parse the sweep scripts' command line: --ms (comma list), --shapes (NxK,...; default the six
+    DeepSeek-V3 shapes NK), --json; ``extra(parser)`` adds more. Returns the namespace with ``ms``
+    a list of ints and ``shapes`` a list of (N, K)."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--ms", default=ms_default)
+    if shapes:
+        p.add_argument("--shapes", default=None, help="NxK,NxK,... (default: the six DeepSeek-V3 shapes)")
     p.add_argument("--json", default=None)
+    if extra is not None:
+        extra(p)
     args = p.parse_args()
-    shapes = NK if not args.shapes else [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    args.ms = [int(x) for x in args.ms.split(",")]
+    if shapes:
+        args.shapes = list(NK) if not args.shapes else [tuple(int(v) for v in s.split("x"))
+                                                        for s in args.shapes.split(",")]
+    return args
+
+
+def case_inputs(m, n, k, bw=COPY_BW, max_sets=8):
+    """(memory-floor us at ``bw`` bytes/s, operand sets rotated past L2, float64 reference of the
+    first set) for one fp8_block GEMM case."""
+    nbytes = floor_bytes(m, n, k)
+    sets = [operands(m, n, k, s) for s in range(min(rotation_count(nbytes), max_sets))]
+    return nbytes / bw * 1e6, sets, ref_gemm(*sets[0])
+
+
+def checked_us(fn, sets, ref, what, warmup=5, iterations=30):
+    """``fn(a, b)`` checked once on the first set against ``ref`` (NaN-free, within the fp8_block
+    bf16 tolerance), then its CUDA-graph median over the rotated sets, in us."""
+    assert_gemm_close(fn(*sets[0]), ref, "fp8_block", torch.bfloat16, what=what)
+    return time_op(fn, sets, warmup=warmup, iterations=iterations).median_ms * 1e3
+
+
+def save_json(path, **payload):
+    """Write ``{"device": <GPU name>, **payload}`` to ``path`` (nothing when path is None)."""
+    if path:
+        with open(path, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), **payload}, f, indent=1)
+
+
+def main():
+    args = sweep_cli(__doc__, "1,16,64,128,256")
     nsm = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     print(f"{'M':>5}{'N':>7}{'K':>7} | {'gemm() us':>10} {'%':>4} | {'hopper split us':>16} {'%':>4} | cfg")
-    for m in (int(x) for x in args.ms.split(",")):
-        for n, k in shapes:
-            nbytes = floor_bytes(m, n, k)
-            floor_us = nbytes / COPY_BW * 1e6
-            sets = [operands(m, n, k, s) for s in range(min(rotation_count(nbytes), 8))]
+    for m in args.ms:
+        for n, k in args.shapes:
+            floor_us, sets, ref = case_inputs(m, n, k)
             cfg = H.choose_small_m_hopper_config(m, n, k, nsm)
-            a, b = sets[0]
-            y = H.gemm_fp8_block_hopper(a, b, torch.bfloat16, config=cfg)
-            assert_gemm_close(y, ref_gemm(a, b), "fp8_block", torch.bfloat16, what=f"{m}x{n}x{k} {cfg}")
             t0 = time_op(lambda a, b: gemm(a, b), sets, warmup=5, iterations=30).median_ms * 1e3
-            t1 = time_op(lambda a, b: H.gemm_fp8_block_hopper(a, b, torch.bfloat16, config=cfg), sets,
-                         warmup=5, iterations=30).median_ms * 1e3
+            t1 = checked_us(lambda a, b: H.gemm_fp8_block_hopper(a, b, torch.bfloat16, config=cfg), sets, ref,
+                            f"{m}x{n}x{k} {cfg}")
             r = {"m": m, "n": n, "k": k, "floor_us": floor_us, "gemm_us": t0, "hopper_us": t1,
                  "cfg": f"{cfg.block_m}x{cfg.block_n} s{cfg.stages} split{cfg.split_k}"}
             rows.append(r)
             print(f"{m:>5}{n:>7}{k:>7} | {t0:10.1f} {100 * floor_us / t0:4.0f} | {t1:16.1f} "
                   f"{100 * floor_us / t1:4.0f} | {r['cfg']}", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+    save_json(args.json, rows=rows)
 
 
 if __name__ == "__main__":

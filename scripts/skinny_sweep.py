@@ -12,8 +12,6 @@ dispatch rule can be fitted to it.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 
@@ -23,14 +21,13 @@ import triton
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
 from blockscaled.bench.runner import measure_roofline  # noqa: E402
-from blockscaled.bench.timing import rotation_count, time_op  # noqa: E402
+from blockscaled.bench.timing import time_op  # noqa: E402
 from blockscaled.ops import _hopper as H  # noqa: E402
 from blockscaled.ops.gemm import gemm  # noqa: E402
-from blockscaled.reference.gemm import gemm as ref_gemm  # noqa: E402
-from blockscaled.testing.tolerances import assert_gemm_close  # noqa: E402
 
-# the same operands and shapes as the split-K A/B script (run from scripts/: it is importable)
-from hopper_small_m import NK, floor_bytes, operands  # noqa: E402
+# the same operands, shapes and command line as the other sweep scripts
+from hopper_small_m import case_inputs, checked_us, save_json, sweep_cli  # noqa: E402  (scripts/ is on sys.path when run as a script)
+
 
 def candidates(m, n, k, nsm):
     """(block_n, stages, split) grid: ring depths filling shared memory per
@@ -56,30 +53,19 @@ def candidates(m, n, k, nsm):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ms", default="1,16,32,64")
-    p.add_argument("--shapes", default=None, help="NxK,NxK,... (default: the six DeepSeek-V3 shapes)")
-    p.add_argument("--json", default=None)
-    args = p.parse_args()
-    shapes = NK if not args.shapes else [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    args = sweep_cli(__doc__, "1,16,32,64")
     nsm = torch.cuda.get_device_properties(0).multi_processor_count
     bw = measure_roofline(iterations=10)["copy_gbps"] * 1e9
     print(f"copy bandwidth {bw / 1e12:.3f} TB/s, {nsm} SMs")
     rows = []
-    for m in (int(x) for x in args.ms.split(",")):
-        for n, k in shapes:
-            nbytes = floor_bytes(m, n, k)
-            floor_us = nbytes / bw * 1e6
-            sets = [operands(m, n, k, s) for s in range(min(rotation_count(nbytes), 8))]
-            a, b = sets[0]
-            ref = ref_gemm(a, b)
+    for m in args.ms:
+        for n, k in args.shapes:
+            floor_us, sets, ref = case_inputs(m, n, k, bw)
             t_gemm = time_op(lambda a, b: gemm(a, b), sets, warmup=5, iterations=20).median_ms * 1e3
             cands = []
             for cfg in candidates(m, n, k, nsm):
-                y = H.gemm_fp8_block_hopper(a, b, torch.bfloat16, config=cfg)
-                assert_gemm_close(y, ref, "fp8_block", torch.bfloat16, what=f"{m}x{n}x{k} {cfg}")
-                t = time_op(lambda a, b, cfg=cfg: H.gemm_fp8_block_hopper(a, b, torch.bfloat16, config=cfg), sets,
-                            warmup=3, iterations=20).median_ms * 1e3
+                t = checked_us(lambda a, b, cfg=cfg: H.gemm_fp8_block_hopper(a, b, torch.bfloat16, config=cfg), sets,
+                               ref, f"{m}x{n}x{k} {cfg}", warmup=3, iterations=20)
                 cands.append({"block_n": cfg.block_n, "stages": cfg.stages, "split": cfg.split_k, "us": t,
                               "units": triton.cdiv(n, cfg.block_n) * cfg.split_k})
             best = min(cands, key=lambda c: c["us"])
@@ -91,9 +77,7 @@ def main():
                   f"({len(cands)} tried)", flush=True)
             del sets
             torch.cuda.empty_cache()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "copy_gbps": bw / 1e9, "rows": rows}, f, indent=1)
+    save_json(args.json, copy_gbps=bw / 1e9, rows=rows)
 
 
 if __name__ == "__main__":

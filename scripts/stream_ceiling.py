@@ -17,7 +17,6 @@ inputs rotated past L2):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -30,9 +29,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from blockscaled.bench.runner import measure_roofline  # noqa: E402
 from blockscaled.bench.timing import rotation_count, time_op  # noqa: E402
 from blockscaled.ops.gemm import gemm  # noqa: E402
-from blockscaled.ops.quantize import quantize  # noqa: E402
 
-from hopper_small_m import DEV, NK  # noqa: E402  (scripts/ is on sys.path when run as a script)
+from hopper_small_m import DEV, NK, case_inputs, save_json  # noqa: E402  (scripts/ is on sys.path when run as a script)
 
 
 @triton.jit
@@ -89,7 +87,7 @@ def main():
     rl = measure_roofline(iterations=20)
     bw = rl["copy_gbps"] * 1e9
     print(f"copy bandwidth {bw / 1e12:.3f} TB/s ({torch.cuda.get_device_name()})")
-    out = {"device": torch.cuda.get_device_name(), "copy_gbps": rl["copy_gbps"], "rows": []}
+    out = {"copy_gbps": rl["copy_gbps"], "rows": []}
     x = torch.zeros(16, device=DEV)
     t = time_op(lambda x: _empty_kernel[(132,)](x), [(x,)], warmup=5, iterations=30, reps_per_graph=100)
     out["empty_us"] = t.median_ms * 1e3
@@ -113,14 +111,7 @@ def main():
                 best = (t, f"{block}x{iters} g{grid}")
         row = {"n": n, "k": k, "bytes": read_bytes, "floor_us": floor_us, "read_us": best[0], "read_cfg": best[1]}
         for m in (1, 16):
-            g = torch.Generator(device=DEV).manual_seed(m)
-            nb = m * k + n * k
-            qs = []
-            for s in range(min(rotation_count(nb), 8)):
-                xa = torch.randn(m, k, device=DEV, generator=g).to(torch.bfloat16)
-                w = (torch.randn(n, k, device=DEV, generator=g) * 0.05).to(torch.bfloat16)
-                qs.append((quantize(xa, "fp8_block"), quantize(w, "fp8_block", block=(128, 128))))
-            fl = (m * k + n * k + m * nk * 4 + (-(-n // 128)) * nk * 4 + m * n * 2) / bw * 1e6
+            fl, qs, _ = case_inputs(m, n, k, bw)
             tg = time_op(lambda a, b: gemm(a, b), qs, warmup=5, iterations=30).median_ms * 1e3
             row[f"gemm_m{m}_us"] = tg
             row[f"gemm_m{m}_pct"] = 100 * fl / tg
@@ -133,9 +124,7 @@ def main():
               f"{row['gemm_m16_pct']:5.0f}", flush=True)
         del sets
         torch.cuda.empty_cache()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+    save_json(args.json, **out)
 
 
 if __name__ == "__main__":

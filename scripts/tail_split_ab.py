@@ -11,9 +11,7 @@ waves, the split, us and TFLOP/s of both and the ratio; ``--json`` writes the ro
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import os
 import sys
 
@@ -21,29 +19,22 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
-from blockscaled.bench.timing import rotation_count, time_op  # noqa: E402
+from blockscaled.bench.timing import time_op  # noqa: E402
 from blockscaled.ops import _hopper as H  # noqa: E402
-from blockscaled.reference.gemm import gemm as ref_gemm  # noqa: E402
-from blockscaled.testing.tolerances import assert_gemm_close  # noqa: E402
-from hopper_small_m import floor_bytes, operands  # noqa: E402
+from hopper_small_m import case_inputs, checked_us, save_json, sweep_cli  # noqa: E402  (scripts/ is on sys.path when run as a script)
 
-NK = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
 MS = (1024, 2048, 3000, 4096, 8192)
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ms", default=",".join(map(str, MS)))
-    p.add_argument("--json", default=None)
-    p.add_argument("--sweep", action="store_true",
-                   help="also time every tail split 2..the chooser's (the 'splits' field of each row)")
-    args = p.parse_args()
+    args = sweep_cli(__doc__, ",".join(map(str, MS)), extra=lambda p: p.add_argument(
+        "--sweep", action="store_true", help="also time every tail split 2..the chooser's (the 'splits' field)"))
     nsm = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     print(f"{'M':>5}{'N':>7}{'K':>7} {'tiles':>6} {'waves':>6} {'split':>5} | {'off us':>8} {'TF':>5} | "
           f"{'tail us':>8} {'TF':>5} | ratio")
-    for m in (int(x) for x in args.ms.split(",")):
-        for n, k in NK:
+    for m in args.ms:
+        for n, k in args.shapes:
             cfg = H.choose_dispatch_config(m, n, k, num_sms=nsm)
             if cfg.variant != "wide" or cfg.tail_split == 1:
                 continue
@@ -51,18 +42,10 @@ def main():
             abn = 384 - cfg.block_n
             alt = H._fill_stages(dataclasses.replace(cfg, block_n=abn, stages=2, tail_split=H.tail_split_for(
                 -(-m // 128) * -(-n // abn), k, nsm)), 2)
-            nbytes = floor_bytes(m, n, k)
-            sets = [operands(m, n, k, s) for s in range(min(rotation_count(nbytes), 4))]
-            a, b = sets[0]
-            ref = ref_gemm(a, b)
-            for c in (cfg, off, alt):
-                y = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-                H.gemm_fp8_block_hopper(a, b, torch.bfloat16, y, config=c)
-                assert_gemm_close(y, ref, "fp8_block", torch.bfloat16, what=f"{m}x{n}x{k} {c}")
-            t = {}
-            for name, c in (("tail", cfg), ("off", off), ("alt", alt)):
-                t[name] = time_op(lambda a, b, c=c: H.gemm_fp8_block_hopper(a, b, torch.bfloat16, config=c), sets,
-                                  warmup=5, iterations=30).median_ms * 1e3
+            _, sets, ref = case_inputs(m, n, k, max_sets=4)
+            t = {name: checked_us(lambda a, b, c=c: H.gemm_fp8_block_hopper(a, b, torch.bfloat16, config=c), sets,
+                                  ref, f"{m}x{n}x{k} {c}")
+                 for name, c in (("tail", cfg), ("off", off), ("alt", alt))}
             if args.sweep:
                 t["splits"] = {}
                 for ts in range(2, cfg.tail_split + 1):
@@ -82,9 +65,7 @@ def main():
                   f"{r['off_tflops']:5.0f} | {t['tail']:8.1f} {r['tail_tflops']:5.0f} | {t['off'] / t['tail']:.3f} | "
                   f"alt {r['alt_cfg']} {t['alt']:8.1f} ({t['alt'] / t['tail']:.3f}x tail)",
                   flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "sms": nsm, "rows": rows}, f, indent=1)
+    save_json(args.json, sms=nsm, rows=rows)
 
 
 if __name__ == "__main__":
