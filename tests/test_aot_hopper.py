@@ -127,11 +127,14 @@ for bm, bn, st, epi, mode, cdt, split, dual, *sk in [
         (128, 256, 3, 2, 0, "bf16", True, False, 5, True), (128, 256, 3, 1, 0, "fp32", True, False, 3, True),
         (128, 128, 6, 2, 0, "bf16", True, False, 14, True),
         # the unsplit build of that last config (the split builds' main loop is compared with it)
-        (128, 128, 6, 2, 0, "bf16", True, False)]:
+        (128, 128, 6, 2, 0, "bf16", True, False),
+        # split_reduce "spread" (SPREAD): the small-M 128x128 split 7 and the tail-split dispatch config
+        (128, 128, 6, 2, 0, "bf16", True, False, 7, False, True), (128, 256, 3, 2, 0, "bf16", True, False, 5, True, True)]:
     nsk = sk[0] if sk else 1
     tail = bool(sk[1]) if len(sk) > 1 else False
+    spread = bool(sk[2]) if len(sk) > 2 else False
     key = (f"wide_{bm}x{bn}_s{st}_epi{epi}_mode{mode}_{cdt}_split{int(split)}{'_dual' if dual else ''}"
-           f"{f'_sk{nsk}' if nsk > 1 else ''}{'_tail' if tail else ''}")
+           f"{f'_sk{nsk}' if nsk > 1 else ''}{'_tail' if tail else ''}{'_spread' if spread else ''}")
     cfg = HopperConfig("wide", bm, bn, bm // 16, st, epilogue="tma" if epi == 2 else "masked", split_wg=split,
                        split_k=1 if tail else nsk, tail_split=nsk if tail else 1)
     warps = 4 if split else bm // 16
@@ -140,11 +143,19 @@ for bm, bn, st, epi, mode, cdt, split, dual, *sk in [
         sig = wsig(bm, 128 if dual else bn, cdt, rows)
         const = {"GROUP_M": 8, "STAGES": st, "NH": bn // 128, "EPI": epi, "MODE": mode, "E_POW2": 16,
                  "SPLIT_WG": split, "DUAL": dual, "SPLIT": nsk, "num_warps": warps}
-        if tail:
+        if tail or spread:
             sig["TAIL"] = "constexpr"
-            const["TAIL"] = True
-        k = triton.compile(GluonASTSource(H.fp8_block_gemm_wide_kernel, sig, constexprs=const), target=TGT,
-            options={"num_warps": warps})
+            const["TAIL"] = tail
+        attrs = None
+        if spread:
+            sig["SPREAD"] = "constexpr"
+            const["SPREAD"] = True
+            # the launcher's usual specialisation: 16-byte aligned pointers, N and strides % 16 == 0
+            names = H.fp8_block_gemm_wide_kernel.arg_names
+            attrs = {(names.index(a),): [["tt.divisibility", 16]]
+                     for a in ("c_ptr", "ws_ptr", "cnt_ptr", "sa_ptr", "sb_ptr", "M", "N", "K", "stride_cm")}
+        k = triton.compile(GluonASTSource(H.fp8_block_gemm_wide_kernel, sig, constexprs=const, attrs=attrs),
+                           target=TGT, options={"num_warps": warps})
     except Exception as e:
         out[key] = {"error": f"{type(e).__name__}: {str(e)[-800:]}"}
         continue
@@ -157,6 +168,8 @@ for bm, bn, st, epi, mode, cdt, split, dual, *sk in [
            "atom_acq_rel": ptx.count("atom.global.gpu.acq_rel.add"),
            "atom_exch": ptx.count("atom.global.gpu.relaxed.exch"),
            "ld_cg": ptx.count("ld.global.cg"), "arrive_barriers": barrier_before_atomics(ptx),
+           "ld_cg_v4": ptx.count("ld.global.cg.v4.b32"), "poll_acquire": ptx.count("ld.global.gpu.acquire.b32"),
+           "atom_relaxed_add": ptx.count("atom.global.gpu.relaxed.add"),
            "wgmma_n": ptx.count("wgmma.mma_async"), "tma_copies": ptx.count("cp.async.bulk.tensor")}
     rec.update(ptxas_stats(ptx))
     out[key] = rec
@@ -283,7 +296,7 @@ def _spill_budget(key: str) -> int:
 
 def test_wide_kernel(compiled):
     keys = [k for k in compiled if k.startswith("wide_")]
-    assert len(keys) == 25, keys
+    assert len(keys) == 27, keys
     for key in keys:
         c = compiled[key]
         assert "error" not in c, (key, c)
@@ -292,7 +305,9 @@ def test_wide_kernel(compiled):
         assert c["tma_load"] >= 2, (key, c)
         assert c["setmaxnreg"] > 0, (key, c)  # warp-specialised: 1-warp TMA producer
         assert c["shared"] <= 232448, (key, c)
-        if "_epi2_" in key:
+        if "_epi2_" in key and not (key.endswith("_spread") and "_tail" not in key):
+            # (a spread split unit stores its share of the tile with plain stores: no TMA store
+            # when every unit is a split unit)
             assert c["tma_store"] >= 1, (key, c)
         if c.get("spill_stores") is not None:
             assert not c["wgmma_serialized"], (key, c)
@@ -316,7 +331,7 @@ def test_wide_split_k(compiled):
     for the single 8-warp one; a CTA-wide ``barrier.sync`` there would also wait for the
     producer warp and the other math partition: deadlock / serialisation), no spills, the same
     wgmma and TMA instructions as the SPLIT 1 kernel of the same config; SPLIT 1 has no atomics."""
-    split_keys = [k for k in compiled if k.startswith("wide_") and "_sk" in k]
+    split_keys = [k for k in compiled if k.startswith("wide_") and "_sk" in k and not k.endswith("_spread")]
     assert len(split_keys) == 10, split_keys
     for key in split_keys:
         c = compiled[key]
@@ -354,6 +369,38 @@ def test_wide_split_k(compiled):
     for key in compiled:
         if key.startswith("wide_") and "_sk" not in key:
             assert compiled[key]["atom"] == 0, (key, compiled[key]["atom"])  # SPLIT 1: no atomics
+
+
+def test_wide_split_spread(compiled):
+    """split_reduce "spread" (SPREAD): per math partition the arrival (acq_rel add), an acquire
+    poll of the counter (the wait for the tile's other units), the departure (relaxed add) and
+    the reset (exch), nothing else atomic; the partials read back with 16-byte L2 loads; no
+    spills; the same wgmma instructions and TMA loads as the last-arriver build, and its TMA
+    stores less the split finish's (a spread unit stores its share with plain stores)."""
+    keys = [k for k in compiled if k.endswith("_spread")]
+    assert len(keys) == 2, keys
+    for key in keys:
+        c = compiled[key]
+        assert "error" not in c, (key, c)
+        ncons = 2 if "_split1" in key else 1
+        assert (c["atom_acq_rel"], c["atom_relaxed_add"], c["atom_exch"]) == (ncons,) * 3, (key, c)
+        assert c["atom"] == 3 * ncons and c["poll_acquire"] >= ncons, (key, c)
+        assert c["ld_cg_v4"] > 0, (key, c)
+        if c.get("spill_stores") is not None:
+            assert c["spill_stores"] == 0 and not c["wgmma_serialized"], (key, c)
+        last = compiled[key[: -len("_spread")]]
+        assert (c["wgmma"], c["wgmma_n"], c["tma_load"]) == (last["wgmma"], last["wgmma_n"], last["tma_load"]), (
+            key, c, last)
+        # TMA stores: only the whole tiles' epilogue (tail split) is left
+        assert c["tma_store"] == (0 if "_tail" not in key else last["tma_store"] - 2 * ncons), (key, c, last)
+
+
+def test_split_reduce_config():
+    from blockscaled.ops._hopper import HopperConfig
+
+    assert HopperConfig("wide", 128, 128, 8, 4, split_k=2).split_reduce == "last"
+    with pytest.raises(ValueError, match="split_reduce"):
+        HopperConfig("wide", 128, 128, 8, 4, split_k=2, split_reduce="tree")
 
 
 def test_split_k_config_and_plan():

@@ -479,3 +479,79 @@ def test_wide_tail_split_cuda_graph_and_unaligned_output():
     assert torch.equal(view, eager)
     assert torch.isnan(big[:, n:].float()).all(), "wrote past the output view"
     _counters_zero(b.data.device)
+
+
+# ------------------------------------------------------------------ split_reduce "spread"
+# (M, N, K): row / column / K tails, 1 row, many tiles; split-K and tail-split configs as above
+SPREAD_MNK = [(1, 2112, 7168), (200, 520, 1040), (128, 7168, 16384), (256, 2112, 640)]
+
+
+@pytest.mark.parametrize("cfg", SPLITK_CFGS,
+                         ids=lambda c: "m{5}n{0}s{1}{2}k{3}{4}".format(*c[:4], "" if c[4] else "-1part", c[5]))
+@pytest.mark.parametrize("mnk", SPREAD_MNK, ids=lambda s: "x".join(map(str, s)))
+def test_wide_split_k_spread(cfg, mnk, monkeypatch):
+    """The spread reduction (every unit waits, then sums 1/split of the tile) against the float64
+    reference (NaN-poisoned output) and bitwise equal to the last-arriver reduction (same fixed
+    order); the launch really is SPREAD; counters left zero."""
+    m, n, k = mnk
+    a, b = _operands(m, n, k, seed=21)
+    last = _splitk_cfg(cfg)
+    spread = dataclasses.replace(last, split_reduce="spread")
+    seen = _spy_wide_launches(monkeypatch)
+    out = _check(a, b, spread)
+    assert torch.equal(out, gemm_fp8_block_hopper(a, b, config=last))
+    _counters_zero(b.data.device)
+    (_, _, kw), (_, _, kw_last) = seen
+    assert kw["SPREAD"] == (kw["SPLIT"] > 1) and not kw_last["SPREAD"]
+
+
+@pytest.mark.parametrize("cfg", TAIL_CFGS, ids=lambda c: "n{0}s{1}{2}t{3}{4}".format(*c[:4], "" if c[4] else "-1part"))
+@pytest.mark.parametrize("mnk", TAIL_MNK[:4], ids=lambda s: "x".join(map(str, s)))
+def test_wide_tail_split_spread(cfg, mnk):
+    m, n, k = mnk
+    a, b = _operands(m, n, k, seed=22)
+    last = _tail_cfg(cfg)
+    out = _check(a, b, dataclasses.replace(last, split_reduce="spread"))
+    assert torch.equal(out, gemm_fp8_block_hopper(a, b, config=last))
+    _counters_zero(b.data.device)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])
+def test_wide_split_spread_out_dtypes(out_dtype):
+    a, b = _operands(200, 2112, 1040, seed=23)
+    for c in SPLITK_CFGS[:4]:
+        _check(a, b, dataclasses.replace(_splitk_cfg(c), stages=3, split_reduce="spread"), out_dtype)
+    _counters_zero(b.data.device)
+
+
+def test_wide_split_spread_cuda_graph_and_back_to_back():
+    """Spread launches captured in a graph replay bitwise equal to eager, interleaved with
+    last-arriver launches of other shapes on the same counter buffer; counters left zero."""
+    cases = []
+    for m, n, k, c, red in [(128, 2112, 7168, SPLITK_CFGS[1], "spread"), (200, 7168, 1040, SPLITK_CFGS[0], "last"),
+                            (64, 2112, 640, SPLITK_CFGS[3], "spread"), (2048, 2112, 7168, None, "spread")]:
+        a, b = _operands(m, n, k, seed=24)
+        cfg = _tail_cfg(TAIL_CFGS[0]) if c is None else _splitk_cfg(c)
+        cfg = dataclasses.replace(cfg, split_reduce=red)
+        cases.append((a, b, cfg, gemm_fp8_block_hopper(a, b, config=cfg)))
+    for a, b, cfg, eager in cases:
+        assert_gemm_close(eager, ref_gemm.gemm(a, b), "fp8_block", torch.bfloat16)
+    outs = [torch.empty_like(e) for *_, e in cases]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for (a, b, cfg, _), o in zip(cases, outs):
+            gemm_fp8_block_hopper(a, b, out=o, config=cfg)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for (a, b, cfg, _), o in zip(cases, outs):
+            gemm_fp8_block_hopper(a, b, out=o, config=cfg)
+    for _ in range(3):
+        for o in outs:
+            o.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        for (*_, eager), o in zip(cases, outs):
+            assert torch.equal(o, eager)
+    _counters_zero(cases[0][1].data.device)

@@ -51,6 +51,8 @@ VARIANTS = ("tma", "persistent", "ws", "wide", "skinny")
 #: these): the skinny kernel has no overlap / split_wg / epilogue choice.
 VARIANT_FLAGS = {"skinny": ()}
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+#: HopperConfig.split_reduce values (the wide kernel's SPREAD constexpr)
+SPLIT_REDUCE = ("last", "spread")
 
 # 16 bytes: TMA (cuTensorMapEncodeTiled) requires a 16-byte aligned global base address and
 # 16-byte multiple strides for all but the innermost dimension. fp8 is 1 byte per element, so
@@ -91,6 +93,12 @@ class HopperConfig:
         left for a last wave that would otherwise take a whole tile-time for a few busy SMs
         (M=4096 N=2112: 288 tiles of 128x256 -> 24 in the third wave). 1 = off; where the grid
         has no partial wave (T % S == 0) or fewer tiles than SMs, the launcher runs no split.
+    split_reduce: how split_k / tail_split partials are summed (same fixed order, bitwise the
+        same result): "last" = the last unit of a tile to arrive reads all partials back and
+        stores the tile (no unit ever waits; that serial read-back runs at one SM's L2 bandwidth);
+        "spread" = every unit of the tile waits for the others' partials, then sums and stores
+        1/split of the tile (needs the whole persistent grid resident at once, which the launcher's
+        grid of <= one CTA per SM gives on a dedicated GPU).
     """
 
     variant: str = "persistent"
@@ -104,6 +112,7 @@ class HopperConfig:
     split_wg: bool = True
     split_k: int = 1
     tail_split: int = 1
+    split_reduce: str = "last"
 
     def __post_init__(self):
         if self.variant not in VARIANTS:
@@ -139,6 +148,8 @@ class HopperConfig:
         if self.split_k > 1 and self.variant != "wide":
             raise ValueError(f"HopperConfig.split_k: split-K is implemented for variant 'wide' only, got "
                              f"split_k={self.split_k} with variant {self.variant!r}")
+        if self.split_reduce not in SPLIT_REDUCE:
+            raise ValueError(f"HopperConfig.split_reduce: expected one of {SPLIT_REDUCE}, got {self.split_reduce!r}")
         if not isinstance(self.tail_split, int) or self.tail_split < 1:
             raise ValueError(f"HopperConfig.tail_split: expected an int >= 1, got {self.tail_split!r}")
         if self.tail_split > 1 and (self.variant != "wide" or self.split_k > 1):
@@ -598,11 +609,16 @@ def gemm_fp8_block_hopper_impl(a2: torch.Tensor, a_s2: torch.Tensor, b_data: tor
                              device=out2.device)
             cnt = _splitk_counters(out2.device, (tiles - split_from) * (2 if split else 1))
             grid = (min(split_from + (tiles - split_from) * nsplit, nsm),)
+            if cfg.split_reduce == "spread" and nsplit > grid[0]:
+                # the spread reduction waits for the tile's other units: each must have its own program
+                raise HopperUnsupported(f"split_reduce 'spread': {nsplit} splits need as many programs, "
+                                        f"the grid has {grid[0]}")
         _kernel_for("wide")[grid](
             a_desc, b_desc, b_desc, c_desc, a_s2, b_scale, b_scale, out2, out2, ws, cnt, m, n, k, 1,
             triton.cdiv(m, cfg.block_m), kb_per, split_from, a_s2.stride(0), a_s2.stride(1), 0, b_scale.stride(0),
             b_scale.stride(1), out2.stride(0), GROUP_M=cfg.group_m, STAGES=cfg.stages, NH=cfg.block_n // 128,
             EPI=epi, MODE=0, E_POW2=1, SPLIT_WG=split, DUAL=False, SPLIT=nsplit, TAIL=split_from > 0 and nsplit > 1,
+            SPREAD=nsplit > 1 and cfg.split_reduce == "spread",
             num_warps=4 if split else cfg.num_warps,
         )
         return

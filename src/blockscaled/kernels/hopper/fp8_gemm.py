@@ -702,10 +702,54 @@ def _wide_splitk_sum(row_ptrs, c, mask, split_stride, SPLIT: gl.constexpr):
 
 
 @gluon.jit
+def _wide_splitk_spread(c_ptr, ws_ptr, cnt, row0, M, off_n, N, stride_cm, sp, arrived, SPLIT: gl.constexpr,
+                        ROWS: gl.constexpr, W: gl.constexpr, UNIT: gl.constexpr, num_warps: gl.constexpr):
+    """Spread reduction of one (split tile, math partition) after this unit's partial is stored
+    and its arrival counted (``arrived``: the counter's value before it): wait until all SPLIT
+    partials have arrived (a gpu-scope acquire poll of the counter), then reduce only this
+    unit's share of the partition's ROWS x W region: chunks j = sp, sp + SPLIT, ... of CHUNK
+    consecutive fp32 (row-major, 4 per thread: 16-byte loads), each the sum of the SPLIT partials
+    in the fixed order 0..SPLIT-1 (bitwise the same as the last-arriver reduction), stored to C
+    (masked to M x N). Each unit reads about one partial's worth of bytes instead of the last
+    one reading all SPLIT (that serial read-back at one SM's L2 bandwidth was the split unit's
+    cost). Then a second count (departure); the unit that sees 2 * SPLIT - 1 before its own
+    resets the counter to 0: every unit has left the wait by then.
+    Forward progress: a unit waits only for the other units of its own tile, which the
+    persistent walk (``_wide_unit``, tile-major) gives to SPLIT different programs; each of
+    them reaches that unit after finishing units of lower tiles only, so the lowest unfinished
+    tile always has all its units running. This needs every program of the grid resident at
+    once (grid <= SMs, one CTA per SM: the launcher's persistent grid; ``SPLIT <= grid``)."""
+    red_layout: gl.constexpr = gl.BlockedLayout([4], [32], [num_warps], [0])
+    CHUNK: gl.constexpr = 4 * 32 * num_warps
+    NCHUNK: gl.constexpr = ROWS * W // CHUNK
+    gl.static_assert(NCHUNK * CHUNK == ROWS * W, "the partition's region is a whole number of chunks")
+    seen = arrived + 1
+    while seen < SPLIT:
+        seen = gl.atomic_add(cnt, 0, sem="acquire", scope="gpu")
+    idx = gl.arange(0, CHUNK, layout=red_layout)
+    rows_left = M - row0
+    cols_left = N - off_n
+    for j in range(sp, NCHUNK, SPLIT):
+        e = j * CHUNK + idx
+        r = e // W
+        c = e % W
+        mask = (r < rows_left) & (c < cols_left)
+        src = ws_ptr + e
+        tot = gl.load(src, mask=mask, other=0.0, cache_modifier=".cg")
+        for s in gl.static_range(1, SPLIT):
+            tot += gl.load(src + s * UNIT, mask=mask, other=0.0, cache_modifier=".cg")
+        dst = c_ptr + (row0 + r).to(gl.int64) * stride_cm + (off_n + c)
+        gl.store(dst, tot.to(c_ptr.dtype.element_ty), mask=mask)
+    left = gl.atomic_add(cnt, 1, sem="relaxed", scope="gpu")
+    if left == 2 * SPLIT - 1:
+        gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+
+
+@gluon.jit
 def _wide_splitk_finish(c_desc, c_smem, c_ptr, ws_ptr, cnt_ptr, acc0, acc1, stile, sp, row0, M, off_n, N, stride_cm,
                         SPLIT: gl.constexpr, NH: gl.constexpr, EPI: gl.constexpr, WG: gl.constexpr,
                         NCONS: gl.constexpr, ROWS: gl.constexpr, HALF: gl.constexpr, mma_layout: gl.constexpr,
-                        num_warps: gl.constexpr):
+                        num_warps: gl.constexpr, SPREAD: gl.constexpr = False):
     """Fused split-K of one (tile, math partition) unit (the portable kernel's protocol,
     kernels/triton/gemm.py): store this split's fp32 partials (rows [row0, row0 + ROWS), the
     tile's NH halves; masked to M x N) to ``ws[stile, sp]`` (fp32 [split tiles, SPLIT, NCONS *
@@ -739,7 +783,10 @@ def _wide_splitk_finish(c_desc, c_smem, c_ptr, ws_ptr, cnt_ptr, acc0, acc1, stil
     gl.thread_barrier()
     cnt = cnt_ptr + stile * NCONS + WG
     arrived = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-    if arrived == SPLIT - 1:
+    if SPREAD:
+        _wide_splitk_spread(c_ptr, ws_ptr + stile.to(gl.int64) * (SPLIT * UNIT) + WG * ROWS * W, cnt, row0, M, off_n, N, stride_cm, sp, arrived, SPLIT, ROWS, W,
+                            UNIT, num_warps)
+    elif arrived == SPLIT - 1:
         if EPI == 2:
             tma.store_wait(0)  # the previous tile's TMA stores have finished reading c_smem
         tot = _wide_splitk_sum(rows0, c, mask0, UNIT, SPLIT)
@@ -758,7 +805,8 @@ def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty,
                    seg_ptr, ws_ptr, cnt_ptr, M, N, K, E, num_pid_m, kb_per_split, split_from, stride_sam, stride_sak,
                    stride_sbe, stride_sbn, stride_sbk, stride_cm, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
                    NH: gl.constexpr, EPI: gl.constexpr, MODE: gl.constexpr, E_POW2: gl.constexpr,
-                   DUAL: gl.constexpr, SPLIT: gl.constexpr, TAIL: gl.constexpr, WG: gl.constexpr,
+                   DUAL: gl.constexpr, SPLIT: gl.constexpr, TAIL: gl.constexpr, SPREAD: gl.constexpr,
+                   WG: gl.constexpr,
                    ROWS: gl.constexpr, num_warps: gl.constexpr):
     """Math partition: rows [WG * ROWS, (WG + 1) * ROWS) of each 128-row tile (ROWS = BLOCK_M when
     one partition does all rows). With two 4-warp partitions (one per warpgroup) each releases
@@ -844,12 +892,12 @@ def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty,
             if SPLIT > 1 and not TAIL:  # every unit is a split unit
                 _wide_splitk_finish(c_desc, c_smem, c_ptr, ws_ptr, cnt_ptr, acc0, acc1, tile - split_from, sp,
                                     my_row0, M, off_n, N, stride_cm, SPLIT, NH, EPI, WG, BLOCK_M // ROWS, ROWS,
-                                    HALF, mma_layout, num_warps)
+                                    HALF, mma_layout, num_warps, SPREAD)
             elif SPLIT > 1:  # tail split: whole tiles before split_from, split units after
                 if is_split:
                     _wide_splitk_finish(c_desc, c_smem, c_ptr, ws_ptr, cnt_ptr, acc0, acc1, tile - split_from, sp,
                                         my_row0, M, off_n, N, stride_cm, SPLIT, NH, EPI, WG, BLOCK_M // ROWS, ROWS,
-                                        HALF, mma_layout, num_warps)
+                                        HALF, mma_layout, num_warps, SPREAD)
                 else:
                     _wide_store_tile(c_desc, c_smem, c_ptr, acc0, acc1, my_row0, row_end, off_n, N, stride_cm, NH,
                                      EPI, WG, ROWS, HALF, num_warps)
@@ -873,7 +921,8 @@ def fp8_block_gemm_wide_kernel(a_desc, b_desc, b2_desc, c_desc, sa_ptr, sb_ptr, 
                                stride_sbe, stride_sbn, stride_sbk, stride_cm, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
                                NH: gl.constexpr, EPI: gl.constexpr, MODE: gl.constexpr, E_POW2: gl.constexpr,
                                SPLIT_WG: gl.constexpr, DUAL: gl.constexpr, SPLIT: gl.constexpr,
-                               num_warps: gl.constexpr, TAIL: gl.constexpr = False):
+                               num_warps: gl.constexpr, TAIL: gl.constexpr = False,
+                               SPREAD: gl.constexpr = False):
     """Dense (MODE 0) or grouped (MODE 1 contiguous, 2 masked) fp8_block GEMM; see above.
     ``num_pid_m``: M tiles of the tile space (dense cdiv(M, 128); contiguous cdiv(sum_m, 128) + E,
     an upper bound; masked E * cdiv(max_m, 128)). SPLIT_WG (BLOCK_M = 128, num_warps = 4): one
@@ -928,12 +977,12 @@ def fp8_block_gemm_wide_kernel(a_desc, b_desc, b2_desc, c_desc, sa_ptr, sb_ptr, 
             (_wide_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty, sa_ptr, sb_ptr, sb2_ptr,
                               c_ptr, seg_ptr, ws_ptr, cnt_ptr, M, N, K, E, num_pid_m, kb_per_split, split_from, stride_sam,
                               stride_sak, stride_sbe, stride_sbn, stride_sbk, stride_cm, GROUP_M, STAGES, NH, EPI,
-                              MODE, E_POW2, DUAL, SPLIT, TAIL, 0, ROWS,
+                              MODE, E_POW2, DUAL, SPLIT, TAIL, SPREAD, 0, ROWS,
                               num_warps)),
             (_wide_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty, sa_ptr, sb_ptr, sb2_ptr,
                               c_ptr, seg_ptr, ws_ptr, cnt_ptr, M, N, K, E, num_pid_m, kb_per_split, split_from, stride_sam,
                               stride_sak, stride_sbe, stride_sbn, stride_sbk, stride_cm, GROUP_M, STAGES, NH, EPI,
-                              MODE, E_POW2, DUAL, SPLIT, TAIL, 1, ROWS,
+                              MODE, E_POW2, DUAL, SPLIT, TAIL, SPREAD, 1, ROWS,
                               num_warps)),
             (_wide_producer, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, seg_ptr, M, N, K, E, num_pid_m,
                               kb_per_split, split_from, GROUP_M, STAGES, MODE, E_POW2, DUAL, SPLIT)),
@@ -943,7 +992,7 @@ def fp8_block_gemm_wide_kernel(a_desc, b_desc, b2_desc, c_desc, sa_ptr, sb_ptr, 
             (_wide_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty, sa_ptr, sb_ptr, sb2_ptr,
                               c_ptr, seg_ptr, ws_ptr, cnt_ptr, M, N, K, E, num_pid_m, kb_per_split, split_from, stride_sam,
                               stride_sak, stride_sbe, stride_sbn, stride_sbk, stride_cm, GROUP_M, STAGES, NH, EPI,
-                              MODE, E_POW2, DUAL, SPLIT, TAIL, 0, ROWS,
+                              MODE, E_POW2, DUAL, SPLIT, TAIL, SPREAD, 0, ROWS,
                               num_warps)),
             (_wide_producer, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, seg_ptr, M, N, K, E, num_pid_m,
                               kb_per_split, split_from, GROUP_M, STAGES, MODE, E_POW2, DUAL, SPLIT)),
