@@ -55,7 +55,7 @@ def edited_kernel(kind: str):
     elif kind == "nopart":
         store = ("_wide_store_tile(c_desc, c_smem, c_ptr, acc0, acc1, my_row0, row_end, off_n, N, stride_cm, NH, "
                  "EPI, WG, ROWS, HALF, num_warps)")
-        src, n = re.subn(r"_wide_splitk_finish\(c_desc, c_smem, c_ptr, ws_ptr, cnt_ptr, acc0, acc1,[^)]*\)", store,
+        src, n = re.subn(r"_wide_splitk_finish\(c_desc, c_smem, c_ptr, ws_ptr, cnt_ptr, acc0, acc1, tile - split_from,[^)]*\)", store,
                          src)
         assert n == 2, "nopart edit"
     else:
