@@ -51,10 +51,12 @@ def candidates(m, n, k, nsm):
 def main():
     args = sweep_cli(__doc__, "16,32,64,128,256", extra=lambda p: (
         p.add_argument("--budget", type=float, default=500.0, help="seconds; stop starting new shapes after"),
-        p.add_argument("--moe", action="store_true", help="also the moe suite's one-expert shapes")))
+        p.add_argument("--moe", action="store_true", help="also the moe suite's one-expert shapes"),
+        p.add_argument("--cases", default="", help="MxNxK,... instead of --ms x --shapes")))
     nsm = torch.cuda.get_device_properties(0).multi_processor_count
     dev = torch.device("cuda")
-    cases = [(m, n, k) for m in args.ms for n, k in args.shapes] + (MOE_E1 if args.moe else [])
+    cases = ([tuple(int(v) for v in c.split("x")) for c in args.cases.split(",")] if args.cases else
+             [(m, n, k) for m in args.ms for n, k in args.shapes]) + (MOE_E1 if args.moe else [])
     t_start = time.time()
     rows = []
     for m, n, k in cases:
@@ -76,12 +78,14 @@ def main():
                 cand[label] = None
                 print(f"   {label}: {e}")
         best = min((v, kk) for kk, v in cand.items() if v is not None)
+        rule = H.small_m_dispatch_config(m, n, k, nsm)
         rows.append({"m": m, "n": n, "k": k, "floor_us": floor_us, "portable_us": t_port, "portable": str(port),
-                     "gemm_us": t_gemm, "wide_spread_us": cand, "best": best[1], "best_us": best[0]})
+                     "gemm_us": t_gemm, "rule": None if rule is None else
+                     f"{rule.block_m}x{rule.block_n} s{rule.stages} split{rule.split_k}", "wide_spread_us": cand, "best": best[1], "best_us": best[0]})
         top = sorted((v, kk) for kk, v in cand.items() if v is not None)[:3]
         print(f"{m:>5}{n:>7}{k:>7} floor {floor_us:5.1f} | portable {t_port:6.1f} gemm() {t_gemm:6.1f} | best "
               + "  ".join(f"{kk} {v:.1f}" for v, kk in top)
-              + f" | best/portable {t_port / best[0]:.2f}x", flush=True)
+              + f" | best/portable {t_port / best[0]:.2f}x | rule {rows[-1]['rule']}", flush=True)
         save_json(args.json, rows=rows)
 
 

@@ -395,10 +395,28 @@ def test_wide_split_spread(compiled):
         assert c["tma_store"] == (0 if "_tail" not in key else last["tma_store"] - 2 * ncons), (key, c, last)
 
 
+def test_spread_allowed_env(monkeypatch):
+    """The spread reduction waits for other programs: off where the environment asks for "last" or
+    MPS may withhold SMs (an active-thread percentage below 100)."""
+    from blockscaled.ops._hopper import _spread_allowed
+
+    monkeypatch.delenv("BLOCKSCALED_SPLIT_REDUCE", raising=False)
+    monkeypatch.delenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", raising=False)
+    assert _spread_allowed()
+    for pct, ok in (("100", True), ("100.0", True), ("50", False), ("junk", False), ("", True)):
+        monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", pct)
+        assert _spread_allowed() is ok, pct
+    monkeypatch.delenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+    monkeypatch.setenv("BLOCKSCALED_SPLIT_REDUCE", "last")
+    assert not _spread_allowed()
+    monkeypatch.setenv("BLOCKSCALED_SPLIT_REDUCE", "spread")
+    assert _spread_allowed()
+
+
 def test_split_reduce_config():
     from blockscaled.ops._hopper import HopperConfig
 
-    assert HopperConfig("wide", 128, 128, 8, 4, split_k=2).split_reduce == "last"
+    assert HopperConfig("wide", 128, 128, 8, 4, split_k=2).split_reduce == "spread"
     with pytest.raises(ValueError, match="split_reduce"):
         HopperConfig("wide", 128, 128, 8, 4, split_k=2, split_reduce="tree")
 
@@ -470,23 +488,32 @@ def test_tail_split_config_and_plan():
     assert _wide_split_plan(17, 56, HopperConfig("wide", 128, 128, 8, 3, split_k=7), 132) == (0, 7, 8)
 
 def test_small_m_dispatch_rule():
-    """ops._hopper.small_m_dispatch_config takes the split-K wide kernel exactly where the H100
-    measured it faster than the portable kernel (rows in its docstring)."""
-    from blockscaled.ops._hopper import choose_dispatch_config, small_m_dispatch_config as f
+    """ops._hopper.small_m_dispatch_config takes the wide kernel exactly where the H100 measured it
+    faster than the portable kernel (rows in its docstring), with the measured splits."""
+    from blockscaled.ops._hopper import choose_dispatch_config, small_m_dispatch_config as f, small_m_split
 
-    taken = [(64, 7168, 16384), (128, 24576, 1536), (128, 32768, 512), (128, 7168, 16384), (256, 4096, 7168),
-             (256, 24576, 1536), (384, 2048, 7168), (384, 2112, 7168), (512, 2048, 4096), (512, 2048, 7168)]
-    not_taken = [(1, 2112, 7168), (16, 7168, 16384), (64, 7168, 4096), (32, 24576, 1536), (64, 24576, 1536), (64, 2112, 7168),
-                 (128, 2112, 7168), (128, 4096, 7168), (128, 7168, 2048), (384, 4096, 7168), (384, 7168, 7168),
-                 (512, 2112, 7168), (512, 2048, 2048), (1024, 2048, 7168), (4096, 7168, 2048)]
-    for m, n, k in taken:
+    # (M, N, K) -> (block_m, block_n, split)
+    taken = {(64, 7168, 16384): (64, 128, 2), (64, 2112, 7168): (64, 128, 6), (64, 4096, 7168): (64, 128, 3),
+             (64, 7168, 4096): (64, 128, 1), (64, 7168, 7168): (64, 128, 2), (128, 2112, 7168): (128, 128, 6),
+             (128, 4096, 7168): (128, 128, 3), (128, 7168, 16384): (128, 128, 2), (128, 7168, 4096): (128, 128, 1),
+             (128, 24576, 1536): (128, 256, 1), (128, 32768, 512): (128, 256, 1), (256, 2112, 7168): (128, 128, 3),
+             (256, 4096, 7168): (128, 128, 2), (256, 24576, 1536): (128, 128, 1), (384, 2112, 7168): (128, 128, 2),
+             (512, 2048, 4096): (128, 128, 1), (512, 2048, 7168): (128, 128, 2)}
+    not_taken = [(1, 2112, 7168), (16, 7168, 16384), (32, 24576, 1536), (32, 2112, 7168), (64, 24576, 1536),
+                 (64, 4096, 2048), (64, 4096, 4096), (64, 2048, 4096), (128, 7168, 2048), (128, 2048, 4096),
+                 (128, 4096, 4096), (384, 7168, 7168), (512, 2048, 2048), (512, 7168, 7168), (1024, 2048, 7168),
+                 (4096, 7168, 2048)]
+    for (m, n, k), want in taken.items():
         c = f(m, n, k)
-        assert c is not None and c.variant == "wide", (m, n, k)
-        assert choose_dispatch_config(m, n, k) == c
+        assert c is not None and c.variant == "wide" and (c.block_m, c.block_n, c.split_k) == want, (m, n, k, c)
+        assert c.split_reduce == "spread" and choose_dispatch_config(m, n, k) == c
         if c.split_k > 1:
-            assert c.block_n == 128 and -(-m // 128) * -(-n // 128) * c.split_k <= 132, c
+            assert -(-m // c.block_m) * -(-n // c.block_n) * c.split_k <= 132, c  # one wave
     for m, n, k in not_taken:
         assert f(m, n, k) is None, (m, n, k, f(m, n, k))
+    # the split rule: ~96 units in one wave, >= 4 K blocks per range (>= 24 from 48 tiles on)
+    assert [small_m_split(t, 56) for t in (1, 16, 17, 32, 34, 51, 56, 64, 96, 140)] == [14, 6, 6, 3, 3, 2, 2, 2, 1, 1]
+    assert small_m_split(56, 32) == 1 and small_m_split(16, 16) == 4 and small_m_split(3, 8) == 2
 
 
 def test_skinny_kernel(compiled):

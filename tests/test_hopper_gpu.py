@@ -495,8 +495,9 @@ def test_wide_split_k_spread(cfg, mnk, monkeypatch):
     order); the launch really is SPREAD; counters left zero."""
     m, n, k = mnk
     a, b = _operands(m, n, k, seed=21)
-    last = _splitk_cfg(cfg)
-    spread = dataclasses.replace(last, split_reduce="spread")
+    spread = _splitk_cfg(cfg)  # the default reduction
+    last = dataclasses.replace(spread, split_reduce="last")
+    assert spread.split_reduce == "spread"
     seen = _spy_wide_launches(monkeypatch)
     out = _check(a, b, spread)
     assert torch.equal(out, gemm_fp8_block_hopper(a, b, config=last))
@@ -505,12 +506,28 @@ def test_wide_split_k_spread(cfg, mnk, monkeypatch):
     assert kw["SPREAD"] == (kw["SPLIT"] > 1) and not kw_last["SPREAD"]
 
 
+def test_wide_split_spread_env_fallback(monkeypatch):
+    """BLOCKSCALED_SPLIT_REDUCE=last (or an MPS thread percentage < 100) runs the last-arriver
+    reduction for a spread config: same bits."""
+    a, b = _operands(128, 2112, 7168, seed=25)
+    cfg = _splitk_cfg(SPLITK_CFGS[1])
+    seen = _spy_wide_launches(monkeypatch)
+    ref_out = _check(a, b, cfg)
+    monkeypatch.setenv("BLOCKSCALED_SPLIT_REDUCE", "last")
+    assert torch.equal(gemm_fp8_block_hopper(a, b, config=cfg), ref_out)
+    monkeypatch.delenv("BLOCKSCALED_SPLIT_REDUCE")
+    monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "50")
+    assert torch.equal(gemm_fp8_block_hopper(a, b, config=cfg), ref_out)
+    assert [kw["SPREAD"] for _, _, kw in seen] == [True, False, False]
+    _counters_zero(b.data.device)
+
+
 @pytest.mark.parametrize("cfg", TAIL_CFGS, ids=lambda c: "n{0}s{1}{2}t{3}{4}".format(*c[:4], "" if c[4] else "-1part"))
 @pytest.mark.parametrize("mnk", TAIL_MNK[:4], ids=lambda s: "x".join(map(str, s)))
 def test_wide_tail_split_spread(cfg, mnk):
     m, n, k = mnk
     a, b = _operands(m, n, k, seed=22)
-    last = _tail_cfg(cfg)
+    last = dataclasses.replace(_tail_cfg(cfg), split_reduce="last")
     out = _check(a, b, dataclasses.replace(last, split_reduce="spread"))
     assert torch.equal(out, gemm_fp8_block_hopper(a, b, config=last))
     _counters_zero(b.data.device)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 
 import torch
 import triton
@@ -96,9 +97,12 @@ class HopperConfig:
     split_reduce: how split_k / tail_split partials are summed (same fixed order, bitwise the
         same result): "last" = the last unit of a tile to arrive reads all partials back and
         stores the tile (no unit ever waits; that serial read-back runs at one SM's L2 bandwidth);
-        "spread" = every unit of the tile waits for the others' partials, then sums and stores
-        1/split of the tile (needs the whole persistent grid resident at once, which the launcher's
-        grid of <= one CTA per SM gives on a dedicated GPU).
+        "spread" (default) = every unit of the tile waits for the others' partials, then sums and
+        stores 1/split of the tile. H100 (scripts/split_reduce_ab.py): 1.24-1.85x faster where every
+        tile is split 4-8 ways (M=128 2112x7168 split 7: 25.4 -> 14.7 us), 1.0-1.08x on tail splits.
+        The wait needs every program of the persistent grid (<= one CTA per SM) resident at once,
+        as on a dedicated GPU; where SMs may be withheld (MPS with an active-thread percentage
+        below 100 in the environment, or BLOCKSCALED_SPLIT_REDUCE=last) the launcher runs "last".
     """
 
     variant: str = "persistent"
@@ -112,7 +116,7 @@ class HopperConfig:
     split_wg: bool = True
     split_k: int = 1
     tail_split: int = 1
-    split_reduce: str = "last"
+    split_reduce: str = "spread"
 
     def __post_init__(self):
         if self.variant not in VARIANTS:
@@ -320,50 +324,70 @@ def skinny_dispatch_config(m: int, n: int, k: int, num_sms: int = 132) -> Hopper
 #: Rows up to which dense fp8_block GEMMs may take the split-K wide kernel
 #: (:func:`small_m_dispatch_config`); above, the plain wide rule of config.gemm applies.
 SMALL_M_HOPPER_MAX = 512
-#: Fewest K blocks per split for a split (> 1) small-M config to be taken: the H100 rows with 8
-#: or 14 blocks per split lost to the portable kernel, those with >= 16 won or tied (below).
-SMALL_M_MIN_KB_PER_SPLIT = 16
+#: Work units (tiles x K ranges) the small-M split aims for. H100, spread reduction
+#: (scripts/spread_sweep.py, benchmarks/results/h100/spread-sweep-20261122.json): the best split
+#: gave 68-128 units on every row with fewer than 48 tiles, e.g. 17 tiles (M=128 2112x7168) split
+#: 4 / 5 / 6 / 7: 14.4 / 14.7 / 14.8 / 14.7 us, split 3: 16.4; 34 tiles (M=256 2112x7168) split 2 /
+#: 3: 20.4 / 17.4; 32 tiles (M=128 4096x7168) split 2 / 3 / 4: 21.7 / 20.8 / 20.5.
+SMALL_M_TARGET_UNITS = 96
+#: Fewest K blocks per range once the tiles alone occupy >= SMALL_M_MANY_TILES SMs: there a split
+#: only pays with long ranges. H100: 56 tiles (N=7168, M=64 / 128) split 2 lost with 16 blocks per
+#: range (K=4096: 15.1 -> 17.7 us, 17.6 -> 20.5) and tied with 28 (K=7168: 27.5 -> 26.9, 30.2 ->
+#: 30.7); 51 / 64 tiles (M=384 2112x7168, M=512 2048x7168) with 28 blocks won (27.4 -> 21.4,
+#: 27.5 -> 21.6), 64 tiles with 16 blocks tied (M=512 2048x4096: 17.1 -> 16.8).
+SMALL_M_MANY_TILES = 48
+SMALL_M_MANY_TILES_MIN_KB = 24
+
+
+def small_m_split(tiles: int, nk: int, num_sms: int = 132) -> int:
+    """K split of the small-M wide kernel (spread reduction) for ``tiles`` output tiles of nk K
+    blocks: about SMALL_M_TARGET_UNITS units, all in one wave (tiles * split <= SMs), >= 4 K
+    blocks per range (_SPLITK_MIN_KB), and >= SMALL_M_MANY_TILES_MIN_KB per range where the tiles
+    alone fill SMALL_M_MANY_TILES SMs."""
+    s = max(1, min(triton.cdiv(SMALL_M_TARGET_UNITS, max(tiles, 1)), num_sms // max(tiles, 1)))
+    min_kb = SMALL_M_MANY_TILES_MIN_KB if tiles >= SMALL_M_MANY_TILES else _SPLITK_MIN_KB
+    while s > 1 and nk // s < min_kb:
+        s -= 1
+    return s
 
 
 @functools.lru_cache(maxsize=4096)
 def small_m_dispatch_config(m: int, n: int, k: int, num_sms: int = 132,
                             out_elem_bytes: int = 2) -> HopperConfig | None:
-    """The split-K wide config (:func:`choose_small_m_hopper_config`) where it beat the portable
-    kernel on the H100, else None. Rule (every measured row below agrees with it):
-      * 32 < M <= SMALL_M_HOPPER_MAX;
-      * a K split (> 1): 128x128 tiles, >= SMALL_M_MIN_KB_PER_SPLIT K blocks per split (twice
-        that at M <= 64), and all
-        units in one wave (units <= SMs): split 3-4 runs of 252-384 units (several waves) were
-        1.7-2.2x slower than the portable kernel, 128x256 split 3 at M=512 lost 24%;
-      * no split: only 64 < M <= 256 (above, the rows tied with the portable kernel or the
-        plain wide rule already applies).
-    Measured (scripts/hopper_small_m.py, CUDA-graph medians, us, portable -> split-K wide;
-    benchmarks/results/h100/hopper-small-m-20261122.json and NOTES.md), on 2112x7168 /
-    24576x1536 / 32768x512 / 7168x16384 / 4096x7168 / 7168x2048:
-      M <= 16: the wide kernel lost on all 12 rows (10-40% slower): never.
-      M=64:  13.2->20.2 (split 7), 18.5->20.2 (split 1), 10.0->10.9 (1), 60.1->52.3 (split 2, 64
-             blocks: taken), 19.0->20.8 (split 4, 14 blocks), 9.6->13.2 (split 2, 8 blocks).
-      M=128: 15.4->29.6 (split 7), 27.2->21.0 (1: taken), 14.4->11.3 (1: taken), 71.3->57.2
-             (split 2: taken), 23.5->25.2 (split 4, 14 blocks), 10.8->16.0 (split 2, 8 blocks).
-      M=256: 22.8->22.3 (split 3, 19 blocks: taken), 29.9->24.8 (no split, 128x128 tiles instead
-             of the dispatch rule's 128x256: taken), 4096x7168 34.2->25.1 (split 2: taken), the
-             others equal.
-    and at M=384 / 512 on MoE-expert shapes (N x K): 2048x4096 19.6->17.8 / 19.6->18.1 and
-    2048x7168 31.8->22.8 / 31.6->23.1 (128x128 split 2: taken), 2112x7168 31.9->23.6 (M=384,
-    128x128 split 2: taken) but 32.1->39.9 (M=512, 128x256 split 3), 4096x7168 M=384 28.3->61.5
-    (split 4 x 96 tiles), 7168x7168 M=384 56.0->97.3 (128x256 split 3, 252 units)."""
+    """The wide kernel config for 32 < M <= SMALL_M_HOPPER_MAX where it beat the portable kernel
+    on the H100, else None. H100 sweep with the spread reduction (scripts/spread_sweep.py,
+    benchmarks/results/h100/spread-sweep-20261122.json: 57 (M, N, K) rows, the DeepSeek-V3 shapes
+    at M=16..384 and the moe suite's one-expert shapes at M=64/128/512). Rule:
+      * block_m 64 at M <= 64 (one warpgroup; half the wasted wgmma rows of 128), else 128;
+        block_n 128 (128 x 256 tiles with a split were 10-60% slower than 128 x 128 at the same
+        units on every row);
+      * tiles = cdiv(M, block_m) * cdiv(N, 128) >= SMs (every SM has a tile): no split; at
+        64 < M <= 256 the cost model's unsplit tile (:func:`choose_small_m_hopper_config`: M=128
+        24576x1536 27.1 -> 21.0 us, 32768x512 14.4 -> 11.5), at M <= 64 never (24576x1536 18.5
+        vs 19.1), above 256 the plain wide rule;
+      * else a split from :func:`small_m_split`, taken where K >= 48 blocks, or K >= 24 blocks
+        with >= SMALL_M_MANY_TILES tiles. Lost at K = 2048 / 4096 with fewer tiles (M=128 2048x4096
+        9.9 -> 11.1, 4096x4096 14.6 -> 15.1, 4096x2048 7.0 -> 10.6; M=64 4096x2048 7.2 -> 8.0).
+    Measured, today's dispatch -> this rule (us): M=64 2112x7168 12.5 -> 12.1, 4096x7168 18.4 ->
+    17.5, 7168x16384 53.1 -> 51.2, 7168x4096 17.1 -> 15.1; M=128 2112x7168 15.5 -> 14.8, 4096x7168
+    21.8 -> 20.8, 7168x4096 21.9 -> 17.6, 7168x7168 32.7 -> 30.7; M=256 2112x7168 20.5 -> 17.4,
+    4096x7168 25.0 -> 23.8; M=384 2112x7168 23.0 -> 21.4; M=512 2048x4096 18.2 -> 17.1, 2048x7168
+    23.0 -> 21.6; every other row within 1%."""
     if m <= 32 or m > SMALL_M_HOPPER_MAX:
         return None
-    cfg = choose_small_m_hopper_config(m, n, k, num_sms, out_elem_bytes)
-    if cfg.split_k > 1:
-        nk = triton.cdiv(max(k, 1), 128)
-        units = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n) * cfg.split_k
-        # M <= 64: twice the K blocks (half of each 128-row wgmma tile is padding there; the
-        # moe suite's E=1 M=64 N=7168 K=4096, split 2 of 16 blocks: 16.4 -> 19.4 us)
-        min_kb = SMALL_M_MIN_KB_PER_SPLIT * (1 if m > 64 else 2)
-        ok = cfg.block_n == 128 and triton.cdiv(nk, cfg.split_k) >= min_kb and units <= num_sms
-        return cfg if ok else None
-    return cfg if 64 < m <= 256 else None
+    nk = triton.cdiv(max(k, 1), 128)
+    bm = 64 if m <= 64 else 128
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, 128)
+    if tiles >= num_sms:
+        if bm == 64 or m > 256:
+            return None
+        cfg = choose_small_m_hopper_config(m, n, k, num_sms, out_elem_bytes)
+        return cfg if cfg.split_k == 1 else None
+    if nk < SMALL_M_MANY_TILES_MIN_KB or (nk < 2 * SMALL_M_MANY_TILES_MIN_KB and tiles < SMALL_M_MANY_TILES):
+        return None
+    cfg = HopperConfig(variant="wide", block_m=bm, block_n=128, num_warps=bm // 16, stages=2, epilogue="tma",
+                       split_k=small_m_split(tiles, nk, num_sms), split_reduce="spread")
+    return _fill_stages(cfg, out_elem_bytes)
 
 
 #: Fewest K blocks (128 wide) per split-K range: below 4 the per-unit fixed cost (ring fill, the
@@ -545,6 +569,20 @@ def _tma_store_ok(out2: torch.Tensor) -> bool:
     return out2.stride(1) == 1 and (out2.stride(0) * es) % _TMA_ALIGN == 0 and out2.data_ptr() % _TMA_ALIGN == 0
 
 
+def _spread_allowed() -> bool:
+    """Whether the spread split-K reduction may run (HopperConfig.split_reduce): not where the
+    environment asks for "last" (BLOCKSCALED_SPLIT_REDUCE=last) or limits this process to part of
+    the SMs through MPS (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE < 100), where the persistent grid's
+    programs might not all be resident at once and a waiting unit could wait forever."""
+    if os.environ.get("BLOCKSCALED_SPLIT_REDUCE", "").strip().lower() == "last":
+        return False
+    pct = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "").strip()
+    try:
+        return not pct or float(pct) >= 100.0
+    except ValueError:
+        return False
+
+
 def gemm_fp8_block_hopper_impl(a2: torch.Tensor, a_s2: torch.Tensor, b_data: torch.Tensor, b_scale: torch.Tensor,
                                out2: torch.Tensor, cfg: HopperConfig) -> None:
     """Launch into ``out2 [M, N]`` (written in full). No validation beyond what TMA needs:
@@ -609,7 +647,8 @@ def gemm_fp8_block_hopper_impl(a2: torch.Tensor, a_s2: torch.Tensor, b_data: tor
                              device=out2.device)
             cnt = _splitk_counters(out2.device, (tiles - split_from) * (2 if split else 1))
             grid = (min(split_from + (tiles - split_from) * nsplit, nsm),)
-            if cfg.split_reduce == "spread" and nsplit > grid[0]:
+            spread = cfg.split_reduce == "spread" and _spread_allowed()
+            if spread and nsplit > grid[0]:
                 # the spread reduction waits for the tile's other units: each must have its own program
                 raise HopperUnsupported(f"split_reduce 'spread': {nsplit} splits need as many programs, "
                                         f"the grid has {grid[0]}")
@@ -618,7 +657,7 @@ def gemm_fp8_block_hopper_impl(a2: torch.Tensor, a_s2: torch.Tensor, b_data: tor
             triton.cdiv(m, cfg.block_m), kb_per, split_from, a_s2.stride(0), a_s2.stride(1), 0, b_scale.stride(0),
             b_scale.stride(1), out2.stride(0), GROUP_M=cfg.group_m, STAGES=cfg.stages, NH=cfg.block_n // 128,
             EPI=epi, MODE=0, E_POW2=1, SPLIT_WG=split, DUAL=False, SPLIT=nsplit, TAIL=split_from > 0 and nsplit > 1,
-            SPREAD=nsplit > 1 and cfg.split_reduce == "spread",
+            SPREAD=nsplit > 1 and spread,
             num_warps=4 if split else cfg.num_warps,
         )
         return
