@@ -470,16 +470,24 @@ def hopper_cases() -> list[Case]:
     # the wide kernel's fused split-K (dense small M): splits 2 and 3 (K = 656: 6 K blocks -> 3+3
     # and 2+2+2), both epilogues, with 3 SMs (programs loop over units) and the device's count
     if hasattr(H, "choose_small_m_hopper_config"):
-        for split, epi, sms in ((2, "tma", FEW_SMS), (3, "masked", FEW_SMS), (3, "tma", None)):
-            cfg = dataclasses.replace(H.choose_small_m_hopper_config(M, N, K), split_k=split, epilogue=epi)
-            h(f"wide-split{split}-{epi}-{'sms' + str(sms) if sms else 'device'}", cfg, (M, N, K), "bf16", sms)
+        # (split_reduce: the default "spread", where units wait for each other, and "last")
+        for split, epi, sms, red in ((2, "tma", FEW_SMS, "spread"), (3, "masked", FEW_SMS, "spread"),
+                                     (3, "tma", None, "spread"), (3, "tma", FEW_SMS, "last"),
+                                     (2, "masked", None, "last")):
+            cfg = dataclasses.replace(H.choose_small_m_hopper_config(M, N, K), split_k=split, epilogue=epi,
+                                      split_reduce=red)
+            h(f"wide-split{split}-{red}-{epi}-{'sms' + str(sms) if sms else 'device'}", cfg, (M, N, K), "bf16", sms)
+        # the small-M dispatch's 64-row tiles (one math partition) with the spread reduction, M=50
+        cfg = H.HopperConfig("wide", 64, 128, 4, 4, epilogue="tma", split_k=3, split_reduce="spread")
+        h("wide-split3-spread-64x128-M50-sms3", cfg, (50, N, K), "fp16", FEW_SMS)
     # the wide kernel's tail split (whole tiles, then the last partial wave's tiles in K ranges):
     # 128x256 -> 4 tiles on 3 SMs = 3 whole + 1 in 3 ranges (2+2+2 K blocks); 128x128 -> 6 tiles
     # on 4 SMs = 4 whole + 2 in 2 ranges; both epilogues
     if "tail_split" in {f.name for f in dataclasses.fields(H.HopperConfig)}:
-        for bn, ts, epi, sms in ((256, 3, "tma", FEW_SMS), (256, 3, "masked", FEW_SMS), (128, 2, "tma", 4)):
-            cfg = H.HopperConfig("wide", 128, bn, 8, 3, epilogue=epi, tail_split=ts)
-            h(f"wide-tail{ts}-128x{bn}-{epi}-sms{sms}", cfg, (M, N, K), "bf16", sms)
+        for bn, ts, epi, sms, red in ((256, 3, "tma", FEW_SMS, "spread"), (256, 3, "masked", FEW_SMS, "spread"),
+                                      (128, 2, "tma", 4, "spread"), (256, 3, "tma", FEW_SMS, "last")):
+            cfg = H.HopperConfig("wide", 128, bn, 8, 3, epilogue=epi, tail_split=ts, split_reduce=red)
+            h(f"wide-tail{ts}-{red}-128x{bn}-{epi}-sms{sms}", cfg, (M, N, K), "bf16", sms)
     # the skinny decode kernel (M <= 64: not the generic M above): both weight tiles, padded
     # activation rows 8 / 16 / 64 with row tails, splits 1 and 3 (K = 656: 2 + 2 + 2 blocks)
     if "skinny" in H.VARIANTS:
