@@ -460,7 +460,7 @@ def test_split_k_config_and_plan():
 
 def test_tail_split_config_and_plan():
     """HopperConfig.tail_split: validation, the chooser (split the last partial wave's tiles into
-    as many K ranges as fit one wave, >= 4 K blocks each, <= 8) and the launcher's plan."""
+    as many K ranges as fit one wave, >= 4 K blocks each, <= 16) and the launcher's plan."""
     from blockscaled.ops._hopper import (HopperConfig, _wide_split_plan, choose_dispatch_config,
                                          tail_split_for)
 
@@ -469,8 +469,9 @@ def test_tail_split_config_and_plan():
             HopperConfig(**bad)
     # 288 tiles (M=4096 N=2112, 128x256) -> 2 full waves + 24 tiles -> 132 // 24 = 5 splits
     assert tail_split_for(288, 7168, 132) == 5
-    assert tail_split_for(144, 7168, 132) == 8  # 11 fit; capped at TAIL_SPLIT_MAX
-    assert tail_split_for(136, 7168, 132) == 8  # 4 tiles left: 33 fit, 14 ranges of 4 blocks; cap 8
+    assert tail_split_for(144, 7168, 132) == 11  # 12 tiles left: 11 ranges each fit one wave
+    assert tail_split_for(136, 7168, 132) == 14  # 4 tiles left: 33 fit, 14 ranges of 4 blocks
+    assert tail_split_for(136, 16384, 132) == 16  # capped at TAIL_SPLIT_MAX
     assert tail_split_for(4096, 512, 132) == 1  # short K: the split's fixed cost is not amortised
     assert tail_split_for(448, 2048, 132) == 1  # (H100: 16 K blocks lost 6-7%, TAIL_SPLIT_MIN_KB)
     assert tail_split_for(448, 4096, 132) == 2

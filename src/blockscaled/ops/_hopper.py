@@ -196,14 +196,16 @@ class HopperConfig:
         return ring + self.block_m * self.block_n * 4 + 1024
 
 
-#: Most K ranges a tail-split tile is cut into (each range is one unit of the last wave). Each
-#: range adds a serial read-back of its partial to the reducing unit, so past ~8 the last wave
-#: gets slower again. H100 (scripts/tail_split_ab.py --sweep, results/h100/tail-split-sweep-
-#: 20261122.json, us by split): 1024x2112x7168 (4 tail tiles) 2: 45.7, 5: 41.3, 8: 42.8, 14: 46.6;
-#: 2048x2112x7168 (12) 2: 78.2, 8: 70.3, 11: 74.1; 3000x7168x16384 best at 5-8 (701-717 us) vs
-#: 752 at 11 (noisier: +-4%); 4096x2112x7168 flat from 4 to 5.
-TAIL_SPLIT_MAX = 8
-#: Fewest K blocks for a tail split. Each split unit pays a fixed cost (fp32 partial tile store,
+#: Most K ranges a tail-split tile is cut into (each range is one unit of the last wave). With the
+#: last-arriver reduction each range added a serial read-back, and past ~8 the last wave got
+#: slower again (1024x2112x7168: split 8 42.8 us, 14: 46.6). With the spread reduction (default)
+#: more ranges keep paying a little. H100 (scripts/tail_split_ab.py --sweep with the caps lifted,
+#: results/h100/tail-split-sweep-spread-20261122.json, us by split): 1024x2112x7168 (4 tail tiles)
+#: 5: 39.0, 8: 37.3, 11: 37.2, 14: 36.5 (off: 54.0); 2048x2112x7168 (12) 7: 64.3, 8: 65.5, 11: 64.8
+#: (off: 81.5). 16 = the most a 4-tile tail of K=7168 can use with >= 4 K blocks per range.
+TAIL_SPLIT_MAX = 16
+#: Fewest K blocks for a tail split (re-checked with the spread reduction: 2048x7168x2048 split 2
+#: 63.8 -> 65.7 us, still a loss). Each split unit pays a fixed cost (fp32 partial tile store,
 #: arrival atomic, the last unit's serial read-back) that only a long tile amortises. H100
 #: (scripts/tail_split_ab.py, benchmarks/results/h100/tail-split-ab-20261122.json, time without /
 #: with): K = 7168 and 16384 won on all 7 rows (1.03-1.17x; 4096x2112x7168 140.0 -> 129.2 us),
