@@ -856,11 +856,27 @@ def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty,
                 else:
                     has1 = off_n + HALF < N
                     sb1_row = sb_row + stride_sbn
+            # Scales one K block ahead: the loads for block kb + 1 are issued while block kb is
+            # multiplied, so the promotion never waits for them. Loaded in the same iteration (as
+            # before session 7) they were still in flight at the combined-scale multiply, which
+            # ptxas places between the wgmma issues: 5.6% of the warp samples were long-scoreboard
+            # stalls there (ncu, M=4096 4096x7168), holding back the rest of the wgmma chain.
+            # (Index clamped into [0, num_k): an empty K range must not read past the scales.)
+            kb_first = gl.minimum(kb_lo, num_k - 1)
+            sa_next = gl.load(sa_rows + kb_first * stride_sak, mask=row_ok, other=0.0)
+            sb0_next = gl.load(sb_row + kb_first * stride_sbk)
+            if NH == 2:
+                sb1_next = gl.load(sb1_row + kb_first * stride_sbk, mask=has1, other=0.0)
             for kb in range(kb_lo, kb_hi):
                 s = it % STAGES
-                # Scales first: their global-load latency overlaps the barrier wait and the wgmma.
-                sa = gl.load(sa_rows + kb * stride_sak, mask=row_ok, other=0.0)
-                sb0 = gl.load(sb_row + kb * stride_sbk)
+                sa = sa_next
+                sb0 = sb0_next
+                kb_next = gl.minimum(kb + 1, num_k - 1)
+                sa_next = gl.load(sa_rows + kb_next * stride_sak, mask=row_ok, other=0.0)
+                sb0_next = gl.load(sb_row + kb_next * stride_sbk)
+                if NH == 2:
+                    sb1 = sb1_next
+                    sb1_next = gl.load(sb1_row + kb_next * stride_sbk, mask=has1, other=0.0)
                 mbarrier.wait(ready.index(s), (it // STAGES) & 1)
                 if ROWS == BLOCK_M:
                     a_s = a_bufs.index(s)
@@ -868,7 +884,6 @@ def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty,
                     a_s = a_bufs.index(s).slice(WG * ROWS, ROWS, dim=0)
                 b_s = b_bufs.index(s)
                 if NH == 2:
-                    sb1 = gl.load(sb1_row + kb * stride_sbk, mask=has1, other=0.0)
                     b0 = b_s.slice(0, HALF, dim=0)
                     part = warpgroup_mma(a_s, b0.permute((1, 0)), part, use_acc=False, is_async=True)
                     part, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(part, a_s, b0))
