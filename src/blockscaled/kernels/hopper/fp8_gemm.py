@@ -763,6 +763,10 @@ def _wide_splitk_finish(c_desc, c_smem, c_ptr, ws_ptr, cnt_ptr, acc0, acc1, stil
     order (``_wide_splitk_sum``, one 128-column half at a time: two half tiles live at most),
     runs the normal epilogue and resets the counter to 0, so the buffer is all zeros again for
     the next launch or CUDA-graph replay. The others skip the epilogue.
+    SPREAD (HopperConfig.split_reduce="spread", the default): instead of the last unit reading
+    every partial back (SPLIT x the tile through one SM's L2 port: the split unit's main cost,
+    session 7), every unit waits for all SPLIT arrivals and sums its 1/SPLIT share of the
+    partition's region in the same order (``_wide_splitk_spread``).
     Addresses: one int64 pointer per row (2 per thread in the wgmma layout) + the int32 column
     offsets, which LLVM folds into the loads'/stores' immediate offsets. A [ROWS, HALF] offset
     tensor (``r * W + c``) is loop-invariant: LLVM hoisted its 64 int64 values out of the
