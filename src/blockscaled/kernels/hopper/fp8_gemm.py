@@ -866,11 +866,14 @@ def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty,
             # ptxas places between the wgmma issues: 5.6% of the warp samples were long-scoreboard
             # stalls there (ncu, M=4096 4096x7168), holding back the rest of the wgmma chain.
             # (Index clamped into [0, num_k): an empty K range must not read past the scales.)
+            # The second half's weight scale stays a same-iteration load (consumed a whole wgmma
+            # chain later): prefetched, ptxas carried it across the loop in a uniform register
+            # and put its R2UR right after the first wgmma of the chain, stalling on the load
+            # there (3.5% of the samples, ncu M=4096 7168x16384); this way the chain issues back
+            # to back (SASS) and M=4096 measured 0.99-1.09x (7168x16384) against that version.
             kb_first = gl.minimum(kb_lo, num_k - 1)
             sa_next = gl.load(sa_rows + kb_first * stride_sak, mask=row_ok, other=0.0)
             sb0_next = gl.load(sb_row + kb_first * stride_sbk)
-            if NH == 2:
-                sb1_next = gl.load(sb1_row + kb_first * stride_sbk, mask=has1, other=0.0)
             for kb in range(kb_lo, kb_hi):
                 s = it % STAGES
                 sa = sa_next
@@ -879,8 +882,7 @@ def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty,
                 sa_next = gl.load(sa_rows + kb_next * stride_sak, mask=row_ok, other=0.0)
                 sb0_next = gl.load(sb_row + kb_next * stride_sbk)
                 if NH == 2:
-                    sb1 = sb1_next
-                    sb1_next = gl.load(sb1_row + kb_next * stride_sbk, mask=has1, other=0.0)
+                    sb1 = gl.load(sb1_row + kb * stride_sbk, mask=has1, other=0.0)
                 mbarrier.wait(ready.index(s), (it // STAGES) & 1)
                 if ROWS == BLOCK_M:
                     a_s = a_bufs.index(s)
