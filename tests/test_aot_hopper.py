@@ -94,6 +94,23 @@ def wsig(bm, bn, cdt, rows):
             "NH": "constexpr", "EPI": "constexpr", "MODE": "constexpr", "E_POW2": "constexpr",
             "SPLIT_WG": "constexpr", "DUAL": "constexpr", "SPLIT": "constexpr", "num_warps": "constexpr"}
 
+def barrier_after_polls(ptx):
+    """For each acquire poll of a split counter (spread reduction): whether a barrier sits between
+    it and the next L2 (.cg) read of the partials (the other threads' reads are ordered after the
+    poll only through it)."""
+    lines = ptx.splitlines()
+    out = []
+    for i, ln in enumerate(lines):
+        if "ld.global.gpu.acquire" in ln:
+            bar = False
+            for ln2 in lines[i + 1:]:
+                if re.search(r"\b(bar|barrier)\.sync\b", ln2):
+                    bar = True
+                if "ld.global.cg" in ln2:
+                    break
+            out.append(bar)
+    return out
+
 def barrier_before_atomics(ptx):
     """The barrier instruction nearest before each acq_rel atomic (split-K arrival)."""
     lines = ptx.splitlines()
@@ -129,7 +146,9 @@ for bm, bn, st, epi, mode, cdt, split, dual, *sk in [
         # the unsplit build of that last config (the split builds' main loop is compared with it)
         (128, 128, 6, 2, 0, "bf16", True, False),
         # split_reduce "spread" (SPREAD): the small-M 128x128 split 7 and the tail-split dispatch config
-        (128, 128, 6, 2, 0, "bf16", True, False, 7, False, True), (128, 256, 3, 2, 0, "bf16", True, False, 5, True, True)]:
+        (128, 128, 6, 2, 0, "bf16", True, False, 7, False, True), (128, 256, 3, 2, 0, "bf16", True, False, 5, True, True),
+        # the small-M dispatch's 64-row tile at M <= 64 (one 4-warp partition, one half), split 6, both reductions
+        (64, 128, 6, 2, 0, "bf16", False, False, 6), (64, 128, 6, 2, 0, "bf16", False, False, 6, False, True)]:
     nsk = sk[0] if sk else 1
     tail = bool(sk[1]) if len(sk) > 1 else False
     spread = bool(sk[2]) if len(sk) > 2 else False
@@ -169,6 +188,7 @@ for bm, bn, st, epi, mode, cdt, split, dual, *sk in [
            "atom_exch": ptx.count("atom.global.gpu.relaxed.exch"),
            "ld_cg": ptx.count("ld.global.cg"), "arrive_barriers": barrier_before_atomics(ptx),
            "ld_cg_v4": ptx.count("ld.global.cg.v4.b32"), "poll_acquire": ptx.count("ld.global.gpu.acquire.b32"),
+           "poll_then_barrier": barrier_after_polls(ptx),
            "atom_relaxed_add": ptx.count("atom.global.gpu.relaxed.add"),
            "wgmma_n": ptx.count("wgmma.mma_async"), "tma_copies": ptx.count("cp.async.bulk.tensor")}
     rec.update(ptxas_stats(ptx))
@@ -301,7 +321,7 @@ def _spill_budget(key: str) -> int:
 
 def test_wide_kernel(compiled):
     keys = [k for k in compiled if k.startswith("wide_")]
-    assert len(keys) == 27, keys
+    assert len(keys) == 29, keys
     for key in keys:
         c = compiled[key]
         assert "error" not in c, (key, c)
@@ -337,7 +357,7 @@ def test_wide_split_k(compiled):
     producer warp and the other math partition: deadlock / serialisation), no spills, the same
     wgmma and TMA instructions as the SPLIT 1 kernel of the same config; SPLIT 1 has no atomics."""
     split_keys = [k for k in compiled if k.startswith("wide_") and "_sk" in k and not k.endswith("_spread")]
-    assert len(split_keys) == 10, split_keys
+    assert len(split_keys) == 11, split_keys
     for key in split_keys:
         c = compiled[key]
         assert "error" not in c, (key, c)
@@ -349,7 +369,8 @@ def test_wide_split_k(compiled):
         ids = set()
         for bar in c["arrive_barriers"]:
             m = re.fullmatch(r"bar\.sync (\d+), (\d+);", bar)
-            assert m and int(m.group(2)) == 512 // (2 * ncons), (key, bar)  # the partition's threads only
+            threads = 128 if key.startswith("wide_64x") else 512 // (2 * ncons)  # the partition's threads only
+            assert m and int(m.group(2)) == threads, (key, bar)
             ids.add(m.group(1))
         assert len(ids) == ncons, (key, c["arrive_barriers"])  # each partition its own barrier id
         assert c["shared"] <= 232448, (key, c)
@@ -377,19 +398,28 @@ def test_wide_split_k(compiled):
 
 
 def test_wide_split_spread(compiled):
-    """split_reduce "spread" (SPREAD): per math partition the arrival (acq_rel add), an acquire
+    """split_reduce "spread" (SPREAD; the 128-row two-partition and the 64-row tiles): per math
+    partition the arrival (acq_rel add) behind the partition's named barrier, an acquire
     poll of the counter (the wait for the tile's other units), the departure (relaxed add) and
     the reset (exch), nothing else atomic; the partials read back with 16-byte L2 loads; no
     spills; the same wgmma instructions and TMA loads as the last-arriver build, and its TMA
     stores less the split finish's (a spread unit stores its share with plain stores)."""
     keys = [k for k in compiled if k.endswith("_spread")]
-    assert len(keys) == 2, keys
+    assert len(keys) == 3, keys
     for key in keys:
         c = compiled[key]
         assert "error" not in c, (key, c)
         ncons = 2 if "_split1" in key else 1
         assert (c["atom_acq_rel"], c["atom_relaxed_add"], c["atom_exch"]) == (ncons,) * 3, (key, c)
         assert c["atom"] == 3 * ncons and c["poll_acquire"] >= ncons, (key, c)
+        # ordering: the partition's own named barrier before each arrival (its threads' partial
+        # stores happen before the release), and a barrier between each poll and the reads
+        threads = 128
+        assert len(c["arrive_barriers"]) == ncons, (key, c)
+        for bar in c["arrive_barriers"]:
+            m = re.fullmatch(r"bar\.sync (\d+), (\d+);", bar)
+            assert m and int(m.group(2)) == threads, (key, bar)
+        assert c["poll_then_barrier"] and all(c["poll_then_barrier"]), (key, c["poll_then_barrier"])
         assert c["ld_cg_v4"] > 0, (key, c)
         if c.get("spill_stores") is not None:
             assert c["spill_stores"] == 0 and not c["wgmma_serialized"], (key, c)

@@ -166,7 +166,8 @@ def test_fallback_reasons():
 # forced configs (block_n, stages, epilogue, split_k, split_wg, block_m): both tile widths,
 # both epilogues, odd split counts, the single 8-warp math partition, 64-row tiles
 SPLITK_CFGS = [(256, 3, "tma", 3, True, 128), (128, 6, "tma", 2, True, 128), (256, 4, "masked", 4, True, 128),
-               (128, 5, "masked", 7, True, 128), (256, 3, "tma", 3, False, 128), (256, 4, "tma", 3, False, 64)]
+               (128, 5, "masked", 7, True, 128), (256, 3, "tma", 3, False, 128), (256, 4, "tma", 3, False, 64),
+               (128, 6, "tma", 6, False, 64)]  # the last: the small-M dispatch's tile at M <= 64
 # K: 56 / 128 K blocks; 1040 = 9 blocks (K tail; split 3 -> 3, 3, 3); 640 = 5 blocks (split 2 -> 3, 2)
 SPLITK_NK = [(2112, 7168), (7168, 16384), (520, 1040), (2112, 640), (520, 7168), (7168, 1040)]
 
@@ -316,8 +317,9 @@ def test_split_k_interleaved_with_portable_split_k():
 
 def test_split_k_dispatch_with_unaligned_output():
     """The dispatch's split-K config at M=128 7168x16384 (ops/_hopper.small_m_dispatch_config)
-    into an output view whose row stride is not 16-byte aligned: no TMA-store target, so the last
-    split's epilogue falls back to the masked store and writes nothing past the view."""
+    into an output view whose row stride is not 16-byte aligned: no TMA-store target, so the
+    epilogues fall back to masked stores (the spread reduction's always are; the last-arriver
+    reduction's, run second, switches from the TMA store) and write nothing past the view."""
     from blockscaled.ops import _hopper as H
     from blockscaled.ops.gemm import gemm
 
@@ -330,6 +332,11 @@ def test_split_k_dispatch_with_unaligned_output():
     out = big[:, :n]
     assert (out.stride(0) * 2) % 16
     H.gemm_fp8_block_hopper_impl(a.data, a.scale, b.data, b.scale, out, cfg)
+    assert_gemm_close(out, ref_gemm.gemm(a, b), "fp8_block", torch.bfloat16)
+    assert torch.isnan(big[:, n:].float()).all(), "wrote past the output view"
+    # the last-arriver reduction's epilogue (the spread one stores with plain masked stores)
+    big.fill_(float("nan"))
+    H.gemm_fp8_block_hopper_impl(a.data, a.scale, b.data, b.scale, out, dataclasses.replace(cfg, split_reduce="last"))
     assert_gemm_close(out, ref_gemm.gemm(a, b), "fp8_block", torch.bfloat16)
     assert torch.isnan(big[:, n:].float()).all(), "wrote past the output view"
     _counters_zero(b.data.device)
@@ -482,6 +489,13 @@ def test_wide_tail_split_cuda_graph_and_unaligned_output():
 
 
 # ------------------------------------------------------------------ split_reduce "spread"
+@pytest.fixture
+def no_reduce_env(monkeypatch):
+    """The spread tests must run "spread": no environment fallback to "last"."""
+    monkeypatch.delenv("BLOCKSCALED_SPLIT_REDUCE", raising=False)
+    monkeypatch.delenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", raising=False)
+
+
 # (M, N, K): row / column / K tails, 1 row, many tiles; split-K and tail-split configs as above
 SPREAD_MNK = [(1, 2112, 7168), (200, 520, 1040), (128, 7168, 16384), (256, 2112, 640)]
 
@@ -489,7 +503,7 @@ SPREAD_MNK = [(1, 2112, 7168), (200, 520, 1040), (128, 7168, 16384), (256, 2112,
 @pytest.mark.parametrize("cfg", SPLITK_CFGS,
                          ids=lambda c: "m{5}n{0}s{1}{2}k{3}{4}".format(*c[:4], "" if c[4] else "-1part", c[5]))
 @pytest.mark.parametrize("mnk", SPREAD_MNK, ids=lambda s: "x".join(map(str, s)))
-def test_wide_split_k_spread(cfg, mnk, monkeypatch):
+def test_wide_split_k_spread(cfg, mnk, monkeypatch, no_reduce_env):
     """The spread reduction (every unit waits, then sums 1/split of the tile) against the float64
     reference (NaN-poisoned output) and bitwise equal to the last-arriver reduction (same fixed
     order); the launch really is SPREAD; counters left zero."""
@@ -504,9 +518,24 @@ def test_wide_split_k_spread(cfg, mnk, monkeypatch):
     _counters_zero(b.data.device)
     (_, _, kw), (_, _, kw_last) = seen
     assert kw["SPREAD"] == (kw["SPLIT"] > 1) and not kw_last["SPREAD"]
+    assert kw["launch_cooperative_grid"] == kw["SPREAD"] and not kw_last["launch_cooperative_grid"]
 
 
-def test_wide_split_spread_env_fallback(monkeypatch):
+def test_wide_split_spread_needs_a_program_per_split(monkeypatch, no_reduce_env):
+    """More splits than programs: the spread reduction would wait for a unit of its own program,
+    so the launcher refuses it (HopperUnsupported); "last" runs there."""
+    import blockscaled.ops._hopper as H
+
+    a, b = _operands(64, 256, 1024, seed=26)
+    monkeypatch.setattr(H, "_num_sms", lambda index: 2)
+    cfg = H.HopperConfig("wide", 128, 128, 8, 4, split_k=4)
+    with pytest.raises(H.HopperUnsupported, match="spread"):
+        gemm_fp8_block_hopper(a, b, config=cfg)
+    _check(a, b, dataclasses.replace(cfg, split_reduce="last"))
+    _counters_zero(b.data.device)
+
+
+def test_wide_split_spread_env_fallback(monkeypatch, no_reduce_env):
     """BLOCKSCALED_SPLIT_REDUCE=last (or an MPS thread percentage < 100) runs the last-arriver
     reduction for a spread config: same bits."""
     a, b = _operands(128, 2112, 7168, seed=25)
@@ -524,24 +553,32 @@ def test_wide_split_spread_env_fallback(monkeypatch):
 
 @pytest.mark.parametrize("cfg", TAIL_CFGS, ids=lambda c: "n{0}s{1}{2}t{3}{4}".format(*c[:4], "" if c[4] else "-1part"))
 @pytest.mark.parametrize("mnk", TAIL_MNK[:4], ids=lambda s: "x".join(map(str, s)))
-def test_wide_tail_split_spread(cfg, mnk):
+def test_wide_tail_split_spread(cfg, mnk, monkeypatch, no_reduce_env):
+    """Tail split with the spread reduction: really a spread tail-split launch where the grid has
+    a partial last wave, vs the float64 reference and bitwise equal to "last"."""
     m, n, k = mnk
     a, b = _operands(m, n, k, seed=22)
     last = dataclasses.replace(_tail_cfg(cfg), split_reduce="last")
+    seen = _spy_wide_launches(monkeypatch)
     out = _check(a, b, dataclasses.replace(last, split_reduce="spread"))
     assert torch.equal(out, gemm_fp8_block_hopper(a, b, config=last))
     _counters_zero(b.data.device)
+    (_, args, kw), (_, _, kw_last) = seen
+    assert kw["SPREAD"] == (kw["SPLIT"] > 1) and not kw_last["SPREAD"]
+    assert kw["launch_cooperative_grid"] == kw["SPREAD"]
+    if kw["SPLIT"] > 1:
+        assert kw["TAIL"] and args[_SPLIT_FROM_ARG] > 0
 
 
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])
-def test_wide_split_spread_out_dtypes(out_dtype):
+def test_wide_split_spread_out_dtypes(out_dtype, no_reduce_env):
     a, b = _operands(200, 2112, 1040, seed=23)
     for c in SPLITK_CFGS[:4]:
         _check(a, b, dataclasses.replace(_splitk_cfg(c), stages=3, split_reduce="spread"), out_dtype)
     _counters_zero(b.data.device)
 
 
-def test_wide_split_spread_cuda_graph_and_back_to_back():
+def test_wide_split_spread_cuda_graph_and_back_to_back(no_reduce_env):
     """Spread launches captured in a graph replay bitwise equal to eager, interleaved with
     last-arriver launches of other shapes on the same counter buffer; counters left zero."""
     cases = []

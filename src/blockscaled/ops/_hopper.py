@@ -100,9 +100,11 @@ class HopperConfig:
         "spread" (default) = every unit of the tile waits for the others' partials, then sums and
         stores 1/split of the tile. H100 (scripts/split_reduce_ab.py): 1.24-1.85x faster where every
         tile is split 4-8 ways (M=128 2112x7168 split 7: 25.4 -> 14.7 us), 1.0-1.08x on tail splits.
-        The wait needs every program of the persistent grid (<= one CTA per SM) resident at once,
-        as on a dedicated GPU; where SMs may be withheld (MPS with an active-thread percentage
-        below 100 in the environment, or BLOCKSCALED_SPLIT_REDUCE=last) the launcher runs "last".
+        The wait needs every program of the persistent grid (<= one CTA per SM) resident at once:
+        such launches are cooperative (the driver co-schedules the whole grid or fails the launch
+        with an error, never a hang). Where SMs may be withheld for good (MPS with an active-thread
+        percentage below 100 in the environment) or BLOCKSCALED_SPLIT_REDUCE=last is set, the
+        launcher runs "last".
     """
 
     variant: str = "persistent"
@@ -206,7 +208,7 @@ class HopperConfig:
 TAIL_SPLIT_MAX = 16
 #: Fewest K blocks for a tail split (re-checked with the spread reduction: 2048x7168x2048 split 2
 #: 63.8 -> 65.7 us, still a loss). Each split unit pays a fixed cost (fp32 partial tile store,
-#: arrival atomic, the last unit's serial read-back) that only a long tile amortises. H100
+#: arrival atomic, the reduction's read-back) that only a long tile amortises. H100
 #: (scripts/tail_split_ab.py, benchmarks/results/h100/tail-split-ab-20261122.json, time without /
 #: with): K = 7168 and 16384 won on all 7 rows (1.03-1.17x; 4096x2112x7168 140.0 -> 129.2 us),
 #: K = 1536 won 1.04x twice, K = 2048 lost twice (0.93x / 0.94x: 2048x7168, 3000x7168).
@@ -341,16 +343,26 @@ SMALL_M_MANY_TILES = 48
 SMALL_M_MANY_TILES_MIN_KB = 24
 
 
+#: Most K ranges of a small-M split: each SPLIT value is its own compile (the spread reduction
+#: unrolls over the ranges), and the sweep's best splits were <= 14.
+SMALL_M_SPLIT_MAX = 16
+
+
 def small_m_split(tiles: int, nk: int, num_sms: int = 132) -> int:
     """K split of the small-M wide kernel (spread reduction) for ``tiles`` output tiles of nk K
-    blocks: about SMALL_M_TARGET_UNITS units, all in one wave (tiles * split <= SMs), >= 4 K
-    blocks per range (_SPLITK_MIN_KB), and >= SMALL_M_MANY_TILES_MIN_KB per range where the tiles
-    alone fill SMALL_M_MANY_TILES SMs."""
-    s = max(1, min(triton.cdiv(SMALL_M_TARGET_UNITS, max(tiles, 1)), num_sms // max(tiles, 1)))
+    blocks: about SMALL_M_TARGET_UNITS units, all in one wave (tiles * split <= SMs), at most
+    SMALL_M_SPLIT_MAX, every range of the launcher's plan (_split_plan_kb: whole ranges of
+    cdiv(nk, split) blocks, the last one shorter) >= 4 K blocks (_SPLITK_MIN_KB), >= 
+    SMALL_M_MANY_TILES_MIN_KB where the tiles alone fill SMALL_M_MANY_TILES SMs. Returns the
+    split the launcher will run (its plan may merge ranges: 7184 = 57 blocks in 14 -> 12 of 5)."""
+    s = max(1, min(triton.cdiv(SMALL_M_TARGET_UNITS, max(tiles, 1)), num_sms // max(tiles, 1), SMALL_M_SPLIT_MAX))
     min_kb = SMALL_M_MANY_TILES_MIN_KB if tiles >= SMALL_M_MANY_TILES else _SPLITK_MIN_KB
-    while s > 1 and nk // s < min_kb:
+    while s > 1:
+        launched, per = _split_plan_kb(nk, s)
+        if launched > 1 and nk - (launched - 1) * per >= min_kb:
+            return launched
         s -= 1
-    return s
+    return 1
 
 
 @functools.lru_cache(maxsize=4096)
@@ -393,7 +405,7 @@ def small_m_dispatch_config(m: int, n: int, k: int, num_sms: int = 132,
 
 
 #: Fewest K blocks (128 wide) per split-K range: below 4 the per-unit fixed cost (ring fill, the
-#: fp32 partial tile store, the last unit's read-back of every partial) is not amortised, and a
+#: fp32 partial tile store, the reduction's read-back of the partials) is not amortised, and a
 #: 3-6 stage ring never reaches its steady state. A choice, not measured.
 _SPLITK_MIN_KB = 4
 #: Per-unit fixed cost of a split unit in K-block equivalents for :func:`choose_small_m_hopper_config`:
@@ -591,7 +603,8 @@ def gemm_fp8_block_hopper_impl(a2: torch.Tensor, a_s2: torch.Tensor, b_data: tor
     ``a2 [M, K]`` e4m3 (K stride 1, 16-byte row stride/base), ``a_s2 [M, ceil(K/128)]`` fp32 (any
     strides), ``b_data [N, K]`` e4m3 (same TMA constraints), ``b_scale [ceil(N/128),
     ceil(K/128)]`` fp32 (any strides), ``out2`` bf16/fp16/fp32 with unit column stride.
-    Raises :class:`HopperUnsupported` if A/B violate the TMA constraints. No host synchronisation.
+    Raises :class:`HopperUnsupported` if A/B violate the TMA constraints, or for a spread split-K
+    whose splits outnumber the programs (each split of a tile needs its own). No host synchronisation.
     ``cfg.split_k > 1`` or ``cfg.tail_split > 1`` ("wide"; :func:`_wide_split_plan`): fused
     split-K of all tiles / of the last partial wave's tiles; allocates an fp32 workspace
     ``[split tiles, splits, block_m, block_n]`` per call (one tile-shaped slot per unit; at
@@ -660,6 +673,11 @@ def gemm_fp8_block_hopper_impl(a2: torch.Tensor, a_s2: torch.Tensor, b_data: tor
             b_scale.stride(1), out2.stride(0), GROUP_M=cfg.group_m, STAGES=cfg.stages, NH=cfg.block_n // 128,
             EPI=epi, MODE=0, E_POW2=1, SPLIT_WG=split, DUAL=False, SPLIT=nsplit, TAIL=split_from > 0 and nsplit > 1,
             SPREAD=nsplit > 1 and spread,
+            # spread units wait for each other: a cooperative launch makes the driver guarantee
+            # that all programs are resident at once (or fail the launch) instead of the kernel
+            # relying on a dedicated GPU (another stream's kernel, MPS or green contexts could
+            # otherwise keep some programs off the SMs while the others spin)
+            launch_cooperative_grid=bool(nsplit > 1 and spread),
             num_warps=4 if split else cfg.num_warps,
         )
         return

@@ -598,8 +598,12 @@ def _wide_unit(u, num_k, kb_per_split, split_from, SPLIT: gl.constexpr):
     finishes shortly after the others instead of a wave later, the partials it reads back were
     written moments before (still in L2), and only about one wave's worth of tiles has partials
     live in the workspace. (Split-major order, u = split * tiles + tile, puts a tile's splits
-    ``tiles`` units apart: in different waves once units > programs.) Any order is correct: no
-    unit ever waits for another (the last arrival reduces). The producer and the math
+    ``tiles`` units apart: in different waves once units > programs.) With the last-arriver
+    reduction any order is correct (no unit waits for another). The spread reduction (SPREAD)
+    needs this order: a unit waits only for the other units of its tile, which belong to other
+    programs (SPLIT <= programs, checked by the launcher) that reach them after lower tiles
+    only, so the lowest unfinished tile always has all its units running (with every program
+    resident: a cooperative launch). The producer and the math
     partitions call this with the same arguments, so they walk the same K blocks (the ring
     phase ``it`` depends on it). SPLIT == 1: the whole K range of tile u."""
     if SPLIT == 1:
@@ -820,8 +824,8 @@ def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty,
     DUAL (SwiGLU): half 0 of the ring slot holds gate rows, half 1 the up rows of the same 128
     output columns; the epilogue stores ``silu(acc0) * acc1`` (fp32) for those columns.
     SPLIT > 1 (dense only): a unit is one K range of a tile; the partition's partials go to the
-    workspace and the last of the SPLIT units of (tile, WG) to finish reduces and stores them
-    (``_wide_splitk_finish``)."""
+    workspace and the last of the SPLIT units of (tile, WG) to finish reduces and stores them,
+    or with SPREAD every unit waits for the others and stores its share (``_wide_splitk_finish``)."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BOX_N: gl.constexpr = b_desc.block_type.shape[0]
@@ -961,6 +965,9 @@ def fp8_block_gemm_wide_kernel(a_desc, b_desc, b2_desc, c_desc, sa_ptr, sb_ptr, 
     ``ws_ptr``: fp32 workspace [tiles - split_from, SPLIT, BLOCK_M, BLOCK_N] contiguous;
     ``cnt_ptr``: int32 [>= (tiles - split_from) * math partitions], all zeros on entry, left all
     zeros on exit (``_wide_splitk_finish``).
+    SPREAD (SPLIT > 1): the spread reduction (``_wide_splitk_spread``): units wait for the other
+    units of their tile, so the launch must be cooperative (all programs resident) with
+    SPLIT <= programs (the launcher does both).
     TAIL: split_from may be > 0 (tail split): the math partitions then also compile the whole-tile
     epilogue next to the split one (a runtime branch per unit). False: split_from must be 0 with
     SPLIT > 1 (every unit a split unit; the branch would cost registers for nothing).
