@@ -100,11 +100,15 @@ class HopperConfig:
         "spread" (default) = every unit of the tile waits for the others' partials, then sums and
         stores 1/split of the tile. H100 (scripts/split_reduce_ab.py): 1.24-1.85x faster where every
         tile is split 4-8 ways (M=128 2112x7168 split 7: 25.4 -> 14.7 us), 1.0-1.08x on tail splits.
-        The wait needs every program of the persistent grid (<= one CTA per SM) resident at once:
-        such launches are cooperative (the driver co-schedules the whole grid or fails the launch
-        with an error, never a hang). Where SMs may be withheld for good (MPS with an active-thread
-        percentage below 100 in the environment) or BLOCKSCALED_SPLIT_REDUCE=last is set, the
-        launcher runs "last".
+        The wait needs every program of the persistent grid (<= one CTA per SM) to get an SM
+        eventually while the others spin: true on a GPU this process has to itself, where the
+        grid fits at once. Not guaranteed where other work can hold SMs for as long as the spin
+        lasts: MPS with an active-thread percentage below 100 in the environment (the launcher
+        then runs "last"), a server-side MPS limit, green contexts, or two spread GEMMs on
+        concurrent streams (the block scheduler normally drains the earlier launch first, but
+        nothing promises it). Set BLOCKSCALED_SPLIT_REDUCE=last there. (A cooperative launch,
+        triton's launch_cooperative_grid, would make the driver co-schedule the grid: not yet
+        measured on a GPU, so not enabled.)
     """
 
     variant: str = "persistent"
@@ -673,11 +677,6 @@ def gemm_fp8_block_hopper_impl(a2: torch.Tensor, a_s2: torch.Tensor, b_data: tor
             b_scale.stride(1), out2.stride(0), GROUP_M=cfg.group_m, STAGES=cfg.stages, NH=cfg.block_n // 128,
             EPI=epi, MODE=0, E_POW2=1, SPLIT_WG=split, DUAL=False, SPLIT=nsplit, TAIL=split_from > 0 and nsplit > 1,
             SPREAD=nsplit > 1 and spread,
-            # spread units wait for each other: a cooperative launch makes the driver guarantee
-            # that all programs are resident at once (or fail the launch) instead of the kernel
-            # relying on a dedicated GPU (another stream's kernel, MPS or green contexts could
-            # otherwise keep some programs off the SMs while the others spin)
-            launch_cooperative_grid=bool(nsplit > 1 and spread),
             num_warps=4 if split else cfg.num_warps,
         )
         return

@@ -602,8 +602,8 @@ def _wide_unit(u, num_k, kb_per_split, split_from, SPLIT: gl.constexpr):
     reduction any order is correct (no unit waits for another). The spread reduction (SPREAD)
     needs this order: a unit waits only for the other units of its tile, which belong to other
     programs (SPLIT <= programs, checked by the launcher) that reach them after lower tiles
-    only, so the lowest unfinished tile always has all its units running (with every program
-    resident: a cooperative launch). The producer and the math
+    only, so the lowest unfinished tile always has all its units running (every program must
+    get an SM: HopperConfig.split_reduce). The producer and the math
     partitions call this with the same arguments, so they walk the same K blocks (the ring
     phase ``it`` depends on it). SPLIT == 1: the whole K range of tile u."""
     if SPLIT == 1:
@@ -966,8 +966,8 @@ def fp8_block_gemm_wide_kernel(a_desc, b_desc, b2_desc, c_desc, sa_ptr, sb_ptr, 
     ``cnt_ptr``: int32 [>= (tiles - split_from) * math partitions], all zeros on entry, left all
     zeros on exit (``_wide_splitk_finish``).
     SPREAD (SPLIT > 1): the spread reduction (``_wide_splitk_spread``): units wait for the other
-    units of their tile, so the launch must be cooperative (all programs resident) with
-    SPLIT <= programs (the launcher does both).
+    units of their tile, so every program must get an SM while others spin, and SPLIT <=
+    programs (the launcher checks it; HopperConfig.split_reduce has the conditions).
     TAIL: split_from may be > 0 (tail split): the math partitions then also compile the whole-tile
     epilogue next to the split one (a runtime branch per unit). False: split_from must be 0 with
     SPLIT > 1 (every unit a split unit; the branch would cost registers for nothing).
