@@ -1,6 +1,6 @@
 """Dev diagnostic (H100): which strategy gemm() takes at M=4096 and how each forced variant
 times, plus a small fp8_block tile sweep. Prints one table; no files."""
-import sys, itertools
+import sys
 import torch, triton
 sys.path.insert(0, "src")
 import blockscaled as bs

@@ -144,7 +144,7 @@ def main() -> int:
                 if v == "portable":
                     from blockscaled.ops.gemm import gemm
 
-                    def run(out=None):
+                    def run(out=None, a=a, b=b):
                         return gemm(a, b, out_dtype=torch.bfloat16, out=out)
                 else:
                     # "name[+ov][@key=val,...]": overrides of the heuristic's HopperConfig fields, e.g.
@@ -162,7 +162,7 @@ def main() -> int:
                     if reason is not None:
                         raise NotImplementedError(reason)
 
-                    def run(out=None, cfg=cfg):
+                    def run(out=None, cfg=cfg, a=a, b=b):
                         return gemm_fp8_block_hopper(a, b, torch.bfloat16, out, config=cfg)
 
                 out = torch.full((m, n), float("nan"), device=dev, dtype=torch.bfloat16)

@@ -1,6 +1,6 @@
 """Dev probe: environment facts and whether the torch reference quantizers give the same bits on
 CUDA as on the CPU (the Triton kernels are tested against the CPU reference)."""
-import importlib, json, subprocess, sys, time
+import importlib, json, subprocess, sys
 import torch, triton
 
 sys.path.insert(0, "src")

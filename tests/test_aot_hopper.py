@@ -278,8 +278,7 @@ def test_unsupported_reasons_cpu():
         gemm_fp8_block_hopper(a, b)
     with pytest.raises(HopperUnsupported):
         gemm_fp8_block_hopper(a, b)
-    a1, b1 = a, _operands()[0]  # 1x128 weight blocks
-    assert "b.block" in unsupported_reason(a1, _operands(m=256)[0])
+    assert "b.block" in unsupported_reason(a, _operands(m=256)[0])  # 1x128 weight blocks
     assert "ScaledTensor" in unsupported_reason(torch.zeros(4, 256), b)
 
 
