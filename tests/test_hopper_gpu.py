@@ -229,6 +229,30 @@ def test_wide_split_k_bitwise_repeatable(mnk):
     _counters_zero(b.data.device)
 
 
+def _graph_replays_match_eager(cases):
+    """Capture ``gemm_fp8_block_hopper(a, b, out=o, config=cfg)`` for every (a, b, cfg, eager) of
+    ``cases`` into one CUDA graph (after a warm-up on the capture stream), then replay it three
+    times into NaN-poisoned outputs: each replay must be bitwise equal to the eager results."""
+    outs = [torch.empty_like(e) for *_, e in cases]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for (a, b, cfg, _), o in zip(cases, outs):  # warm-up on the capture stream
+            gemm_fp8_block_hopper(a, b, out=o, config=cfg)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for (a, b, cfg, _), o in zip(cases, outs):
+            gemm_fp8_block_hopper(a, b, out=o, config=cfg)
+    for _ in range(3):
+        for o in outs:
+            o.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        for (*_, eager), o in zip(cases, outs):
+            assert torch.equal(o, eager)
+
+
 def test_wide_split_k_cuda_graph():
     """Captured split-K GEMMs replay bitwise equal to eager: the counters reset themselves (a
     stale count would make no split, or two, the last) and the graph's workspace is reused."""
@@ -238,24 +262,7 @@ def test_wide_split_k_cuda_graph():
         a, b = _operands(m, n, k, seed=11)
         cfg = _splitk_cfg(c)
         ops.append((a, b, cfg, gemm_fp8_block_hopper(a, b, config=cfg)))  # eager (also compiles)
-    outs = [torch.empty_like(e) for *_, e in ops]
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for (a, b, cfg, _), o in zip(ops, outs):  # warm-up on the capture stream
-            gemm_fp8_block_hopper(a, b, out=o, config=cfg)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for (a, b, cfg, _), o in zip(ops, outs):
-            gemm_fp8_block_hopper(a, b, out=o, config=cfg)
-    for _ in range(3):
-        for o in outs:
-            o.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        for (*_, eager), o in zip(ops, outs):
-            assert torch.equal(o, eager)
+    _graph_replays_match_eager(ops)
     _counters_zero(ops[0][1].data.device)
     from blockscaled.ops.gemm import _GRAPH_COUNTERS
 
@@ -466,20 +473,7 @@ def test_wide_tail_split_cuda_graph_and_unaligned_output():
     a, b = _operands(m, n, k, seed=19)
     cfg = _tail_cfg(TAIL_CFGS[0])
     eager = gemm_fp8_block_hopper(a, b, config=cfg)
-    out = torch.empty_like(eager)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        gemm_fp8_block_hopper(a, b, out=out, config=cfg)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        gemm_fp8_block_hopper(a, b, out=out, config=cfg)
-    for _ in range(3):
-        out.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, eager)
+    _graph_replays_match_eager([(a, b, cfg, eager)])
     big = torch.full((m, n + 3), float("nan"), device="cuda", dtype=torch.bfloat16)
     view = big[:, :n]
     gemm_fp8_block_hopper(a, b, torch.bfloat16, view, config=cfg)
@@ -588,22 +582,5 @@ def test_wide_split_spread_cuda_graph_and_back_to_back(no_reduce_env):
         cases.append((a, b, cfg, gemm_fp8_block_hopper(a, b, config=cfg)))
     for a, b, cfg, eager in cases:
         assert_gemm_close(eager, ref_gemm.gemm(a, b), "fp8_block", torch.bfloat16)
-    outs = [torch.empty_like(e) for *_, e in cases]
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for (a, b, cfg, _), o in zip(cases, outs):
-            gemm_fp8_block_hopper(a, b, out=o, config=cfg)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for (a, b, cfg, _), o in zip(cases, outs):
-            gemm_fp8_block_hopper(a, b, out=o, config=cfg)
-    for _ in range(3):
-        for o in outs:
-            o.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        for (*_, eager), o in zip(cases, outs):
-            assert torch.equal(o, eager)
+    _graph_replays_match_eager(cases)
     _counters_zero(cases[0][1].data.device)

@@ -658,6 +658,7 @@ def gemm_fp8_block_hopper_impl(a2: torch.Tensor, a_s2: torch.Tensor, b_data: tor
         nsm = _num_sms(_dev_index(out2.device))
         split_from, nsplit, kb_per = _wide_split_plan(tiles, triton.cdiv(k, bk), cfg, nsm)
         ws = cnt = out2  # unused by the kernel when SPLIT == 1
+        spread = False
         if nsplit > 1:
             # fp32 partials [split tiles, split, block_m, block_n], written and read back by this
             # launch; counters per (split tile, math partition), all zero between launches (the
@@ -676,7 +677,7 @@ def gemm_fp8_block_hopper_impl(a2: torch.Tensor, a_s2: torch.Tensor, b_data: tor
             triton.cdiv(m, cfg.block_m), kb_per, split_from, a_s2.stride(0), a_s2.stride(1), 0, b_scale.stride(0),
             b_scale.stride(1), out2.stride(0), GROUP_M=cfg.group_m, STAGES=cfg.stages, NH=cfg.block_n // 128,
             EPI=epi, MODE=0, E_POW2=1, SPLIT_WG=split, DUAL=False, SPLIT=nsplit, TAIL=split_from > 0 and nsplit > 1,
-            SPREAD=nsplit > 1 and spread,
+            SPREAD=spread,
             num_warps=4 if split else cfg.num_warps,
         )
         return
