@@ -356,7 +356,7 @@ def small_m_split(tiles: int, nk: int, num_sms: int = 132) -> int:
     """K split of the small-M wide kernel (spread reduction) for ``tiles`` output tiles of nk K
     blocks: about SMALL_M_TARGET_UNITS units, all in one wave (tiles * split <= SMs), at most
     SMALL_M_SPLIT_MAX, every range of the launcher's plan (_split_plan_kb: whole ranges of
-    cdiv(nk, split) blocks, the last one shorter) >= 4 K blocks (_SPLITK_MIN_KB), >= 
+    cdiv(nk, split) blocks, the last one shorter) >= 4 K blocks (_SPLITK_MIN_KB), >=
     SMALL_M_MANY_TILES_MIN_KB where the tiles alone fill SMALL_M_MANY_TILES SMs. Returns the
     split the launcher will run (its plan may merge ranges: 7184 = 57 blocks in 14 -> 12 of 5)."""
     s = max(1, min(triton.cdiv(SMALL_M_TARGET_UNITS, max(tiles, 1)), num_sms // max(tiles, 1), SMALL_M_SPLIT_MAX))
