@@ -3,10 +3,11 @@ unit of a tile reads every partial back) vs "spread" (every unit waits for the o
 1/split of the tile), same configs, same inputs, same run; both checked against the float64
 reference and against each other (bitwise: the same fixed summation order).
 
-``--coop`` adds "spread" launched cooperatively (triton's launch_cooperative_grid: the driver
-co-schedules the whole grid, the pending fix for the spread wait's co-residency condition, see
-HopperConfig.split_reduce): timed through CUDA graphs like the others (so graph capture of the
-cooperative launch is exercised) and checked bitwise against "last".
+The library launches "spread" cooperatively (triton's launch_cooperative_grid: the driver
+co-schedules the whole grid, the spread wait's co-residency condition, see
+HopperConfig.split_reduce). ``--plain`` adds "spread" launched without it (the H100 A/B of
+session 8 that enabled it: the same times within 0.2 us on all 14 rows), checked bitwise against
+"last".
 
 ``--probe`` adds two edited copies of the kernel, timing only (their results are wrong): "noread"
 (the last unit stores its own partial instead of reading all partials back) and "nopart" (no
@@ -75,8 +76,8 @@ def edited_kernel(kind: str):
     return mod.fp8_block_gemm_wide_kernel
 
 
-class _Cooperative:
-    """The wide kernel, launched cooperatively whenever SPREAD is set."""
+class _Plain:
+    """The wide kernel launched without the cooperative attribute."""
 
     def __init__(self, kernel):
         self.kernel = kernel
@@ -85,8 +86,7 @@ class _Cooperative:
         launch = self.kernel[grid]
 
         def run(*args, **kw):
-            if kw.get("SPREAD"):
-                kw["launch_cooperative_grid"] = True
+            kw.pop("launch_cooperative_grid", None)
             return launch(*args, **kw)
         return run
 
@@ -111,7 +111,7 @@ def config_for(m, n, k, bn, split, nsm):
 def main():
     args = sweep_cli(__doc__, "0", shapes=False, extra=lambda p: (
         p.add_argument("--probe", action="store_true", help="time the edited kernels"),
-        p.add_argument("--coop", action="store_true", help="also time 'spread' launched cooperatively")))
+        p.add_argument("--plain", action="store_true", help="also time 'spread' launched non-cooperatively")))
     nsm = torch.cuda.get_device_properties(0).multi_processor_count
     probes = {k: edited_kernel(k) for k in ("noread", "nopart")} if args.probe else {}
     rows = []
@@ -124,6 +124,8 @@ def main():
             print(f"{m:>5}{n:>7}{k:>7}: no tail split on {nsm} SMs")
             continue
         _, sets, ref = case_inputs(m, n, k, max_sets=4)
+        # (HopperConfig's default reduction is "spread": "last" must be asked for)
+        cfg = dataclasses.replace(cfg, split_reduce="last")
         spread = dataclasses.replace(cfg, split_reduce="spread")
         unsplit = dataclasses.replace(cfg, split_k=1, tail_split=1)
 
@@ -135,9 +137,9 @@ def main():
             t[name] = checked_us(run(c), sets, ref, f"{m}x{n}x{k} {c}")
         o_last, o_spread = run(cfg)(*sets[0]), run(spread)(*sets[0])
         same = bool(torch.equal(o_last, o_spread))
-        if args.coop:
-            with wide_kernel(_Cooperative(H._kernel_for("wide"))):
-                t["coop"] = checked_us(run(spread), sets, ref, f"{m}x{n}x{k} {spread} cooperative")
+        if args.plain:
+            with wide_kernel(_Plain(H._kernel_for("wide"))):
+                t["plain"] = checked_us(run(spread), sets, ref, f"{m}x{n}x{k} {spread} non-cooperative")
                 same = same and bool(torch.equal(run(spread)(*sets[0]), o_last))
         for name, kern in probes.items():
             if case in PROBE_CASES:
@@ -146,7 +148,7 @@ def main():
         label = f"{cfg.block_m}x{cfg.block_n} s{cfg.stages} " + (f"tail{cfg.tail_split}" if split == "tail"
                                                                  else f"split{cfg.split_k}")
         rows.append({"m": m, "n": n, "k": k, "cfg": label, "bitwise_equal": same, **{f"{kk}_us": v for kk, v in t.items()}})
-        pr = " ".join(f"{kk}:{t[kk]:.1f}" for kk in (*probes, "coop") if kk in t)
+        pr = " ".join(f"{kk}:{t[kk]:.1f}" for kk in (*probes, "plain") if kk in t)
         print(f"{m:>5}{n:>7}{k:>7} {label:>22} | {t['gemm']:7.1f} {t['unsplit']:8.1f} {t['last']:7.1f} "
               f"{t['spread']:7.1f} {t['last'] / t['spread']:8.3f} | {pr}{'' if same else '  NOT BITWISE EQUAL'}",
               flush=True)

@@ -148,13 +148,16 @@ for bm, bn, st, epi, mode, cdt, split, dual, *sk in [
         # split_reduce "spread" (SPREAD): the small-M 128x128 split 7 and the tail-split dispatch config
         (128, 128, 6, 2, 0, "bf16", True, False, 7, False, True), (128, 256, 3, 2, 0, "bf16", True, False, 5, True, True),
         # the small-M dispatch's 64-row tile at M <= 64 (one 4-warp partition, one half), split 6, both reductions
-        (64, 128, 6, 2, 0, "bf16", False, False, 6), (64, 128, 6, 2, 0, "bf16", False, False, 6, False, True)]:
+        (64, 128, 6, 2, 0, "bf16", False, False, 6), (64, 128, 6, 2, 0, "bf16", False, False, 6, False, True),
+        # EPI 3 ("tma1": one shared output half tile per math partition): the 4-stage 128x256
+        # ring it makes room for, unsplit and with the tail split (twins of the EPI 2 builds above)
+        (128, 256, 4, 3, 0, "bf16", True, False), (128, 256, 4, 3, 0, "bf16", True, False, 5, True)]:
     nsk = sk[0] if sk else 1
     tail = bool(sk[1]) if len(sk) > 1 else False
     spread = bool(sk[2]) if len(sk) > 2 else False
     key = (f"wide_{bm}x{bn}_s{st}_epi{epi}_mode{mode}_{cdt}_split{int(split)}{'_dual' if dual else ''}"
            f"{f'_sk{nsk}' if nsk > 1 else ''}{'_tail' if tail else ''}{'_spread' if spread else ''}")
-    cfg = HopperConfig("wide", bm, bn, bm // 16, st, epilogue="tma" if epi == 2 else "masked", split_wg=split,
+    cfg = HopperConfig("wide", bm, bn, bm // 16, st, epilogue={1: "masked", 2: "tma", 3: "tma1"}[epi], split_wg=split,
                        split_k=1 if tail else nsk, tail_split=nsk if tail else 1)
     warps = 4 if split else bm // 16
     rows = bm // 2 if split else bm
@@ -190,7 +193,8 @@ for bm, bn, st, epi, mode, cdt, split, dual, *sk in [
            "ld_cg_v4": ptx.count("ld.global.cg.v4.b32"), "poll_acquire": ptx.count("ld.global.gpu.acquire.b32"),
            "poll_then_barrier": barrier_after_polls(ptx),
            "atom_relaxed_add": ptx.count("atom.global.gpu.relaxed.add"),
-           "wgmma_n": ptx.count("wgmma.mma_async"), "tma_copies": ptx.count("cp.async.bulk.tensor")}
+           "wgmma_n": ptx.count("wgmma.mma_async"), "tma_copies": ptx.count("cp.async.bulk.tensor"),
+           "store_waits": ptx.count("cp.async.bulk.wait_group.read")}
     rec.update(ptxas_stats(ptx))
     out[key] = rec
 # the skinny decode kernel (swap-AB): activation rows padded to 8..64, weight tiles 64 / 128
@@ -318,9 +322,14 @@ def _spill_budget(key: str) -> int:
     return 8 if key.endswith("_tail") and "_epi1_" in key else 0
 
 
+def _tma_epi(key: str) -> bool:
+    """A wide build with a TMA-store epilogue (EPI 2 or 3)."""
+    return "_epi2_" in key or "_epi3_" in key
+
+
 def test_wide_kernel(compiled):
     keys = [k for k in compiled if k.startswith("wide_")]
-    assert len(keys) == 29, keys
+    assert len(keys) == 31, keys
     for key in keys:
         c = compiled[key]
         assert "error" not in c, (key, c)
@@ -329,7 +338,7 @@ def test_wide_kernel(compiled):
         assert c["tma_load"] >= 2, (key, c)
         assert c["setmaxnreg"] > 0, (key, c)  # warp-specialised: 1-warp TMA producer
         assert c["shared"] <= 232448, (key, c)
-        if "_epi2_" in key and not (key.endswith("_spread") and "_tail" not in key):
+        if _tma_epi(key) and not (key.endswith("_spread") and "_tail" not in key):
             # (a spread split unit stores its share of the tile with plain stores: no TMA store
             # when every unit is a split unit)
             assert c["tma_store"] >= 1, (key, c)
@@ -356,7 +365,7 @@ def test_wide_split_k(compiled):
     producer warp and the other math partition: deadlock / serialisation), no spills, the same
     wgmma and TMA instructions as the SPLIT 1 kernel of the same config; SPLIT 1 has no atomics."""
     split_keys = [k for k in compiled if k.startswith("wide_") and "_sk" in k and not k.endswith("_spread")]
-    assert len(split_keys) == 11, split_keys
+    assert len(split_keys) == 12, split_keys
     for key in split_keys:
         c = compiled[key]
         assert "error" not in c, (key, c)
@@ -383,7 +392,7 @@ def test_wide_split_k(compiled):
             prefix = key.rsplit("_sk", 1)[0]
             only = [compiled[k] for k in split_keys if k.startswith(prefix + "_sk") and not k.endswith("_tail")]
             assert base is not None or only, key
-            if "_epi2_" in key:
+            if _tma_epi(key):
                 for o in only:
                     assert c["tma_store"] > o["tma_store"], (key, c, o)
                 if base is not None:
@@ -394,6 +403,25 @@ def test_wide_split_k(compiled):
     for key in compiled:
         if key.startswith("wide_") and "_sk" not in key:
             assert compiled[key]["atom"] == 0, (key, compiled[key]["atom"])  # SPLIT 1: no atomics
+
+
+def test_wide_tma1_epilogue(compiled):
+    """EPI 3 ("tma1"): the same TMA store sites as the EPI 2 twin (3 stages, a shared tile per
+    half), a wait for the first half's store to have read the one buffer before the second half
+    is written (more bulk-group waits than the twin), 4 stages within the H100's shared memory
+    and its estimate (HopperConfig.smem_bytes), no spills."""
+    keys = [k for k in compiled if "_epi3_" in k]
+    assert len(keys) == 2, keys
+    for key in keys:
+        c = compiled[key]
+        twin = compiled[key.replace("_s4_epi3_", "_s3_epi2_")]
+        assert "error" not in c and "error" not in twin, (key, c, twin)
+        assert c["tma_store"] == twin["tma_store"] > 0, (key, c, twin)
+        assert c["store_waits"] > twin["store_waits"], (key, c, twin)
+        assert c["shared"] <= min(c["smem_estimate"], 232448), (key, c)
+        assert (c["wgmma_n"], c["tma_load"]) == (twin["wgmma_n"], twin["tma_load"]), (key, c, twin)
+        if c.get("spill_stores") is not None:
+            assert c["spill_stores"] == 0 and not c["wgmma_serialized"], (key, c)
 
 
 def test_wide_split_spread(compiled):

@@ -81,7 +81,7 @@ def test_all_tile_configs(spec, cfg, k):
 
 # wide kernel tiles: (block_m, block_n, num_warps, stages, epilogue)
 WIDE_CFGS = [(128, 256, 8, 3, "tma"), (128, 256, 8, 4, "masked"), (128, 128, 8, 5, "tma"), (64, 256, 4, 4, "masked"),
-             (64, 128, 4, 6, "tma"), (128, 256, 8, 2, "tma")]
+             (64, 128, 4, 6, "tma"), (128, 256, 8, 2, "tma"), (128, 256, 8, 4, "tma1"), (64, 256, 4, 4, "tma1")]
 
 
 @pytest.mark.parametrize("cfg", WIDE_CFGS, ids=lambda c: "m{}n{}w{}s{}{}".format(*c))
@@ -167,7 +167,8 @@ def test_fallback_reasons():
 # both epilogues, odd split counts, the single 8-warp math partition, 64-row tiles
 SPLITK_CFGS = [(256, 3, "tma", 3, True, 128), (128, 6, "tma", 2, True, 128), (256, 4, "masked", 4, True, 128),
                (128, 5, "masked", 7, True, 128), (256, 3, "tma", 3, False, 128), (256, 4, "tma", 3, False, 64),
-               (128, 6, "tma", 6, False, 64)]  # the last: the small-M dispatch's tile at M <= 64
+               (128, 6, "tma", 6, False, 64),  # the small-M dispatch's tile at M <= 64
+               (256, 4, "tma1", 3, True, 128)]  # one shared output tile per partition ("last" stores through it)
 # K: 56 / 128 K blocks; 1040 = 9 blocks (K tail; split 3 -> 3, 3, 3); 640 = 5 blocks (split 2 -> 3, 2)
 SPLITK_NK = [(2112, 7168), (7168, 16384), (520, 1040), (2112, 640), (520, 7168), (7168, 1040)]
 
@@ -376,7 +377,7 @@ def test_split_k_workspace_beyond_2_31_elements():
 # forced configs (block_n, stages, epilogue, tail_split, split_wg): the M=4096 dispatch config,
 # the masked epilogue, 128x128 tiles with many splits, the single 8-warp math partition
 TAIL_CFGS = [(256, 3, "tma", 5, True), (256, 4, "masked", 3, True), (128, 6, "tma", 14, True),
-             (256, 3, "tma", 4, False)]
+             (256, 3, "tma", 4, False), (256, 4, "tma1", 5, True)]
 # tiles (128 x 256 / 128 x 128) on 132 SMs: 288 / 544 (2112: the last column 64 wide), 144 / 272,
 # 297 / 561 (M tail), 252 / 504 (K tail: 9 K blocks), 136 / 272
 TAIL_MNK = [(4096, 2112, 7168), (2048, 2112, 7168), (4100, 2112, 7168), (1100, 7168, 1040), (1024, 4352, 2048)]
@@ -512,6 +513,8 @@ def test_wide_split_k_spread(cfg, mnk, monkeypatch, no_reduce_env):
     _counters_zero(b.data.device)
     (_, _, kw), (_, _, kw_last) = seen
     assert kw["SPREAD"] == (kw["SPLIT"] > 1) and not kw_last["SPREAD"]
+    # the units wait for each other: cooperative launch exactly when the reduction is spread
+    assert kw["launch_cooperative_grid"] == kw["SPREAD"] and not kw_last["launch_cooperative_grid"]
 
 
 def test_wide_split_spread_needs_a_program_per_split(monkeypatch, no_reduce_env):
@@ -528,6 +531,25 @@ def test_wide_split_spread_needs_a_program_per_split(monkeypatch, no_reduce_env)
     _counters_zero(b.data.device)
 
 
+def test_wide_split_spread_grid_too_large_raises(monkeypatch, no_reduce_env):
+    """A spread grid that cannot be resident at once (here: 200 programs of ~200 KB of shared
+    memory on 132 SMs, as where MPS or a green context withholds SMs) fails its cooperative launch
+    with an error that names the way out, instead of hanging; the error is not sticky: the next
+    GEMM runs and is right; the counters were never touched."""
+    import blockscaled.ops._hopper as H
+
+    a, b = _operands(128, 7168, 7168, seed=27)
+    cfg = H.HopperConfig("wide", 128, 128, 8, 4, split_k=4)  # 56 tiles x 4 = 224 units
+    real = H._num_sms
+    monkeypatch.setattr(H, "_num_sms", lambda index: 200)
+    with pytest.raises(RuntimeError, match="BLOCKSCALED_SPLIT_REDUCE=last"):
+        gemm_fp8_block_hopper(a, b, config=cfg)
+    torch.cuda.synchronize()
+    monkeypatch.setattr(H, "_num_sms", real)
+    _check(a, b, cfg)
+    _counters_zero(b.data.device)
+
+
 def test_wide_split_spread_env_fallback(monkeypatch, no_reduce_env):
     """BLOCKSCALED_SPLIT_REDUCE=last (or an MPS thread percentage < 100) runs the last-arriver
     reduction for a spread config: same bits."""
@@ -541,6 +563,7 @@ def test_wide_split_spread_env_fallback(monkeypatch, no_reduce_env):
     monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "50")
     assert torch.equal(gemm_fp8_block_hopper(a, b, config=cfg), ref_out)
     assert [kw["SPREAD"] for _, _, kw in seen] == [True, False, False]
+    assert [kw["launch_cooperative_grid"] for _, _, kw in seen] == [True, False, False]
     _counters_zero(b.data.device)
 
 
@@ -558,6 +581,7 @@ def test_wide_tail_split_spread(cfg, mnk, monkeypatch, no_reduce_env):
     _counters_zero(b.data.device)
     (_, args, kw), (_, _, kw_last) = seen
     assert kw["SPREAD"] == (kw["SPLIT"] > 1) and not kw_last["SPREAD"]
+    assert kw["launch_cooperative_grid"] == kw["SPREAD"] and not kw_last["launch_cooperative_grid"]
     if kw["SPLIT"] > 1:
         assert kw["TAIL"] and args[_SPLIT_FROM_ARG] > 0
 

@@ -52,6 +52,9 @@ VARIANTS = ("tma", "persistent", "ws", "wide", "skinny")
 #: these): the skinny kernel has no overlap / split_wg / epilogue choice.
 VARIANT_FLAGS = {"skinny": ()}
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+#: HopperConfig.epilogue values (the wide kernel's EPI constexpr: masked 1, tma 2, tma1 3)
+EPILOGUES = ("tma", "tma1", "masked")
+_EPI_CODE = {"tma": 2, "tma1": 3}
 #: HopperConfig.split_reduce values (the wide kernel's SPREAD constexpr)
 SPLIT_REDUCE = ("last", "spread")
 
@@ -82,8 +85,11 @@ class HopperConfig:
         barrier between the two, so one promotes while the other's wgmma runs) instead of one
         8-warp partition.
     epilogue: "wide" only: "tma" (registers -> shared tile -> TMA store, asynchronous; needs a
-        16-byte aligned output base and row stride, else the launcher uses "masked") or "masked"
-        (layout conversion + masked global stores).
+        16-byte aligned output base and row stride, else the launcher uses "masked"; one shared
+        tile per 128-column half), "tma1" (the same through one shared half tile per math
+        partition, halves stored one after the other: half the buffer of "tma" at block_n 256,
+        which leaves room for a 4th ring stage at 128x256 bf16) or "masked" (layout conversion +
+        masked global stores). At block_n 128 (and SwiGLU) "tma1" is "tma".
     split_k: "wide" dense GEMM only: fused deterministic split-K into this many K ranges (whole
         128-wide K blocks; lowered by the launcher so that no range is empty, e.g. 5 K blocks in
         4 -> 3 ranges of 2, 2, 1). Partials go to an fp32 workspace and the last range of each
@@ -100,15 +106,14 @@ class HopperConfig:
         "spread" (default) = every unit of the tile waits for the others' partials, then sums and
         stores 1/split of the tile. H100 (scripts/split_reduce_ab.py): 1.24-1.85x faster where every
         tile is split 4-8 ways (M=128 2112x7168 split 7: 25.4 -> 14.7 us), 1.0-1.08x on tail splits.
-        The wait needs every program of the persistent grid (<= one CTA per SM) to get an SM
-        eventually while the others spin: true on a GPU this process has to itself, where the
-        grid fits at once. Not guaranteed where other work can hold SMs for as long as the spin
-        lasts: MPS with an active-thread percentage below 100 in the environment (the launcher
-        then runs "last"), a server-side MPS limit, green contexts, or two spread GEMMs on
-        concurrent streams (the block scheduler normally drains the earlier launch first, but
-        nothing promises it). Set BLOCKSCALED_SPLIT_REDUCE=last there. (A cooperative launch,
-        triton's launch_cooperative_grid, would make the driver co-schedule the grid: not yet
-        measured on a GPU, so not enabled.)
+        The wait needs every program of the persistent grid (<= one CTA per SM) resident at once,
+        so such launches are cooperative (triton's launch_cooperative_grid: the driver
+        co-schedules the whole grid, also next to other streams' kernels, or fails the launch
+        with an error instead of a hang where the grid cannot fit, e.g. a server-side MPS limit or
+        a green context with fewer SMs; H100, scripts/split_reduce_ab.py --plain: the same times
+        as a plain launch within 0.2 us on 14 rows, CUDA graphs included). Where SMs are withheld
+        for good (MPS with an active-thread percentage below 100 in the environment) or
+        BLOCKSCALED_SPLIT_REDUCE=last is set, the launcher runs "last".
     """
 
     variant: str = "persistent"
@@ -147,8 +152,8 @@ class HopperConfig:
             # scalar per tile and K block); 256 as one tile spills (acc + wgmma tile = 256 regs):
             # variant "wide" computes 256 as two halves.
             raise ValueError(f"HopperConfig.block_n: expected 16, 32, 64 or 128, got {self.block_n}")
-        if self.epilogue not in ("tma", "masked"):
-            raise ValueError(f"HopperConfig.epilogue: expected 'tma' or 'masked', got {self.epilogue!r}")
+        if self.epilogue not in EPILOGUES:
+            raise ValueError(f"HopperConfig.epilogue: expected one of {EPILOGUES}, got {self.epilogue!r}")
         if self.stages < 2:
             raise ValueError(f"HopperConfig.stages: expected >= 2, got {self.stages}")
         if self.group_m < 1:
@@ -193,8 +198,8 @@ class HopperConfig:
             return ring + self.block_n * self.block_m * 4 + 1024
         if self.variant == "wide":
             half = 128
-            if self.epilogue == "tma":
-                out_cols = half if dual else self.block_n
+            if self.epilogue in _EPI_CODE:
+                out_cols = half if dual or self.epilogue == "tma1" else self.block_n
                 return ring + self.block_m * out_cols * out_elem_bytes + 1024
             # masked store: the compiler's layout-conversion scratch holds one half tile in the
             # output dtype (AOT, 128x256 bf16 4 stages: 229444 B = ring + 32836)
@@ -535,7 +540,7 @@ def unsupported_reason(a: ScaledTensor, b: ScaledTensor, out_dtype=torch.bfloat1
     if config is not None:
         es = out_dtype.itemsize
         need = config.smem_bytes(es)
-        if config.variant == "wide" and config.epilogue == "tma" and need > _SMEM_LIMIT:
+        if config.variant == "wide" and config.epilogue in _EPI_CODE and need > _SMEM_LIMIT:
             # the launcher falls back to the masked epilogue when the TMA-store buffers do not fit
             need = dataclasses.replace(config, epilogue="masked").smem_bytes(es)
         if need > _SMEM_LIMIT:
@@ -646,11 +651,11 @@ def gemm_fp8_block_hopper_impl(a2: torch.Tensor, a_s2: torch.Tensor, b_data: tor
         grid = (min(tiles, _num_sms(_dev_index(out2.device))),)
     if cfg.variant == "wide":
         # TMA store when the output allows it; the masked store otherwise (any N, any row stride).
-        epi = 2 if (cfg.epilogue == "tma" and _tma_store_ok(out2)
-                    and cfg.smem_bytes(out2.element_size()) <= _SMEM_LIMIT) else 1
+        epi = _EPI_CODE.get(cfg.epilogue, 1) if (_tma_store_ok(out2)
+                                                 and cfg.smem_bytes(out2.element_size()) <= _SMEM_LIMIT) else 1
         split = cfg.split_wg and cfg.block_m == 128
         rows = cfg.block_m // 2 if split else cfg.block_m
-        if epi == 2:
+        if epi >= 2:
             lc = _smem_layout(rows, 128, _GL_OUT[out2.dtype])
             c_desc = TensorDescriptor(out2, [m, n], [out2.stride(0), 1], [rows, 128], lc)
         else:
@@ -672,14 +677,24 @@ def gemm_fp8_block_hopper_impl(a2: torch.Tensor, a_s2: torch.Tensor, b_data: tor
                 # the spread reduction waits for the tile's other units: each must have its own program
                 raise HopperUnsupported(f"split_reduce 'spread': {nsplit} splits need as many programs, "
                                         f"the grid has {grid[0]}")
-        _kernel_for("wide")[grid](
-            a_desc, b_desc, b_desc, c_desc, a_s2, b_scale, b_scale, out2, out2, ws, cnt, m, n, k, 1,
-            triton.cdiv(m, cfg.block_m), kb_per, split_from, a_s2.stride(0), a_s2.stride(1), 0, b_scale.stride(0),
-            b_scale.stride(1), out2.stride(0), GROUP_M=cfg.group_m, STAGES=cfg.stages, NH=cfg.block_n // 128,
-            EPI=epi, MODE=0, E_POW2=1, SPLIT_WG=split, DUAL=False, SPLIT=nsplit, TAIL=split_from > 0 and nsplit > 1,
-            SPREAD=spread,
-            num_warps=4 if split else cfg.num_warps,
-        )
+        try:
+            _kernel_for("wide")[grid](
+                a_desc, b_desc, b_desc, c_desc, a_s2, b_scale, b_scale, out2, out2, ws, cnt, m, n, k, 1,
+                triton.cdiv(m, cfg.block_m), kb_per, split_from, a_s2.stride(0), a_s2.stride(1), 0,
+                b_scale.stride(0), b_scale.stride(1), out2.stride(0), GROUP_M=cfg.group_m, STAGES=cfg.stages,
+                NH=cfg.block_n // 128, EPI=epi, MODE=0, E_POW2=1, SPLIT_WG=split, DUAL=False, SPLIT=nsplit,
+                TAIL=split_from > 0 and nsplit > 1, SPREAD=spread, num_warps=4 if split else cfg.num_warps,
+                # spread units wait for each other: the driver must co-schedule the whole grid
+                # (or fail the launch) instead of the kernel relying on a GPU of its own
+                launch_cooperative_grid=spread,
+            )
+        except RuntimeError as e:
+            if not spread:
+                raise
+            raise RuntimeError(
+                f"blockscaled: the cooperative launch of the spread split-K reduction ({grid[0]} programs, one "
+                f"per SM) failed: {e}. Where this process cannot have that many programs resident at once "
+                f"(MPS limits, green contexts), set BLOCKSCALED_SPLIT_REDUCE=last.") from e
         return
     extra = {} if cfg.variant == "tma" else {"OVERLAP": cfg.overlap}
     _kernel_for(cfg.variant)[grid](
@@ -927,9 +942,9 @@ def grouped_fp8_block_hopper_impl(a_data: torch.Tensor, a_scale: torch.Tensor, b
     split = cfg.split_wg and bm == 128
     epi = 1
     c_desc = a_desc  # unused by the kernel when EPI == 1
-    if (mode == 0 and cfg.epilogue == "tma" and _tma_store_ok(out2)
+    if (mode == 0 and cfg.epilogue in _EPI_CODE and _tma_store_ok(out2)
             and cfg.smem_bytes(out2.element_size(), dual=dual) <= _SMEM_LIMIT):
-        epi = 2
+        epi = _EPI_CODE[cfg.epilogue]
         r = bm // 2 if split else bm
         c_desc = TensorDescriptor(out2, [rows, n], [out2.stride(0), 1], [r, 128], _smem_layout(r, 128, _GL_OUT[out2.dtype]))
     _kernel_for("wide")[grid](

@@ -481,7 +481,11 @@ def fp8_block_gemm_ws_kernel(a_desc, b_desc, sa_ptr, sb_ptr, c_ptr, M, N, K,
 # (4 x k32, from zero) -> wait -> promote; the two math warpgroups run independently.
 # Epilogue (EPI): 1 = masked st.global after a layout conversion (any N / stride; grouped modes),
 # 2 = registers -> NVMMA shared tile -> TMA store per half (needs a 16-byte aligned output base
-# and row stride; the host checks), asynchronous so the store overlaps the next tile.
+# and row stride; the host checks), asynchronous so the store overlaps the next tile; one shared
+# tile per half (128x256 bf16: 64 KB, which leaves room for only 3 ring stages);
+# 3 = the same through one shared half tile per math partition, the halves stored one after the
+# other (a store_wait between them: the first half's TMA store must have read the buffer before
+# the second half overwrites it): 32 KB at 128x256 bf16, so a 4th ring stage fits.
 #
 # MODE 0 dense: A [M, K], B [N, K], C [M, N].
 # MODE 1 contiguous grouped: A [M = sum_m, K] rows sorted by expert, ``seg`` int32 offsets [E+1];
@@ -661,10 +665,22 @@ def _wide_producer(a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, seg_pt
                 it += 1
 
 
+@gluon.constexpr_function
+def c_buffer(wg, h, nout, epi):
+    """Shared output tile of half ``h`` of math partition ``wg`` (``nout`` output halves per
+    partition): one per half with EPI 2, one per partition with EPI 3."""
+    return wg if epi == 3 else wg * nout + h
+
+
 @gluon.jit
 def _wide_store_half(c_desc, c_smem, c_ptr, acc, row0, row_end, off_n, N, stride_cm, idx: gl.constexpr,
                      EPI: gl.constexpr, ROWS: gl.constexpr, HALF: gl.constexpr, num_warps: gl.constexpr):
-    if EPI == 2:
+    """Store one ROWS x HALF output half tile: TMA through shared tile ``idx`` (EPI 2 / 3; EPI 3
+    first waits until this thread's earlier TMA stores have read their buffer: one buffer per
+    partition) or masked st.global (EPI 1)."""
+    if EPI >= 2:
+        if EPI == 3:
+            tma.store_wait(0)
         buf = c_smem.index(idx)
         buf.store(acc.to(c_desc.dtype))
         fence_async_shared()
@@ -680,11 +696,11 @@ def _wide_store_tile(c_desc, c_smem, c_ptr, acc0, acc1, row0, row_end, off_n, N,
     """The plain epilogue of one math partition: its NH half tiles (acc1 unused when NH == 1)."""
     if EPI == 2:
         tma.store_wait(0)  # the previous tile's TMA stores have finished reading c_smem
-    _wide_store_half(c_desc, c_smem, c_ptr, acc0, row0, row_end, off_n, N, stride_cm, WG * NH, EPI, ROWS, HALF,
-                     num_warps)
+    _wide_store_half(c_desc, c_smem, c_ptr, acc0, row0, row_end, off_n, N, stride_cm, c_buffer(WG, 0, NH, EPI), EPI,
+                     ROWS, HALF, num_warps)
     if NH == 2:
-        _wide_store_half(c_desc, c_smem, c_ptr, acc1, row0, row_end, off_n + HALF, N, stride_cm, WG * NH + 1, EPI,
-                         ROWS, HALF, num_warps)
+        _wide_store_half(c_desc, c_smem, c_ptr, acc1, row0, row_end, off_n + HALF, N, stride_cm,
+                         c_buffer(WG, 1, NH, EPI), EPI, ROWS, HALF, num_warps)
 
 
 @gluon.jit
@@ -798,12 +814,12 @@ def _wide_splitk_finish(c_desc, c_smem, c_ptr, ws_ptr, cnt_ptr, acc0, acc1, stil
         if EPI == 2:
             tma.store_wait(0)  # the previous tile's TMA stores have finished reading c_smem
         tot = _wide_splitk_sum(rows0, c, mask0, UNIT, SPLIT)
-        _wide_store_half(c_desc, c_smem, c_ptr, tot, row0, M, off_n, N, stride_cm, WG * NH, EPI, ROWS, HALF,
-                         num_warps)
+        _wide_store_half(c_desc, c_smem, c_ptr, tot, row0, M, off_n, N, stride_cm, c_buffer(WG, 0, NH, EPI), EPI,
+                         ROWS, HALF, num_warps)
         if NH == 2:
             tot = _wide_splitk_sum(rows0 + HALF, c, mask1, UNIT, SPLIT)
-            _wide_store_half(c_desc, c_smem, c_ptr, tot, row0, M, off_n + HALF, N, stride_cm, WG * NH + 1, EPI,
-                             ROWS, HALF, num_warps)
+            _wide_store_half(c_desc, c_smem, c_ptr, tot, row0, M, off_n + HALF, N, stride_cm,
+                             c_buffer(WG, 1, NH, EPI), EPI, ROWS, HALF, num_warps)
         # leave the counter buffer all zeros for the next launch / graph replay
         gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
 
@@ -931,12 +947,12 @@ def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty,
                     tma.store_wait(0)  # the previous tile's TMA stores have finished reading c_smem
                 # silu(g) * u in fp32 (the portable kernel's formula), one cast at the store
                 y = acc0 / (1.0 + gl.exp(-acc0)) * acc1
-                _wide_store_half(c_desc, c_smem, c_ptr, y, my_row0, row_end, off_n, N, stride_cm, WG, EPI,
-                                 ROWS, HALF, num_warps)
+                _wide_store_half(c_desc, c_smem, c_ptr, y, my_row0, row_end, off_n, N, stride_cm,
+                                 c_buffer(WG, 0, 1, EPI), EPI, ROWS, HALF, num_warps)
             else:
                 _wide_store_tile(c_desc, c_smem, c_ptr, acc0, acc1, my_row0, row_end, off_n, N, stride_cm, NH, EPI,
                                  WG, ROWS, HALF, num_warps)
-    if EPI == 2:
+    if EPI >= 2:
         tma.store_wait(0)
 
 
@@ -981,7 +997,8 @@ def fp8_block_gemm_wide_kernel(a_desc, b_desc, b2_desc, c_desc, sa_ptr, sb_ptr, 
     gl.static_assert(BLOCK_K == 128, "BLOCK_K must equal the 128-wide fp8_block scale block")
     gl.static_assert(STAGES >= 2, "need at least 2 pipeline stages")
     gl.static_assert(NH == 1 or NH == 2, "NH: one or two 128-column halves")
-    gl.static_assert(EPI == 1 or EPI == 2, "EPI: 1 = masked store, 2 = TMA store")
+    gl.static_assert(EPI == 1 or EPI == 2 or EPI == 3,
+                     "EPI: 1 = masked store, 2 = TMA store (a buffer per half), 3 = TMA store (one per partition)")
     gl.static_assert(MODE == 0 or EPI == 1, "grouped tiles may cover rows of the next expert: masked store only")
     gl.static_assert(ROWS == 16 * num_warps, "one warpgroup (4 warps) per 64 rows")
     gl.static_assert(SPLIT >= 1, "SPLIT: number of K splits, >= 1")
@@ -992,6 +1009,8 @@ def fp8_block_gemm_wide_kernel(a_desc, b_desc, b2_desc, c_desc, sa_ptr, sb_ptr, 
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
     if EPI == 2:
         c_smem = gl.allocate_shared_memory(c_desc.dtype, [NCONS * NOUT, ROWS, BLOCK_N // NH], c_desc.layout)
+    elif EPI == 3:
+        c_smem = gl.allocate_shared_memory(c_desc.dtype, [NCONS, ROWS, BLOCK_N // NH], c_desc.layout)
     else:
         c_smem = a_bufs  # unused
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
