@@ -1,24 +1,32 @@
 """H100 sweep of the dense wide kernel's remaining knobs at prefill M (default M=4096, the six
 DeepSeek-V3 shapes): the tile raster (HopperConfig.group_m), the ring depth (stages, up to what
 fits), the epilogue (TMA store through a shared tile per half or one per math partition, or masked
-store), one 8-warp math partition vs two 4-warp ones (split_wg), and the tile width (128x256 vs 128x128), each varied alone around the dispatch config
-(ops/_hopper.choose_dispatch_config). Every candidate is checked against the float64 reference
-first, then timed (CUDA-graph median, inputs rotated past L2). Prints us and the ratio to the
-dispatch config per candidate, and the best per shape; ``--json`` writes the rows.
+store), one 8-warp math partition vs two 4-warp ones (split_wg), and the tile width (128x256 vs
+128x128), each varied alone around the dispatch config (ops/_hopper.choose_dispatch_config), and
+the taller rasters combined with the one-buffer TMA epilogue. Every candidate is checked against the float64 reference
+first, then timed in ``--rounds`` interleaved rounds (each round times every candidate once:
+CUDA-graph median of ``--iterations`` replays, inputs rotated past L2), and each candidate's
+ratio to the dispatch config is the median of its per-round ratios. Why rounds: the first H100
+run timed candidates one after the other and the dispatch config, timed again at the end of
+its shape, had drifted by up to 11% (4096x4096x7168: 196.2 -> 220.7 us), more than most of the
+differences being measured. ``--only`` keeps the named candidates (comma list, prefix match).
+Prints us and the ratio per candidate and the best per shape; ``--json`` writes the rows.
 
-    python scripts/wide_sweep.py [--ms 4096] [--json OUT.json]      # ~4-6 min (one compile per candidate)
+    python scripts/wide_sweep.py [--ms 4096] [--rounds 5] [--only group_m=32,epilogue=tma1] [--json OUT.json]
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import statistics
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
+from blockscaled.bench.timing import time_op  # noqa: E402
 from blockscaled.ops import _hopper as H  # noqa: E402
 from hopper_small_m import case_inputs, checked_us, save_json, sweep_cli  # noqa: E402
 
@@ -42,12 +50,18 @@ def candidates(cfg: H.HopperConfig, m: int, n: int, k: int, nsm: int):
     alt = H._fill_stages(dataclasses.replace(cfg, block_n=bn, stages=2, tail_split=H.tail_split_for(
         -(-m // 128) * -(-n // bn), k, nsm)), 2)
     out.append((f"block_n={bn} s{alt.stages} tail{alt.tail_split}", alt))
-    out.append(("dispatch again", cfg))  # drift within the run: the noise floor of the ratios
+    for g in (16, 32):
+        alt = H._fill_stages(dataclasses.replace(cfg, group_m=g, epilogue="tma1", stages=2), 2)
+        out.append((f"group_m={g}+tma1 s{alt.stages}", alt))
     return out
 
 
 def main():
-    args = sweep_cli(__doc__, "4096")
+    args = sweep_cli(__doc__, "4096", extra=lambda p: (
+        p.add_argument("--rounds", type=int, default=5),
+        p.add_argument("--iterations", type=int, default=20),
+        p.add_argument("--only", default="", help="candidate names to keep (comma list, prefix match)")))
+    only = [x for x in args.only.split(",") if x]
     nsm = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for m in args.ms:
@@ -57,15 +71,24 @@ def main():
                 continue
             _, sets, ref = case_inputs(m, n, k, max_sets=4)
             fl = 2.0 * m * n * k
-            base = None
+            cands = [(name, c) for name, c in candidates(cfg, m, n, k, nsm)
+                     if name == "dispatch" or not only or any(name.startswith(o) for o in only)]
+            fns = {name: (lambda a, b, c=c: H.gemm_fp8_block_hopper(a, b, torch.bfloat16, config=c))
+                   for name, c in cands}
             print(f"--- {m}x{n}x{k}: dispatch {cfg}", flush=True)
-            for name, c in candidates(cfg, m, n, k, nsm):
-                us = checked_us(lambda a, b, c=c: H.gemm_fp8_block_hopper(a, b, torch.bfloat16, config=c), sets, ref,
-                                f"{m}x{n}x{k} {name}", iterations=40)
-                base = us if base is None else base
-                rows.append({"m": m, "n": n, "k": k, "name": name, "cfg": repr(c), "us": us,
-                             "tflops": fl / us / 1e6, "vs_dispatch": base / us})
-                print(f"  {name:<28} {us:9.1f} us {fl / us / 1e6:7.0f} TFLOP/s  {base / us:5.3f}x", flush=True)
+            for name, fn in fns.items():  # compile + check before any timing
+                checked_us(fn, sets, ref, f"{m}x{n}x{k} {name}", warmup=1, iterations=5)
+            us = {name: [] for name in fns}
+            for _ in range(args.rounds):
+                for name, fn in fns.items():
+                    us[name].append(time_op(fn, sets, warmup=3, iterations=args.iterations).median_ms * 1e3)
+            for name, c in cands:
+                ratio = statistics.median(d / t for d, t in zip(us["dispatch"], us[name]))
+                med = statistics.median(us[name])
+                rows.append({"m": m, "n": n, "k": k, "name": name, "cfg": repr(c), "us": med, "us_rounds": us[name],
+                             "tflops": fl / med / 1e6, "vs_dispatch": ratio})
+                print(f"  {name:<28} {med:9.1f} us {fl / med / 1e6:7.0f} TFLOP/s  {ratio:5.3f}x  "
+                      f"(rounds {min(us[name]):.1f}-{max(us[name]):.1f})", flush=True)
             best = max((r for r in rows if (r["m"], r["n"], r["k"]) == (m, n, k)), key=lambda r: r["vs_dispatch"])
             print(f"  best: {best['name']} {best['vs_dispatch']:.3f}x", flush=True)
     save_json(args.json, rows=rows)
