@@ -520,6 +520,18 @@ def test_split_k_config_and_plan():
 
 
 
+def test_short_k_raster():
+    """Dense wide tiles at K <= 512 (4 K blocks) raster 32 row tiles per group (B read once per
+    4096 rows; H100 M=4096 N=32768 K=512: 1.09x over 8), 8 from 5 K blocks on."""
+    from blockscaled.ops._hopper import SHORT_K_GROUP_M, choose_dispatch_config
+
+    assert SHORT_K_GROUP_M == 32
+    for m, n, k, g in [(4096, 32768, 512, 32), (4096, 32768, 513, 8), (8192, 7168, 384, 32), (4096, 24576, 1536, 8),
+                       (4096, 7168, 2048, 8), (4096, 2112, 7168, 8)]:
+        cfg = choose_dispatch_config(m, n, k, num_sms=132)
+        assert cfg.variant == "wide" and cfg.group_m == g, (m, n, k, cfg)
+
+
 def test_tail_split_config_and_plan():
     """HopperConfig.tail_split: validation, the chooser (split the last partial wave's tiles into
     as many K ranges as fit one wave, >= 4 K blocks each, <= 16) and the launcher's plan."""

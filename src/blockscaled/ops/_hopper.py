@@ -240,6 +240,16 @@ def tail_split_for(tiles: int, k: int, num_sms: int) -> int:
     return split if split >= 2 else 1
 
 
+#: Raster height of the dense wide kernel at short K (<= SHORT_K_MAX_KB K blocks). There the
+#: output write dominates the DRAM traffic and each group of GROUP_M row tiles re-reads all of B:
+#: a group of 32 row tiles (4096 rows) reads B once per 4096 rows while its A rows (32 x 128 x K
+#: bytes, 2 MB at K=512) stay in L2. H100, M=4096 N=32768 K=512 (scripts/wide_sweep.py, 5
+#: interleaved rounds, median ratio to group_m 8): group_m 16 1.04x, 32 1.09x; at K >= 1536 no
+#: group_m was better than 8 beyond the run's noise (7168x2048: 32 -> 0.95x).
+SHORT_K_GROUP_M = 32
+SHORT_K_MAX_KB = 4
+
+
 @functools.lru_cache(maxsize=4096)
 def choose_hopper_config(m: int, n: int, k: int, variant: str = "persistent", overlap: bool = True,
                          num_sms: int = 132, out_elem_bytes: int = 2) -> HopperConfig:
@@ -266,7 +276,8 @@ def choose_hopper_config(m: int, n: int, k: int, variant: str = "persistent", ov
         # 128 x 256 unless that leaves SMs idle (fewer tiles than SMs): then 128 x 128.
         bn = 256 if triton.cdiv(m, 128) * triton.cdiv(n, 256) >= num_sms else 128
         cfg = HopperConfig(variant="wide", block_m=128, block_n=bn, num_warps=8, stages=2, epilogue="tma",
-                           tail_split=tail_split_for(triton.cdiv(m, 128) * triton.cdiv(n, bn), k, num_sms))
+                           tail_split=tail_split_for(triton.cdiv(m, 128) * triton.cdiv(n, bn), k, num_sms),
+                           group_m=SHORT_K_GROUP_M if triton.cdiv(max(k, 1), 128) <= SHORT_K_MAX_KB else 8)
         stage_bytes = (128 + bn) * 128
         fixed = cfg.smem_bytes(out_elem_bytes) - 2 * stage_bytes
         stages = max(2, min(6, (_SMEM_LIMIT - fixed) // stage_bytes))
