@@ -532,6 +532,23 @@ def test_short_k_raster():
         assert cfg.variant == "wide" and cfg.group_m == g, (m, n, k, cfg)
 
 
+def test_wide_tile_width_model():
+    """Dense wide tile width at M > 256 from the wave model (wide_tile_cost; H100
+    scripts/wide_sweep.py --only block_n: the faster width on all 18 rows of M = 512-2048 x the
+    six DeepSeek-V3 shapes); M <= 256 keeps the rule before it (128x256 when it alone fills
+    the SMs)."""
+    from blockscaled.ops._hopper import choose_hopper_config, wide_tile_cost
+
+    assert wide_tile_cost(112, 7168, 132) == 1 and wide_tile_cost(224, 7168, 132, 0.6) == pytest.approx(1.2)
+    assert wide_tile_cost(136, 7168, 132) == pytest.approx(136 / 132)  # 4 tail tiles: tail-split
+    assert wide_tile_cost(136, 2048, 132) == 2  # K too short for a tail split
+    for m, n, k, bn in [(512, 7168, 16384, 256), (512, 7168, 2048, 256), (1024, 4096, 7168, 256),  # were 128
+                        (512, 2112, 7168, 128), (512, 4096, 7168, 128), (1024, 2112, 7168, 128),  # one wave of 128
+                        (4096, 2112, 7168, 256), (4096, 7168, 16384, 256), (2048, 7168, 2048, 256),
+                        (128, 7168, 7168, 128), (256, 24576, 1536, 256)]:  # M <= 256: the old rule
+        assert choose_hopper_config(m, n, k, variant="wide", num_sms=132).block_n == bn, (m, n, k)
+
+
 def test_tail_split_config_and_plan():
     """HopperConfig.tail_split: validation, the chooser (split the last partial wave's tiles into
     as many K ranges as fit one wave, >= 4 K blocks each, <= 16) and the launcher's plan."""

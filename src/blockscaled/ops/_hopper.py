@@ -250,6 +250,24 @@ SHORT_K_GROUP_M = 32
 SHORT_K_MAX_KB = 4
 
 
+#: Time of a 128x128 tile of the wide kernel relative to a 128x256 tile of the same K (for
+#: :func:`wide_tile_cost`). H100 M=4096 (scripts/wide_sweep.py): 128x128 tiles ran at 0.80-0.95x
+#: the 128x256 throughput on the six DeepSeek-V3 shapes, i.e. half the columns in 0.53-0.63 of
+#: the time (128x256 reads 25% fewer L2 bytes per FLOP).
+WIDE_128_TILE_COST = 0.6
+#: Fewest rows for which the dense wide tile width follows the wave model (choose_hopper_config).
+WIDE_TILE_MODEL_MIN_M = 257
+
+
+def wide_tile_cost(tiles: int, k: int, num_sms: int, tile_cost: float = 1.0) -> float:
+    """Model of a dense wide launch's time in tile-times: whole waves of ``tiles`` on
+    ``num_sms`` programs (ceil), or tiles / SMs where the last partial wave is tail-split
+    (:func:`tail_split_for`), times the tile's cost."""
+    if tail_split_for(tiles, k, num_sms) > 1:
+        return tiles / num_sms * tile_cost
+    return triton.cdiv(tiles, num_sms) * tile_cost
+
+
 @functools.lru_cache(maxsize=4096)
 def choose_hopper_config(m: int, n: int, k: int, variant: str = "persistent", overlap: bool = True,
                          num_sms: int = 132, out_elem_bytes: int = 2) -> HopperConfig:
@@ -273,8 +291,24 @@ def choose_hopper_config(m: int, n: int, k: int, variant: str = "persistent", ov
         return HopperConfig("skinny", block_m=bm, block_n=64, num_warps=4, stages=skinny_stages(bm, 64),
                             split_k=split)
     if variant == "wide":
-        # 128 x 256 unless that leaves SMs idle (fewer tiles than SMs): then 128 x 128.
-        bn = 256 if triton.cdiv(m, 128) * triton.cdiv(n, 256) >= num_sms else 128
+        # 128 x 256 unless 128 x 128 tiles take fewer tile-times by the wave model
+        # (wide_tile_cost): one wave of either -> 128 x 128; 112 tiles of 128 x 256 (one wave)
+        # vs 224 of 128 x 128 (two) -> 128 x 256. H100 (scripts/wide_sweep.py --ms 512,1024,2048
+        # --only block_n, 3 interleaved rounds, benchmarks/results/h100/wide-bn-20261123.json):
+        # the model picks the faster width on all 18 rows; the rule before it ("128 x 256 when it
+        # gives >= SMs tiles") lost 1.12x / 1.13x / 1.17x at 512x7168x16384 / 512x7168x2048 /
+        # 1024x4096x7168, and a tail split turns 1024x2112x7168's 136 tiles of 128 x 128 into
+        # ~1.03 waves (1.26x faster than 72 tiles of 128 x 256).
+        # At M <= 256 (WIDE_TILE_MODEL_MIN_M) the launch streams weights rather than computes:
+        # there the rule stays "128 x 256 when that alone gives >= SMs tiles" (more, narrower
+        # tiles keep more SMs reading), as before the model.
+        t256 = triton.cdiv(m, 128) * triton.cdiv(n, 256)
+        t128 = triton.cdiv(m, 128) * triton.cdiv(n, 128)
+        if m < WIDE_TILE_MODEL_MIN_M:
+            bn = 256 if t256 >= num_sms else 128
+        else:
+            bn = 256 if (wide_tile_cost(t256, k, num_sms)
+                         <= wide_tile_cost(t128, k, num_sms, WIDE_128_TILE_COST)) else 128
         cfg = HopperConfig(variant="wide", block_m=128, block_n=bn, num_warps=8, stages=2, epilogue="tma",
                            tail_split=tail_split_for(triton.cdiv(m, 128) * triton.cdiv(n, bn), k, num_sms),
                            group_m=SHORT_K_GROUP_M if triton.cdiv(max(k, 1), 128) <= SHORT_K_MAX_KB else 8)
