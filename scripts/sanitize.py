@@ -348,7 +348,7 @@ def gemm_cases() -> list[Case]:
 #: values to try for HopperConfig fields that are neither bool nor tile geometry (a module-level
 #: ``CONFIG_CHOICES = {field: values}`` in ``_hopper`` takes precedence); other fields keep
 #: their default.
-_KNOWN_CHOICES = {"epilogue": ("tma", "masked")}
+_KNOWN_CHOICES = {"epilogue": ("tma", "masked")}  # (the library's EPILOGUES where it has one)
 _GEOMETRY = ("variant", "block_m", "block_n", "num_warps", "stages", "group_m")
 #: (block_m, block_n, stages) candidates; each variant runs the first two it accepts.
 #: K=656 -> 6 K blocks, so 2-3 stage rings wrap several times.
@@ -365,6 +365,8 @@ def _field_choices() -> dict:
             out[f.name] = tuple(hooks[f.name])
         elif f.type in (bool, "bool"):
             out[f.name] = (False, True)
+        elif f.name == "epilogue" and hasattr(H, "EPILOGUES"):
+            out[f.name] = tuple(H.EPILOGUES)
         elif f.name in _KNOWN_CHOICES:
             out[f.name] = _KNOWN_CHOICES[f.name]
     return out
@@ -488,6 +490,13 @@ def hopper_cases() -> list[Case]:
                                       (128, 2, "tma", 4, "spread"), (256, 3, "tma", FEW_SMS, "last")):
             cfg = H.HopperConfig("wide", 128, bn, 8, 3, epilogue=epi, tail_split=ts, split_reduce=red)
             h(f"wide-tail{ts}-{red}-128x{bn}-{epi}-sms{sms}", cfg, (M, N, K), "bf16", sms)
+    # the one-buffer TMA epilogue ("tma1": both halves through one shared tile per math
+    # partition) with 4 stages: whole tiles (several per program on 3 SMs), and a tail split
+    if "tma1" in getattr(H, "EPILOGUES", ()):
+        h("wide-tma1-128x256-s4-sms3", H.HopperConfig("wide", 128, 256, 8, 4, epilogue="tma1"), (M, N, K), "bf16",
+          FEW_SMS)
+        h("wide-tail3-spread-128x256-tma1-s4-sms3", H.HopperConfig("wide", 128, 256, 8, 4, epilogue="tma1",
+                                                                   tail_split=3), (M, N, K), "bf16", FEW_SMS)
     # the skinny decode kernel (M <= 64: not the generic M above): both weight tiles, padded
     # activation rows 8 / 16 / 64 with row tails, splits 1 and 3 (K = 656: 2 + 2 + 2 blocks)
     if "skinny" in H.VARIANTS:
