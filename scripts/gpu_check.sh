@@ -91,9 +91,11 @@ bench() {  # bench NAME LIMIT_S ARGS...
 STEPS=" ${BENCH_STEPS-quantize deepseek moe test-cases} "  # set but empty: no bench
 want() { case "$STEPS" in *" $1 "*) return 0;; esac; return 1; }
 [ -z "${STEPS// /}" ] && { echo "BENCH_STEPS empty: no bench"; exit 0; }
-want quantize && bench quantize 45 --suite quantize --iterations 50
-want deepseek && bench deepseek 150 --suite deepseek --deepseek-small-m --iterations 30 --warmup 5
-want moe && bench moe 150 --suite moe --iterations 10 --warmup 2
+# (the bench's default --rounds 3: the samples of each case are split into 3 interleaved rounds
+# over ours and the baselines, each round with its own warm-up and graph capture)
+want quantize && bench quantize 60 --suite quantize --iterations 50
+want deepseek && bench deepseek 180 --suite deepseek --deepseek-small-m --iterations 30 --warmup 5
+want moe && bench moe 200 --suite moe --iterations 15 --warmup 2
 want masked && bench masked 60 --suite masked --iterations 20 --warmup 3
 want nvfp4-group && bench nvfp4-group 45 --suite nvfp4-group --iterations 20 --warmup 3
 want dual-gemm && bench dual-gemm 45 --suite dual-gemm --iterations 20 --warmup 3

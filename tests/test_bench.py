@@ -16,7 +16,7 @@ import torch
 from blockscaled.bench import counting, suites
 from blockscaled.bench.cli import parse_args, select_cases
 from blockscaled.bench.report import ab_pairs, markdown_report, print_report, ratio_stats, write_results
-from blockscaled.bench.timing import quantiles, rotation_count
+from blockscaled.bench.timing import Timing, combine_rounds, quantiles, rotation_count
 
 ROOT = Path(__file__).resolve().parents[1]
 HAS_CUDA = torch.cuda.is_available()
@@ -45,7 +45,7 @@ def test_bad_options_are_usage_errors(argv):
 
 def test_defaults_and_bench_prefix():
     a = parse_args(["bench"])
-    assert a.dtype == "bfloat16" and a.iterations == 100 and not a.use_profiler
+    assert a.dtype == "bfloat16" and a.iterations == 100 and a.rounds == 3 and not a.use_profiler
     assert [s for s, _ in select_cases(a)] == ["test-cases"]
     names = {c.suite for c in select_cases(a)[0][1]}
     assert names == {"small", "medium", "large"}
@@ -169,6 +169,54 @@ def _fake_result():
             "roofline": {"copy_gbps": 3000.0, "bf16_tflops": 700.0, "fp8_tflops": 1300.0}, "args": {"iterations": 5}}
 
 
+def test_combine_rounds():
+    """Rounds -> one Timing: medians over the rounds (a slow round moves none of them), the
+    smallest min, all samples counted, "graph" only if every round was."""
+    def t(med, p20, p80, mn, runs=10, method="graph"):
+        return Timing(med, p20, p80, mn, 0.0, runs, method, 4)
+
+    c = combine_rounds([t(1.0, 0.9, 1.1, 0.8), t(5.0, 4.0, 6.0, 3.0), t(1.2, 1.0, 1.3, 0.7)], first_call_ms=12.5)
+    assert (c.median_ms, c.p20_ms, c.p80_ms, c.min_ms) == (1.2, 1.0, 1.3, 0.7)
+    assert (c.first_call_ms, c.runs, c.method, c.n_sets) == (12.5, 30, "graph", 4)
+    assert combine_rounds([t(2.0, 2, 2, 2), t(1.0, 1, 1, 1, method="events")], 0.0).method == "events"
+    assert combine_rounds([t(2.0, 2, 2, 2), t(1.0, 1, 1, 1)], 0.0).median_ms == 1.5
+    assert combine_rounds([], 0.0) is None
+
+
+def test_runner_times_a_case_in_interleaved_rounds(monkeypatch):
+    """_measure queues the timing; the end of the case times ours and the baselines round by
+    round (ours r0, base r0, ours r1, ...), ceil(iterations / rounds) samples each (>= 5), and
+    appends the rows in measurement order with the median over the rounds; a failing round
+    turns that row into an error row without stopping the others."""
+    from blockscaled.bench.runner import RunConfig, Runner
+
+    cfg = RunConfig(iterations=30, warmup=1, rounds=3, timing=True, correctness=False, log=lambda m: None)
+    runner = Runner(cfg)
+    calls = []
+    times = {"ours": iter([3.0, 1.0, 2.0]), "base": iter([6.0, 2.0, 4.0]), "bad": iter([1.0])}
+
+    def fake_time(fn, arg_sets, best_of_eager=False, iterations=None):
+        name = fn()
+        calls.append((name, iterations))
+        ms = next(times[name])  # "bad" raises StopIteration in its second round
+        return Timing(ms, ms, ms, ms, 0.0, iterations, "graph", 1)
+
+    monkeypatch.setattr(runner, "_time", fake_time)
+    case = suites.Case("custom", "gemm", 128, 256, 512)
+    count = counting.Count(flops=2 * 128 * 256 * 512, bytes=1000)
+    for impl in ("ours", "base", "bad"):
+        runner._measure(case, "fp8_block", "gemm", impl, lambda impl=impl: impl, [()], count)
+    assert runner.rows == [] and len(runner._pending) == 3  # nothing timed yet
+    runner._time_pending()
+    assert calls == [("ours", 10), ("base", 10), ("bad", 10), ("ours", 10), ("base", 10), ("bad", 10),
+                     ("ours", 10), ("base", 10)]
+    ours, base, bad = runner.rows
+    assert (ours["impl"], ours["median_ms"], ours["rounds"]) == ("ours", 2.0, 3)
+    assert (base["impl"], base["median_ms"], base["runs"]) == ("base", 4.0, 30)
+    assert bad["status"] == "error" and bad.get("median_ms") is None
+    assert runner._pending == []
+
+
 def test_ratio_stats_and_ab_pairs():
     st = ratio_stats([1.0, 2.0, 4.0, float("nan"), None])
     assert st["n"] == 3 and st["min"] == 1.0 and st["max"] == 4.0 and st["median"] == 2.0
@@ -259,6 +307,7 @@ def test_gpu_bench_small_run(tmp_path):
     data = json.loads((tmp_path / "g.json").read_text())
     timed = [x for x in data["rows"] if x.get("median_ms")]
     assert timed and all(x["median_ms"] > 0 for x in timed)
+    assert all(x["rounds"] == 3 for x in timed)  # the default: interleaved rounds
     assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
 
 

@@ -107,6 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="output dtype (default bfloat16)")
     t.add_argument("--iterations", type=_positive, default=100, help="timed samples per measurement (default 100)")
     t.add_argument("--warmup", type=_nonneg, default=10, help="untimed calls before timing (default 10)")
+    t.add_argument("--rounds", type=_positive, default=3,
+                   help="split the samples into this many rounds, interleaved over ours and the baselines of "
+                        "each case; report the median over the rounds (default 3: GPU clocks drift within a "
+                        "minute, and one implementation timed during a dip would move the ratio)")
     t.add_argument("--no-graph", action="store_true", help="time eager calls with CUDA events, no CUDA-graph replay")
     t.add_argument("--no-correctness", action="store_true", help="skip the float64 reference checks")
     t.add_argument("--no-roofline", action="store_true", help="skip measuring copy BW and cuBLAS peaks")
@@ -213,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                         console=console, transient=True, disable=not console.is_terminal)
     cfg = RunConfig(
         formats=a.formats, ops=a.ops, baselines=tuple(a.baselines) if cuda else (), out_dtype=dtype,
-        iterations=a.iterations, warmup=a.warmup, correctness=not a.no_correctness, timing=cuda,
+        iterations=a.iterations, warmup=a.warmup, rounds=a.rounds, correctness=not a.no_correctness, timing=cuda,
         use_graph=not a.no_graph, profiler_trace=a.trace_file if a.use_profiler else None, seed=a.seed,
         log=lambda m: progress.console.print(m),
     )

@@ -226,7 +226,11 @@ def _env_lines(result: dict) -> list[str]:
                 _f(rl.get("copy_gbps"), 0), _f(rl.get("bf16_tflops"), 0), _f(rl.get("fp8_tflops"), 0)))
     a = result.get("args", {})
     if a and result.get("timing", True):
-        lines.append(f"timing: median of {a.get('iterations')} samples after {a.get('warmup')} warm-up calls, "
+        r = a.get("rounds") or 1
+        how = (f"median over {r} interleaved rounds (ours and the baselines of a case in turn) of the median of "
+               f"~{max(5, -(-a.get('iterations', 0) // r))} samples each" if r > 1
+               else f"median of {a.get('iterations')} samples")
+        lines.append(f"timing: {how} after {a.get('warmup')} warm-up calls, "
                      "CUDA-graph replay (or events), inputs rotated beyond 2x L2; first call shown apart")
     return lines
 

@@ -25,7 +25,7 @@ from . import counting
 from .baselines import GemmInputs, GroupedInputs, SwigluInputs, baselines_for
 from .env import environment, has_cuda
 from .suites import ALLOWED_OPS, DEFAULT_OPS, Case
-from .timing import rotation_count, time_op
+from .timing import combine_rounds, rotation_count, time_op
 
 __all__ = ["RunConfig", "Runner", "measure_roofline", "rel_error", "OP_SOURCES"]
 
@@ -52,6 +52,11 @@ class RunConfig:
     out_dtype: torch.dtype = torch.bfloat16
     iterations: int = 100
     warmup: int = 10
+    #: timed samples are split into this many rounds, interleaved over ours and the baselines of
+    #: a case (round r of every implementation before round r + 1 of any); reported: the median
+    #: over the rounds. The H100 drifted by up to 11% within a minute (NOTES, session 8): timing
+    #: ours and then the baselines once each put that drift into the ratio.
+    rounds: int = 3
     correctness: bool = True
     timing: bool = True  # False: correctness only (CPU / interpreter)
     use_graph: bool = True
@@ -144,6 +149,7 @@ class Runner:
         self._ops: dict[str, Callable | str] = {}
         self._noted: set[str] = set()
         self._trace_events: list = []
+        self._pending: list = []  # timing jobs of the current case (_measure -> _time_pending)
         self.device = "cuda" if has_cuda() else "cpu"
         self.env = environment()
 
@@ -231,15 +237,43 @@ class Runner:
         return row
 
     # ------------------------------------------------------------------ timing / profiling
-    def _time(self, fn, arg_sets, best_of_eager=False):
+    def _time(self, fn, arg_sets, best_of_eager=False, iterations=None):
         if not self.cfg.timing:
             return None
-        t = time_op(fn, arg_sets, warmup=self.cfg.warmup, iterations=self.cfg.iterations, use_graph=self.cfg.use_graph)
+        iterations = iterations or self.cfg.iterations
+        t = time_op(fn, arg_sets, warmup=self.cfg.warmup, iterations=iterations, use_graph=self.cfg.use_graph)
         if best_of_eager and t.method == "graph":
-            te = time_op(fn, arg_sets, warmup=2, iterations=self.cfg.iterations, use_graph=False)
+            te = time_op(fn, arg_sets, warmup=2, iterations=iterations, use_graph=False)
             if te.median_ms < t.median_ms:
                 t = te
         return t
+
+    def _time_pending(self) -> None:
+        """Time the jobs ``_measure`` queued for this case in ``cfg.rounds`` interleaved rounds of
+        ceil(iterations / rounds) samples (at least 5), then finish their rows in queue order."""
+        jobs, self._pending = self._pending, []
+        rounds = max(1, self.cfg.rounds)
+        per_round = max(5, -(-self.cfg.iterations // rounds)) if rounds > 1 else self.cfg.iterations
+        results: list[list] = [[] for _ in jobs]
+        for _ in range(rounds):
+            for j, (row, fn, arg_sets, count, fmt, best_of_eager, first_ms) in enumerate(jobs):
+                if row["status"] != "ok":
+                    continue
+                try:
+                    results[j].append(self._time(fn, arg_sets, best_of_eager, per_round))
+                except Exception as e:  # keep going: one failing op must not stop a sweep
+                    row["status"] = "error"
+                    row["note"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+                    self.cfg.log(f"  {row['impl']} {row['op']} {fmt} {row['case']}: {row['note']}")
+                    if has_cuda():
+                        torch.cuda.synchronize()
+        for (row, fn, arg_sets, count, fmt, best_of_eager, first_ms), ts in zip(jobs, results):
+            timing = combine_rounds(ts, first_ms) if row["status"] == "ok" else None
+            if timing is None:
+                row["first_call_ms"] = first_ms
+            else:
+                row["rounds"] = len(ts)
+            self.rows.append(self._finish_row(row, count, timing, fmt))
 
     def _profile(self, label: str, fn, args):
         if not self.cfg.profiler_trace:
@@ -269,7 +303,9 @@ class Runner:
 
     # ------------------------------------------------------------------ measuring one thing
     def _measure(self, case, fmt, op, impl, fn, arg_sets, count, check=None, best_of_eager=False):
-        """Run ``fn`` (ours or a baseline): correctness on set 0, then timing; one row."""
+        """Run ``fn`` (ours or a baseline): first call and correctness on set 0 now; the timing
+        is queued and run with the case's other implementations, interleaved in rounds
+        (``_time_pending``, called at the end of ``run_case``), which appends the row."""
         row = self._base_row(case, fmt, op, impl)
         if impl == "blockscaled":
             row["config"] = self.tile_desc(case, fmt, op)
@@ -285,11 +321,6 @@ class Runner:
             if check is not None and self.cfg.correctness:
                 check(row, out)
             del out
-            timing = self._time(fn, arg_sets, best_of_eager)
-            if timing is not None:
-                timing = replace(timing, first_call_ms=first_ms)
-            else:
-                row["first_call_ms"] = first_ms
             shape = f"M={case.m},N={case.n},K={case.k}" + (f",E={case.experts}" if case.experts else "")
             tile = row.get("config") or ""
             self._profile(f"{impl}:{op}:{fmt}:{shape}" + (f":tile={tile}" if tile else ""), fn, arg_sets[0])
@@ -299,7 +330,12 @@ class Runner:
             self.cfg.log(f"  {impl} {op} {fmt} {case.name}: {row['note']}")
             if has_cuda():
                 torch.cuda.synchronize()
-        self.rows.append(self._finish_row(row, count, timing, fmt))
+        if row["status"] == "ok" and self.cfg.timing:
+            self._pending.append((row, fn, arg_sets, count, fmt, best_of_eager, first_ms))
+        else:
+            if row["status"] == "ok":
+                row["first_call_ms"] = first_ms
+            self.rows.append(self._finish_row(row, count, timing, fmt))
 
     def tile_desc(self, case: Case, fmt: str, op: str) -> str:
         """The config our heuristic picks for this case (best effort, '' if unknown)."""
@@ -393,6 +429,7 @@ class Runner:
             self._run_grouped(case, fmt, ops, seed)
         elif case.kind == "swiglu":
             self._run_swiglu(case, fmt, ops, seed)
+        self._time_pending()
         if has_cuda():
             torch.cuda.empty_cache()
 

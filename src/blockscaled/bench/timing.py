@@ -24,7 +24,7 @@ import torch
 
 from .env import l2_bytes
 
-__all__ = ["Timing", "time_op", "rotation_count", "quantiles"]
+__all__ = ["Timing", "time_op", "rotation_count", "quantiles", "combine_rounds"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,21 @@ def quantiles(xs: Sequence[float]) -> tuple[float, float, float, float]:
         return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
     return statistics.median(s), q(0.2), q(0.8), s[0]
+
+
+def combine_rounds(timings: Sequence[Timing], first_call_ms: float) -> Timing | None:
+    """One Timing from the rounds of an interleaved measurement (the bench's ``--rounds``):
+    median / p20 / p80 = the medians over the rounds of each round's value (one slow round,
+    e.g. a clock dip while this implementation was timed, moves none of them), min = the
+    smallest, runs = the samples of all rounds; method "graph" only if every round was graphed;
+    None for no rounds."""
+    ts = [t for t in timings if t is not None]
+    if not ts:
+        return None
+    med = statistics.median
+    method = "graph" if all(t.method == "graph" for t in ts) else "events"
+    return Timing(med([t.median_ms for t in ts]), med([t.p20_ms for t in ts]), med([t.p80_ms for t in ts]),
+                  min(t.min_ms for t in ts), first_call_ms, sum(t.runs for t in ts), method, ts[0].n_sets)
 
 
 def rotation_count(bytes_per_set: int, l2: int | None = None, max_sets: int = 64) -> int:
