@@ -217,6 +217,29 @@ def test_runner_times_a_case_in_interleaved_rounds(monkeypatch):
     assert runner._pending == []
 
 
+def test_runner_deferred_timing_calls_the_right_op(monkeypatch):
+    """The timing of a case runs after all its ops were set up: each timed function must still
+    call its own op (a lambda reading a rebound local would time the last op with the first
+    op's arguments: the first H100 run of --rounds errored on every quantize / gemm row so).
+    CPU: the ops run on the reference twin; the fake timer calls each function once."""
+    from blockscaled.bench.runner import RunConfig, Runner
+
+    cfg = RunConfig(formats=("fp8_block",), iterations=5, warmup=0, rounds=2, timing=True, baselines=(),
+                    log=lambda m: None)
+    runner = Runner(cfg)
+
+    def fake_time(fn, arg_sets, best_of_eager=False, iterations=None):
+        fn(*arg_sets[0])
+        return Timing(1.0, 1.0, 1.0, 1.0, 0.0, iterations, "events", 1)
+
+    monkeypatch.setattr(runner, "_time", fake_time)
+    runner.run_case(suites.Case("custom", "gemm", 16, 256, 512), "fp8_block")
+    rows = {r["op"]: r for r in runner.rows}
+    assert set(rows) == {"quantize", "gemm", "linear"}, [(r["op"], r["status"], r["note"]) for r in runner.rows]
+    for op, r in rows.items():
+        assert r["status"] == "ok" and r["median_ms"] == 1.0 and r["rounds"] == 2, (op, r["note"])
+
+
 def test_ratio_stats_and_ab_pairs():
     st = ratio_stats([1.0, 2.0, 4.0, float("nan"), None])
     assert st["n"] == 3 and st["min"] == 1.0 and st["max"] == 4.0 and st["median"] == 2.0

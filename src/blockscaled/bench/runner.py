@@ -436,6 +436,8 @@ class Runner:
     def _act_dtype(self):
         return self.cfg.out_dtype if self.cfg.out_dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
 
+    # (Ops are bound into the lambdas handed to _measure as default arguments: their timing runs
+    # at the end of the case, after later ops have rebound the local names.)
     def _run_dense(self, case: Case, fmt: str, ops, seed: int) -> None:
         from ..reference.quantize import dequantize as deq
         from ..reference.quantize import quantize as ref_quantize
@@ -470,7 +472,7 @@ class Runner:
                     row["check"] = "bitwise" if ok else "FAIL"
                     row["rel_err"] = 0.0 if ok else rel_error(deq(out), deq(ref).double())[0]
 
-                self._measure(case, fmt, "quantize", "blockscaled", lambda x: f(x, fmt), [(x,) for x in xs], count, check_q)
+                self._measure(case, fmt, "quantize", "blockscaled", lambda x, f=f: f(x, fmt), [(x,) for x in xs], count, check_q)
                 if fmt == "nvfp4":
                     # Serving engines quantize nvfp4 activations with a calibrated (static) global
                     # scale: one pass over x. The row above computes gs on the fly (amax pass +
@@ -485,7 +487,7 @@ class Runner:
                         row["check"] = "bitwise" if ok else "FAIL"
 
                     self._measure(case, "nvfp4 static-gs", "quantize", "blockscaled",
-                                  lambda x, gs: f(x, fmt, global_scale=gs), list(zip(xs, gss)), count, check_gs)
+                                  lambda x, gs, f=f: f(x, fmt, global_scale=gs), list(zip(xs, gss)), count, check_gs)
             self._baselines(case, fmt, "quantize", inputs, count)
 
         if not need_w:
@@ -501,7 +503,7 @@ class Runner:
             f = self.op("gemm")
             count = counting.gemm_count(m, n, k, fmt, fmt, dt)
             if f is not None:
-                self._measure(case, fmt, "gemm", "blockscaled", lambda a, b: f(a, b, out_dtype=dt),
+                self._measure(case, fmt, "gemm", "blockscaled", lambda a, b, f=f: f(a, b, out_dtype=dt),
                               [(i.qa, i.qb) for i in inputs], count, self._check_close(fmt, ref_gemm))
             self._baselines(case, fmt, "gemm", inputs, count)
 
@@ -512,7 +514,7 @@ class Runner:
                 def ref_linear():
                     return deq(ref_quantize(x0, fmt)).double() @ deq(qb0).double().T
 
-                self._measure(case, fmt, "linear", "blockscaled", lambda x, w: f(x, w),
+                self._measure(case, fmt, "linear", "blockscaled", lambda x, w, f=f: f(x, w),
                               [(i.x, i.qb) for i in inputs], count, self._check_close(fmt, ref_linear))
             self._baselines(case, fmt, "linear", inputs, count)
 
@@ -538,7 +540,7 @@ class Runner:
                 return torch.nn.functional.silu(g) * (a @ deq(s0.qu).double().T)
 
             kw = {"out_dtype": dt} if _accepts(f, "out_dtype") else {}
-            self._measure(case, fmt, "swiglu", "blockscaled", lambda a, g, u: f(a, g, u, **kw),
+            self._measure(case, fmt, "swiglu", "blockscaled", lambda a, g, u, f=f: f(a, g, u, **kw),
                           [(s.qa, s.qg, s.qu) for s in sw], count, self._check_close(fmt, ref))
         self._baselines(case, fmt, "swiglu", sw, count)
 
