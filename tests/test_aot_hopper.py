@@ -111,6 +111,19 @@ def barrier_after_polls(ptx):
             out.append(bar)
     return out
 
+def waits_between_tma_stores(ptx):
+    """For each pair of consecutive TMA stores in the PTX text (cp.async.bulk.tensor ... global):
+    whether a bulk-group read wait (cp.async.bulk.wait_group.read) sits between them."""
+    out, seen, waited = [], False, False
+    for ln in ptx.splitlines():
+        if "cp.async.bulk.tensor.2d.global" in ln:
+            if seen:
+                out.append(waited)
+            seen, waited = True, False
+        elif "cp.async.bulk.wait_group.read" in ln:
+            waited = True
+    return out
+
 def barrier_before_atomics(ptx):
     """The barrier instruction nearest before each acq_rel atomic (split-K arrival)."""
     lines = ptx.splitlines()
@@ -194,7 +207,8 @@ for bm, bn, st, epi, mode, cdt, split, dual, *sk in [
            "poll_then_barrier": barrier_after_polls(ptx),
            "atom_relaxed_add": ptx.count("atom.global.gpu.relaxed.add"),
            "wgmma_n": ptx.count("wgmma.mma_async"), "tma_copies": ptx.count("cp.async.bulk.tensor"),
-           "store_waits": ptx.count("cp.async.bulk.wait_group.read")}
+           "store_waits": ptx.count("cp.async.bulk.wait_group.read"),
+           "waits_between_stores": waits_between_tma_stores(ptx)}
     rec.update(ptxas_stats(ptx))
     out[key] = rec
 # the skinny decode kernel (swap-AB): activation rows padded to 8..64, weight tiles 64 / 128
@@ -418,6 +432,10 @@ def test_wide_tma1_epilogue(compiled):
         assert "error" not in c and "error" not in twin, (key, c, twin)
         assert c["tma_store"] == twin["tma_store"] > 0, (key, c, twin)
         assert c["store_waits"] > twin["store_waits"], (key, c, twin)
+        # every TMA store reuses the partition's one buffer only after the previous store read it;
+        # the EPI 2 twin stores its two halves back to back (the check can tell them apart)
+        assert c["waits_between_stores"] and all(c["waits_between_stores"]), (key, c["waits_between_stores"])
+        assert not all(twin["waits_between_stores"]), (key, twin["waits_between_stores"])
         assert c["shared"] <= min(c["smem_estimate"], 232448), (key, c)
         assert (c["wgmma_n"], c["tma_load"]) == (twin["wgmma_n"], twin["tma_load"]), (key, c, twin)
         if c.get("spill_stores") is not None:

@@ -195,9 +195,10 @@ def test_runner_times_a_case_in_interleaved_rounds(monkeypatch):
     calls = []
     times = {"ours": iter([3.0, 1.0, 2.0]), "base": iter([6.0, 2.0, 4.0]), "bad": iter([1.0])}
 
-    def fake_time(fn, arg_sets, best_of_eager=False, iterations=None):
+    def fake_time(fn, arg_sets, best_of_eager=False, iterations=None, budget_ms=None):
         name = fn()
         calls.append((name, iterations))
+        assert budget_ms == pytest.approx(2000.0 / 3)  # the time cap split over the rounds
         ms = next(times[name])  # "bad" raises StopIteration in its second round
         return Timing(ms, ms, ms, ms, 0.0, iterations, "graph", 1)
 
@@ -208,13 +209,41 @@ def test_runner_times_a_case_in_interleaved_rounds(monkeypatch):
         runner._measure(case, "fp8_block", "gemm", impl, lambda impl=impl: impl, [()], count)
     assert runner.rows == [] and len(runner._pending) == 3  # nothing timed yet
     runner._time_pending()
-    assert calls == [("ours", 10), ("base", 10), ("bad", 10), ("ours", 10), ("base", 10), ("bad", 10),
+    # odd rounds in reverse order: a steady drift does not favour whoever is timed first
+    assert calls == [("ours", 10), ("base", 10), ("bad", 10), ("bad", 10), ("base", 10), ("ours", 10),
                      ("ours", 10), ("base", 10)]
     ours, base, bad = runner.rows
     assert (ours["impl"], ours["median_ms"], ours["rounds"]) == ("ours", 2.0, 3)
     assert (base["impl"], base["median_ms"], base["runs"]) == ("base", 4.0, 30)
     assert bad["status"] == "error" and bad.get("median_ms") is None
     assert runner._pending == []
+
+
+def test_runner_interrupted_rounds_keep_the_rows(monkeypatch):
+    """An interrupt during the rounds (the bench's time limit) still yields every queued row:
+    timed from the rounds done so far, or untimed and marked, then the interrupt propagates."""
+    from blockscaled.bench.runner import RunConfig, Runner
+
+    runner = Runner(RunConfig(iterations=30, warmup=1, rounds=3, timing=True, correctness=False,
+                              log=lambda m: None))
+    n = {"calls": 0}
+
+    def fake_time(fn, arg_sets, best_of_eager=False, iterations=None, budget_ms=None):
+        n["calls"] += 1
+        if n["calls"] == 2:
+            raise KeyboardInterrupt
+        return Timing(1.0, 1.0, 1.0, 1.0, 0.0, iterations, "graph", 1)
+
+    monkeypatch.setattr(runner, "_time", fake_time)
+    case = suites.Case("custom", "gemm", 128, 256, 512)
+    count = counting.Count(flops=1, bytes=1)
+    for impl in ("ours", "base"):
+        runner._measure(case, "fp8_block", "gemm", impl, lambda: None, [()], count)
+    with pytest.raises(KeyboardInterrupt):
+        runner._time_pending()
+    ours, base = runner.rows
+    assert ours["median_ms"] == 1.0 and ours["rounds"] == 1
+    assert base.get("median_ms") is None and "interrupted" in base["note"]
 
 
 def test_runner_deferred_timing_calls_the_right_op(monkeypatch):
@@ -228,7 +257,7 @@ def test_runner_deferred_timing_calls_the_right_op(monkeypatch):
                     log=lambda m: None)
     runner = Runner(cfg)
 
-    def fake_time(fn, arg_sets, best_of_eager=False, iterations=None):
+    def fake_time(fn, arg_sets, best_of_eager=False, iterations=None, budget_ms=None):
         fn(*arg_sets[0])
         return Timing(1.0, 1.0, 1.0, 1.0, 0.0, iterations, "events", 1)
 

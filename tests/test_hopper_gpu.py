@@ -168,7 +168,8 @@ def test_fallback_reasons():
 SPLITK_CFGS = [(256, 3, "tma", 3, True, 128), (128, 6, "tma", 2, True, 128), (256, 4, "masked", 4, True, 128),
                (128, 5, "masked", 7, True, 128), (256, 3, "tma", 3, False, 128), (256, 4, "tma", 3, False, 64),
                (128, 6, "tma", 6, False, 64),  # the small-M dispatch's tile at M <= 64
-               (256, 4, "tma1", 3, True, 128)]  # one shared output tile per partition ("last" stores through it)
+               (256, 4, "tma1", 3, True, 128)]  # one shared output tile per partition (the spread tests'
+# "last" runs store through it; test_wide_split_k runs the default "spread", plain stores)
 # K: 56 / 128 K blocks; 1040 = 9 blocks (K tail; split 3 -> 3, 3, 3); 640 = 5 blocks (split 2 -> 3, 2)
 SPLITK_NK = [(2112, 7168), (7168, 16384), (520, 1040), (2112, 640), (520, 7168), (7168, 1040)]
 

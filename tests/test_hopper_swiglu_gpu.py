@@ -127,7 +127,9 @@ def test_masked_cuda_graph_changed_counts():
                                  H.HopperConfig("wide", 128, 256, 8, 4, epilogue="masked"),
                                  H.HopperConfig("wide", 128, 256, 8, 4, epilogue="tma"),
                                  H.HopperConfig("wide", 64, 256, 4, 5, epilogue="tma"),
-                                 H.HopperConfig("wide", 128, 256, 8, 3, epilogue="tma", split_wg=False)],
+                                 H.HopperConfig("wide", 128, 256, 8, 3, epilogue="tma", split_wg=False),
+                                 # one shared output tile per partition (EPI 3; dense only, grouped masked)
+                                 H.HopperConfig("wide", 128, 256, 8, 4, epilogue="tma1")],
                          ids=lambda c: f"{c.block_m}x{c.block_n}_{c.epilogue}_s{c.stages}_split{int(c.split_wg)}")
 @pytest.mark.parametrize("mode", [0, 1, 2])
 @gpu

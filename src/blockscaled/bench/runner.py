@@ -237,43 +237,54 @@ class Runner:
         return row
 
     # ------------------------------------------------------------------ timing / profiling
-    def _time(self, fn, arg_sets, best_of_eager=False, iterations=None):
+    def _time(self, fn, arg_sets, best_of_eager=False, iterations=None, budget_ms=2000.0):
         if not self.cfg.timing:
             return None
         iterations = iterations or self.cfg.iterations
-        t = time_op(fn, arg_sets, warmup=self.cfg.warmup, iterations=iterations, use_graph=self.cfg.use_graph)
+        t = time_op(fn, arg_sets, warmup=self.cfg.warmup, iterations=iterations, use_graph=self.cfg.use_graph,
+                    budget_ms=budget_ms)
         if best_of_eager and t.method == "graph":
-            te = time_op(fn, arg_sets, warmup=2, iterations=iterations, use_graph=False)
+            te = time_op(fn, arg_sets, warmup=2, iterations=iterations, use_graph=False, budget_ms=budget_ms)
             if te.median_ms < t.median_ms:
                 t = te
         return t
 
     def _time_pending(self) -> None:
         """Time the jobs ``_measure`` queued for this case in ``cfg.rounds`` interleaved rounds of
-        ceil(iterations / rounds) samples (at least 5), then finish their rows in queue order."""
+        ceil(iterations / rounds) samples (at least 5) and 1/rounds of time_op's time budget
+        each, the job order reversed on odd rounds (a steady drift then does not favour the
+        implementation timed first), then finish their rows in queue order. An interrupt
+        (the bench's time limit: SIGTERM -> KeyboardInterrupt) still finishes every row, with the
+        rounds measured so far or untimed with note "interrupted"."""
         jobs, self._pending = self._pending, []
         rounds = max(1, self.cfg.rounds)
         per_round = max(5, -(-self.cfg.iterations // rounds)) if rounds > 1 else self.cfg.iterations
         results: list[list] = [[] for _ in jobs]
-        for _ in range(rounds):
-            for j, (row, fn, arg_sets, count, fmt, best_of_eager, first_ms) in enumerate(jobs):
-                if row["status"] != "ok":
-                    continue
-                try:
-                    results[j].append(self._time(fn, arg_sets, best_of_eager, per_round))
-                except Exception as e:  # keep going: one failing op must not stop a sweep
-                    row["status"] = "error"
-                    row["note"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
-                    self.cfg.log(f"  {row['impl']} {row['op']} {fmt} {row['case']}: {row['note']}")
-                    if has_cuda():
-                        torch.cuda.synchronize()
-        for (row, fn, arg_sets, count, fmt, best_of_eager, first_ms), ts in zip(jobs, results):
-            timing = combine_rounds(ts, first_ms) if row["status"] == "ok" else None
-            if timing is None:
-                row["first_call_ms"] = first_ms
-            else:
-                row["rounds"] = len(ts)
-            self.rows.append(self._finish_row(row, count, timing, fmt))
+        try:
+            for r in range(rounds):
+                order = range(len(jobs)) if r % 2 == 0 else reversed(range(len(jobs)))
+                for j in order:
+                    row, fn, arg_sets, count, fmt, best_of_eager, first_ms = jobs[j]
+                    if row["status"] != "ok":
+                        continue
+                    try:
+                        results[j].append(self._time(fn, arg_sets, best_of_eager, per_round, 2000.0 / rounds))
+                    except Exception as e:  # keep going: one failing op must not stop a sweep
+                        row["status"] = "error"
+                        row["note"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+                        self.cfg.log(f"  {row['impl']} {row['op']} {fmt} {row['case']}: {row['note']}")
+                        if has_cuda():
+                            torch.cuda.synchronize()
+        finally:
+            for (row, fn, arg_sets, count, fmt, best_of_eager, first_ms), ts in zip(jobs, results):
+                timing = combine_rounds(ts, first_ms) if row["status"] == "ok" else None
+                if timing is None:
+                    row["first_call_ms"] = first_ms
+                    if row["status"] == "ok":
+                        row["note"] = (row.get("note") or "") + "interrupted: not timed"
+                else:
+                    row["rounds"] = len(ts)
+                self.rows.append(self._finish_row(row, count, timing, fmt))
 
     def _profile(self, label: str, fn, args):
         if not self.cfg.profiler_trace:

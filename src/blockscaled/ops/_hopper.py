@@ -52,6 +52,10 @@ VARIANTS = ("tma", "persistent", "ws", "wide", "skinny")
 #: these): the skinny kernel has no overlap / split_wg / epilogue choice.
 VARIANT_FLAGS = {"skinny": ()}
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+#: The HopperConfig flag fields each variant reads (scripts/sanitize.py runs flag combinations of
+#: these only; the others would repeat the same kernel).
+VARIANT_FLAGS = {"tma": (), "persistent": ("overlap",), "ws": ("overlap",), "wide": ("epilogue", "split_wg"),
+                 "skinny": ()}
 #: HopperConfig.epilogue values (the wide kernel's EPI constexpr: masked 1, tma 2, tma1 3)
 EPILOGUES = ("tma", "tma1", "masked")
 _EPI_CODE = {"tma": 2, "tma1": 3}
@@ -734,7 +738,10 @@ def gemm_fp8_block_hopper_impl(a2: torch.Tensor, a_s2: torch.Tensor, b_data: tor
                 launch_cooperative_grid=spread,
             )
         except RuntimeError as e:
-            if not spread:
+            # (only the cooperative launch's own failure, e.g. CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE
+            # "too many blocks in cooperative launch"; an earlier kernel's sticky error surfacing
+            # here keeps its own message)
+            if not spread or "cooperative" not in str(e).lower():
                 raise
             raise RuntimeError(
                 f"blockscaled: the cooperative launch of the spread split-K reduction ({grid[0]} programs, one "
