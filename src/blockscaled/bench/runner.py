@@ -249,6 +249,14 @@ class Runner:
                 t = te
         return t
 
+    def _error_row(self, row: dict, fmt: str, e: Exception) -> None:
+        """Mark ``row`` failed with the exception's first line, log it, let the device settle."""
+        row["status"] = "error"
+        row["note"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+        self.cfg.log(f"  {row['impl']} {row['op']} {fmt} {row['case']}: {row['note']}")
+        if has_cuda():
+            torch.cuda.synchronize()
+
     def _time_pending(self) -> None:
         """Time the jobs ``_measure`` queued for this case in ``cfg.rounds`` interleaved rounds of
         ceil(iterations / rounds) samples (at least 5) and 1/rounds of time_op's time budget
@@ -270,11 +278,7 @@ class Runner:
                     try:
                         results[j].append(self._time(fn, arg_sets, best_of_eager, per_round, 2000.0 / rounds))
                     except Exception as e:  # keep going: one failing op must not stop a sweep
-                        row["status"] = "error"
-                        row["note"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
-                        self.cfg.log(f"  {row['impl']} {row['op']} {fmt} {row['case']}: {row['note']}")
-                        if has_cuda():
-                            torch.cuda.synchronize()
+                        self._error_row(row, fmt, e)
         finally:
             for (row, fn, arg_sets, count, fmt, best_of_eager, first_ms), ts in zip(jobs, results):
                 timing = combine_rounds(ts, first_ms) if row["status"] == "ok" else None
@@ -336,11 +340,7 @@ class Runner:
             tile = row.get("config") or ""
             self._profile(f"{impl}:{op}:{fmt}:{shape}" + (f":tile={tile}" if tile else ""), fn, arg_sets[0])
         except Exception as e:  # keep going: one failing op must not stop a sweep
-            row["status"] = "error"
-            row["note"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
-            self.cfg.log(f"  {impl} {op} {fmt} {case.name}: {row['note']}")
-            if has_cuda():
-                torch.cuda.synchronize()
+            self._error_row(row, fmt, e)
         if row["status"] == "ok" and self.cfg.timing:
             self._pending.append((row, fn, arg_sets, count, fmt, best_of_eager, first_ms))
         else:
