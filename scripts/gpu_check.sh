@@ -84,7 +84,7 @@ bench() {  # bench NAME LIMIT_S ARGS...
 }
 # Iterations / warm-up chosen so the whole script fits in ~9 min on an H100.
 # Default step limits (quantize, deepseek, moe, test-cases) add up to ~495 s + ~15 s of setup: under
-# the 600 s a device command may run (measured at b6187d4 with 3 rounds: deepseek 58 s, moe ~45 s).
+# the 600 s a device command may run (measured at 2cd0f1a with 3 rounds: deepseek 58 s, moe ~45 s).
 # The moe suite lists E=8 first, so a sweep cut by its limit still has the DeepSeek-like configs.
 [ -n "${SKIP_BENCH:-}" ] && { echo "SKIP_BENCH set: no bench"; exit 0; }
 # BENCH_STEPS picks steps (default: quantize deepseek moe test-cases); split them across two
