@@ -50,6 +50,9 @@ def candidates(cfg: H.HopperConfig, m: int, n: int, k: int, nsm: int):
     alt = H._fill_stages(dataclasses.replace(cfg, block_n=bn, stages=2, tail_split=H.tail_split_for(
         -(-m // 128) * -(-n // bn), k, nsm)), 2)
     out.append((f"block_n={bn} s{alt.stages} tail{alt.tail_split}", alt))
+    if cfg.block_m == 128:  # one 64-row warpgroup per tile: twice the tiles
+        alt = H._fill_stages(dataclasses.replace(cfg, block_m=64, num_warps=4, stages=2), 2)
+        out.append((f"block_m=64 s{alt.stages}", alt))
     for g in (16, 32):
         alt = H._fill_stages(dataclasses.replace(cfg, group_m=g, epilogue="tma1", stages=2), 2)
         out.append((f"group_m={g}+tma1 s{alt.stages}", alt))

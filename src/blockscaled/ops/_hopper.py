@@ -401,6 +401,19 @@ SMALL_M_MANY_TILES = 48
 SMALL_M_MANY_TILES_MIN_KB = 24
 
 
+#: 64-row tiles above 256 rows (:func:`small_m_dispatch_config`): where the unsplit 128-row tiles
+#: leave SMs idle and 64-row tiles fill one wave at least SMALL_M_64_ROW_FILL full, with at least
+#: SMALL_M_64_ROW_MIN_KB K blocks. H100 (scripts/wide_sweep.py --only block_m, 3 interleaved
+#: rounds, benchmarks/results/h100/wide-bm-20261123.json; 128-row dispatch -> 64-row, us):
+#: 384x2048x2048 10.7 -> 7.8, 384x2048x4096 17.2 -> 13.3, 512x2048x2048 10.7 -> 7.9 (the portable
+#: kernel gemm() ran there: 9.6-10.8), 512x2048x4096 17.1 -> 13.3. Lost 0.70-0.84x on the 24 other
+#: rows (M = 384-1024): where 64-row tiles need two waves, or where the 128-row rule splits K
+#: (512x2048x7168 split 2: 22.2 vs 30.2).
+SMALL_M_64_ROW_MIN_M = 257
+SMALL_M_64_ROW_FILL = 0.7
+SMALL_M_64_ROW_MIN_KB = 16
+
+
 #: Most K ranges of a small-M split: each SPLIT value is its own compile (the spread reduction
 #: unrolls over the ranges), and the sweep's best splits were <= 14.
 SMALL_M_SPLIT_MAX = 16
@@ -440,6 +453,9 @@ def small_m_dispatch_config(m: int, n: int, k: int, num_sms: int = 132,
       * else a split from :func:`small_m_split`, taken where K >= 48 blocks, or K >= 24 blocks
         with >= SMALL_M_MANY_TILES tiles. Lost at K = 2048 / 4096 with fewer tiles (M=128 2048x4096
         9.9 -> 11.1, 4096x4096 14.6 -> 15.1, 4096x2048 7.0 -> 10.6; M=64 4096x2048 7.2 -> 8.0).
+      * above 256 rows, one unsplit wave of 64-row tiles (4 warps) where the 128-row rule gives
+        no split and the 64-row tiles fill >= 70% of the SMs with >= 16 K blocks
+        (SMALL_M_64_ROW_MIN_M; 512x2048x2048 and 4096: 1.29-1.37x).
     Measured, today's dispatch -> this rule (us): M=64 2112x7168 12.5 -> 12.1, 4096x7168 18.4 ->
     17.5, 7168x16384 53.1 -> 51.2, 7168x4096 17.1 -> 15.1; M=128 2112x7168 15.5 -> 14.8, 4096x7168
     21.8 -> 20.8, 7168x4096 21.9 -> 17.6, 7168x7168 32.7 -> 30.7; M=256 2112x7168 20.5 -> 17.4,
@@ -448,6 +464,18 @@ def small_m_dispatch_config(m: int, n: int, k: int, num_sms: int = 132,
     if m <= 32 or m > SMALL_M_HOPPER_MAX:
         return None
     nk = triton.cdiv(max(k, 1), 128)
+    cfg = _small_m_split_config(m, n, k, nk, num_sms, out_elem_bytes)
+    t64 = triton.cdiv(m, 64) * triton.cdiv(n, 128)
+    if (m >= SMALL_M_64_ROW_MIN_M and nk >= SMALL_M_64_ROW_MIN_KB and SMALL_M_64_ROW_FILL * num_sms <= t64 <= num_sms
+            and (cfg is None or cfg.split_k == 1)):
+        # one wave of 64-row tiles beats a partial wave of 128-row ones (SMALL_M_64_ROW_MIN_M)
+        return _fill_stages(HopperConfig(variant="wide", block_m=64, block_n=128, num_warps=4, stages=2,
+                                         epilogue="tma"), out_elem_bytes)
+    return cfg
+
+
+def _small_m_split_config(m: int, n: int, k: int, nk: int, num_sms: int, out_elem_bytes: int) -> HopperConfig | None:
+    """small_m_dispatch_config's rule before the 64-row tiles above 256 rows (its docstring)."""
     bm = 64 if m <= 64 else 128
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, 128)
     if tiles >= num_sms:
