@@ -324,7 +324,6 @@ class Runner:
         row = self._base_row(case, fmt, op, impl)
         if impl == "blockscaled":
             row["config"] = self.tile_desc(case, fmt, op)
-        timing = None
         try:
             if has_cuda():
                 torch.cuda.synchronize()
@@ -346,7 +345,7 @@ class Runner:
         else:
             if row["status"] == "ok":
                 row["first_call_ms"] = first_ms
-            self.rows.append(self._finish_row(row, count, timing, fmt))
+            self.rows.append(self._finish_row(row, count, None, fmt))
 
     def tile_desc(self, case: Case, fmt: str, op: str) -> str:
         """The config our heuristic picks for this case (best effort, '' if unknown)."""

@@ -808,8 +808,10 @@ def _wide_splitk_finish(c_desc, c_smem, c_ptr, ws_ptr, cnt_ptr, acc0, acc1, stil
     cnt = cnt_ptr + stile * NCONS + WG
     arrived = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
     if SPREAD:
-        _wide_splitk_spread(c_ptr, ws_ptr + stile.to(gl.int64) * (SPLIT * UNIT) + WG * ROWS * W, cnt, row0, M, off_n, N, stride_cm, sp, arrived, SPLIT, ROWS, W,
-                            UNIT, num_warps)
+        # (the partition's region is recomputed here: kept from rows0 above, the 64-bit base stayed
+        # live across the partial stores and the 128x256 split build spilled 16 B, ptxas sm_90)
+        _wide_splitk_spread(c_ptr, ws_ptr + stile.to(gl.int64) * (SPLIT * UNIT) + WG * ROWS * W, cnt, row0, M,
+                            off_n, N, stride_cm, sp, arrived, SPLIT, ROWS, W, UNIT, num_warps)
     elif arrived == SPLIT - 1:
         if EPI == 2:
             tma.store_wait(0)  # the previous tile's TMA stores have finished reading c_smem
