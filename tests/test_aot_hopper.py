@@ -322,15 +322,13 @@ def test_hopper_config_validation():
 
 
 def _spill_budget(key: str) -> int:
-    """Spill bytes allowed per wide-kernel build: dense 0; grouped modes 64-76 B of tile-setup
-    spills outside the K loop (per-expert offset vectors; the SASS main loop has no LDL/STL;
-    +8 B since the scales are loaded one K block ahead, session 7); the tail split with the
+    """Spill bytes allowed per wide-kernel build: dense and grouped 0 (grouped builds spilled
+    64-76 B and ran their K loop as divergent code until the tile's expert and rows were made
+    provably warp-uniform, session 9: fp8_gemm._warp_uniform); the tail split with the
     masked epilogue 8 B (ptxas sm_90, fp32 out: it compiles the masked whole-tile store next to
     the split finish; the same config without TAIL has 0); the single 8-warp math partition's
     split-K 24 B, in the split finish after the K loop (checked in the SASS, session 7; not a
     dispatched config: the dispatch runs one partition per warpgroup)."""
-    if "_mode1_" in key or "_mode2_" in key:
-        return 80
     if "_split0_" in key and "_sk" in key:
         return 32
     return 8 if key.endswith("_tail") and "_epi1_" in key else 0

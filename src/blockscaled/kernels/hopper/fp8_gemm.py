@@ -509,6 +509,16 @@ def _pin(x):
 
 
 @gluon.jit
+def _warp_uniform(x):
+    # Lane 0's value to every lane (shfl.sync.idx): equal in all lanes already, but ptxas can now
+    # prove it (the broadcast idiom CUTLASS uses for the warp index). The grouped modes' tile
+    # coordinates come out of cross-lane reductions (``_wide_tile``) that ptxas cannot prove
+    # uniform; as branch conditions they made the whole K loop divergent.
+    return gl.inline_asm_elementwise("shfl.sync.idx.b32 $0, $1, 0, 31, -1;", "=r,r", [x], dtype=gl.int32,
+                                     is_pure=True, pack=1)
+
+
+@gluon.jit
 def _add_i32(a, b):
     return a + b
 
@@ -574,11 +584,11 @@ def _wide_tile(tile, seg_ptr, M, N, E, num_pid_m, num_pid_n, GROUP_M: gl.constex
         e = pid_m * 0
     else:  # MODE 1 and 2: dense tile numbering from the per-expert tile prefix sums
         oe, lo, hi, cum = _segments(seg_ptr, M, E, MODE, E_POW2, BLOCK_M, seg_layout)
-        e = gl.sum((cum <= pid_m).to(gl.int32), 0)
+        e = _warp_uniform(gl.sum((cum <= pid_m).to(gl.int32), 0))
         valid = e < E
         tile0 = gl.sum(gl.where(oe == e - 1, cum, 0), 0)  # tiles of experts before e
-        row0 = gl.sum(gl.where(oe == e, lo, 0), 0) + (pid_m - tile0) * BLOCK_M
-        row_end = gl.sum(gl.where(oe == e, hi, 0), 0)
+        row0 = _warp_uniform(gl.sum(gl.where(oe == e, lo, 0), 0) + (pid_m - tile0) * BLOCK_M)
+        row_end = _warp_uniform(gl.sum(gl.where(oe == e, hi, 0), 0))
     return valid, row0, row_end, e, off_n
 
 
