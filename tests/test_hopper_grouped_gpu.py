@@ -5,6 +5,8 @@ rows past a count untouched, CUDA-graph capture with changed counts, fallback re
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -156,3 +158,86 @@ def test_one_expert_contiguous_is_dense():
     offs = _offsets([300])
     out = grouped_gemm(a, b, offsets=offs)
     assert_gemm_close(out, ref.grouped_gemm(a, b, offsets=offs), "fp8_block", torch.bfloat16)
+
+
+def _tail_run(mode, cfg, seed=11):
+    """One grouped launch with ``cfg`` on a tile count that leaves a partial last wave after a
+    full one on 132 SMs (contiguous: 3 + 0 + 5 + 2 row tiles x 16 column tiles = 160 -> 28 in the
+    tail; masked: (3 + 0 + 3 + 3) x 18 = 162 -> 30), outputs NaN-poisoned. Returns (out, ref, rows
+    written mask or None)."""
+    if mode == 1:
+        sizes, n = [300, 0, 517, 250], 2048
+        a, b = _inputs((sum(sizes),), 4, n, 1024, seed=seed)
+        seg = _offsets(sizes)
+        out = torch.full((sum(sizes), n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        H.grouped_fp8_block_hopper_impl(a.data, a.scale, b.data, b.scale, seg, 1, out, cfg)
+        return out, ref.grouped_gemm(a, b, offsets=seg), None
+    counts, n = [300, 0, 260, 300], 2304
+    a, b = _inputs((4, 300), 4, n, 1024, seed=seed)
+    seg = torch.tensor(counts, dtype=torch.int32, device="cuda")
+    out = torch.full((4, 300, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    H.grouped_fp8_block_hopper_impl(a.data, a.scale, b.data, b.scale, seg, 2, out, cfg)
+    rows = torch.arange(300, device="cuda")[None, :] < seg[:, None]
+    return out, ref.grouped_gemm(a, b, masked_m=seg), rows
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_properties(0).multi_processor_count != 132,
+                    reason="tile counts chosen for a 132-SM H100")
+@pytest.mark.parametrize("mode", [1, 2])
+def test_grouped_tail_split(mode, monkeypatch):
+    """The grouped tail split (HopperConfig.tail_split, decided on the device from the real tile
+    count): both reductions against the float64 reference, bitwise equal to each other (same
+    fixed order) and deterministic, and different from the unsplit kernel somewhere (the split
+    ran: another fp32 summation order); a split that does not fit one wave (28 / 30 tail tiles x
+    8 > 132 programs) runs unsplit: bitwise the unsplit result."""
+    monkeypatch.delenv("BLOCKSCALED_SPLIT_REDUCE", raising=False)
+    base = H.HopperConfig("wide", 128, 128, 8, 5, epilogue="masked")
+    outs = {}
+    for name, cfg in (("off", base), ("spread", dataclasses.replace(base, tail_split=4)),
+                      ("spread again", dataclasses.replace(base, tail_split=4)),
+                      ("last", dataclasses.replace(base, tail_split=4, split_reduce="last")),
+                      ("too_many", dataclasses.replace(base, tail_split=8))):
+        out, y, rows = _tail_run(mode, cfg)
+        if rows is not None:
+            assert torch.isnan(out[~rows].float()).all(), name
+            out, y = out[rows], y[rows]
+        assert_gemm_close(out, y, "fp8_block", torch.bfloat16, what=name)
+        outs[name] = out
+    assert torch.equal(outs["spread"], outs["last"]) and torch.equal(outs["spread"], outs["spread again"])
+    assert not torch.equal(outs["spread"], outs["off"]), "the tail split did not run"
+    assert torch.equal(outs["too_many"], outs["off"]), "a tail split that cannot fit one wave must not run"
+
+
+def test_grouped_tail_split_cuda_graph():
+    """A masked launch with a tail split captured once and replayed with counts that give a
+    partial last wave (split) and with counts that do not: correct each time (the counters reset
+    themselves, the plan follows the counts)."""
+    e, max_m, n, k = 4, 300, 2304, 1024
+    a, b = _inputs((e, max_m), e, n, k, seed=12)
+    cnt = torch.tensor([300, 0, 260, 250], dtype=torch.int32, device="cuda")
+    out = torch.full((e, max_m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    cfg = H.HopperConfig("wide", 128, 128, 8, 5, epilogue="masked", tail_split=4)
+    H.grouped_fp8_block_hopper_impl(a.data, a.scale, b.data, b.scale, cnt, 2, out, cfg)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        H.grouped_fp8_block_hopper_impl(a.data, a.scale, b.data, b.scale, cnt, 2, out, cfg)
+    for counts in ([300, 0, 260, 250], [10, 300, 300, 300], [1, 2, 3, 4], [300, 0, 260, 250]):
+        cnt.copy_(torch.tensor(counts, dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        rows = torch.arange(max_m, device="cuda")[None, :] < cnt[:, None]
+        assert torch.isnan(out[~rows].float()).all(), counts
+        y = ref.grouped_gemm(a, b, masked_m=cnt)
+        assert_gemm_close(out[rows], y[rows], "fp8_block", torch.bfloat16, what=str(counts))
+
+
+def test_grouped_tail_split_rule():
+    """choose_grouped_config asks for a tail split of 128x256 tiles from the tile count of equal
+    segments (tail_split_for): moe E=4 m=512 N=7168 K=7168 -> 448 tiles = 3 waves + 52."""
+    cfg = H.choose_grouped_config(512, 7168, 7168, 132, 2, 4)
+    assert (cfg.block_m, cfg.block_n, cfg.tail_split) == (128, 256, H.tail_split_for(448, 7168, 132)) and cfg.tail_split == 2
+    assert H.choose_grouped_config(128, 7168, 4096, 132, 2, 8).tail_split == 1  # 128x128: weight-streaming
+    assert H.choose_grouped_config(512, 4096, 7168, 132, 2, 8).tail_split == 1  # 3 waves + 116: no room
+    assert H.choose_grouped_config(512, 7168, 2048, 132, 2, 4).tail_split == 1  # K below TAIL_SPLIT_MIN_KB

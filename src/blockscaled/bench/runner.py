@@ -376,7 +376,8 @@ class Runner:
 
                     # what ops.grouped dispatches to
                     h = hopper_grouped(rows, case.n, case.k, experts=len(case.ms))
-                    return f"hopper wide {h.block_m}x{h.block_n} s{h.stages} g{h.group_m}"
+                    return (f"hopper wide {h.block_m}x{h.block_n} s{h.stages} g{h.group_m}"
+                            + (f" tail{h.tail_split}" if h.tail_split > 1 else ""))
             else:
                 return ""
             if c.strategy == "hopper":  # the Gluon kernel picks its own tiles (ops/_hopper.py)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 
 import torch
@@ -754,27 +755,13 @@ def gemm_fp8_block_hopper_impl(a2: torch.Tensor, a_s2: torch.Tensor, b_data: tor
                 # the spread reduction waits for the tile's other units: each must have its own program
                 raise HopperUnsupported(f"split_reduce 'spread': {nsplit} splits need as many programs, "
                                         f"the grid has {grid[0]}")
-        try:
-            _kernel_for("wide")[grid](
-                a_desc, b_desc, b_desc, c_desc, a_s2, b_scale, b_scale, out2, out2, ws, cnt, m, n, k, 1,
-                triton.cdiv(m, cfg.block_m), kb_per, split_from, a_s2.stride(0), a_s2.stride(1), 0,
-                b_scale.stride(0), b_scale.stride(1), out2.stride(0), GROUP_M=cfg.group_m, STAGES=cfg.stages,
-                NH=cfg.block_n // 128, EPI=epi, MODE=0, E_POW2=1, SPLIT_WG=split, DUAL=False, SPLIT=nsplit,
-                TAIL=split_from > 0 and nsplit > 1, SPREAD=spread, num_warps=4 if split else cfg.num_warps,
-                # spread units wait for each other: the driver must co-schedule the whole grid
-                # (or fail the launch) instead of the kernel relying on a GPU of its own
-                launch_cooperative_grid=spread,
-            )
-        except RuntimeError as e:
-            # (only the cooperative launch's own failure, e.g. CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE
-            # "too many blocks in cooperative launch"; an earlier kernel's sticky error surfacing
-            # here keeps its own message)
-            if not spread or "cooperative" not in str(e).lower():
-                raise
-            raise RuntimeError(
-                f"blockscaled: the cooperative launch of the spread split-K reduction ({grid[0]} programs, one "
-                f"per SM) failed: {e}. Where this process cannot have that many programs resident at once "
-                f"(MPS limits, green contexts), set BLOCKSCALED_SPLIT_REDUCE=last.") from e
+        _launch_wide(
+            grid, spread,
+            a_desc, b_desc, b_desc, c_desc, a_s2, b_scale, b_scale, out2, out2, ws, cnt, m, n, k, 1,
+            triton.cdiv(m, cfg.block_m), kb_per, split_from, a_s2.stride(0), a_s2.stride(1), 0,
+            b_scale.stride(0), b_scale.stride(1), out2.stride(0), GROUP_M=cfg.group_m, STAGES=cfg.stages,
+            NH=cfg.block_n // 128, EPI=epi, MODE=0, E_POW2=1, SPLIT_WG=split, DUAL=False, SPLIT=nsplit,
+            TAIL=split_from > 0 and nsplit > 1, SPREAD=spread, num_warps=4 if split else cfg.num_warps)
         return
     extra = {} if cfg.variant == "tma" else {"OVERLAP": cfg.overlap}
     _kernel_for(cfg.variant)[grid](
@@ -782,6 +769,24 @@ def gemm_fp8_block_hopper_impl(a2: torch.Tensor, a_s2: torch.Tensor, b_data: tor
         a_s2.stride(0), a_s2.stride(1), b_scale.stride(0), b_scale.stride(1), out2.stride(0),
         GROUP_M=cfg.group_m, STAGES=cfg.stages, num_warps=cfg.num_warps, **extra,
     )
+
+
+def _launch_wide(grid, spread: bool, *args, **kwargs) -> None:
+    """Launch the wide kernel; a spread split-K launch is cooperative: its units wait for each
+    other, so the driver must co-schedule the whole grid (or fail the launch) instead of the
+    kernel relying on a GPU of its own. Such a failure is re-raised with the way out."""
+    try:
+        _kernel_for("wide")[grid](*args, launch_cooperative_grid=spread, **kwargs)
+    except RuntimeError as e:
+        # (only the cooperative launch's own failure, e.g. CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE
+        # "too many blocks in cooperative launch"; an earlier kernel's sticky error surfacing
+        # here keeps its own message)
+        if not spread or "cooperative" not in str(e).lower():
+            raise
+        raise RuntimeError(
+            f"blockscaled: the cooperative launch of the spread split-K reduction ({grid[0]} programs, one "
+            f"per SM) failed: {e}. Where this process cannot have that many programs resident at once "
+            f"(MPS limits, green contexts), set BLOCKSCALED_SPLIT_REDUCE=last.") from e
 
 
 def _launch_skinny(a2, a_s2, b_data, b_scale, out2, cfg: HopperConfig) -> None:
@@ -868,15 +873,26 @@ def choose_grouped_config(rows_per_expert: float, n: int, k: int, num_sms: int =
       * more rows: 128 x 256 (two 128-column halves; A read once per 256 columns): the best or
         within 3% on the 18 m=512 rows (128 x 128: 0.917); 128 x 128 below N = 2048.
     Stages fill the shared memory next to the masked-store scratch (_fill_stages; 6 for the
-    128-column tiles, as swept); grouped tiles use the masked epilogue."""
+    128-column tiles, as swept); grouped tiles use the masked epilogue.
+    Tail split (:func:`tail_split_for`) of the 128 x 256 tiles, for the tile count of ``experts``
+    experts of ceil(rows_per_expert) rows each (exact for equal segments; masked: for full
+    counts); the kernel splits only where the real count's last wave fits the split
+    (``_grouped_plan``). H100, moe rows with 3 waves + 52 tiles, tail split 2 vs none (5
+    interleaved rounds, out of session 9's probe3): E=4 m=512 N=7168 K=7168 216.3 -> 197.0 us,
+    K=4096 122.7 -> 117.0; none at K=2048 (below TAIL_SPLIT_MIN_KB; split 2 measured 0.94x). Not
+    for the 64 / 128-row tiles of m <= 128: those launches stream weights (81-88% of the memory
+    floor), the last wave's idle SMs cost nothing there: E=8 m=64 / m=128 N=7168 K=4096 / 7168
+    split 2 measured 0.975-1.006x."""
     if rows_per_expert <= 64:
         bm, bn = 64, 128
     elif rows_per_expert <= 128:
         bm, bn = (64, 128) if experts * triton.cdiv(n, 128) < num_sms // 2 else (128, 128)
     else:
         bm, bn = 128, (256 if n >= 2048 else 128)
+    est_tiles = experts * triton.cdiv(math.ceil(rows_per_expert), bm) * triton.cdiv(n, bn)
     cfg = HopperConfig(variant="wide", block_m=bm, block_n=bn, num_warps=4 * (bm // 64), stages=2,
-                       group_m=grouped_raster(bm, bn), epilogue="masked")
+                       group_m=grouped_raster(bm, bn), epilogue="masked",
+                       tail_split=tail_split_for(est_tiles, k, num_sms) if bn == 256 else 1)
     return _fill_stages(cfg, out_elem_bytes)
 
 
@@ -994,9 +1010,10 @@ def grouped_fp8_block_hopper_impl(a_data: torch.Tensor, a_scale: torch.Tensor, b
         cfg = (choose_swiglu_config(mode, rows, rows_per_expert, n, nsm, out.element_size()) if dual
                else choose_grouped_config(rows_per_expert, n, k, nsm, out.element_size(), e))
     bm, bn = cfg.block_m, cfg.block_n
-    if cfg.split_k != 1 or cfg.tail_split != 1:
-        raise ValueError(f"cfg.split_k / cfg.tail_split: split-K is implemented for the dense GEMM only (not "
-                         f"grouped / SwiGLU), got split_k={cfg.split_k}, tail_split={cfg.tail_split}")
+    if cfg.split_k != 1 or (dual and cfg.tail_split != 1):
+        raise ValueError(f"cfg.split_k / cfg.tail_split: grouped GEMMs split only the last wave's tiles "
+                         f"(tail_split) and SwiGLU not at all, got split_k={cfg.split_k}, "
+                         f"tail_split={cfg.tail_split}{' (SwiGLU)' if dual else ''}")
     if dual and bn != 256:
         raise ValueError(f"cfg.block_n: SwiGLU on the wide kernel needs block_n 256 (gate | up halves), got {bn}")
     box_n = 128 if dual else bn
@@ -1022,16 +1039,31 @@ def grouped_fp8_block_hopper_impl(a_data: torch.Tensor, a_scale: torch.Tensor, b
     split = cfg.split_wg and bm == 128
     epi = 1
     c_desc = a_desc  # unused by the kernel when EPI == 1
+    # Tail split (HopperConfig.tail_split): the kernel counts the real tiles on the device and
+    # splits the last partial wave only where its tiles x splits fit in the grid, so the fp32
+    # workspace and the counters are sized for grid // splits split tiles.
+    nsplit, kb_per = 1, triton.cdiv(k, 128)
+    ws = cnt = out2  # unused by the kernel when SPLIT == 1
+    spread = False
+    if cfg.tail_split > 1 and mode != 0:
+        nsplit, kb_per = _split_plan_kb(triton.cdiv(k, 128), cfg.tail_split)
+        if nsplit > grid[0]:
+            nsplit, kb_per = 1, triton.cdiv(k, 128)
+    if nsplit > 1:
+        slots = grid[0] // nsplit
+        ws = torch.empty((slots, nsplit, bm, bn), dtype=torch.float32, device=out.device)
+        cnt = _splitk_counters(out.device, slots * (2 if split else 1))
+        spread = cfg.split_reduce == "spread" and _spread_allowed()
     if (mode == 0 and cfg.epilogue in _EPI_CODE and _tma_store_ok(out2)
             and cfg.smem_bytes(out2.element_size(), dual=dual) <= _SMEM_LIMIT):
         epi = _EPI_CODE[cfg.epilogue]
         r = bm // 2 if split else bm
         c_desc = TensorDescriptor(out2, [rows, n], [out2.stride(0), 1], [r, 128], _smem_layout(r, 128, _GL_OUT[out2.dtype]))
-    _kernel_for("wide")[grid](
+    _launch_wide(
+        grid, spread,
         a_desc, b_desc, u_desc, c_desc, a_s2, b_scale, u_scale, out2, seg if seg is not None else out2,
-        out2, out2, max_m, n, k, e, num_pid_m, 1, 0,
+        ws, cnt, max_m, n, k, e, num_pid_m, kb_per, 0,
         a_s2.stride(0), a_s2.stride(1), b_scale.stride(0), b_scale.stride(1), b_scale.stride(2), out2.stride(0),
         GROUP_M=cfg.group_m, STAGES=cfg.stages, NH=bn // 128, EPI=epi, MODE=mode,
-        E_POW2=max(16, triton.next_power_of_2(e)) if mode else 1, SPLIT_WG=split, DUAL=dual, SPLIT=1,
-        num_warps=4 if split else cfg.num_warps,
-    )
+        E_POW2=max(16, triton.next_power_of_2(e)) if mode else 1, SPLIT_WG=split, DUAL=dual, SPLIT=nsplit,
+        TAIL=nsplit > 1, SPREAD=spread, num_warps=4 if split else cfg.num_warps)

@@ -491,10 +491,13 @@ def fp8_block_gemm_ws_kernel(a_desc, b_desc, sa_ptr, sb_ptr, c_ptr, M, N, K,
 # MODE 1 contiguous grouped: A [M = sum_m, K] rows sorted by expert, ``seg`` int32 offsets [E+1];
 #   B viewed as [E * N, K], weight scales as [E * ceil(N/128), nk], C [sum_m, N]. M tiles never
 #   straddle experts: expert e owns ceil(m_e / 128) tiles (computed on the device from seg, no
-#   host sync); the grid covers the worst case cdiv(sum_m, 128) + E tiles and extra tiles exit.
+#   host sync); the grid is sized for the worst case cdiv(sum_m, 128) + E tiles, and the
+#   persistent loop walks only the tiles with rows (counted on the device, ``_grouped_plan``).
 # MODE 2 masked grouped: A viewed as [E * max_m, K] (M = max_m), ``seg`` int32 counts [E]; C as
-#   [E * max_m, N]; tiles are numbered densely over the counted rows (as MODE 1), the rest of
-#   the tile space (E * cdiv(max_m, 128)) exits; rows past a count are not computed or written.
+#   [E * max_m, N]; tiles are numbered densely over the counted rows (as MODE 1) and only those
+#   are walked; rows past a count are not computed or written.
+# Both grouped modes may tail-split (TAIL): the last partial wave's tiles in SPLIT K ranges, as
+#   the dense tail split, decided on the device from the real tile count.
 # In both grouped modes a tile's TMA boxes may read rows of the next expert (A) or past N (B):
 # those rows/columns are masked at the store, so they never reach C.
 
@@ -545,6 +548,29 @@ def _segments(seg_ptr, M, E, MODE: gl.constexpr, E_POW2: gl.constexpr, BLOCK_M: 
         hi = lo + gl.minimum(gl.maximum(gl.load(seg_ptr + oe, mask=oe < E, other=0), 0), M)
         cum = gl.associative_scan((hi - lo + BLOCK_M - 1) // BLOCK_M, 0, _add_i32)
     return oe, lo, hi, cum
+
+
+@gluon.jit
+def _grouped_plan(seg_ptr, M, E, num_pid_n, split_from, MODE: gl.constexpr, E_POW2: gl.constexpr,
+                  BLOCK_M: gl.constexpr, SPLIT: gl.constexpr, TAIL: gl.constexpr, layout: gl.constexpr):
+    """Grouped modes: (M tiles that hold rows, first split tile) from the per-expert counts on the
+    device (no host sync). The tile space is then exactly the tiles with rows (the host's
+    num_pid_m is only an upper bound, for the grid), so every tile id is valid. TAIL: the tiles
+    of the last, partial wave of the persistent grid are split into SPLIT K ranges (as the dense
+    tail split) where there is a full wave before it and the split units fit in one wave (the
+    spread reduction needs all units of a tile resident; the host sized the workspace for
+    num_programs // SPLIT split tiles); else none is split (split_from = all tiles). Without
+    TAIL, ``split_from`` is returned as given. Every partition computes the same values."""
+    oe, lo, hi, cum = _segments(seg_ptr, M, E, MODE, E_POW2, BLOCK_M, layout)
+    tm = _warp_uniform(gl.max(cum, 0))  # inclusive prefix sum: its last entry is the total
+    if TAIL:
+        tiles = tm * num_pid_n
+        nprog = gl.num_programs(0)
+        full = (tiles // nprog) * nprog
+        tail = tiles - full
+        ok = (full > 0) & (tail > 0) & (tail * SPLIT <= nprog)
+        split_from = gl.where(ok, full, tiles)
+    return tm, split_from
 
 
 # Registers of the 1-warp TMA producer of the wide kernel (setmaxnreg); the math warps get the rest
@@ -650,6 +676,9 @@ def _wide_producer(a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, seg_pt
     nprog = gl.num_programs(0)
     num_pid_n = gl.cdiv(N, TILE_N)
     num_k = gl.cdiv(K, BLOCK_K)
+    if MODE != 0:
+        num_pid_m, split_from = _grouped_plan(seg_ptr, M, E, num_pid_n, split_from, MODE, E_POW2, BLOCK_M, SPLIT,
+                                              SPLIT > 1, seg_layout)
     it = 0
     for u in range(pid, _wide_units(num_pid_m * num_pid_n, split_from, SPLIT), nprog):
         tile, sp, kb_lo, kb_hi, is_split = _wide_unit(u, num_k, kb_per_split, split_from, SPLIT)
@@ -732,7 +761,7 @@ def _wide_splitk_sum(row_ptrs, c, mask, split_stride, SPLIT: gl.constexpr):
 
 
 @gluon.jit
-def _wide_splitk_spread(c_ptr, ws_ptr, cnt, row0, M, off_n, N, stride_cm, sp, arrived, SPLIT: gl.constexpr,
+def _wide_splitk_spread(c_ptr, ws_ptr, cnt, row0, row_end, off_n, N, stride_cm, sp, arrived, SPLIT: gl.constexpr,
                         ROWS: gl.constexpr, W: gl.constexpr, UNIT: gl.constexpr, num_warps: gl.constexpr):
     """Spread reduction of one (split tile, math partition) after this unit's partial is stored
     and its arrival counted (``arrived``: the counter's value before it): wait until all SPLIT
@@ -740,7 +769,7 @@ def _wide_splitk_spread(c_ptr, ws_ptr, cnt, row0, M, off_n, N, stride_cm, sp, ar
     unit's share of the partition's ROWS x W region: chunks j = sp, sp + SPLIT, ... of CHUNK
     consecutive fp32 (row-major, 4 per thread: 16-byte loads), each the sum of the SPLIT partials
     in the fixed order 0..SPLIT-1 (bitwise the same as the last-arriver reduction), stored to C
-    (masked to M x N). Each unit reads about one partial's worth of bytes instead of the last
+    (masked to rows < row_end, columns < N). Each unit reads about one partial's worth of bytes instead of the last
     one reading all SPLIT (that serial read-back at one SM's L2 bandwidth was the split unit's
     cost). Then a second count (departure); the unit that sees 2 * SPLIT - 1 before its own
     resets the counter to 0: every unit has left the wait by then.
@@ -757,7 +786,7 @@ def _wide_splitk_spread(c_ptr, ws_ptr, cnt, row0, M, off_n, N, stride_cm, sp, ar
     while seen < SPLIT:
         seen = gl.atomic_add(cnt, 0, sem="acquire", scope="gpu")
     idx = gl.arange(0, CHUNK, layout=red_layout)
-    rows_left = M - row0
+    rows_left = row_end - row0
     cols_left = N - off_n
     for j in range(sp, NCHUNK, SPLIT):
         e = j * CHUNK + idx
@@ -776,13 +805,14 @@ def _wide_splitk_spread(c_ptr, ws_ptr, cnt, row0, M, off_n, N, stride_cm, sp, ar
 
 
 @gluon.jit
-def _wide_splitk_finish(c_desc, c_smem, c_ptr, ws_ptr, cnt_ptr, acc0, acc1, stile, sp, row0, M, off_n, N, stride_cm,
+def _wide_splitk_finish(c_desc, c_smem, c_ptr, ws_ptr, cnt_ptr, acc0, acc1, stile, sp, row0, row_end, off_n, N, stride_cm,
                         SPLIT: gl.constexpr, NH: gl.constexpr, EPI: gl.constexpr, WG: gl.constexpr,
                         NCONS: gl.constexpr, ROWS: gl.constexpr, HALF: gl.constexpr, mma_layout: gl.constexpr,
                         num_warps: gl.constexpr, SPREAD: gl.constexpr = False):
     """Fused split-K of one (tile, math partition) unit (the portable kernel's protocol,
     kernels/triton/gemm.py): store this split's fp32 partials (rows [row0, row0 + ROWS), the
-    tile's NH halves; masked to M x N) to ``ws[stile, sp]`` (fp32 [split tiles, SPLIT, NCONS *
+    tile's NH halves; masked to rows < ``row_end`` (M dense, the expert's last row + 1 grouped)
+    and columns < N) to ``ws[stile, sp]`` (fp32 [split tiles, SPLIT, NCONS *
     ROWS, NH * HALF] contiguous: one tile-shaped slot per unit, ``stile`` = the tile's index
     among the split tiles, so the workspace holds only the split tiles' partials: a [SPLIT, M, N]
     one would be 173 MB for a tail split at M=4096); partition barrier (every thread's stores
@@ -805,7 +835,7 @@ def _wide_splitk_finish(c_desc, c_smem, c_ptr, ws_ptr, cnt_ptr, acc0, acc1, stil
     UNIT: gl.constexpr = NCONS * ROWS * W  # elements of one unit's partial tile
     r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma_layout))
     c = gl.arange(0, HALF, layout=gl.SliceLayout(0, mma_layout))
-    row_ok = (r < M - row0)[:, None]
+    row_ok = (r < row_end - row0)[:, None]
     mask0 = row_ok & (c < N - off_n)[None, :]
     # ws[stile, 0, WG * ROWS + r, 0]
     rows0 = ws_ptr + stile.to(gl.int64) * (SPLIT * UNIT) + ((WG * ROWS) + r) * W
@@ -820,17 +850,17 @@ def _wide_splitk_finish(c_desc, c_smem, c_ptr, ws_ptr, cnt_ptr, acc0, acc1, stil
     if SPREAD:
         # (the partition's region is recomputed here: kept from rows0 above, the 64-bit base stayed
         # live across the partial stores and the 128x256 split build spilled 16 B, ptxas sm_90)
-        _wide_splitk_spread(c_ptr, ws_ptr + stile.to(gl.int64) * (SPLIT * UNIT) + WG * ROWS * W, cnt, row0, M,
+        _wide_splitk_spread(c_ptr, ws_ptr + stile.to(gl.int64) * (SPLIT * UNIT) + WG * ROWS * W, cnt, row0, row_end,
                             off_n, N, stride_cm, sp, arrived, SPLIT, ROWS, W, UNIT, num_warps)
     elif arrived == SPLIT - 1:
         if EPI == 2:
             tma.store_wait(0)  # the previous tile's TMA stores have finished reading c_smem
         tot = _wide_splitk_sum(rows0, c, mask0, UNIT, SPLIT)
-        _wide_store_half(c_desc, c_smem, c_ptr, tot, row0, M, off_n, N, stride_cm, c_buffer(WG, 0, NH, EPI), EPI,
+        _wide_store_half(c_desc, c_smem, c_ptr, tot, row0, row_end, off_n, N, stride_cm, c_buffer(WG, 0, NH, EPI), EPI,
                          ROWS, HALF, num_warps)
         if NH == 2:
             tot = _wide_splitk_sum(rows0 + HALF, c, mask1, UNIT, SPLIT)
-            _wide_store_half(c_desc, c_smem, c_ptr, tot, row0, M, off_n + HALF, N, stride_cm,
+            _wide_store_half(c_desc, c_smem, c_ptr, tot, row0, row_end, off_n + HALF, N, stride_cm,
                              c_buffer(WG, 1, NH, EPI), EPI, ROWS, HALF, num_warps)
         # leave the counter buffer all zeros for the next launch / graph replay
         gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
@@ -868,6 +898,9 @@ def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty,
     nprog = gl.num_programs(0)
     num_pid_n = gl.cdiv(N, TILE_N)
     num_k = gl.cdiv(K, BLOCK_K)
+    if MODE != 0:
+        num_pid_m, split_from = _grouped_plan(seg_ptr, M, E, num_pid_n, split_from, MODE, E_POW2, BLOCK_M, SPLIT,
+                                              TAIL, seg_layout)
     it = 0
     for u in range(pid, _wide_units(num_pid_m * num_pid_n, split_from, SPLIT), nprog):
         tile, sp, kb_lo, kb_hi, is_split = _wide_unit(u, num_k, kb_per_split, split_from, SPLIT)
@@ -944,13 +977,13 @@ def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty,
                 acc1 = acc0  # unused
             if SPLIT > 1 and not TAIL:  # every unit is a split unit
                 _wide_splitk_finish(c_desc, c_smem, c_ptr, ws_ptr, cnt_ptr, acc0, acc1, tile - split_from, sp,
-                                    my_row0, M, off_n, N, stride_cm, SPLIT, NH, EPI, WG, BLOCK_M // ROWS, ROWS,
+                                    my_row0, row_end, off_n, N, stride_cm, SPLIT, NH, EPI, WG, BLOCK_M // ROWS, ROWS,
                                     HALF, mma_layout, num_warps, SPREAD)
             elif SPLIT > 1:  # tail split: whole tiles before split_from, split units after
                 if is_split:
                     _wide_splitk_finish(c_desc, c_smem, c_ptr, ws_ptr, cnt_ptr, acc0, acc1, tile - split_from, sp,
-                                        my_row0, M, off_n, N, stride_cm, SPLIT, NH, EPI, WG, BLOCK_M // ROWS, ROWS,
-                                        HALF, mma_layout, num_warps, SPREAD)
+                                        my_row0, row_end, off_n, N, stride_cm, SPLIT, NH, EPI, WG, BLOCK_M // ROWS,
+                                        ROWS, HALF, mma_layout, num_warps, SPREAD)
                 else:
                     _wide_store_tile(c_desc, c_smem, c_ptr, acc0, acc1, my_row0, row_end, off_n, N, stride_cm, NH,
                                      EPI, WG, ROWS, HALF, num_warps)
@@ -977,19 +1010,21 @@ def fp8_block_gemm_wide_kernel(a_desc, b_desc, b2_desc, c_desc, sa_ptr, sb_ptr, 
                                num_warps: gl.constexpr, TAIL: gl.constexpr = False,
                                SPREAD: gl.constexpr = False):
     """Dense (MODE 0) or grouped (MODE 1 contiguous, 2 masked) fp8_block GEMM; see above.
-    ``num_pid_m``: M tiles of the tile space (dense cdiv(M, 128); contiguous cdiv(sum_m, 128) + E,
-    an upper bound; masked E * cdiv(max_m, 128)). SPLIT_WG (BLOCK_M = 128, num_warps = 4): one
+    ``num_pid_m``: M tiles of the tile space (dense cdiv(M, 128); grouped: unused by the kernel,
+    which counts the tiles with rows on the device, ``_grouped_plan``; the host's bound sizes the
+    grid: contiguous cdiv(sum_m, 128) + E, masked E * cdiv(max_m, 128)). SPLIT_WG (BLOCK_M = 128, num_warps = 4): one
     4-warp math partition per 64-row warpgroup instead of one 8-warp partition (num_warps = 8).
     c_desc block: [rows per math partition, 128].
     DUAL (SwiGLU, NH = 2): ``C = silu(A @ B.T) * (A @ B2.T)``; b_desc / b2_desc boxes [128, 128]
     (gate / up, same shape and strides, scales ``sb_ptr`` / ``sb2_ptr`` with the same strides),
     tiles BLOCK_M x 128 output columns, each K block one 256-row ring slot (gate | up).
     Not DUAL: b2_desc / sb2_ptr are unused (pass b_desc / sb_ptr).
-    SPLIT (dense MODE 0, not DUAL): fused deterministic split-K over SPLIT K ranges of
+    SPLIT (not DUAL; grouped modes with TAIL only): fused deterministic split-K over SPLIT K ranges of
     ``kb_per_split`` K blocks each (the host keeps every split non-empty, (SPLIT - 1) *
     kb_per_split < cdiv(K, 128), for efficiency: an empty split stores zeros and is still
     correct) for the tiles from ``split_from`` on; tiles before it run whole (``_wide_unit``:
-    0 = every tile split, the small-M split-K; the full waves' tile count = tail split).
+    0 = every tile split, the small-M split-K; the full waves' tile count = tail split; grouped
+    modes compute it on the device and ignore the argument).
     ``ws_ptr``: fp32 workspace [tiles - split_from, SPLIT, BLOCK_M, BLOCK_N] contiguous;
     ``cnt_ptr``: int32 [>= (tiles - split_from) * math partitions], all zeros on entry, left all
     zeros on exit (``_wide_splitk_finish``).
@@ -1014,7 +1049,8 @@ def fp8_block_gemm_wide_kernel(a_desc, b_desc, b2_desc, c_desc, sa_ptr, sb_ptr, 
     gl.static_assert(MODE == 0 or EPI == 1, "grouped tiles may cover rows of the next expert: masked store only")
     gl.static_assert(ROWS == 16 * num_warps, "one warpgroup (4 warps) per 64 rows")
     gl.static_assert(SPLIT >= 1, "SPLIT: number of K splits, >= 1")
-    gl.static_assert(SPLIT == 1 or (MODE == 0 and not DUAL), "split-K: dense (MODE 0), non-SwiGLU only")
+    gl.static_assert(SPLIT == 1 or not DUAL, "split-K: not SwiGLU")
+    gl.static_assert(SPLIT == 1 or MODE == 0 or TAIL, "grouped modes split the tail only (TAIL)")
     gl.static_assert(not TAIL or SPLIT > 1, "TAIL: a tail split needs SPLIT > 1")
 
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
