@@ -552,9 +552,10 @@ def grouped_cases() -> list[Case]:
     gg("masked-nvfp4-per-expert-gs", "nvfp4", "masked", per_expert_gs=True)
     gg("contig-w4a16-mxfp4-bf16act", "mxfp4", "contig", a_kind="bf16")
 
-    def hg(name, mode, bm, bn):
+    def hg(name, mode, bm, bn, tail=1, reduce="spread", sms=None):
         # the wide kernel's grouped tiles chosen by ops/_hopper.choose_grouped_config (128 x 128
-        # with GROUP_M 1 needs more experts x N tiles than these shapes give the heuristic)
+        # with GROUP_M 1 needs more experts x N tiles than these shapes give the heuristic);
+        # ``tail``: HopperConfig.tail_split, with ``sms`` SMs so that the grid has a partial last wave
         def run(ctx):
             from blockscaled.ops import _hopper as H
 
@@ -565,17 +566,25 @@ def grouped_cases() -> list[Case]:
             shape = (a.shape[0], N) if mode == "contig" else (e, MAX_M, N)
             o = _nan(shape, torch.bfloat16, ctx.dev)
             cfg = H._fill_stages(H.HopperConfig("wide", block_m=bm, block_n=bn, num_warps=4 * (bm // 64), stages=2,
-                                                group_m=H.grouped_raster(bm, bn), epilogue="masked"), 2)
+                                                group_m=H.grouped_raster(bm, bn), epilogue="masked",
+                                                tail_split=tail, split_reduce=reduce), 2)
             a_d = a.to(ctx.dev)
-            H.grouped_fp8_block_hopper_impl(a_d.data, a_d.scale, b.data.to(ctx.dev), b.scale.to(ctx.dev),
-                                            seg.to(ctx.dev), 1 if mode == "contig" else 2, o, cfg)
+            with _sm_count(sms):
+                H.grouped_fp8_block_hopper_impl(a_d.data, a_d.scale, b.data.to(ctx.dev), b.scale.to(ctx.dev),
+                                                seg.to(ctx.dev), 1 if mode == "contig" else 2, o, cfg)
             chk = _close if mode == "contig" else _close_masked
             return chk(o, ref, "fp8_block", torch.bfloat16, name)
 
-        out.append(Case(f"grouped/{name}", run, dict(fmt="fp8_block", mode=mode, tile=(bm, bn)), needs_sm90=True))
+        out.append(Case(f"grouped/{name}", run, dict(fmt="fp8_block", mode=mode, tile=(bm, bn), tail=tail,
+                                                     reduce=reduce, sms=sms or "device"), needs_sm90=True))
 
     hg("masked-fp8_block-hopper-128x128-g1", "masked", 128, 128)
     hg("contig-fp8_block-hopper-64x128-g8", "contig", 64, 128)
+    # the grouped tail split (session 9), 128x128 tiles on 4 SMs: contiguous 3 row tiles x 3 = 9
+    # tiles -> 8 whole + 1 in 2 K ranges; masked (2 x 3 = 6) -> 4 whole + 2 split; both reductions
+    hg("contig-fp8_block-hopper-128x128-tail2-spread-sms4", "contig", 128, 128, 2, "spread", 4)
+    hg("masked-fp8_block-hopper-128x128-tail2-spread-sms4", "masked", 128, 128, 2, "spread", 4)
+    hg("contig-fp8_block-hopper-128x128-tail2-last-sms4", "contig", 128, 128, 2, "last", 4)
 
     def sw(name, fmt, mode, out_dtype="bf16", cfg=None):
         def run(ctx):
