@@ -78,6 +78,20 @@ def checked_us(fn, sets, ref, what, warmup=5, iterations=30):
     return time_op(fn, sets, warmup=warmup, iterations=iterations).median_ms * 1e3
 
 
+def interleaved_us(fns, sets, rounds, iterations=20, warmup=3):
+    """Time every ``fns[name](*args)`` in ``rounds`` interleaved rounds (each round times every
+    candidate once, odd rounds in reverse order, so that a drift of the GPU's speed during the
+    run reaches all candidates alike: the H100 drifted by up to 11% within minutes, session 8).
+    ``sets``: one list of rotated argument tuples for all, or a dict name -> list. Returns name
+    -> [CUDA-graph median us per round]."""
+    us = {name: [] for name in fns}
+    for r in range(rounds):
+        for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+            arg_sets = sets[name] if isinstance(sets, dict) else sets
+            us[name].append(time_op(fns[name], arg_sets, warmup=warmup, iterations=iterations).median_ms * 1e3)
+    return us
+
+
 def save_json(path, **payload):
     """Write ``{"device": <GPU name>, **payload}`` to ``path`` (nothing when path is None)."""
     if path:

@@ -26,9 +26,8 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
-from blockscaled.bench.timing import time_op  # noqa: E402
 from blockscaled.ops import _hopper as H  # noqa: E402
-from hopper_small_m import case_inputs, checked_us, save_json, sweep_cli  # noqa: E402
+from hopper_small_m import case_inputs, checked_us, interleaved_us, save_json, sweep_cli  # noqa: E402
 
 
 def candidates(cfg: H.HopperConfig, m: int, n: int, k: int, nsm: int):
@@ -81,10 +80,7 @@ def main():
             print(f"--- {m}x{n}x{k}: dispatch {cfg}", flush=True)
             for name, fn in fns.items():  # compile + check before any timing
                 checked_us(fn, sets, ref, f"{m}x{n}x{k} {name}", warmup=1, iterations=5)
-            us = {name: [] for name in fns}
-            for _ in range(args.rounds):
-                for name, fn in fns.items():
-                    us[name].append(time_op(fn, sets, warmup=3, iterations=args.iterations).median_ms * 1e3)
+            us = interleaved_us(fns, sets, args.rounds, args.iterations)
             for name, c in cands:
                 ratio = statistics.median(d / t for d, t in zip(us["dispatch"], us[name]))
                 med = statistics.median(us[name])
