@@ -1,8 +1,9 @@
 """H100 sweep of the dense wide kernel's remaining knobs at prefill M (default M=4096, the six
 DeepSeek-V3 shapes): the tile raster (HopperConfig.group_m), the ring depth (stages, up to what
 fits), the epilogue (TMA store through a shared tile per half or one per math partition, or masked
-store), one 8-warp math partition vs two 4-warp ones (split_wg), and the tile width (128x256 vs
-128x128), each varied alone around the dispatch config (ops/_hopper.choose_dispatch_config), and
+store), one 8-warp math partition vs two 4-warp ones (split_wg), the tile width (128x256 vs
+128x128) and height (64-row tiles with the dispatch's K split, unsplit and split 2), each varied
+alone around the dispatch config (ops/_hopper.choose_dispatch_config), and
 the taller rasters combined with the one-buffer TMA epilogue. Every candidate is checked against the float64 reference
 first, then timed in ``--rounds`` interleaved rounds (each round times every candidate once:
 CUDA-graph median of ``--iterations`` replays, inputs rotated past L2), and each candidate's
@@ -52,6 +53,9 @@ def candidates(cfg: H.HopperConfig, m: int, n: int, k: int, nsm: int):
     if cfg.block_m == 128:  # one 64-row warpgroup per tile: twice the tiles
         alt = H._fill_stages(dataclasses.replace(cfg, block_m=64, num_warps=4, stages=2), 2)
         out.append((f"block_m=64 s{alt.stages}", alt))
+        for sk in (1, 2):  # ... unsplit / split 2 whatever the dispatch splits (small M, session 9)
+            if sk != cfg.split_k and -(-m // 64) * -(-n // 128) * sk <= nsm:
+                out.append((f"block_m=64 sk{sk}", dataclasses.replace(alt, split_k=sk, tail_split=1)))
     for g in (16, 32):
         alt = H._fill_stages(dataclasses.replace(cfg, group_m=g, epilogue="tma1", stages=2), 2)
         out.append((f"group_m={g}+tma1 s{alt.stages}", alt))
