@@ -414,9 +414,10 @@ SMALL_M_64_ROW_MIN_M = 257
 SMALL_M_64_ROW_FILL = 0.7
 SMALL_M_64_ROW_MIN_KB = 16
 
-#: 64-row tiles at 64 < M <= SMALL_M_64_ROW_ANY_MAX_M: one wave of them (unsplit, or split 2 from
-#: SMALL_M_64_ROW_SPLIT_MIN_KB K blocks) filled >= SMALL_M_64_ROW_FILL, whatever the 128-row rule
-#: gives. H100 (session 9, 3 interleaved rounds; results/h100/small-m-64row-20261123.txt):
+#: 64-row tiles at 64 < M <= SMALL_M_64_ROW_ANY_MAX_M: one wave of them, unsplit or split in up to
+#: SMALL_M_64_ROW_MAX_SPLIT K ranges of >= SMALL_M_64_ROW_MIN_KB blocks each, filled >=
+#: SMALL_M_64_ROW_FILL, whatever the 128-row rule gives. H100 (session 9, 3-5 interleaved rounds;
+#: results/h100/small-m-64row-20261123.txt):
 #: * sweep, 24 rows at M = 96-256 (128-row dispatch -> 64-row, us): 128x7168x7168 split 2 31.0 ->
 #:   26.7 unsplit, 128x7168x4096 18.4 -> 15.3, 128x7168x16384 56.1 -> 52.9, 192x4096x7168 split 2
 #:   27.5 -> 22.0, 256x4096x7168 split 2 23.7 -> 21.8; split 2: 128x4096x7168 split 3 20.5 ->
@@ -426,11 +427,14 @@ SMALL_M_64_ROW_MIN_KB = 16
 #:   128x7168x2048 10.8 -> 9.3 (the portable kernel ran before), 192x4096x4096 18.2 -> 13.8,
 #:   256x4096x2048 10.3 -> 8.1 (portable before);
 #: * short K: split 2 at 32 K blocks 128x4096x4096 14.7 -> 13.7, 96x4096x4096 13.8 -> 13.2; at 16
-#:   K blocks split 2 lost (128x4096x2048 0.74x), unsplit tiles filling 48% too (0.91x).
+#:   K blocks split 2 lost (128x4096x2048 0.74x), unsplit tiles filling 48% too (0.91x);
+#: * split 3 (34 tiles x 3 = 102 units, vs the 128-row tiles' split 6): 128x2112x7168 14.5 ->
+#:   13.4, 96x2112x7168 14.0 -> 13.0, 128x2048x7168 14.3 -> 13.2, 256x1280x7168 (split 5) 14.6 ->
+#:   13.2, 128x2048x16384 22.8 -> 22.3; at 32 K blocks (10-11 per range) 0.98x: ranges of >= 16.
 #: Above 256 rows the 128-row split won (session 8: 512x2048x7168 split 2 22.2 vs 30.2 us), so
 #: there only the SMALL_M_64_ROW_MIN_M rule applies; at M <= 64 the tiles are 64 rows already.
 SMALL_M_64_ROW_ANY_MAX_M = 256
-SMALL_M_64_ROW_SPLIT_MIN_KB = 32
+SMALL_M_64_ROW_MAX_SPLIT = 3
 
 
 #: Most K ranges of a small-M split: each SPLIT value is its own compile (the spread reduction
@@ -475,9 +479,9 @@ def small_m_dispatch_config(m: int, n: int, k: int, num_sms: int = 132,
       * above 256 rows, one unsplit wave of 64-row tiles (4 warps) where the 128-row rule gives
         no split and the 64-row tiles fill >= 70% of the SMs with >= 16 K blocks
         (SMALL_M_64_ROW_MIN_M; 512x2048x2048 and 4096: 1.29-1.37x);
-      * first of all, at 64 < M <= 256: one wave of 64-row tiles, unsplit or split 2, filled
-        >= 70% with >= 16 K blocks (>= 32 to split), whatever the 128-row rule gives
-        (SMALL_M_64_ROW_ANY_MAX_M: 1.05-1.32x on the 19 rows it changed).
+      * first of all, at 64 < M <= 256: one wave of 64-row tiles, unsplit or split 2 / 3, filled
+        >= 70% with >= 16 K blocks per range, whatever the 128-row rule gives
+        (SMALL_M_64_ROW_ANY_MAX_M: 1.02-1.32x on the rows it changed).
     Measured, today's dispatch -> this rule (us): M=64 2112x7168 12.5 -> 12.1, 4096x7168 18.4 ->
     17.5, 7168x16384 53.1 -> 51.2, 7168x4096 17.1 -> 15.1; M=128 2112x7168 15.5 -> 14.8, 4096x7168
     21.8 -> 20.8, 7168x4096 21.9 -> 17.6, 7168x7168 32.7 -> 30.7; M=256 2112x7168 20.5 -> 17.4,
@@ -487,11 +491,10 @@ def small_m_dispatch_config(m: int, n: int, k: int, num_sms: int = 132,
         return None
     nk = triton.cdiv(max(k, 1), 128)
     t64 = triton.cdiv(m, 64) * triton.cdiv(n, 128)
-    if 64 < m <= SMALL_M_64_ROW_ANY_MAX_M and nk >= SMALL_M_64_ROW_MIN_KB:
-        # one wave of 64-row tiles, unsplit or split 2 (SMALL_M_64_ROW_ANY_MAX_M)
-        for split in (1, 2):
-            if (SMALL_M_64_ROW_FILL * num_sms <= t64 * split <= num_sms
-                    and (split == 1 or nk >= SMALL_M_64_ROW_SPLIT_MIN_KB)):
+    if 64 < m <= SMALL_M_64_ROW_ANY_MAX_M:
+        # one wave of 64-row tiles, unsplit or in up to 3 K ranges (SMALL_M_64_ROW_ANY_MAX_M)
+        for split in range(1, SMALL_M_64_ROW_MAX_SPLIT + 1):
+            if SMALL_M_64_ROW_FILL * num_sms <= t64 * split <= num_sms and nk >= SMALL_M_64_ROW_MIN_KB * split:
                 return _fill_stages(HopperConfig(variant="wide", block_m=64, block_n=128, num_warps=4, stages=2,
                                                  epilogue="tma", split_k=split), out_elem_bytes)
     cfg = _small_m_split_config(m, n, k, nk, num_sms, out_elem_bytes)
