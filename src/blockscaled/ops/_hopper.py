@@ -99,12 +99,14 @@ class HopperConfig:
         128-wide K blocks; lowered by the launcher so that no range is empty, e.g. 5 K blocks in
         4 -> 3 ranges of 2, 2, 1). Partials go to an fp32 workspace and the last range of each
         tile to finish sums them in fixed order and stores (kernels/hopper/fp8_gemm.py). 1 = no split.
-    tail_split: "wide" dense GEMM only, exclusive with split_k: split only the tiles of the last,
+    tail_split: "wide" only, exclusive with split_k: split only the tiles of the last,
         partial wave of the persistent grid into this many K ranges (same fused reduction); the
         full waves' tiles run whole. With T tiles on S SMs (T > S), T - (T // S) * S tiles are
         left for a last wave that would otherwise take a whole tile-time for a few busy SMs
         (M=4096 N=2112: 288 tiles of 128x256 -> 24 in the third wave). 1 = off; where the grid
         has no partial wave (T % S == 0) or fewer tiles than SMs, the launcher runs no split.
+        Grouped (not SwiGLU) too: there the kernel counts T on the device from the expert
+        offsets / counts and splits only where the last wave's tiles x splits fit the grid.
     split_reduce: how split_k / tail_split partials are summed (same fixed order, bitwise the
         same result): "last" = the last unit of a tile to arrive reads all partials back and
         stores the tile (no unit ever waits; that serial read-back runs at one SM's L2 bandwidth);
@@ -909,11 +911,12 @@ def choose_grouped_config(rows_per_expert: float, n: int, k: int, num_sms: int =
     experts of ceil(rows_per_expert) rows each (exact for equal segments; masked: for full
     counts); the kernel splits only where the real count's last wave fits the split
     (``_grouped_plan``). H100, moe rows with 3 waves + 52 tiles, tail split 2 vs none (5
-    interleaved rounds, out of session 9's probe3): E=4 m=512 N=7168 K=7168 216.3 -> 197.0 us,
-    K=4096 122.7 -> 117.0; none at K=2048 (below TAIL_SPLIT_MIN_KB; split 2 measured 0.94x). Not
-    for the 64 / 128-row tiles of m <= 128: those launches stream weights (81-88% of the memory
-    floor), the last wave's idle SMs cost nothing there: E=8 m=64 / m=128 N=7168 K=4096 / 7168
-    split 2 measured 0.975-1.006x."""
+    interleaved rounds, scripts/grouped_tail_ab.py, results/h100/grouped-tail-ab-20261123.json
+    and a first run in session 9): E=4 m=512 N=7168 K=7168 1.08-1.10x (216.3 -> 197.0 us), K=4096
+    1.05-1.06x; none at K=2048 (below TAIL_SPLIT_MIN_KB; split 2 measured 0.94x). Not for the
+    64 / 128-row tiles of m <= 128: those launches stream weights (81-88% of the memory floor),
+    the last wave's idle SMs cost nothing there: E=8 m=64 / m=128 N=7168 K=4096 / 7168 split 2
+    measured 0.975-1.006x."""
     if rows_per_expert <= 64:
         bm, bn = 64, 128
     elif rows_per_expert <= 128:
@@ -1076,7 +1079,7 @@ def grouped_fp8_block_hopper_impl(a_data: torch.Tensor, a_scale: torch.Tensor, b
     nsplit, kb_per = 1, triton.cdiv(k, 128)
     ws = cnt = out2  # unused by the kernel when SPLIT == 1
     spread = False
-    if cfg.tail_split > 1 and mode != 0:
+    if cfg.tail_split > 1 and mode != 0 and tiles > grid[0]:  # (else no full wave: nothing to split)
         nsplit, kb_per = _split_plan_kb(triton.cdiv(k, 128), cfg.tail_split)
         if nsplit > grid[0]:
             nsplit, kb_per = 1, triton.cdiv(k, 128)
