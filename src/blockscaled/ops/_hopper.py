@@ -494,18 +494,25 @@ def small_m_dispatch_config(m: int, n: int, k: int, num_sms: int = 132,
     nk = triton.cdiv(max(k, 1), 128)
     t64 = triton.cdiv(m, 64) * triton.cdiv(n, 128)
     if 64 < m <= SMALL_M_64_ROW_ANY_MAX_M:
-        # one wave of 64-row tiles, unsplit or in up to 3 K ranges (SMALL_M_64_ROW_ANY_MAX_M)
-        for split in range(1, SMALL_M_64_ROW_MAX_SPLIT + 1):
-            if SMALL_M_64_ROW_FILL * num_sms <= t64 * split <= num_sms and nk >= SMALL_M_64_ROW_MIN_KB * split:
-                return _fill_stages(HopperConfig(variant="wide", block_m=64, block_n=128, num_warps=4, stages=2,
-                                                 epilogue="tma", split_k=split), out_elem_bytes)
+        wave = _one_wave_of_64_rows(t64, nk, SMALL_M_64_ROW_MAX_SPLIT, num_sms, out_elem_bytes)
+        if wave is not None:
+            return wave
     cfg = _small_m_split_config(m, n, k, nk, num_sms, out_elem_bytes)
-    if (m >= SMALL_M_64_ROW_MIN_M and nk >= SMALL_M_64_ROW_MIN_KB and SMALL_M_64_ROW_FILL * num_sms <= t64 <= num_sms
-            and (cfg is None or cfg.split_k == 1)):
-        # one wave of 64-row tiles beats a partial wave of 128-row ones (SMALL_M_64_ROW_MIN_M)
-        return _fill_stages(HopperConfig(variant="wide", block_m=64, block_n=128, num_warps=4, stages=2,
-                                         epilogue="tma"), out_elem_bytes)
+    if m >= SMALL_M_64_ROW_MIN_M and (cfg is None or cfg.split_k == 1):
+        # unsplit only: above 256 rows a 128-row split beat it (SMALL_M_64_ROW_MIN_M)
+        return _one_wave_of_64_rows(t64, nk, 1, num_sms, out_elem_bytes) or cfg
     return cfg
+
+
+def _one_wave_of_64_rows(t64: int, nk: int, max_split: int, num_sms: int, out_elem_bytes: int) -> HopperConfig | None:
+    """The 64-row wide config (one 4-warp math partition) for ``t64`` 64x128 tiles of ``nk`` K
+    blocks, with the fewest K ranges (1..max_split, each >= SMALL_M_64_ROW_MIN_KB blocks) that
+    fill one wave at least SMALL_M_64_ROW_FILL full; None if none does."""
+    for split in range(1, max_split + 1):
+        if SMALL_M_64_ROW_FILL * num_sms <= t64 * split <= num_sms and nk >= SMALL_M_64_ROW_MIN_KB * split:
+            return _fill_stages(HopperConfig(variant="wide", block_m=64, block_n=128, num_warps=4, stages=2,
+                                             epilogue="tma", split_k=split), out_elem_bytes)
+    return None
 
 
 def _small_m_split_config(m: int, n: int, k: int, nk: int, num_sms: int, out_elem_bytes: int) -> HopperConfig | None:
