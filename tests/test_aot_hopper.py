@@ -150,16 +150,16 @@ for bm, bn, st, epi, mode, cdt, split, dual, *sk in [
         # small-M chooser's 128x128 6-stage config with 7 splits
         (128, 256, 3, 2, 0, "bf16", True, False, 3), (128, 256, 4, 1, 0, "bf16", True, False, 3),
         (128, 256, 3, 1, 0, "fp32", True, False, 3), (128, 128, 5, 2, 0, "fp16", True, False, 3),
-        (128, 128, 5, 2, 0, "fp32", True, False, 3), (128, 128, 6, 2, 0, "bf16", True, False, 7),
+        (128, 128, 5, 2, 0, "fp32", True, False, 3), (128, 128, 5, 2, 0, "bf16", True, False, 7),
         (128, 256, 3, 2, 0, "bf16", False, False, 3),
         # tail split (TAIL: whole tiles, then split units of the last wave): the M=4096 dispatch
         # config (128x256, 3 stages, TMA store) and the masked fp32 / 128x128 variants
         (128, 256, 3, 2, 0, "bf16", True, False, 5, True), (128, 256, 3, 1, 0, "fp32", True, False, 3, True),
-        (128, 128, 6, 2, 0, "bf16", True, False, 14, True),
+        (128, 128, 5, 2, 0, "bf16", True, False, 14, True),
         # the unsplit build of that last config (the split builds' main loop is compared with it)
-        (128, 128, 6, 2, 0, "bf16", True, False),
+        (128, 128, 5, 2, 0, "bf16", True, False),
         # split_reduce "spread" (SPREAD): the small-M 128x128 split 7 and the tail-split dispatch config
-        (128, 128, 6, 2, 0, "bf16", True, False, 7, False, True), (128, 256, 3, 2, 0, "bf16", True, False, 5, True, True),
+        (128, 128, 5, 2, 0, "bf16", True, False, 7, False, True), (128, 256, 3, 2, 0, "bf16", True, False, 5, True, True),
         # the small-M dispatch's 64-row tile at M <= 64 (one 4-warp partition, one half), split 6, both reductions
         (64, 128, 6, 2, 0, "bf16", False, False, 6), (64, 128, 6, 2, 0, "bf16", False, False, 6, False, True),
         # EPI 3 ("tma1": one shared output half tile per math partition): the 4-stage 128x256
@@ -697,8 +697,8 @@ def test_grouped_tile_rule():
 
     assert tile(64, 4096, 7168) == (64, 128, 8, 6, "masked")
     assert tile(40, 2048, 2048, experts=4) == (64, 128, 8, 6, "masked")
-    assert tile(128, 4096, 7168, experts=8) == (128, 128, 1, 6, "masked")
-    assert tile(128, 7168, 2048, experts=4) == (128, 128, 1, 6, "masked")
+    assert tile(128, 4096, 7168, experts=8) == (128, 128, 1, 5, "masked")
+    assert tile(128, 7168, 2048, experts=4) == (128, 128, 1, 5, "masked")
     assert tile(128, 2048, 7168, experts=4)[:3] == (64, 128, 8)  # 64 tiles of 128x128 < SMs / 2
     assert tile(512, 4096, 7168, experts=8)[:3] == (128, 256, 8)
     assert tile(512, 1024, 7168, experts=8)[:3] == (128, 128, 1)

@@ -194,12 +194,19 @@ class HopperConfig:
         if not isinstance(self.split_k, int) or self.split_k < 1:
             raise ValueError(f"HopperConfig.split_k: expected an int >= 1, got {self.split_k!r}")
 
+    def stage_bytes(self) -> int:
+        """Shared memory of one ring stage: the A and B boxes (128 fp8 K columns each), plus for
+        "wide" 128-column tiles the tile's fp32 A scales of the stage's K block (staged by the
+        producer: kernels/hopper/fp8_gemm.py, ``SA_SMEM``)."""
+        sa = self.block_m * 4 if self.variant == "wide" and self.block_n == 128 else 0
+        return (self.block_m + self.block_n) * 128 + sa
+
     def smem_bytes(self, out_elem_bytes: int = 4, dual: bool = False) -> int:
         """Ring + epilogue buffer + barriers. Masked store: layout-conversion scratch of the
         accumulator tile (up to block_m * block_n(half) * 4 bytes); "wide" + TMA store: one output
         tile per half in the output dtype (``dual``, SwiGLU: block_n = gate + up rows, one
         128-column output tile)."""
-        ring = self.stages * (self.block_m + self.block_n) * 128
+        ring = self.stages * self.stage_bytes()
         if self.variant == "skinny":
             # + the epilogue's layout-conversion scratch of the fp32 C^T tile
             return ring + self.block_n * self.block_m * 4 + 1024
@@ -319,10 +326,7 @@ def choose_hopper_config(m: int, n: int, k: int, variant: str = "persistent", ov
         cfg = HopperConfig(variant="wide", block_m=128, block_n=bn, num_warps=8, stages=2, epilogue="tma",
                            tail_split=tail_split_for(triton.cdiv(m, 128) * triton.cdiv(n, bn), k, num_sms),
                            group_m=SHORT_K_GROUP_M if triton.cdiv(max(k, 1), 128) <= SHORT_K_MAX_KB else 8)
-        stage_bytes = (128 + bn) * 128
-        fixed = cfg.smem_bytes(out_elem_bytes) - 2 * stage_bytes
-        stages = max(2, min(6, (_SMEM_LIMIT - fixed) // stage_bytes))
-        return dataclasses.replace(cfg, stages=stages)
+        return _fill_stages(cfg, out_elem_bytes)
     bm = 64 if m <= 128 else 128
     bn = 128
     while bn > 32 and triton.cdiv(m, bm) * triton.cdiv(n, bn) < num_sms // 2:
@@ -939,7 +943,7 @@ def choose_grouped_config(rows_per_expert: float, n: int, k: int, num_sms: int =
 
 def _fill_stages(cfg: HopperConfig, out_elem_bytes: int, dual: bool = False) -> HopperConfig:
     """As many ring stages as fit in shared memory next to the epilogue buffer (2..6)."""
-    stage_bytes = (cfg.block_m + cfg.block_n) * 128
+    stage_bytes = cfg.stage_bytes()
     fixed = cfg.smem_bytes(out_elem_bytes, dual=dual) - cfg.stages * stage_bytes
     stages = max(2, min(6, (_SMEM_LIMIT - fixed) // stage_bytes))
     return dataclasses.replace(cfg, stages=stages)

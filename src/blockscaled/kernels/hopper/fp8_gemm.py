@@ -46,6 +46,7 @@ and BLOCK_N=256 would need 2 x 128 fp32 accumulator registers per thread -> spil
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,  # noqa: F401  (kept for a future TMA-store epilogue)
     mbarrier,
@@ -664,14 +665,37 @@ def _wide_unit(u, num_k, kb_per_split, split_from, SPLIT: gl.constexpr):
 
 
 @gluon.jit
-def _wide_producer(a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, seg_ptr, M, N, K, E, num_pid_m,
-                   kb_per_split, split_from, GROUP_M: gl.constexpr, STAGES: gl.constexpr, MODE: gl.constexpr,
-                   E_POW2: gl.constexpr, DUAL: gl.constexpr, SPLIT: gl.constexpr):
+def _stage_a_scales(dst, bar, src, ok):
+    """Copy the tile's A scales of one K block (``src``: one pointer per tile row; rows with ``ok``
+    False, past M or the expert's last row, get 0) into the ring slot's ``dst`` [BLOCK_M] fp32 with
+    cp.async, and make the slot's ``ready`` barrier wait for them. The arrive-on (without .noinc)
+    first adds one pending arrival per thread, then arrives when the thread's copies have landed,
+    so it must run before the slot's ``expect``: issued after it, a TMA box that completed first
+    could end the phase without the scales.
+    Why (session 10): the math warps loaded these with ld.global one K block ahead, 64 scattered
+    4-byte reads per warpgroup and K block (canonical row-major [M, sk] scales: rows sk * 4 bytes
+    apart) on the chain that feeds the next wgmma. A one-tile probe put the K block of a 128x256 tile
+    at 686 ns with the scale loads and 608 ns with constants in their place. The producer issues
+    the copies STAGES blocks ahead instead and the math warps read 2 floats per thread from shared
+    memory. Measured gains are in the kernel's ``SA_SMEM`` comment (128-column tiles only)."""
+    async_copy.async_copy_global_to_shared(dst, src, mask=ok)
+    async_copy.mbarrier_arrive(bar)
+
+
+@gluon.jit
+def _wide_producer(a_desc, b_desc, b2_desc, a_bufs, b_bufs, sa_bufs, ready, empty, sa_ptr, seg_ptr, M, N, K, E,
+                   num_pid_m, kb_per_split, split_from, stride_sam, stride_sak, GROUP_M: gl.constexpr,
+                   STAGES: gl.constexpr, MODE: gl.constexpr, E_POW2: gl.constexpr, DUAL: gl.constexpr,
+                   SPLIT: gl.constexpr, SA_SMEM: gl.constexpr):
+    """TMA producer (1 warp) of the wide kernel: per K block of each unit, the A and B boxes (TMA)
+    and, with SA_SMEM, the tile's A scales (``_stage_a_scales``) into ring slot ``it % STAGES``,
+    all tracked by that slot's ``ready`` barrier."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BOX_N: gl.constexpr = b_desc.block_type.shape[0]
     TILE_N: gl.constexpr = BOX_N  # output columns per tile (DUAL: the gate and the up box share them)
     seg_layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    sa_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     num_pid_n = gl.cdiv(N, TILE_N)
@@ -686,10 +710,16 @@ def _wide_producer(a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, seg_pt
                                                     E_POW2, BLOCK_M, TILE_N, seg_layout)
         if valid:
             b_row = e * N + off_n
+            if SA_SMEM:
+                sa_rows = row0 + gl.arange(0, BLOCK_M, layout=sa_layout)
+                sa_src = sa_ptr + sa_rows.to(gl.int64) * stride_sam
+                sa_ok = sa_rows < row_end
             for kb in range(kb_lo, kb_hi):
                 s = it % STAGES
                 # Slot s is free once the consumer released use (it // STAGES) - 1; the first pass is free.
                 mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1, pred=it >= STAGES)
+                if SA_SMEM:
+                    _stage_a_scales(sa_bufs.index(s), ready.index(s), sa_src + kb * stride_sak, sa_ok)
                 if DUAL:
                     # gate rows -> the slot's first BOX_N rows, up rows -> the next BOX_N
                     bar = ready.index(s)
@@ -867,13 +897,13 @@ def _wide_splitk_finish(c_desc, c_smem, c_ptr, ws_ptr, cnt_ptr, acc0, acc1, stil
 
 
 @gluon.jit
-def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty, sa_ptr, sb_ptr, sb2_ptr, c_ptr,
-                   seg_ptr, ws_ptr, cnt_ptr, M, N, K, E, num_pid_m, kb_per_split, split_from, stride_sam, stride_sak,
-                   stride_sbe, stride_sbn, stride_sbk, stride_cm, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, sa_bufs, c_smem, ready, empty, sa_ptr, sb_ptr, sb2_ptr,
+                   c_ptr, seg_ptr, ws_ptr, cnt_ptr, M, N, K, E, num_pid_m, kb_per_split, split_from, stride_sam,
+                   stride_sak, stride_sbe, stride_sbn, stride_sbk, stride_cm, GROUP_M: gl.constexpr,
+                   STAGES: gl.constexpr,
                    NH: gl.constexpr, EPI: gl.constexpr, MODE: gl.constexpr, E_POW2: gl.constexpr,
                    DUAL: gl.constexpr, SPLIT: gl.constexpr, TAIL: gl.constexpr, SPREAD: gl.constexpr,
-                   WG: gl.constexpr,
-                   ROWS: gl.constexpr, num_warps: gl.constexpr):
+                   WG: gl.constexpr, ROWS: gl.constexpr, SA_SMEM: gl.constexpr, num_warps: gl.constexpr):
     """Math partition: rows [WG * ROWS, (WG + 1) * ROWS) of each 128-row tile (ROWS = BLOCK_M when
     one partition does all rows). With two 4-warp partitions (one per warpgroup) each releases
     its ring slots itself (empty barriers count 2), so nothing synchronises the two warpgroups:
@@ -908,9 +938,6 @@ def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty,
                                                     E_POW2, BLOCK_M, TILE_N, seg_layout)
         if valid:
             my_row0 = row0 + WG * ROWS
-            rows = my_row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma_layout))
-            row_ok = rows < row_end
-            sa_rows = sa_ptr + rows.to(gl.int64) * stride_sam
             sb_off = e.to(gl.int64) * stride_sbe + (off_n // B_SCALE_ROWS) * stride_sbn
             sb_row = sb_ptr + sb_off
             acc0 = gl.zeros((ROWS, HALF), dtype=gl.float32, layout=mma_layout)
@@ -925,7 +952,9 @@ def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty,
                 else:
                     has1 = off_n + HALF < N
                     sb1_row = sb_row + stride_sbn
-            # Scales one K block ahead: the loads for block kb + 1 are issued while block kb is
+            # SA_SMEM: the A scales of each K block come with the ring slot (the producer's
+            # cp.async, ``_stage_a_scales``). Else they and the first half's weight scale are
+            # loaded one K block ahead: the loads for block kb + 1 are issued while block kb is
             # multiplied, so the promotion never waits for them. Loaded in the same iteration (as
             # before session 7) they were still in flight at the combined-scale multiply, which
             # ptxas places between the wgmma issues: 5.6% of the warp samples were long-scoreboard
@@ -937,18 +966,26 @@ def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty,
             # there (3.5% of the samples, ncu M=4096 7168x16384); this way the chain issues back
             # to back (SASS) and M=4096 measured 0.99-1.09x (7168x16384) against that version.
             kb_first = gl.minimum(kb_lo, num_k - 1)
-            sa_next = gl.load(sa_rows + kb_first * stride_sak, mask=row_ok, other=0.0)
+            if not SA_SMEM:
+                rows = my_row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma_layout))
+                row_ok = rows < row_end
+                sa_rows = sa_ptr + rows.to(gl.int64) * stride_sam
+                sa_next = gl.load(sa_rows + kb_first * stride_sak, mask=row_ok, other=0.0)
             sb0_next = gl.load(sb_row + kb_first * stride_sbk)
             for kb in range(kb_lo, kb_hi):
                 s = it % STAGES
-                sa = sa_next
+                if not SA_SMEM:
+                    sa = sa_next
                 sb0 = sb0_next
                 kb_next = gl.minimum(kb + 1, num_k - 1)
-                sa_next = gl.load(sa_rows + kb_next * stride_sak, mask=row_ok, other=0.0)
+                if not SA_SMEM:
+                    sa_next = gl.load(sa_rows + kb_next * stride_sak, mask=row_ok, other=0.0)
                 sb0_next = gl.load(sb_row + kb_next * stride_sbk)
                 if NH == 2:
                     sb1 = gl.load(sb1_row + kb * stride_sbk, mask=has1, other=0.0)
                 mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+                if SA_SMEM:
+                    sa = sa_bufs.index(s).slice(WG * ROWS, ROWS).load(gl.SliceLayout(1, mma_layout))
                 if ROWS == BLOCK_M:
                     a_s = a_bufs.index(s)
                 else:
@@ -1055,6 +1092,17 @@ def fp8_block_gemm_wide_kernel(a_desc, b_desc, b2_desc, c_desc, sa_ptr, sb_ptr, 
 
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
+    # A scales through shared memory (``_stage_a_scales``) for 128-column tiles: H100, 5 interleaved
+    # rounds against the ld.global path (session 10): 64x128 tiles 1.03-1.08x (128x7168x7168 26.7
+    # -> 24.8 us, 128x7168x16384 52.3 -> 49.5, 256x4096x7168 22.4 -> 21.0), 128x128 tiles 1.01-1.04x
+    # even with one ring stage less (6 -> 5: the 3 KB of scales do not fit next to 6), 128x256
+    # tiles 0.97-1.01x (M=4096 DeepSeek-V3 shapes, grouped m=512): those keep the loads.
+    SA_SMEM: gl.constexpr = NH == 1
+    if SA_SMEM:
+        # the tile's fp32 A scales of each ring slot's K block
+        sa_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+    else:
+        sa_bufs = a_bufs  # unused
     if EPI == 2:
         c_smem = gl.allocate_shared_memory(c_desc.dtype, [NCONS * NOUT, ROWS, BLOCK_N // NH], c_desc.layout)
     elif EPI == 3:
@@ -1069,28 +1117,30 @@ def fp8_block_gemm_wide_kernel(a_desc, b_desc, b2_desc, c_desc, sa_ptr, sb_ptr, 
 
     if SPLIT_WG:
         gl.warp_specialize([
-            (_wide_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty, sa_ptr, sb_ptr, sb2_ptr,
-                              c_ptr, seg_ptr, ws_ptr, cnt_ptr, M, N, K, E, num_pid_m, kb_per_split, split_from, stride_sam,
-                              stride_sak, stride_sbe, stride_sbn, stride_sbk, stride_cm, GROUP_M, STAGES, NH, EPI,
-                              MODE, E_POW2, DUAL, SPLIT, TAIL, SPREAD, 0, ROWS,
+            (_wide_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, sa_bufs, c_smem, ready, empty, sa_ptr, sb_ptr,
+                              sb2_ptr, c_ptr, seg_ptr, ws_ptr, cnt_ptr, M, N, K, E, num_pid_m, kb_per_split,
+                              split_from, stride_sam, stride_sak, stride_sbe, stride_sbn, stride_sbk, stride_cm,
+                              GROUP_M, STAGES, NH, EPI, MODE, E_POW2, DUAL, SPLIT, TAIL, SPREAD, 0, ROWS, SA_SMEM,
                               num_warps)),
-            (_wide_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty, sa_ptr, sb_ptr, sb2_ptr,
-                              c_ptr, seg_ptr, ws_ptr, cnt_ptr, M, N, K, E, num_pid_m, kb_per_split, split_from, stride_sam,
-                              stride_sak, stride_sbe, stride_sbn, stride_sbk, stride_cm, GROUP_M, STAGES, NH, EPI,
-                              MODE, E_POW2, DUAL, SPLIT, TAIL, SPREAD, 1, ROWS,
+            (_wide_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, sa_bufs, c_smem, ready, empty, sa_ptr, sb_ptr,
+                              sb2_ptr, c_ptr, seg_ptr, ws_ptr, cnt_ptr, M, N, K, E, num_pid_m, kb_per_split,
+                              split_from, stride_sam, stride_sak, stride_sbe, stride_sbn, stride_sbk, stride_cm,
+                              GROUP_M, STAGES, NH, EPI, MODE, E_POW2, DUAL, SPLIT, TAIL, SPREAD, 1, ROWS, SA_SMEM,
                               num_warps)),
-            (_wide_producer, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, seg_ptr, M, N, K, E, num_pid_m,
-                              kb_per_split, split_from, GROUP_M, STAGES, MODE, E_POW2, DUAL, SPLIT)),
+            (_wide_producer, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, sa_bufs, ready, empty, sa_ptr, seg_ptr, M, N,
+                              K, E, num_pid_m, kb_per_split, split_from, stride_sam, stride_sak, GROUP_M, STAGES, MODE,
+                              E_POW2, DUAL, SPLIT, SA_SMEM)),
         ], [num_warps, 1], [MATH_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
-            (_wide_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty, sa_ptr, sb_ptr, sb2_ptr,
-                              c_ptr, seg_ptr, ws_ptr, cnt_ptr, M, N, K, E, num_pid_m, kb_per_split, split_from, stride_sam,
-                              stride_sak, stride_sbe, stride_sbn, stride_sbk, stride_cm, GROUP_M, STAGES, NH, EPI,
-                              MODE, E_POW2, DUAL, SPLIT, TAIL, SPREAD, 0, ROWS,
+            (_wide_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, sa_bufs, c_smem, ready, empty, sa_ptr, sb_ptr,
+                              sb2_ptr, c_ptr, seg_ptr, ws_ptr, cnt_ptr, M, N, K, E, num_pid_m, kb_per_split,
+                              split_from, stride_sam, stride_sak, stride_sbe, stride_sbn, stride_sbk, stride_cm,
+                              GROUP_M, STAGES, NH, EPI, MODE, E_POW2, DUAL, SPLIT, TAIL, SPREAD, 0, ROWS, SA_SMEM,
                               num_warps)),
-            (_wide_producer, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, seg_ptr, M, N, K, E, num_pid_m,
-                              kb_per_split, split_from, GROUP_M, STAGES, MODE, E_POW2, DUAL, SPLIT)),
+            (_wide_producer, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, sa_bufs, ready, empty, sa_ptr, seg_ptr, M, N,
+                              K, E, num_pid_m, kb_per_split, split_from, stride_sam, stride_sak, GROUP_M, STAGES, MODE,
+                              E_POW2, DUAL, SPLIT, SA_SMEM)),
         ], [1], [PRODUCER_REGS])
     # No mbarrier.invalidate afterwards (see fp8_block_gemm_ws_kernel).
 
