@@ -664,14 +664,18 @@ def _wide_unit(u, num_k, kb_per_split, split_from, SPLIT: gl.constexpr):
     return tile, sp, kb_lo, kb_hi, is_split
 
 
+# cp.async arrivals per ring slot with SA_SMEM: one per thread of the 1-warp producer
+SA_ARRIVALS = gl.constexpr(32)
+
+
 @gluon.jit
 def _stage_a_scales(dst, bar, src, ok):
     """Copy the tile's A scales of one K block (``src``: one pointer per tile row; rows with ``ok``
     False, past M or the expert's last row, get 0) into the ring slot's ``dst`` [BLOCK_M] fp32 with
-    cp.async, and make the slot's ``ready`` barrier wait for them. The arrive-on (without .noinc)
-    first adds one pending arrival per thread, then arrives when the thread's copies have landed,
-    so it must run before the slot's ``expect``: issued after it, a TMA box that completed first
-    could end the phase without the scales.
+    cp.async, and make the slot's ``ready`` barrier wait for them: each of the producer warp's 32
+    threads arrives (.noinc) once its copies have landed, so the barrier counts 1 + 32 arrivals
+    (``SA_ARRIVALS``). (Without .noinc the arrive-on adds a pending arrival of its own: also
+    correct, but compute-sanitizer's synccheck reported it as a barrier overflow.)
     Why (session 10): the math warps loaded these with ld.global one K block ahead, 64 scattered
     4-byte reads per warpgroup and K block (canonical row-major [M, sk] scales: rows sk * 4 bytes
     apart) on the chain that feeds the next wgmma. A one-tile probe put the K block of a 128x256 tile
@@ -679,7 +683,7 @@ def _stage_a_scales(dst, bar, src, ok):
     the copies STAGES blocks ahead instead and the math warps read 2 floats per thread from shared
     memory. Measured gains are in the kernel's ``SA_SMEM`` comment (128-column tiles only)."""
     async_copy.async_copy_global_to_shared(dst, src, mask=ok)
-    async_copy.mbarrier_arrive(bar)
+    async_copy.mbarrier_arrive(bar, increment_count=False)
 
 
 @gluon.jit
@@ -1007,6 +1011,11 @@ def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, sa_bufs, c_smem, read
                 else:
                     part = warpgroup_mma(a_s, b_s.permute((1, 0)), part, use_acc=False, is_async=True)
                     part, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(part, a_s, b_s))
+                    if SA_SMEM:
+                        # every warp's read of the slot's A scales happens-before the release
+                        # below (one elected thread arrives; racecheck flagged the other warps'
+                        # reads against the producer's next cp.async into the slot)
+                        gl.thread_barrier()
                     mbarrier.arrive(empty.index(s), count=1)
                     acc0 = acc0 + part * (sa * sb0)[:, None]
                 it += 1
@@ -1112,7 +1121,8 @@ def fp8_block_gemm_wide_kernel(a_desc, b_desc, b2_desc, c_desc, sa_ptr, sb_ptr, 
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
+        # the expect's arrival, plus the scale copies' (``_stage_a_scales``)
+        mbarrier.init(ready.index(i), count=1 + (SA_ARRIVALS if SA_SMEM else 0))
         mbarrier.init(empty.index(i), count=NCONS)
 
     if SPLIT_WG:
