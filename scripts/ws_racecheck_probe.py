@@ -1,15 +1,22 @@
-"""Minimal Gluon warp_specialize kernel (no shared memory of its own) for compute-sanitizer.
+"""Minimal Gluon warp_specialize kernels for compute-sanitizer.
 
     compute-sanitizer --tool racecheck python scripts/ws_racecheck_probe.py
 
-If racecheck reports hazards here, they come from Triton's warp-specialization machinery (the
-partition-switch loop and its state in shared memory), not from a kernel's own code: our
-fp8 kernels' racecheck reports sit at the same places (kernel prologue reads vs writes
-attributed to the ``gl.warp_specialize`` line)."""
+probe / probe2 have no shared memory of their own: if racecheck reports hazards there, they come
+from Triton's warp-specialization machinery (the partition-switch loop and its state in shared
+memory), not from a kernel's own code: our fp8 kernels' racecheck reports sit at the same places
+(kernel prologue reads vs writes attributed to the ``gl.warp_specialize`` line).
+probe3 is the wide kernel's A-scale handoff alone (session 10, ``_stage_a_scales``): a 1-warp
+partition cp.async-copies 128 floats into shared memory and each of its threads arrives (.noinc)
+on an mbarrier of count 32 once its copies have landed; the 4-warp partition waits on the barrier
+and reads them. That is the PTX pattern of cuda::memcpy_async with a barrier, correct by the
+memory model; racecheck's reports on it (if any) are its own limitation with cp.async-tracked
+barriers, and the same reports on the wide kernel's A-scale ring are that."""
 
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 
@@ -50,6 +57,28 @@ def probe2_kernel(out_ptr, a, b, c, d, e, f, num_warps: gl.constexpr):
                         (_worker2, (out_ptr, bar, a, b, c, d, e, f))], [1], [40])
 
 
+@gluon.jit
+def _reader3(out_ptr, buf, bar):
+    mbarrier.wait(bar.index(0), 0)
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    gl.store(out_ptr + gl.arange(0, 128, layout=layout), buf.load(layout))
+
+
+@gluon.jit
+def _copier3(src_ptr, buf, bar):
+    layout: gl.constexpr = gl.BlockedLayout([4], [32], [1], [0])
+    async_copy.async_copy_global_to_shared(buf, src_ptr + gl.arange(0, 128, layout=layout))
+    async_copy.mbarrier_arrive(bar.index(0), increment_count=False)
+
+
+@gluon.jit
+def probe3_kernel(src_ptr, out_ptr, num_warps: gl.constexpr):
+    buf = gl.allocate_shared_memory(gl.float32, [128], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+    bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(bar.index(0), count=32)
+    gl.warp_specialize([(_reader3, (out_ptr, buf, bar)), (_copier3, (src_ptr, buf, bar))], [1], [40])
+
+
 if __name__ == "__main__":
     out = torch.zeros(2 * 132, device="cuda")
     probe_kernel[(132,)](out, num_warps=4)
@@ -58,4 +87,9 @@ if __name__ == "__main__":
     probe2_kernel[(132,)](out, 1, 2, 3, 4, 5, 6, num_warps=4)
     torch.cuda.synchronize()
     assert out[0::2].eq(21).all() and out[1::2].eq(44).all(), out
+    src = torch.arange(128, device="cuda", dtype=torch.float32)
+    out3 = torch.zeros(128, device="cuda")
+    probe3_kernel[(1,)](src, out3, num_warps=4)
+    torch.cuda.synchronize()
+    assert out3.eq(src).all(), out3
     print("probe ok")
