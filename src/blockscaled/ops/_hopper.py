@@ -82,7 +82,8 @@ class HopperConfig:
     block_m: 64 (one warpgroup, num_warps=4) or 128 (two warpgroups, num_warps=8): wgmma needs
         64 rows per warpgroup. block_n: 16..128, a power of two dividing 128 (one wgmma
         instruction per warpgroup spans it). block_k is fixed at 128 (= the fp8_block scale block).
-    stages: depth of the TMA ring; each stage holds (block_m + block_n) * 128 bytes.
+    stages: depth of the TMA ring; each stage holds ``stage_bytes()``: (block_m + block_n) * 128 bytes
+        (+ block_m * 4 of A scales for "wide" 128-column tiles).
     group_m: grouped raster height (tiles of A sharing a B tile while it sits in L2).
     overlap: persistent/ws only: issue the wgmma chain of K block k+1 before promoting block k
         (two part tiles in registers, wgmma wait(1)); ignored by "tma" and "wide".
@@ -291,7 +292,7 @@ def choose_hopper_config(m: int, n: int, k: int, variant: str = "persistent", ov
     * block_n 128, halved (down to 32) while there are fewer tiles than half the SMs: small-M
       GEMMs are memory-bound and need many CTAs streaming B to reach the copy bandwidth.
     * stages: as many ring stages ((block_m + block_n) * 128 bytes each) as fit next to the
-      epilogue scratch in 227 KB, at most 8 (6 for the 128x128 tile: 5 fit).
+      epilogue scratch in 227 KB, at most 8 ("wide": ``_fill_stages``, at most 6).
     """
     if variant == "skinny":
         # decode kernel: activation rows padded to a power of two >= 8 (at most 64), 64-row weight
