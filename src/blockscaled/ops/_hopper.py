@@ -443,6 +443,17 @@ SMALL_M_64_ROW_MIN_KB = 16
 SMALL_M_64_ROW_ANY_MAX_M = 256
 SMALL_M_64_ROW_MAX_SPLIT = 3
 
+#: At 32 < M <= 64, unsplit 64x128 tiles wherever they number SMALL_M_MANY_TILES (48) up to this
+#: (exclusive), with >= SMALL_M_64_ROW_MIN_KB K blocks: neither a K split (the rule before split 2
+#: from 48 K blocks) nor the portable kernel (below 24 K blocks). H100 at 75809a9 (64x128 tiles with
+#: the A-scale ring; out/s10/rows64.py, 5 interleaved rounds, results/h100/small-m-64-unsplit-20261123.txt;
+#: gemm() -> unsplit, us): M=64 7168x7168 27.1 -> 24.3, 6144x7168 24.3 -> 22.4, 7168x16384 50.7 ->
+#: 48.4, M=40 7168x7168 25.9 -> 24.0 (split 2 before); M=64 7168x2048 9.6 -> 9.3, 8192x2048 10.3
+#: -> 9.9, M=40 8192x2048 10.1 -> 9.8 (portable before). 96 tiles (12288x2048) tied (0.98-1.00x),
+#: hence the bound; at M <= 32 the portable / skinny kernels stay faster (32x7168x16384 0.98x,
+#: 32x7168x2048 0.96x).
+SMALL_M_64_UNSPLIT_MAX_TILES = 96
+
 
 #: Most K ranges of a small-M split: each SPLIT value is its own compile (the spread reduction
 #: unrolls over the ranges), and the sweep's best splits were <= 14.
@@ -488,7 +499,9 @@ def small_m_dispatch_config(m: int, n: int, k: int, num_sms: int = 132,
         (SMALL_M_64_ROW_MIN_M; 512x2048x2048 and 4096: 1.29-1.37x);
       * first of all, at 64 < M <= 256: one wave of 64-row tiles, unsplit or split 2 / 3, filled
         >= 70% with >= 16 K blocks per range, whatever the 128-row rule gives
-        (SMALL_M_64_ROW_ANY_MAX_M: 1.02-1.32x on the rows it changed).
+        (SMALL_M_64_ROW_ANY_MAX_M: 1.02-1.32x on the rows it changed);
+      * at 32 < M <= 64 with 48-95 tiles of 64x128 and >= 16 K blocks: unsplit
+        (SMALL_M_64_UNSPLIT_MAX_TILES: 1.02-1.12x over split 2 / the portable kernel).
     Measured, today's dispatch -> this rule (us): M=64 2112x7168 12.5 -> 12.1, 4096x7168 18.4 ->
     17.5, 7168x16384 53.1 -> 51.2, 7168x4096 17.1 -> 15.1; M=128 2112x7168 15.5 -> 14.8, 4096x7168
     21.8 -> 20.8, 7168x4096 21.9 -> 17.6, 7168x7168 32.7 -> 30.7; M=256 2112x7168 20.5 -> 17.4,
@@ -509,12 +522,13 @@ def small_m_dispatch_config(m: int, n: int, k: int, num_sms: int = 132,
     return cfg
 
 
-def _one_wave_of_64_rows(t64: int, nk: int, max_split: int, num_sms: int, out_elem_bytes: int) -> HopperConfig | None:
+def _one_wave_of_64_rows(t64: int, nk: int, max_split: int, num_sms: int, out_elem_bytes: int,
+                         fill: float = SMALL_M_64_ROW_FILL) -> HopperConfig | None:
     """The 64-row wide config (one 4-warp math partition) for ``t64`` 64x128 tiles of ``nk`` K
     blocks, with the fewest K ranges (1..max_split, each >= SMALL_M_64_ROW_MIN_KB blocks) that
-    fill one wave at least SMALL_M_64_ROW_FILL full; None if none does."""
+    fill one wave at least ``fill`` full; None if none does."""
     for split in range(1, max_split + 1):
-        if SMALL_M_64_ROW_FILL * num_sms <= t64 * split <= num_sms and nk >= SMALL_M_64_ROW_MIN_KB * split:
+        if fill * num_sms <= t64 * split <= num_sms and nk >= SMALL_M_64_ROW_MIN_KB * split:
             return _fill_stages(HopperConfig(variant="wide", block_m=64, block_n=128, num_warps=4, stages=2,
                                              epilogue="tma", split_k=split), out_elem_bytes)
     return None
@@ -529,6 +543,8 @@ def _small_m_split_config(m: int, n: int, k: int, nk: int, num_sms: int, out_ele
             return None
         cfg = choose_small_m_hopper_config(m, n, k, num_sms, out_elem_bytes)
         return cfg if cfg.split_k == 1 else None
+    if bm == 64 and SMALL_M_MANY_TILES <= tiles < SMALL_M_64_UNSPLIT_MAX_TILES and nk >= SMALL_M_64_ROW_MIN_KB:
+        return _one_wave_of_64_rows(tiles, nk, 1, num_sms, out_elem_bytes, fill=0.0)
     if nk < SMALL_M_MANY_TILES_MIN_KB or (nk < 2 * SMALL_M_MANY_TILES_MIN_KB and tiles < SMALL_M_MANY_TILES):
         return None
     cfg = HopperConfig(variant="wide", block_m=bm, block_n=128, num_warps=bm // 16, stages=2, epilogue="tma",
