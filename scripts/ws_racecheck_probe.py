@@ -11,7 +11,9 @@ partition cp.async-copies 128 floats into shared memory and each of its threads 
 on an mbarrier of count 32 once its copies have landed; the 4-warp partition waits on the barrier
 and reads them. That is the PTX pattern of cuda::memcpy_async with a barrier, correct by the
 memory model; racecheck's reports on it (if any) are its own limitation with cp.async-tracked
-barriers, and the same reports on the wide kernel's A-scale ring are that."""
+barriers, and the same reports on the wide kernel's A-scale ring are that.
+probe4 is probe3 as a 2-slot ring reused 8 times (ready / empty barriers per slot, a partition
+barrier before each release), the wide kernel's ring without the TMA boxes."""
 
 import torch
 from triton.experimental import gluon
@@ -79,6 +81,43 @@ def probe3_kernel(src_ptr, out_ptr, num_warps: gl.constexpr):
     gl.warp_specialize([(_reader3, (out_ptr, buf, bar)), (_copier3, (src_ptr, buf, bar))], [1], [40])
 
 
+@gluon.jit
+def _reader4(out_ptr, bufs, ready, empty, ITERS: gl.constexpr):
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    acc = gl.zeros([128], gl.float32, layout)
+    for it in range(ITERS):
+        s = it % 2
+        mbarrier.wait(ready.index(s), (it // 2) & 1)
+        acc += bufs.index(s).load(layout)
+        gl.thread_barrier()  # every warp's read before the release, as in the wide kernel
+        mbarrier.arrive(empty.index(s), count=1)
+    gl.store(out_ptr + gl.arange(0, 128, layout=layout), acc)
+
+
+@gluon.jit
+def _copier4(src_ptr, bufs, ready, empty, ITERS: gl.constexpr):
+    layout: gl.constexpr = gl.BlockedLayout([4], [32], [1], [0])
+    for it in range(ITERS):
+        s = it % 2
+        mbarrier.wait(empty.index(s), ((it // 2) & 1) ^ 1, pred=it >= 2)
+        async_copy.async_copy_global_to_shared(bufs.index(s), src_ptr + it * 128 + gl.arange(0, 128, layout=layout))
+        async_copy.mbarrier_arrive(ready.index(s), increment_count=False)
+
+
+@gluon.jit
+def probe4_kernel(src_ptr, out_ptr, ITERS: gl.constexpr, num_warps: gl.constexpr):
+    """probe3 as a 2-slot ring reused ITERS times (the wide kernel's ring: ready counts the 32
+    copying threads, empty one release after a partition barrier)."""
+    bufs = gl.allocate_shared_memory(gl.float32, [2, 128], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+    ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(ready.index(i), count=32)
+        mbarrier.init(empty.index(i), count=1)
+    gl.warp_specialize([(_reader4, (out_ptr, bufs, ready, empty, ITERS)),
+                        (_copier4, (src_ptr, bufs, ready, empty, ITERS))], [1], [40])
+
+
 if __name__ == "__main__":
     out = torch.zeros(2 * 132, device="cuda")
     probe_kernel[(132,)](out, num_warps=4)
@@ -92,4 +131,8 @@ if __name__ == "__main__":
     probe3_kernel[(1,)](src, out3, num_warps=4)
     torch.cuda.synchronize()
     assert out3.eq(src).all(), out3
+    src4 = torch.arange(8 * 128, device="cuda", dtype=torch.float32)
+    probe4_kernel[(1,)](src4, out3, 8, num_warps=4)
+    torch.cuda.synchronize()
+    assert out3.eq(src4.view(8, 128).sum(0)).all(), out3
     print("probe ok")
