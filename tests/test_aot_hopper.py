@@ -213,7 +213,9 @@ for bm, bn, st, epi, mode, cdt, split, dual, *sk in [
            "atom_relaxed_add": ptx.count("atom.global.gpu.relaxed.add"),
            "wgmma_n": ptx.count("wgmma.mma_async"), "tma_copies": ptx.count("cp.async.bulk.tensor"),
            "store_waits": ptx.count("cp.async.bulk.wait_group.read"),
-           "waits_between_stores": waits_between_tma_stores(ptx)}
+           "waits_between_stores": waits_between_tma_stores(ptx),
+           "sa_copies": len(re.findall(r"cp\.async\.c[ag]\.shared\.global", ptx)),
+           "sa_arrive_noinc": ptx.count("cp.async.mbarrier.arrive.noinc")}
     rec.update(ptxas_stats(ptx))
     out[key] = rec
 # the skinny decode kernel (swap-AB): activation rows padded to 8..64, weight tiles 64 / 128
@@ -368,6 +370,11 @@ def test_wide_kernel(compiled):
             assert c["spill_stores"] <= _spill_budget(key), (key, c)
         if "_epi1_" in key and c["smem_estimate"] is not None:
             assert c["shared"] <= c["smem_estimate"], (key, c)
+        # A scales (session 10): 128-column tiles stage them through the ring (the producer's
+        # cp.async, counted by the ready barrier with .noinc arrivals); 128x256 tiles and SwiGLU load
+        # them in the math warps
+        one_half = "x128_" in key and not key.endswith("_dual")
+        assert (c["sa_copies"] >= 1 and c["sa_arrive_noinc"] >= 1) == one_half, (key, c)
         if key.endswith("_dual"):
             # SwiGLU: three TMA boxes per K block (A, gate, up) and the exp of silu in the epilogue
             assert c["tma_load"] >= 3, (key, c)
