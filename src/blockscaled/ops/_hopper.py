@@ -522,15 +522,20 @@ def small_m_dispatch_config(m: int, n: int, k: int, num_sms: int = 132,
     return cfg
 
 
-def _one_wave_of_64_rows(t64: int, nk: int, max_split: int, num_sms: int, out_elem_bytes: int,
-                         fill: float = SMALL_M_64_ROW_FILL) -> HopperConfig | None:
-    """The 64-row wide config (one 4-warp math partition) for ``t64`` 64x128 tiles of ``nk`` K
-    blocks, with the fewest K ranges (1..max_split, each >= SMALL_M_64_ROW_MIN_KB blocks) that
-    fill one wave at least ``fill`` full; None if none does."""
+def _wide_64_rows(split: int, out_elem_bytes: int) -> HopperConfig:
+    """The 64x128 wide config (one 4-warp math partition, TMA-store epilogue, fullest ring) with
+    ``split`` K ranges."""
+    return _fill_stages(HopperConfig(variant="wide", block_m=64, block_n=128, num_warps=4, stages=2,
+                                     epilogue="tma", split_k=split), out_elem_bytes)
+
+
+def _one_wave_of_64_rows(t64: int, nk: int, max_split: int, num_sms: int, out_elem_bytes: int) -> HopperConfig | None:
+    """The 64-row wide config for ``t64`` 64x128 tiles of ``nk`` K blocks, with the fewest K
+    ranges (1..max_split, each >= SMALL_M_64_ROW_MIN_KB blocks) that fill one wave at least
+    SMALL_M_64_ROW_FILL full; None if none does."""
     for split in range(1, max_split + 1):
-        if fill * num_sms <= t64 * split <= num_sms and nk >= SMALL_M_64_ROW_MIN_KB * split:
-            return _fill_stages(HopperConfig(variant="wide", block_m=64, block_n=128, num_warps=4, stages=2,
-                                             epilogue="tma", split_k=split), out_elem_bytes)
+        if SMALL_M_64_ROW_FILL * num_sms <= t64 * split <= num_sms and nk >= SMALL_M_64_ROW_MIN_KB * split:
+            return _wide_64_rows(split, out_elem_bytes)
     return None
 
 
@@ -544,7 +549,7 @@ def _small_m_split_config(m: int, n: int, k: int, nk: int, num_sms: int, out_ele
         cfg = choose_small_m_hopper_config(m, n, k, num_sms, out_elem_bytes)
         return cfg if cfg.split_k == 1 else None
     if bm == 64 and SMALL_M_MANY_TILES <= tiles < SMALL_M_64_UNSPLIT_MAX_TILES and nk >= SMALL_M_64_ROW_MIN_KB:
-        return _one_wave_of_64_rows(tiles, nk, 1, num_sms, out_elem_bytes, fill=0.0)
+        return _wide_64_rows(1, out_elem_bytes)
     if nk < SMALL_M_MANY_TILES_MIN_KB or (nk < 2 * SMALL_M_MANY_TILES_MIN_KB and tiles < SMALL_M_MANY_TILES):
         return None
     cfg = HopperConfig(variant="wide", block_m=bm, block_n=128, num_warps=bm // 16, stages=2, epilogue="tma",
@@ -933,8 +938,8 @@ def choose_grouped_config(rows_per_expert: float, n: int, k: int, num_sms: int =
         won (E=4 m=128 N=2048: 1.09-1.18x the 128 x 128 tile);
       * more rows: 128 x 256 (two 128-column halves; A read once per 256 columns): the best or
         within 3% on the 18 m=512 rows (128 x 128: 0.917); 128 x 128 below N = 2048.
-    Stages fill the shared memory next to the masked-store scratch (_fill_stages; 6 for the
-    128-column tiles, as swept); grouped tiles use the masked epilogue.
+    Stages fill the shared memory next to the masked-store scratch (_fill_stages: 6 for 64x128,
+    5 for 128x128 since the A-scale ring, 4 for 128x256); grouped tiles use the masked epilogue.
     Tail split (:func:`tail_split_for`) of the 128 x 256 tiles, for the tile count of ``experts``
     experts of ceil(rows_per_expert) rows each (exact for equal segments; masked: for full
     counts); the kernel splits only where the real count's last wave fits the split
