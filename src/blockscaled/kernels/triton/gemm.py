@@ -57,7 +57,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ._mma import FMT_DENSE, FMT_NVFP4, nvfp4_output_scale, scaled_mma
+from ._mma import FMT_DENSE, FMT_NVFP4, cast_out, nvfp4_output_scale, scaled_mma
 
 
 def _gemm_repr(specialization):
@@ -215,11 +215,12 @@ def gemm_kernel(
 @triton.jit
 def _epilogue(acc, gs_a_ptr, gs_b_ptr, bias_ptr, c_ptr, offs_m, offs_n, mask_n, mask, stride_cm, stride_cn,
               A_FMT: tl.constexpr, B_FMT: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """nvfp4 ``1/(gs_a*gs_b)``, bias (fp32), cast to c's dtype, masked store."""
+    """nvfp4 ``1/(gs_a*gs_b)``, bias (fp32), cast to c's dtype (round to nearest even, also in
+    the interpreter: ``_mma.cast_out``), masked store."""
     if B_FMT == FMT_NVFP4:
         acc = acc * nvfp4_output_scale(gs_a_ptr, gs_b_ptr, A_FMT == FMT_DENSE)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
         acc = acc + bias[None, :]
     c_off = offs_m.to(tl.int64)[:, None] * stride_cm + offs_n.to(tl.int64)[None, :] * stride_cn
-    tl.store(c_ptr + c_off, acc.to(c_ptr.dtype.element_ty), mask=mask)
+    tl.store(c_ptr + c_off, cast_out(acc, c_ptr.dtype.element_ty), mask=mask)

@@ -31,6 +31,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._mma import cast_out, e4m3_to_f32
+
 
 def _gemv_repr(specialization):
     c = specialization.constants
@@ -93,12 +95,12 @@ def gemv_kernel(
         for i in tl.static_range(BLOCK_M):
             r = pid_m * BLOCK_M + i
             ok = r < M
-            x = tl.load(a_ptr + r.to(tl.int64) * stride_am + kidx, mask=kmask & ok, other=0.0).to(tl.float32)
+            x = e4m3_to_f32(tl.load(a_ptr + r.to(tl.int64) * stride_am + kidx, mask=kmask & ok, other=0.0))
             sa = tl.load(a_s_ptr + r.to(tl.int64) * stride_asm + kbs * stride_ask, mask=(kbs < nkb) & ok, other=0.0)
             if B_SCALE_ROWS == 1:
-                prod = w.to(tl.float32) * (x * sa[:, None])[None, :, :] * sb[:, :, None]
+                prod = e4m3_to_f32(w) * (x * sa[:, None])[None, :, :] * sb[:, :, None]
             else:
-                prod = w.to(tl.float32) * (x * (sa * sb)[:, None])[None, :, :]
+                prod = e4m3_to_f32(w) * (x * (sa * sb)[:, None])[None, :, :]
             # (one tl.sum over a [BLOCK_N, CHUNK_KB * 128] reshape of prod was miscompiled for
             # BLOCK_N = 2 on sm_90 with triton 3.6: outputs ~1e31, H100; correct in the interpreter)
             dot = tl.sum(tl.sum(prod, axis=2), axis=1)  # [BLOCK_N]
@@ -106,4 +108,4 @@ def gemv_kernel(
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     c_off = rows.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
-    tl.store(c_ptr + c_off, acc.to(c_ptr.dtype.element_ty), mask=(rows < M)[:, None] & mask_n[None, :])
+    tl.store(c_ptr + c_off, cast_out(acc, c_ptr.dtype.element_ty), mask=(rows < M)[:, None] & mask_n[None, :])

@@ -35,7 +35,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._mma import FMT_DENSE, scaled_mma
+from ._mma import FMT_DENSE, cast_out, scaled_mma
 
 FMT_NAMES = ("fp8_block", "mxfp8", "mxfp4", "nvfp4")
 
@@ -170,7 +170,7 @@ def grouped_gemm_kernel(
         acc = _silu_mul_f32(acc, acc2)
 
     c_ptrs = c_ptr + e64 * stride_ce + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n.to(tl.int64)[None, :]
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    tl.store(c_ptrs, cast_out(acc, c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
 # --------------------------------------------------------------------------- list (GPU MODE) kernel
@@ -260,7 +260,7 @@ def grouped_list_kernel(
     if FMT == 3:
         acc = acc * tl.load(alpha_ptr + g)
     c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n.to(tl.int64)[None, :]
-    tl.store(c_ptrs, acc.to(OUT_DTYPE), mask=mask_m[:, None] & mask_n[None, :])
+    tl.store(c_ptrs, cast_out(acc, OUT_DTYPE), mask=mask_m[:, None] & mask_n[None, :])
 
 
 # --------------------------------------------------------------------------- dequant_matmul epilogue
@@ -335,4 +335,4 @@ def dq_epilogue_kernel(
     if SWIGLU:
         g = _silu_mul_f32(g, u)
     offs_o = e64 * stride_oe + rows.to(tl.int64)[:, None] * stride_om + cols.to(tl.int64)[None, :]
-    tl.store(out_ptr + offs_o, g.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + offs_o, cast_out(g, out_ptr.dtype.element_ty), mask=mask)

@@ -31,6 +31,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._mma import e4m3_to_f32
+
 # Format / rounding codes (constexpr kernel arguments).
 FMT_FP8_BLOCK = tl.constexpr(0)
 FMT_MXFP8 = tl.constexpr(1)
@@ -493,7 +495,7 @@ def dequantize_1xk_kernel(
     srow = rows.to(tl.int64)[:, None] * stride_sm
     qrow = rows.to(tl.int64)[:, None, None] * stride_qm
     if FMT == FMT_FP8_BLOCK or FMT == FMT_MXFP8:
-        v = tl.load(q_ptr + qrow + cols, mask=mask, other=0).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        v = e4m3_to_f32(tl.load(q_ptr + qrow + cols, mask=mask, other=0).to(tl.float8e4nv, bitcast=True))
     else:
         pc = grp[None, :, None] * (BK // 2) + tl.arange(0, BK // 2)[None, None, :]
         pmask = rmask[:, None, None] & (pc < KP)
@@ -504,7 +506,7 @@ def dequantize_1xk_kernel(
     if FMT == FMT_FP8_BLOCK:
         s = tl.load(s_ptr + srow + grp[None, :], mask=smask, other=1.0)
     elif FMT == FMT_NVFP4:
-        s = tl.load(s_ptr + srow + grp[None, :], mask=smask, other=0).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        s = e4m3_to_f32(tl.load(s_ptr + srow + grp[None, :], mask=smask, other=0).to(tl.float8e4nv, bitcast=True))
     else:
         b = tl.load(s_ptr + srow + grp[None, :], mask=smask, other=127).to(tl.int32)
         s = _f32(tl.where(b == 0, 0x00400000, tl.where(b == 255, 0x7FC00000, b << 23)))
@@ -529,8 +531,8 @@ def dequantize_128x128_kernel(
     rows = pid_n * BR + tl.arange(0, BR)
     cols = pid_k * BC + tl.arange(0, BC)
     mask = (rows < N)[:, None] & (cols < K)[None, :]
-    v = tl.load(q_ptr + pid_e * stride_qe + rows.to(tl.int64)[:, None] * stride_qn + cols[None, :],
-                mask=mask, other=0).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    v = e4m3_to_f32(tl.load(q_ptr + pid_e * stride_qe + rows.to(tl.int64)[:, None] * stride_qn + cols[None, :],
+                            mask=mask, other=0).to(tl.float8e4nv, bitcast=True))
     s = tl.load(s_ptr + pid_e * stride_se + pid_n * stride_sn + pid_k)
     sb = tl.broadcast_to(s, v.shape)
     out = v * sb
