@@ -10,6 +10,7 @@ Quick start::
     y = bs.grouped_gemm(q, w_experts, offsets=offs)     # MoE, contiguous rows per expert
     y = bs.swiglu(q, w_gate, w_up)                      # silu(q @ Wg.T) * (q @ Wu.T), one kernel
     x2 = bs.dequantize(q)
+    bs.check_errors()                                   # raises if a grouped op saw bad offsets/masked_m
 
 Importing the package defines the Triton kernels but launches and prints nothing.
 """
@@ -17,6 +18,7 @@ Importing the package defines the Triton kernels but launches and prints nothing
 from . import layouts
 from .config import GemmConfig
 from .formats import FORMATS, FP8_BLOCK, MXFP4, MXFP8, NVFP4, Format, ScaleRounding, get_format
+from .ops.errors import check_errors
 from .ops.gemm import gemm
 from .ops.grouped import grouped_gemm, grouped_gemm_list
 from .ops.linear import linear
@@ -46,5 +48,6 @@ __all__ = [
     "grouped_gemm",
     "grouped_gemm_list",
     "swiglu",
+    "check_errors",
     "layouts",
 ]

@@ -15,6 +15,12 @@ Ops (namespace ``blockscaled``):
   linear(x, w_data, w_scale, w_gs?, fmt, k, w_block_rows, rounding, bias?, out_dtype,
          weight_only) -> Tensor[M, N]               x: [M, K] bf16/fp16
   linear_out(x, ..., bias?, weight_only, out!) -> ()  same, writes into ``out`` [M, N]
+
+Autograd (``ops/_autograd.py``, registered below): ``gemm`` differentiates with respect to a
+dense ``a`` (weight-only) and ``bias``, ``linear`` with respect to ``x`` (straight through
+its quantization) and ``bias``: ``dA = dY @ dequantize(B)``, ``dbias = dY.sum(0)``. The
+weight's fields are constants. The ``_out`` ops mutate ``out`` and have no autograd (torch
+allows formulas for functional ops only; the public functions refuse ``out=`` with grad).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import torch
 
 from ..formats import ScaleRounding, get_format
 from ..tensor import ScaledTensor
+from ._autograd import register_custom_op_autograd
 from .gemm import gemm_impl
 from .linear import linear_impl
 
@@ -81,6 +88,9 @@ def _linear_out(
 @_linear.register_fake
 def _linear_fake(x, w_data, w_scale, w_gs, fmt, k, w_block_rows, rounding, bias, out_dtype, weight_only):
     return x.new_empty((x.shape[0], w_data.shape[0]), dtype=out_dtype)
+
+
+register_custom_op_autograd()
 
 
 def gemm_op(a2, a_s2, a_gs, b: ScaledTensor, bias, out_dtype) -> torch.Tensor:

@@ -30,6 +30,7 @@ from ..kernels.triton._mma import FORMAT_CODES
 from ..kernels.triton.gemm import gemm_kernel
 from ..kernels.triton.gemv import gemv_kernel
 from ..tensor import ScaledTensor
+from . import _autograd
 from . import quantize as _quant
 
 __all__ = ["gemm", "OUT_DTYPES"]
@@ -545,17 +546,33 @@ def gemm(a, b: ScaledTensor, out_dtype: torch.dtype = torch.bfloat16, out: torch
         ``_COUNTERS`` for the rule on concurrent CUDA-graph replays).
         CPU tensors without the Triton interpreter (``blockscaled._checks.use_reference``):
         the float64 reference, rounded once to ``out_dtype``.
+
+    Autograd (same on every path; docs/errors.md): ``dA = dY @ dequantize(b)`` to a dense
+    ``a`` or to the float tensor ``a`` was quantized from (straight-through), ``dB = dY.T @
+    dequantize(a)`` to b's float source, ``dbias = dY.sum(rows)``; fp32 torch.matmul, cast to
+    each input's dtype. ScaledTensor fields get no gradient. ``out=`` with an input that
+    requires grad raises RuntimeError. Inputs that need no gradient skip all of it.
+
+    Example::
+
+        a = bs.quantize(x, "fp8_block")                        # [M, K] activations, 1x128 blocks
+        b = bs.quantize(w, "fp8_block", block=(128, 128))      # [N, K] weight
+        y = bs.gemm(a, b)                                      # [M, N] bf16
     """
     fmt, a_dense, lead, m, n, k = validate_gemm_args(a, b, out_dtype, out)
     _check_bias(bias, n, b.device)
     if config is not None and not isinstance(config, GemmConfig):
         raise TypeError(f"config: expected a GemmConfig, got {type(config).__name__}")
+    if _autograd.wants_grad(a, b, bias):
+        return _autograd.gemm(a, b, out_dtype, out, config, bias)
     if _checks.use_reference(b.data):
         # CPU tensors without the Triton interpreter: compiled kernels cannot read host memory,
         # so run the float64 reference twin and round once to out_dtype (TEAM.md policy).
+        # No grad: ScaledTensor fields are constants on every path.
         from ..reference.gemm import gemm as _ref_gemm
 
-        y = _ref_gemm(a, b, out_dtype=None, bias=bias)
+        with torch.no_grad():
+            y = _ref_gemm(a, b, out_dtype=None, bias=bias)
         if out is None:
             return y.to(out_dtype)
         out.copy_(y)

@@ -24,6 +24,7 @@ from ..config.grouped import check_grouped_config, choose_grouped_config
 from ..formats import get_format
 from ..kernels.triton._mma import FORMAT_CODES
 from ..tensor import ScaledTensor
+from .errors import OP_GROUPED_GEMM
 from .gemm import _dequant, _one
 
 __all__ = ["grouped_gemm", "grouped_gemm_list"]
@@ -278,12 +279,14 @@ def _out_shape(a_data: torch.Tensor, b_data: torch.Tensor, mode: int) -> tuple[i
 # Two custom ops (namespace ``blockscaled``), the same launch behind both:
 #   grouped_gemm_out(a_data, a_scale?, a_gs?, b_data, b_scale, b_gs?, b2_data?, b2_scale?, b2_gs?,
 #                    seg?, out!, fmt_id, grouping, k, b_block_rows, promote, block_m, block_n,
-#                    block_k, num_warps, num_stages, strategy) -> ()      writes into ``out``
+#                    block_k, num_warps, num_stages, strategy, check_op=0) -> ()  writes into ``out``
 #   grouped_gemm(..., same without out, plus out_dtype) -> Tensor   allocates the output
 # a_scale None: weight-only (a_data bf16/fp16). b2_* given: fused SwiGLU. grouping: 0 dense, 1 contiguous (seg = offsets), 2 masked (seg = counts).
 # strategy: 0 the Triton kernel, 1 dequantize + cuBLAS (``_dequant_matmul``), 2 the sm_90a Gluon
 # kernel (``ops._hopper.grouped_fp8_block_hopper_impl``; fp8_block x 128x128 weights, checked
 # by ``hopper_reason`` before the op is called).
+# check_op: 0, or ``ops.errors.OP_*``: after the GEMM, check the values of ``seg`` on the device
+# (bad ones: NaN over the output plus the sticky flag read by ``blockscaled.check_errors``).
 @torch.library.custom_op("blockscaled::grouped_gemm_out", mutates_args=("out",))
 def _grouped_out_op(
     a_data: torch.Tensor, a_scale: torch.Tensor | None, a_gs: torch.Tensor | None,
@@ -292,19 +295,20 @@ def _grouped_out_op(
     seg: torch.Tensor | None, out: torch.Tensor,
     fmt_id: int, grouping: int, k: int, b_br: int, promote: bool,
     block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int, strategy: int,
+    check_op: int = 0,
 ) -> None:
     if strategy == STRATEGY_DEQUANT:
         _dequant_matmul(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out,
                         out.dtype, fmt_id, grouping, k, b_br)
-        return
-    if strategy == STRATEGY_HOPPER:
+    elif strategy == STRATEGY_HOPPER:
         from . import _hopper
 
         _hopper.grouped_fp8_block_hopper_impl(a_data, a_scale, b_data, b_scale, seg, grouping, out,
                                               _hopper_cfg(block_m, block_n, num_stages, grouping), b2_data, b2_scale)
-        return
-    _launch_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out,
-                 fmt_id, grouping, k, b_br, promote, block_m, block_n, block_k, num_warps, num_stages)
+    else:
+        _launch_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out,
+                     fmt_id, grouping, k, b_br, promote, block_m, block_n, block_k, num_warps, num_stages)
+    _device_check(check_op, seg, out, a_data, grouping)
 
 
 @_grouped_out_op.register_fake
@@ -320,38 +324,54 @@ def _grouped_op(
     seg: torch.Tensor | None, out_dtype: torch.dtype,
     fmt_id: int, grouping: int, k: int, b_br: int, promote: bool,
     block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int, strategy: int,
+    check_op: int = 0,
 ) -> torch.Tensor:
     if strategy == STRATEGY_DEQUANT:
-        return _dequant_matmul(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, None,
-                               out_dtype, fmt_id, grouping, k, b_br)
-    out = torch.empty(_out_shape(a_data, b_data, grouping), dtype=out_dtype, device=a_data.device)
-    if strategy == STRATEGY_HOPPER:
-        from . import _hopper
+        out = _dequant_matmul(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, None,
+                              out_dtype, fmt_id, grouping, k, b_br)
+    else:
+        out = torch.empty(_out_shape(a_data, b_data, grouping), dtype=out_dtype, device=a_data.device)
+        if strategy == STRATEGY_HOPPER:
+            from . import _hopper
 
-        _hopper.grouped_fp8_block_hopper_impl(a_data, a_scale, b_data, b_scale, seg, grouping, out,
-                                              _hopper_cfg(block_m, block_n, num_stages, grouping), b2_data, b2_scale)
-        return out
-    _launch_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out,
-                 fmt_id, grouping, k, b_br, promote, block_m, block_n, block_k, num_warps, num_stages)
+            _hopper.grouped_fp8_block_hopper_impl(a_data, a_scale, b_data, b_scale, seg, grouping, out,
+                                                  _hopper_cfg(block_m, block_n, num_stages, grouping), b2_data,
+                                                  b2_scale)
+        else:
+            _launch_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out,
+                         fmt_id, grouping, k, b_br, promote, block_m, block_n, block_k, num_warps, num_stages)
+    _device_check(check_op, seg, out, a_data, grouping)
     return out
+
+
+def _device_check(check_op: int, seg, out: torch.Tensor, a_data: torch.Tensor, grouping: int) -> None:
+    """After the GEMM, on the same stream: the device check of the metadata values
+    (``ops/errors.py``: NaN over ``out`` and a sticky flag when they are bad; no host sync).
+    ``check_op`` 0: the caller validated them on the host (``validate=True``) or has none."""
+    if check_op and seg is not None and grouping != MODE_DENSE:
+        from .errors import check_metadata
+
+        limit = a_data.shape[1] if grouping == MODE_MASKED else a_data.shape[0]
+        check_metadata(seg, out, check_op, grouping, limit)
 
 
 @_grouped_op.register_fake
 def _grouped_fake(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out_dtype,
-                  *args) -> torch.Tensor:
+                  *args, **kwargs) -> torch.Tensor:
     return a_data.new_empty(_out_shape(a_data, b_data, args[1]), dtype=out_dtype)
 
 
 def launch(a, b: ScaledTensor, b_gs, b2: ScaledTensor | None, seg, out, out_dtype,
-           mode: int, cfg: GemmConfig, b2_gs=None) -> torch.Tensor:
+           mode: int, cfg: GemmConfig, b2_gs=None, check_op: int = 0) -> torch.Tensor:
     """Call the functional op (``out is None``) or the destination-passing one (validated args).
     ``a``: ScaledTensor or a bf16/fp16 Tensor (weight-only).
-    ``b_gs`` / ``b2_gs``: nvfp4 B global scales, 1 element or one per expert (both alike)."""
+    ``b_gs`` / ``b2_gs``: nvfp4 B global scales, 1 element or one per expert (both alike).
+    ``check_op``: ``ops.errors.OP_*`` to check ``seg`` on the device after the GEMM, 0: no check."""
     fmt_id = FORMAT_CODES[b.format.name]
     k = b.shape[-1]
     strategy = {"dequant_matmul": STRATEGY_DEQUANT, "hopper": STRATEGY_HOPPER}.get(cfg.strategy, STRATEGY_TRITON)
     tail = (fmt_id, mode, k, b.block[0], bool(cfg.promote),
-            cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages, strategy)
+            cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages, strategy, check_op)
     b2_args = (None, None, None) if b2 is None else (b2.data, b2.scale, b2.global_scale if b2_gs is None else b2_gs)
     if isinstance(a, ScaledTensor):
         a_args = (a.data, a.scale, a.global_scale)
@@ -545,12 +565,17 @@ def grouped_gemm(
     :mod:`blockscaled.config.grouped` for the rule and which calls it can take: contiguous
     needs bf16 outputs; a forced call it cannot take raises ValueError). Same contract
     (masked rows, no host sync, deterministic); its numerics are in ``_dequant_matmul``.
-    ``validate``: check the *values* of ``offsets`` / ``masked_m`` (non-decreasing, starts at
-    0, ends at ``sum_m``; counts in ``[0, max_m]``). This reads them on the host (a sync), so
-    it defaults to True for CPU tensors and False for CUDA (opt in when debugging; it breaks
-    CUDA-graph capture). Shapes, dtypes, devices and formats are always checked. Without
-    validation, bad values cannot make the kernel access memory out of bounds (offsets are
-    clamped to ``[0, sum_m]``, counts to ``[0, max_m]``) but the result is then meaningless.
+    ``validate``: how the *values* of ``offsets`` / ``masked_m`` are checked (non-decreasing,
+    starting at 0, ending at ``sum_m``; counts in ``[0, max_m]``). Shapes, dtypes, devices
+    and formats are always checked on the host. ``validate=True`` reads the values on the
+    host before the launch (a sync; not inside CUDA-graph capture) and raises ``ValueError``
+    at the faulty call. ``False`` checks them on the device after the GEMM, without a sync
+    (one tiny extra launch, captured with the GEMM): bad values make the op write **NaN over
+    its whole output** (``out=`` included) and set a sticky per-device flag, and the next
+    :func:`blockscaled.check_errors` raises ``RuntimeError`` naming the op and the bad entry
+    (docs/errors.md). Default (None): True for CPU tensors, False for CUDA and while
+    torch.compile traces. Bad values never make the kernel access memory out of bounds
+    (offsets are clamped to ``[0, sum_m]``, counts to ``[0, max_m]``).
 
     ``expected_m``: masked only, a host-side hint of the typical rows per expert (as DeepGEMM's
     ``expected_m``; the counts themselves stay on the device): tiles are chosen for it instead
@@ -564,6 +589,16 @@ def grouped_gemm(
     (split-K / swap-AB at small M, which a one-expert grouped launch cannot use).
 
     No host synchronisation without ``validate``; the output is bitwise deterministic.
+
+    Autograd: not supported; a float input that requires grad (a weight-only ``a``, or the
+    source of a ScaledTensor quantized from one) raises ``RuntimeError`` while grad mode is on
+    (docs/errors.md, "Autograd"). Default output dtype: bf16, as every op.
+
+    Example::
+
+        a = bs.quantize(x_sorted, "fp8_block")                      # [sum_m, K], rows sorted by expert
+        w = bs.quantize(w_experts, "fp8_block", block=(128, 128))   # [E, N, K]
+        y = bs.grouped_gemm(a, w, offsets=offs)                     # int32 [E+1] on the device -> [sum_m, N] bf16
     """
     if (offsets is None) == (masked_m is None):
         raise ValueError(
@@ -581,6 +616,8 @@ def grouped_gemm(
     dev = a.device
     val = _resolve_validate(validate, dev)
     gsb = _check_b_global_scale(b_global_scale, b, e)
+    _no_grad_support("grouped_gemm", a=a, b=b)
+    check_op = 0 if val else OP_GROUPED_GEMM
     if masked:
         if a.shape[0] != e:
             raise ValueError(f"a: E mismatch: a has {a.shape[0]} experts (shape {tuple(a.shape)}), b has {e}")
@@ -606,14 +643,18 @@ def grouped_gemm(
     if use_reference(b.data):
         from ..reference import grouped as _ref
 
-        y = _ref.grouped_gemm(a, b, offsets=offsets, masked_m=masked_m, b_global_scale=b_global_scale)
-        return reference_result(y, out, out_dtype, masked_m)
+        with torch.no_grad():  # ScaledTensor fields are constants on every path
+            y = _ref.grouped_gemm(a, b, offsets=offsets, masked_m=masked_m, b_global_scale=b_global_scale)
+        return reference_check(reference_result(y, out, out_dtype, masked_m), check_op, seg, mode, a)
     if (not masked and e == 1 and config is None and isinstance(a, ScaledTensor) and gsb is None
             and b.global_scale is None and not use_reference(b.data)):
         from .gemm import gemm as _dense_gemm
 
         b0 = ScaledTensor(b.data[0], b.scale[0], b.format, torch.Size((n, k)), b.block, b.rounding)
-        return _dense_gemm(a, b0, out_dtype=out_dtype, out=out)
+        y = _dense_gemm(a, b0, out_dtype=out_dtype, out=out)
+        if check_op:  # offsets must be [0, sum_m]: the same device check as the grouped kernels
+            torch.ops.blockscaled.check_metadata(offsets, y, check_op, MODE_CONTIGUOUS, a.shape[0])
+        return y
     forced_hopper = is_forced_hopper(config)
     why = hopper_reason(a, b, out_dtype, mode)
     if forced_hopper and why is not None:
@@ -624,10 +665,10 @@ def grouped_gemm(
         from . import _hopper
 
         h = _hopper.choose_grouped_config(rows_per_expert, n, k, _hopper.num_sms_of(dev), out_dtype.itemsize, e)
-        return launch(a, b, gsb, None, seg, out, out_dtype, mode, hopper_gemm_config(h))
+        return launch(a, b, gsb, None, seg, out, out_dtype, mode, hopper_gemm_config(h), check_op=check_op)
     cfg = resolve_config(config, fmt, rows_per_expert, n, k, dev, a_dtype=a_dtype, mode=mode, experts=e,
                          out_dtype=out_dtype, a=a)
-    return launch(a, b, gsb, None, seg, out, out_dtype, mode, cfg)
+    return launch(a, b, gsb, None, seg, out, out_dtype, mode, cfg, check_op=check_op)
 
 
 def is_forced_hopper(config) -> bool:
@@ -679,6 +720,33 @@ def hopper_reason(a, b: ScaledTensor, out_dtype: torch.dtype, mode: int,
 
 
 
+def reference_check(y: torch.Tensor, check_op: int, seg, mode: int, a) -> torch.Tensor:
+    """Reference path (CPU without the interpreter), ``validate=False``: the host twin of the
+    device check (same rules, NaN over ``y``, same flag; ``ops/errors.py``). Returns ``y``."""
+    if check_op and seg is not None and mode != MODE_DENSE:
+        from .errors import check_metadata_host
+
+        check_metadata_host(seg, y, check_op, mode, a.shape[1] if mode == MODE_MASKED else a.shape[0])
+    return y
+
+
+def _no_grad_support(op: str, **operands) -> None:
+    """The grouped ops have no backward: raise (while grad mode is on) when a float input
+    requires grad: a dense Tensor operand, or the float source of a ScaledTensor (quantize's
+    straight-through link, ``ops/_autograd.py``). Costs one ``is_grad_enabled`` call otherwise."""
+    if not torch.is_grad_enabled():
+        return
+    from ._autograd import requires_grad_name
+
+    name = requires_grad_name(**operands)
+    if name is not None:
+        raise RuntimeError(
+            f"{op}: autograd is not supported for grouped / SwiGLU ops, but {name} requires grad. Run it "
+            f"under torch.no_grad() or pass detached inputs (a.detach(); quantize(x.detach(), ...)); for "
+            f"training, dequantize the weights and use torch ops (docs/errors.md, 'Autograd')"
+        )
+
+
 def reference_result(y: torch.Tensor, out: torch.Tensor | None, out_dtype: torch.dtype,
                      masked_m: torch.Tensor | None) -> torch.Tensor:
     """CPU fallback (``_checks.use_reference``): deliver a float64 reference result like the
@@ -723,7 +791,7 @@ def _(*args, **kwargs) -> None:
 def grouped_gemm_list(
     a_list,
     b_list,
-    out_dtype: torch.dtype = torch.float16,
+    out_dtype: torch.dtype = torch.bfloat16,
     *,
     out_list=None,
     config: GemmConfig | dict | None = None,
@@ -733,8 +801,8 @@ def grouped_gemm_list(
     The GPU MODE NVFP4 group GEMM: ``a_list[g]`` ScaledTensor ``[M_g, K_g]``, ``b_list[g]``
     ``[N_g, K_g]``, each group with its own M, N, K; all groups share one format (nvfp4 is
     the target; fp8_block, mxfp8 and mxfp4 also work) and row-contiguous data and scales.
-    Returns a list of ``[M_g, N_g]`` tensors of ``out_dtype`` (fp16 default, as in GPU MODE),
-    or writes into ``out_list``.
+    Returns a list of ``[M_g, N_g]`` tensors of ``out_dtype`` (bf16 default, as every op;
+    GPU MODE's problem asks for ``out_dtype=torch.float16``), or writes into ``out_list``.
 
     A device table of pointers, shapes and tile offsets is built on the host from shapes and
     data pointers (host metadata, no device sync) and copied to the device each call; nvfp4
@@ -742,6 +810,15 @@ def grouped_gemm_list(
     makes this op unsuitable for CUDA-graph capture (the pointers are baked into the table)
     and for torch.compile tracing (data pointers are read on the host): it is an eager op.
     Use :func:`grouped_gemm` for graph-captured / compiled MoE layers.
+
+    No device metadata: shapes and pointers come from the host, so there is nothing for the
+    device-side check of :func:`grouped_gemm` to validate. No autograd: a ScaledTensor
+    quantized from a float tensor that requires grad raises ``RuntimeError`` (grad mode on).
+
+    Example::
+
+        ys = bs.grouped_gemm_list([bs.quantize(x, "nvfp4") for x in xs],
+                                  [bs.quantize(w, "nvfp4") for w in ws])   # bf16 [M_g, N_g] each
     """
     _check_out_dtype(out_dtype)
     if not isinstance(a_list, (list, tuple)) or not isinstance(b_list, (list, tuple)):
@@ -751,6 +828,9 @@ def grouped_gemm_list(
     g = len(a_list)
     if g == 0:
         return []
+    if torch.is_grad_enabled():
+        _no_grad_support("grouped_gemm_list", **{f"a_list[{i}]": x for i, x in enumerate(a_list)},
+                         **{f"b_list[{i}]": x for i, x in enumerate(b_list)})
     fmt = a_list[0].format
     dev = a_list[0].device
     b_br = b_list[0].block[0] if isinstance(b_list[0], ScaledTensor) else 1
@@ -784,8 +864,9 @@ def grouped_gemm_list(
     if use_reference(a_list[0].data):
         from ..reference import grouped as _ref
 
-        for o, y in zip(out_list, _ref.grouped_gemm_list(a_list, b_list)):
-            o.copy_(y.to(out_dtype))
+        with torch.no_grad():
+            for o, y in zip(out_list, _ref.grouped_gemm_list(a_list, b_list)):
+                o.copy_(y.to(out_dtype))
         return list(out_list)
     max_rows = max(m for m, _, _ in shapes)
     cfg = resolve_config(config, fmt.name, max_rows, max(n for _, n, _ in shapes), max(k for *_, k in shapes), dev,

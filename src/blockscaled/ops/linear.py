@@ -10,6 +10,7 @@ from ..formats import Format, ScaleRounding
 from ..reference.gemm import activation_quant_args
 from ..tensor import ScaledTensor
 from . import quantize as _quant
+from . import _autograd
 from .gemm import OUT_DTYPES, _check_bias, _eager_ok, gemm_impl
 
 __all__ = ["linear", "activation_quant_args"]
@@ -41,7 +42,7 @@ def linear_impl(x2: torch.Tensor, w_data, w_scale, w_gs, w_rows: int, fmt: Forma
 
 
 def linear(x: torch.Tensor, w: ScaledTensor, bias: torch.Tensor | None = None, *,
-           out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None,
+           out_dtype: torch.dtype = torch.bfloat16, out: torch.Tensor | None = None,
            weight_only: bool = False) -> torch.Tensor:
     """``y = x @ dequantize(w).T + bias`` with x quantized on the fly as ``w``'s format wants.
 
@@ -50,7 +51,7 @@ def linear(x: torch.Tensor, w: ScaledTensor, bias: torch.Tensor | None = None, *
         w: ``ScaledTensor [N, K]`` weight (fp8_block 128x128 or 1x128; mxfp8/mxfp4 1x32;
             nvfp4 1x16 with its global scale).
         bias: optional ``[N]`` (bf16/fp16/fp32), added in fp32 before the output cast.
-        out_dtype: output dtype (default ``x.dtype``); bf16, fp16 or fp32.
+        out_dtype: output dtype: bf16 (default, as every op, also for fp16 ``x``), fp16 or fp32.
         out: optional contiguous ``[..., N]`` output of ``out_dtype``.
         weight_only: skip activation quantization (W8A16 / W4A16): bf16/fp16 ``x`` times the
             dequantized weight, fp32 accumulation.
@@ -60,6 +61,17 @@ def linear(x: torch.Tensor, w: ScaledTensor, bias: torch.Tensor | None = None, *
     Returns ``[..., N]`` of ``out_dtype``. No host synchronisation. CPU tensors without the
     Triton interpreter (``blockscaled._checks.use_reference``): the float64 reference twin,
     rounded once to ``out_dtype``.
+
+    Autograd (same on every path; docs/errors.md): ``dx = dY @ dequantize(w)`` (straight
+    through the activation quantization), ``dbias = dY.sum(rows)``, and when ``w`` was
+    quantized from a float tensor that requires grad, ``dY.T @ dequantize(quantize(x))`` to
+    it (``x`` when weight-only); fp32 torch.matmul. ``out=`` with an input that requires grad
+    raises RuntimeError.
+
+    Example::
+
+        w = bs.quantize(weight, "fp8_block", block=(128, 128))   # [N, K]
+        y = bs.linear(x, w)                                      # x [..., K] bf16 -> [..., N] bf16
     """
     check_tensor("x", x, dtypes=(torch.bfloat16, torch.float16), min_ndim=1)
     if not isinstance(w, ScaledTensor):
@@ -71,7 +83,6 @@ def linear(x: torch.Tensor, w: ScaledTensor, bias: torch.Tensor | None = None, *
     if x.shape[-1] != w.shape[-1]:
         raise ValueError(f"x: K mismatch: x has K={x.shape[-1]} (shape {tuple(x.shape)}), w has "
                          f"K={w.shape[-1]} (shape {tuple(w.shape)})")
-    out_dtype = x.dtype if out_dtype is None else out_dtype
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype: expected one of {[str(d) for d in OUT_DTYPES]}, got {out_dtype}")
     check_row_contiguous("x", x)
@@ -87,12 +98,15 @@ def linear(x: torch.Tensor, w: ScaledTensor, bias: torch.Tensor | None = None, *
                              f"{out.dtype} {tuple(out.shape)} on {out.device}")
         if not out.is_contiguous():
             raise ValueError(f"out: expected a contiguous tensor, got strides {out.stride()}")
+    if _autograd.wants_grad(x, w, bias):
+        return _autograd.linear(x, w, bias, out_dtype, out, weight_only)
     if _checks.use_reference(x):
         # CPU tensors without the Triton interpreter: the float64 reference (reference
         # quantizer for the activations), rounded once to out_dtype (TEAM.md policy).
         from ..reference.gemm import linear as _ref_linear
 
-        y = _ref_linear(x, w, bias, out_dtype=None, weight_only=weight_only)
+        with torch.no_grad():
+            y = _ref_linear(x, w, bias, out_dtype=None, weight_only=weight_only)
         if out is None:
             return y.to(out_dtype)
         out.copy_(y)

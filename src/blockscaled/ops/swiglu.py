@@ -24,6 +24,7 @@ from .grouped import (
     _check_b_global_scale,
     _check_out_dtype,
     _check_scaled,
+    _no_grad_support,
     check_a,
     _resolve_validate,
     check_masked_m,
@@ -33,8 +34,10 @@ from .grouped import (
     hopper_reason,
     is_forced_hopper,
     launch,
+    reference_check,
     resolve_config,
 )
+from .errors import OP_SWIGLU
 
 __all__ = ["swiglu"]
 
@@ -100,8 +103,26 @@ def swiglu(
     ``strategy="hopper"``: the sm_90 Gluon kernel, fp8_block with 128x128 weights only, chosen by
     the heuristic for those on sm_90 (grouped always, dense from ``SWIGLU_HOPPER_MIN_M`` rows),
     the portable kernel's numerics; a forced hopper config contributes only its strategy: the
-    tiles are chosen by ``ops._hopper.choose_swiglu_config``); ``validate`` checks offsets / counts values (a
-    host sync; default True on CPU, False on CUDA). No host sync otherwise; deterministic.
+    tiles are chosen by ``ops._hopper.choose_swiglu_config``). No host sync (unless
+    ``validate=True``); deterministic.
+
+    ``validate`` (grouped layouts): as :func:`blockscaled.ops.grouped.grouped_gemm`. True: the
+    values of ``offsets`` / ``masked_m`` are checked on the host before the launch (a sync,
+    ``ValueError``); False: on the device after the GEMM, without a sync: bad values write
+    **NaN over the whole output** and set the sticky flag that
+    :func:`blockscaled.check_errors` raises on (``RuntimeError`` naming ``swiglu``;
+    docs/errors.md). Default: True on CPU, False on CUDA and under torch.compile.
+
+    Autograd: not supported (``RuntimeError`` when a float input, or the float source of a
+    quantized operand, requires grad while grad mode is on; docs/errors.md). Default output
+    dtype: bf16, as every op.
+
+    Example::
+
+        a = bs.quantize(x, "fp8_block")                                   # [M, K]
+        wg = bs.quantize(w_gate, "fp8_block", block=(128, 128))           # [N, K]
+        wu = bs.quantize(w_up, "fp8_block", block=(128, 128))
+        h = bs.swiglu(a, wg, wu)                                          # [M, N] bf16
     """
     if offsets is not None and masked_m is not None:
         raise ValueError("offsets/masked_m: give at most one (contiguous or masked grouping)")
@@ -118,6 +139,8 @@ def swiglu(
     dev = a.device
     n, k = b_gate.shape[-2], b_gate.shape[-1]
     val = _resolve_validate(validate, dev)
+    _no_grad_support("swiglu", a=a, b_gate=b_gate, b_up=b_up)
+    check_op = OP_SWIGLU if grouped and not val else 0
     if masked:
         e = b_gate.shape[0]
         if a.shape[0] != e:
@@ -147,9 +170,10 @@ def swiglu(
         from ..reference import grouped as _ref
         from .grouped import reference_result
 
-        y = _ref.swiglu(a, b_gate, b_up, offsets=offsets, masked_m=masked_m,
-                        b_gate_global_scale=b_gate_global_scale, b_up_global_scale=b_up_global_scale)
-        return reference_result(y, out, out_dtype, masked_m)
+        with torch.no_grad():  # ScaledTensor fields are constants on every path
+            y = _ref.swiglu(a, b_gate, b_up, offsets=offsets, masked_m=masked_m,
+                            b_gate_global_scale=b_gate_global_scale, b_up_global_scale=b_up_global_scale)
+        return reference_check(reference_result(y, out, out_dtype, masked_m), check_op, seg, mode, a)
     forced_hopper = is_forced_hopper(config)
     why = hopper_reason(a, b_gate, out_dtype, mode, b2=b_up)
     if forced_hopper and why is not None:
@@ -161,10 +185,11 @@ def swiglu(
 
         m_rows = a.shape[0] * (a.shape[1] if masked else 1)
         h = _hopper.choose_swiglu_config(mode, m_rows, rows, n, _hopper.num_sms_of(dev), out_dtype.itemsize)
-        return launch(a, b_gate, gs_g, b_up, seg, out, out_dtype, mode, hopper_gemm_config(h), b2_gs=gs_u)
+        return launch(a, b_gate, gs_g, b_up, seg, out, out_dtype, mode, hopper_gemm_config(h), b2_gs=gs_u,
+                      check_op=check_op)
     cfg = resolve_config(config, fmt, rows, n, k, dev, dual=True, a_dtype=a_dtype, mode=mode,
                          experts=e, out_dtype=out_dtype, a=a)
-    return launch(a, b_gate, gs_g, b_up, seg, out, out_dtype, mode, cfg, b2_gs=gs_u)
+    return launch(a, b_gate, gs_g, b_up, seg, out, out_dtype, mode, cfg, b2_gs=gs_u, check_op=check_op)
 
 
 # Dense SwiGLU runs the Hopper kernel from this many rows (below: the portable kernel).

@@ -37,6 +37,7 @@ __all__ = [
     "grouped_gemm",
     "grouped_gemm_list",
     "swiglu",
+    "metadata_errors",
 ]
 
 
@@ -156,3 +157,38 @@ def swiglu(
         g = grouped_gemm_contiguous(a, b_gate, offsets, **gk)
         u = grouped_gemm_contiguous(a, b_up, offsets, **uk)
     return _cast(_silu_mul(g, u), out_dtype)
+
+
+def metadata_errors(seg: torch.Tensor, mode: int, limit: int) -> tuple[int, int, int, int]:
+    """The MoE metadata rules (twin of ``kernels/triton/check.py``), on the host.
+
+    ``mode`` 1: ``seg`` = offsets ``[E+1]``; valid when ``offsets[0] == 0``, non-decreasing and
+    ``offsets[E] == limit`` (rows of ``a``). ``mode`` 2: ``seg`` = ``masked_m [E]``; valid when
+    every count is in ``[0, limit]`` (``limit`` = ``max_m``). Returns ``(kinds, first, value,
+    prev)``: the bit set of violated rules (``kernels.triton.check.BAD_*``; 0 when valid), the
+    index of the first bad entry, its value and the entry before it (offsets; else 0)."""
+    from ..kernels.triton.check import BAD_ABOVE, BAD_FIRST, BAD_LAST, BAD_NEGATIVE, BAD_ORDER
+
+    v = [int(x) for x in seg.cpu().tolist()]
+    bad = [False] * len(v)
+    kinds = 0
+    if mode == 1:
+        e = len(v) - 1
+        for i, x in enumerate(v):
+            if i == 0 and x != 0:
+                kinds, bad[i] = kinds | BAD_FIRST, True
+            if i >= 1 and x < v[i - 1]:
+                kinds, bad[i] = kinds | BAD_ORDER, True
+            if i == e and x != limit:
+                kinds, bad[i] = kinds | BAD_LAST, True
+    else:
+        for i, x in enumerate(v):
+            if x < 0:
+                kinds, bad[i] = kinds | BAD_NEGATIVE, True
+            if x > limit:
+                kinds, bad[i] = kinds | BAD_ABOVE, True
+    if not kinds:
+        return 0, 0, 0, 0
+    first = bad.index(True)
+    prev = v[first - 1] if mode == 1 and first >= 1 else 0
+    return kinds, first, v[first], prev
