@@ -76,3 +76,27 @@ def ptxas_stats(ptx):
     return {"spill_stores": max(int(x) for x in spills) if spills else None,
             "regs": max(int(x) for x in regs) if regs else None, "wgmma_serialized": "C7514" in r.stderr}
 '''
+
+
+#: Python source of ``with_defaults(fn, sig, const)`` for compile scripts (prepend it): an AOT
+#: signature completed with the kernel's defaulted parameters. triton >= 3.7 needs every
+#: parameter in an ``ASTSource`` signature (a left-out one fails with "'NoneType' object has no
+#: attribute '_unflatten_ir'"); 3.6 accepted trailing ones left out and used their defaults.
+WITH_DEFAULTS = r'''
+import inspect as _inspect
+
+def with_defaults(fn, sig, const):
+    """(sig, const) with each parameter of the @jit function ``fn`` that has a default and is
+    missing from ``sig`` added as a constexpr of that default, in parameter order: what the JIT
+    launcher binds for a call that leaves it out (the kernels' defaulted parameters are all
+    constexpr-annotated or None, which the JIT specialises as constexpr too)."""
+    params = _inspect.signature(fn.fn).parameters
+    out_sig, out_const = {}, dict(const)
+    for name, p in params.items():
+        if name in sig:
+            out_sig[name] = sig[name]
+        elif p.default is not _inspect.Parameter.empty:
+            out_sig[name] = "constexpr"
+            out_const.setdefault(name, p.default)
+    return out_sig, out_const
+'''

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from _aot import GEMM_SIG, run_compile_script
+from _aot import GEMM_SIG, WITH_DEFAULTS, run_compile_script
 
-SCRIPT = GEMM_SIG + r'''
+SCRIPT = GEMM_SIG + WITH_DEFAULTS + r'''
 import json, re, sys
 import torch
 import triton, triton.language as tl
@@ -37,6 +37,7 @@ def comp(afmt, bfmt, promote, dot, bm, bn, bk, warps, stages, adt=None, split=1,
         const["SWAP_AB"] = True
         if split == 1:
             const.update(ws_ptr=None, cnt_ptr=None)
+    sig, const = with_defaults(gemm_kernel, sig, const)  # ws_ptr / cnt_ptr / SWAP_AB / PDL left out
     attrs = {(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items())
              if t != "constexpr" and (t.startswith("*") or n in DIV16)}
     src = triton.compiler.ASTSource(fn=gemm_kernel, signature=sig, constexprs=const, attrs=attrs)

@@ -16,7 +16,7 @@ import re
 import pytest
 import torch
 
-from _aot import PTXAS_STATS, run_compile_script
+from _aot import PTXAS_STATS, WITH_DEFAULTS, run_compile_script
 
 # The module fixture compiles ~55 Gluon kernels in one subprocess: 30-110 s on 2 CPU cores, and
 # more than gpu_check.sh's 120 s per-test limit (pytest-timeout) when 8 xdist workers share the
@@ -24,7 +24,7 @@ from _aot import PTXAS_STATS, run_compile_script
 # to the first test that uses it, so every test here gets the longer limit.
 pytestmark = pytest.mark.timeout(900)
 
-SCRIPT = PTXAS_STATS + r'''
+SCRIPT = PTXAS_STATS + WITH_DEFAULTS + r'''
 import json, re, os, subprocess, tempfile
 import triton
 from triton.backends.compiler import GPUTarget
@@ -194,6 +194,8 @@ for bm, bn, st, epi, mode, cdt, split, dual, *sk in [
             names = H.fp8_block_gemm_wide_kernel.arg_names
             attrs = {(names.index(a),): [["tt.divisibility", 16]]
                      for a in ("c_ptr", "ws_ptr", "cnt_ptr", "sa_ptr", "sb_ptr", "M", "N", "K", "stride_cm")}
+        # (TAIL / SPREAD left out above: their defaults, spelled out for triton >= 3.7)
+        sig, const = with_defaults(H.fp8_block_gemm_wide_kernel, sig, const)
         k = triton.compile(GluonASTSource(H.fp8_block_gemm_wide_kernel, sig, constexprs=const, attrs=attrs),
                            target=TGT, options={"num_warps": warps})
     except Exception as e:

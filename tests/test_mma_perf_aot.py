@@ -29,9 +29,9 @@ import triton.language as tl
 
 from blockscaled.kernels.triton._mma import decode_e2m1
 
-from _aot import GEMM_SIG, run_compile_script
+from _aot import GEMM_SIG, WITH_DEFAULTS, run_compile_script
 
-SCRIPT = GEMM_SIG + r'''
+SCRIPT = GEMM_SIG + WITH_DEFAULTS + r'''
 import json, os, re, subprocess, tempfile
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
@@ -50,6 +50,7 @@ def comp(code, bm, bn, bk, warps, stages, even):
              "A_FMT": code, "B_FMT": code, "B_SCALE_ROWS": 1, "PROMOTE": False,
              "DOT_DTYPE": tl.bfloat16, "EVEN_K": even, "HAS_BIAS": False, "SPLIT_K": 1, "GROUP_M": 8,
              "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}
+    sig, const = with_defaults(gemm_kernel, sig, const)  # ws_ptr / cnt_ptr / SWAP_AB / PDL left out
     attrs = {(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items())
              if t != "constexpr" and (t.startswith("*") or n in DIV16)}
     return stats(triton.compile(triton.compiler.ASTSource(fn=gemm_kernel, signature=sig, constexprs=const, attrs=attrs),

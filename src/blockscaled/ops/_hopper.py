@@ -16,6 +16,14 @@ Variants (``HopperConfig.variant``), one kernel each so each can be timed:
                      last partial wave's tiles only (``tail_split``: large M, :func:`tail_split_for`).
   * ``"skinny"``     step 5: decode / small M (M <= 64): swap-AB (weight rows on the wgmma's M side),
                      one program per (weight tile, K split), deep TMA ring, fused split-K.
+
+Triton versions: the kernels build on triton 3.6-3.9 (``kernels/hopper/_compat.py`` holds the
+Gluon spellings that changed). Where they cannot be built on the installed triton (Gluon not
+importable, an API renamed again, a compile or load error), the launchers run the portable
+Triton kernels instead: :func:`gluon_unavailable_reason` says why, the first failure issues ONE
+``RuntimeWarning`` per process (triton version and reason) and is recorded so that the rest of
+the process neither retries nor warns again; the reason checks (:func:`unsupported_reason`,
+:func:`grouped_unsupported_reason`) report it, so the dispatchers choose the portable kernels.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import dataclasses
 import functools
 import math
 import os
+import warnings
 
 import torch
 import triton
@@ -32,6 +41,7 @@ from ..tensor import ScaledTensor
 from .gemm import _splitk_counters
 
 __all__ = [
+    "gluon_unavailable_reason",
     "choose_small_m_hopper_config",
     "tail_split_for",
     "skinny_dispatch_config",
@@ -73,6 +83,101 @@ _SMEM_LIMIT = 232448
 
 class HopperUnsupported(NotImplementedError):
     """The Hopper fast path cannot take these arguments; the message says why (fall back)."""
+
+
+# --------------------------------------------------------------------------- Gluon availability
+#: Why the Gluon kernels cannot be built on this triton: None until a failure is seen (then never
+#: reset: one warning per process, no retry). ``_GLUON["imported"]``: the kernel modules imported.
+_GLUON: dict = {"reason": None, "imported": False}
+
+
+def gluon_unavailable_reason() -> str | None:
+    """Why the sm_90a Gluon kernels cannot run in this process (None: they can, as far as is
+    known). The first call imports the kernel module (``kernels/hopper/fp8_gemm.py``, whose
+    ``_compat`` resolves the Gluon spellings of the installed triton) and TMA descriptors; a
+    failure there, or a compile / load failure recorded by a launcher, is returned from then on.
+    No GPU work, cached (cheap enough for every dispatch).
+
+    Example::
+
+        >>> gluon_unavailable_reason() is None  # triton 3.6-3.9 with Gluon
+        True
+    """
+    if _GLUON["reason"] is None and not _GLUON["imported"]:
+        try:
+            from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401
+
+            from ..kernels.hopper import fp8_gemm  # noqa: F401
+        except Exception as e:  # ImportError / GluonCompatError, or any error while defining the kernels
+            _record_gluon_failure(f"importing the Gluon kernels failed: {type(e).__name__}: {e}")
+        else:
+            _GLUON["imported"] = True
+    return _GLUON["reason"]
+
+
+def _record_gluon_failure(reason: str) -> None:
+    """Remember that the Gluon kernels cannot be built here and warn, once per process."""
+    if _GLUON["reason"] is not None:
+        return
+    _GLUON["reason"] = f"triton {triton.__version__}: {reason}"
+    warnings.warn(
+        f"blockscaled: the sm_90a Gluon (Hopper) kernels cannot be built with triton {triton.__version__} "
+        f"({reason}); this process uses the portable Triton kernels instead (correct, slower on Hopper). "
+        f"The Gluon kernels are tested with triton 3.6-3.9.",
+        RuntimeWarning, stacklevel=3)
+
+
+def _is_build_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` came from building or loading a kernel (triton's front end, MLIR passes,
+    ptxas, module load: all run under ``triton/compiler/``) rather than from launching it or
+    from the host code around it (those keep propagating)."""
+    from triton.compiler.errors import CompilationError
+
+    if isinstance(exc, CompilationError):
+        return True
+    tb = exc.__traceback__
+    sep = os.sep
+    while tb is not None:
+        if f"{sep}triton{sep}compiler{sep}" in tb.tb_frame.f_code.co_filename:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _failure_text(exc: BaseException) -> str:
+    # first line of the message: CompilationError repeats the kernel source before the cause
+    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+    return f"{type(exc).__name__}: {lines[-1] if lines else ''}"[:400]
+
+
+def _portable_gemm(a2: torch.Tensor, a_s2: torch.Tensor, b_data: torch.Tensor, b_scale: torch.Tensor,
+                   out2: torch.Tensor) -> None:
+    """The portable kernels' fp8_block GEMM into ``out2`` (arguments as for
+    :func:`gemm_fp8_block_hopper_impl`): the config the dispatcher chooses without Hopper."""
+    from ..config.gemm import choose_gemm_config
+    from ..formats import FORMATS
+    from .gemm import gemm_impl
+
+    m, n = out2.shape
+    k = a2.shape[1]
+    cfg = choose_gemm_config("fp8_block", m, n, k, out2.device, out_dtype=out2.dtype, allow_hopper=False)
+    gemm_impl(a2, a_s2, None, b_data, b_scale, None, 128, FORMATS["fp8_block"], k, out2, None, cfg, out2.dtype)
+
+
+def _portable_grouped(a_data, a_scale, b_data, b_scale, seg, mode: int, out, b2_data=None, b2_scale=None) -> None:
+    """The portable grouped kernel (or SwiGLU with ``b2_*``) into ``out``; arguments as for
+    :func:`grouped_fp8_block_hopper_impl` (mode 0: ``b_data [N, K]``)."""
+    from ..kernels.triton._mma import FORMAT_CODES
+    from .grouped import _launch_impl, resolve_config
+
+    n, k = b_data.shape[-2], b_data.shape[-1]
+    e = 1 if mode == 0 else b_data.shape[0]
+    rows_per_expert = a_data.shape[1] if mode == 2 else a_data.shape[0] / max(e, 1)
+    cfg = resolve_config(None, "fp8_block", rows_per_expert, n, k, out.device, dual=b2_data is not None,
+                         mode=mode, experts=e, out_dtype=out.dtype, allow_dequant=False)
+    _launch_impl(a_data, a_scale, None, b_data, b_scale, None, b2_data, b2_scale, None, seg, out,
+                 FORMAT_CODES["fp8_block"], mode, k, 128, cfg.promote, cfg.block_m, cfg.block_n, cfg.block_k,
+                 cfg.num_warps, cfg.num_stages)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -666,6 +771,9 @@ def unsupported_reason(a: ScaledTensor, b: ScaledTensor, out_dtype=torch.bfloat1
     if _capability(_dev_index(dev)) != (9, 0):
         return (f"needs an sm_90 (Hopper) GPU: wgmma/TMA kernels compiled for sm_90a, got compute capability "
                 f"{_capability(_dev_index(dev))}")
+    gluon = gluon_unavailable_reason()
+    if gluon is not None:
+        return f"the Gluon kernels cannot be built: {gluon}"
     if out_dtype not in OUT_DTYPES:
         return f"out_dtype: expected one of {OUT_DTYPES}, got {out_dtype}"
     if a.scale.dtype != torch.float32 or b.scale.dtype != torch.float32:
@@ -764,7 +872,24 @@ def gemm_fp8_block_hopper_impl(a2: torch.Tensor, a_s2: torch.Tensor, b_data: tor
     32 < M <= 128 up to 4x the M x N partials of a [splits, M, N] layout, the rows past M are
     never touched) (torch.empty; inside a CUDA-graph capture it comes from the graph's pool) and uses
     the shared self-resetting tile counters of the portable kernel (``ops.gemm._splitk_counters``:
-    one buffer per (device, stream), one per device for graph captures)."""
+    one buffer per (device, stream), one per device for graph captures).
+    Where the Gluon kernels cannot be built on this triton (:func:`gluon_unavailable_reason`, or
+    this launch's compile / load fails: recorded, one warning per process), the portable kernel
+    computes ``out2`` instead."""
+    if gluon_unavailable_reason() is None:
+        try:
+            _gemm_gluon(a2, a_s2, b_data, b_scale, out2, cfg)
+            return
+        except Exception as e:
+            if not _is_build_failure(e):
+                raise
+            _record_gluon_failure(f"compiling the {cfg.variant!r} kernel failed: {_failure_text(e)}")
+    _portable_gemm(a2, a_s2, b_data, b_scale, out2)
+
+
+def _gemm_gluon(a2: torch.Tensor, a_s2: torch.Tensor, b_data: torch.Tensor, b_scale: torch.Tensor,
+                out2: torch.Tensor, cfg: HopperConfig) -> None:
+    """:func:`gemm_fp8_block_hopper_impl` on the Gluon kernels (no fallback)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     m, k = a2.shape
@@ -1003,6 +1128,9 @@ def grouped_unsupported_reason(a_data: torch.Tensor, b_data: torch.Tensor, a_sca
     dev = b_data.device
     if dev.type != "cuda" or _capability(_dev_index(dev)) != (9, 0):
         return "needs an sm_90 (Hopper) GPU"
+    gluon = gluon_unavailable_reason()
+    if gluon is not None:
+        return f"the Gluon kernels cannot be built: {gluon}"
     if out_dtype not in OUT_DTYPES:
         return f"out_dtype: expected one of {OUT_DTYPES}, got {out_dtype}"
     e, n, k = b_data.shape
@@ -1039,7 +1167,24 @@ def grouped_fp8_block_hopper_impl(a_data: torch.Tensor, a_scale: torch.Tensor, b
     ``b_data [E, N, K]`` e4m3 (experts stacked contiguously), ``b_scale [E, ceil(N/128), nk]`` fp32.
     ``b2_data`` / ``b2_scale`` (SwiGLU up weights; ``b_*`` are the gate): same shapes and strides;
     ``out = silu(A @ B.T) * (A @ B2.T)``.
-    Callers check :func:`grouped_unsupported_reason` first (for both weights when dual)."""
+    Callers check :func:`grouped_unsupported_reason` first (for both weights when dual).
+    Where the Gluon kernels cannot be built on this triton (as :func:`gemm_fp8_block_hopper_impl`),
+    the portable grouped kernel computes ``out`` instead (its own tiles; ``cfg`` is ignored)."""
+    if gluon_unavailable_reason() is None:
+        try:
+            _grouped_gluon(a_data, a_scale, b_data, b_scale, seg, mode, out, cfg, b2_data, b2_scale)
+            return
+        except Exception as e:
+            if not _is_build_failure(e):
+                raise
+            _record_gluon_failure(f"compiling the 'wide' kernel failed: {_failure_text(e)}")
+    _portable_grouped(a_data, a_scale, b_data, b_scale, seg, mode, out, b2_data, b2_scale)
+
+
+def _grouped_gluon(a_data: torch.Tensor, a_scale: torch.Tensor, b_data: torch.Tensor, b_scale: torch.Tensor,
+                   seg: torch.Tensor | None, mode: int, out: torch.Tensor, cfg: HopperConfig | None = None,
+                   b2_data: torch.Tensor | None = None, b2_scale: torch.Tensor | None = None) -> None:
+    """:func:`grouped_fp8_block_hopper_impl` on the Gluon wide kernel (no fallback)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     dual = b2_data is not None

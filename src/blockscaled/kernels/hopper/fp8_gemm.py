@@ -55,6 +55,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+# Spellings that differ between triton releases (TMA / cp.async loads and stores, the CTA
+# barrier): one alias each, the same Gluon builtin as the release's own name (_compat.py).
+from ._compat import cp_async_load, cta_barrier, tma_load, tma_store
+
 # Rows (of B / columns of C) sharing one fp32 weight scale: fp8_block weights are 128x128 blocks.
 B_SCALE_ROWS = gl.constexpr(128)
 
@@ -157,8 +161,8 @@ def _store_tile(c_ptr, acc, off_m, off_n, M, N, stride_cm, BLOCK_M: gl.constexpr
 def _issue_load(a_desc, b_desc, a_bufs, b_bufs, bars, slot, off_m, off_n, k, pred):
     bar = bars.index(slot)
     mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=pred)
-    tma.async_copy_global_to_shared(a_desc, [off_m, k], bar, a_bufs.index(slot), pred=pred)
-    tma.async_copy_global_to_shared(b_desc, [off_n, k], bar, b_bufs.index(slot), pred=pred)
+    tma_load(a_desc, [off_m, k], bar, a_bufs.index(slot), pred=pred)
+    tma_load(b_desc, [off_n, k], bar, b_bufs.index(slot), pred=pred)
 
 
 # --------------------------------------------------------------------------------------------
@@ -682,7 +686,7 @@ def _stage_a_scales(dst, bar, src, ok):
     at 686 ns with the scale loads and 608 ns with constants in their place. The producer issues
     the copies STAGES blocks ahead instead and the math warps read 2 floats per thread from shared
     memory. Measured gains are in the kernel's ``SA_SMEM`` comment (128-column tiles only)."""
-    async_copy.async_copy_global_to_shared(dst, src, mask=ok)
+    cp_async_load(dst, src, mask=ok)
     async_copy.mbarrier_arrive(bar, increment_count=False)
 
 
@@ -729,10 +733,9 @@ def _wide_producer(a_desc, b_desc, b2_desc, a_bufs, b_bufs, sa_bufs, ready, empt
                     bar = ready.index(s)
                     b_s = b_bufs.index(s)
                     mbarrier.expect(bar, a_desc.block_type.nbytes + 2 * b_desc.block_type.nbytes)
-                    tma.async_copy_global_to_shared(a_desc, [row0, kb * BLOCK_K], bar, a_bufs.index(s))
-                    tma.async_copy_global_to_shared(b_desc, [b_row, kb * BLOCK_K], bar, b_s.slice(0, BOX_N, dim=0))
-                    tma.async_copy_global_to_shared(b2_desc, [b_row, kb * BLOCK_K], bar,
-                                                    b_s.slice(BOX_N, BOX_N, dim=0))
+                    tma_load(a_desc, [row0, kb * BLOCK_K], bar, a_bufs.index(s))
+                    tma_load(b_desc, [b_row, kb * BLOCK_K], bar, b_s.slice(0, BOX_N, dim=0))
+                    tma_load(b2_desc, [b_row, kb * BLOCK_K], bar, b_s.slice(BOX_N, BOX_N, dim=0))
                 else:
                     _issue_load(a_desc, b_desc, a_bufs, b_bufs, ready, s, row0, b_row, kb * BLOCK_K, True)
                 it += 1
@@ -757,7 +760,7 @@ def _wide_store_half(c_desc, c_smem, c_ptr, acc, row0, row_end, off_n, N, stride
         buf = c_smem.index(idx)
         buf.store(acc.to(c_desc.dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(c_desc, [row0, off_n], buf)
+        tma_store(c_desc, [row0, off_n], buf)
     else:
         _store_tile(c_ptr, acc, row0, off_n, row_end, N, stride_cm, ROWS, HALF, num_warps)
 
@@ -878,7 +881,7 @@ def _wide_splitk_finish(c_desc, c_smem, c_ptr, ws_ptr, cnt_ptr, acc0, acc1, stil
     if NH == 2:
         mask1 = row_ok & (c < N - off_n - HALF)[None, :]
         gl.store((own + HALF)[:, None] + c[None, :], acc1, mask=mask1)
-    gl.thread_barrier()
+    cta_barrier()
     cnt = cnt_ptr + stile * NCONS + WG
     arrived = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
     if SPREAD:
@@ -1017,7 +1020,7 @@ def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, sa_bufs, c_smem, read
                         # into the slot waits on it); compute-sanitizer's racecheck still reports
                         # the ring, as it does a minimal correct one (scripts/ws_racecheck_probe.py
                         # probe4)
-                        gl.thread_barrier()
+                        cta_barrier()
                     mbarrier.arrive(empty.index(s), count=1)
                     acc0 = acc0 + part * (sa * sb0)[:, None]
                 it += 1
@@ -1282,7 +1285,7 @@ def fp8_block_gemm_skinny_kernel(a_desc, b_desc, sa_ptr, sb_ptr, c_ptr, ws_ptr, 
         offs = (r * MP)[:, None] + c[None, :]
         base = ws_ptr + tile.to(gl.int64) * tile_elems
         gl.store(base + sp * split_stride + offs, gl.convert_layout(acc, out_layout))
-        gl.thread_barrier()  # every thread's partial store happens-before the release below
+        cta_barrier()  # every thread's partial store happens-before the release below
         cnt = cnt_ptr + tile
         arrived = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
         if arrived == SPLIT - 1:
