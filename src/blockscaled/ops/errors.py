@@ -59,7 +59,10 @@ _CAPTURED_FLAGS: list[torch.Tensor] = []
 
 
 def _device_key(device) -> torch.device:
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device: expected a torch.device, a device string or None, got {device!r}") from None
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     return dev

@@ -1,4 +1,10 @@
-"""Pure-torch float64 reference of the GEMM ops (the definition kernels are tested against)."""
+"""Pure-torch float64 reference of the GEMM ops (the definition kernels are tested against).
+
+Autograd: these twins are differentiable with the semantics of the public ops (docs/errors.md,
+"Autograd"), in float64, so tests can compare gradients against them: a ScaledTensor operand
+passes its gradient straight through to the float tensor it was quantized from (when that one
+requires grad), its fields are constants, and ``linear`` quantizes ``x`` straight-through.
+"""
 
 from __future__ import annotations
 
@@ -18,9 +24,21 @@ def activation_quant_args(w: ScaledTensor) -> dict:
     return {"block": (1, w.format.block_k), "rounding": w.rounding}
 
 
+def _straight_through(value64: torch.Tensor, src: torch.Tensor | None) -> torch.Tensor:
+    """``value64`` whose gradient goes unchanged to ``src`` (when it requires grad)."""
+    if src is None or not src.requires_grad or not torch.is_grad_enabled():
+        return value64
+    s = src.double()
+    return value64 + (s - s.detach())
+
+
 def _operand64(x) -> torch.Tensor:
     if isinstance(x, ScaledTensor):
-        return dequantize(x, dtype=torch.float32).double()
+        from ..ops._autograd import source_of
+
+        with torch.no_grad():  # the fields are constants
+            v = dequantize(x, dtype=torch.float32).double()
+        return _straight_through(v, source_of(x))
     if isinstance(x, torch.Tensor):
         return x.double()
     raise TypeError(f"expected a ScaledTensor or a Tensor, got {type(x).__name__}")
@@ -51,12 +69,15 @@ def gemm(a, b: ScaledTensor, out_dtype: torch.dtype | None = torch.float64, out=
 def linear(x: torch.Tensor, w: ScaledTensor, bias=None, *, out_dtype=None, weight_only: bool = False,
            quantize_fn=None) -> torch.Tensor:
     """float64 reference of :func:`blockscaled.ops.linear.linear`: quantize ``x`` with the
-    reference quantizer as ``w``'s format wants (unless ``weight_only``), then :func:`gemm`."""
+    reference quantizer as ``w``'s format wants (unless ``weight_only``), then :func:`gemm`.
+    Differentiable: ``x`` straight through its quantization (module docstring)."""
     from .quantize import quantize
 
     if weight_only:
-        a = x
-    else:
-        kw = activation_quant_args(w)
-        a = (quantize_fn or quantize)(x, w.format.name, **kw)
-    return gemm(a, w, out_dtype=out_dtype, bias=bias)
+        return gemm(x, w, out_dtype=out_dtype, bias=bias)
+    kw = activation_quant_args(w)
+    a = (quantize_fn or quantize)(x.detach(), w.format.name, **kw)
+    y = _straight_through(_operand64(a), x) @ _operand64(w).transpose(-1, -2)
+    if bias is not None:
+        y = y + bias.double()
+    return y if out_dtype is None else y.to(out_dtype)
