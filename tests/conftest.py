@@ -2,8 +2,14 @@
 
 TRITON_INTERPRET must be set before any @triton.jit function is defined, i.e. before the
 blockscaled kernels are imported, so it is done here at collection start.
+
+The skip reasons are folded into one summary line at the end (``-rfE`` in pyproject.toml
+keeps pytest's own per-reason list for failures and errors only): on a CPU machine about a
+thousand GPU tests skip for the same two or three reasons, and listing each location buried the
+failures.
 """
 
+import collections
 import os
 
 import pytest
@@ -21,6 +27,24 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip_gpu)
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        reason = str(longrepr[2])
+    else:
+        reason = str(longrepr)
+    return reason.removeprefix("Skipped: ").strip()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    reasons = collections.Counter(_skip_reason(r) for r in skipped)
+    parts = ", ".join(f"{n} {reason}" for reason, n in reasons.most_common())
+    terminalreporter.write_line(f"skipped {len(skipped)}: {parts}")
 
 
 @pytest.fixture
