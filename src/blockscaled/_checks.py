@@ -6,11 +6,14 @@ input never reaches a kernel.
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
+import warnings
 
 import torch
 
-from .formats import Format, ScaleRounding, get_format
+from .formats import Format, QuantizationRangeWarning, ScaleRounding, get_format
 
 FLOAT_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -98,18 +101,35 @@ def resolve_quantize_args(
     if global_scale is not None:
         if not f.has_global_scale:
             raise ValueError(f"global_scale: {f.name} has no global scale, got {global_scale!r}")
-        if isinstance(global_scale, torch.Tensor):
-            check_tensor("global_scale", global_scale, dtypes=(torch.float32,), device=x.device)
-            if global_scale.numel() != 1:
-                raise ValueError(
-                    f"global_scale: expected 1 element, got shape {tuple(global_scale.shape)}"
-                )
-        elif not isinstance(global_scale, (int, float)):
-            raise TypeError(
-                f"global_scale: expected a float or a 1-element fp32 tensor, got {type(global_scale).__name__}"
-            )
+        check_global_scale(global_scale, x.device)
     check_row_contiguous("x", x)
     return f, block, rounding
+
+
+def check_global_scale(global_scale, device: torch.device) -> None:
+    """A user-given nvfp4 encode scale must be finite and > 0 (``gs = 448 * 6 / amax`` maps the
+    tensor's amax onto the top of the e4m3 x e2m1 range; inf gave all zeros, 0 / NaN all NaN,
+    a negative one flipped nothing visibly). Checked here where that costs no host sync: a
+    Python number, or a tensor on the CPU (read directly). A CUDA tensor is not read back: the
+    quantize kernel turns a bad value into NaN scales, so the result dequantizes to all NaN."""
+    if isinstance(global_scale, torch.Tensor):
+        check_tensor("global_scale", global_scale, dtypes=(torch.float32,), device=device)
+        if global_scale.numel() != 1:
+            raise ValueError(f"global_scale: expected 1 element, got shape {tuple(global_scale.shape)}")
+        if global_scale.device.type != "cpu":
+            return
+        value = float(global_scale.reshape(()))
+    elif isinstance(global_scale, numbers.Real) and not isinstance(global_scale, bool):
+        value = float(global_scale)
+    else:
+        raise TypeError(
+            f"global_scale: expected a float or a 1-element fp32 tensor, got {type(global_scale).__name__}"
+        )
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(
+            f"global_scale: expected a finite value > 0 (the nvfp4 encode scale, 448 * 6 / amax(|x|) "
+            f"for a tensor of amax(|x|)), got {value!r}"
+        )
 
 
 def as_global_scale(global_scale, device: torch.device) -> torch.Tensor:
@@ -117,3 +137,60 @@ def as_global_scale(global_scale, device: torch.device) -> torch.Tensor:
     if isinstance(global_scale, torch.Tensor):
         return global_scale.reshape(()).to(torch.float32)
     return torch.tensor(float(global_scale), dtype=torch.float32, device=device)
+
+
+def check_flag(name: str, value, *, allow_none: bool = False) -> None:
+    """``value`` must be a bool (or None when ``allow_none``)."""
+    if value is None and allow_none:
+        return
+    if not isinstance(value, bool):
+        want = "True, False or None" if allow_none else "True or False"
+        raise TypeError(f"{name}: expected {want}, got {value!r} ({type(value).__name__})")
+
+
+def warn_quantize_range(x: torch.Tensor, q, check_range: bool | None, stacklevel: int = 3) -> None:
+    """The documented outlier rule of ``quantize`` (docs/formats.md, "Range of nvfp4"): for
+    nvfp4, count the blocks with finite nonzero input whose scale underflowed to 0 (they
+    dequantize to all zeros) or saturated (their largest elements clip), from the input and
+    the result (``reference.quantize.nvfp4_range_stats``), and emit one
+    :class:`QuantizationRangeWarning` per kind found.
+
+    ``check_range``: None (default) checks tensors on the CPU and skips CUDA tensors, where
+    reading the counts back would synchronise the host with the device; True checks on any
+    device (one sync on CUDA); False never checks. Skipped while torch.compile traces.
+    Other formats have per-block scales only (a block cannot be flushed by another block's
+    outlier), so there is nothing to check."""
+    if check_range is None:
+        check_range = x.device.type == "cpu"
+    if not check_range or not q.format.has_global_scale or x.numel() == 0:
+        return
+    if torch.compiler.is_compiling() or x.device.type == "meta":
+        return
+    from .reference.quantize import nvfp4_range_stats
+
+    n, under, sat, top = nvfp4_range_stats(x, q).tolist()  # the one host read
+    if not (under or sat):
+        return
+    gs = float(q.global_scale.reshape(()))
+    fit = 448.0 * 6.0 / top if top > 0 else float("nan")
+    if under:
+        warnings.warn(
+            f"quantize(nvfp4): {int(under)} of {int(n)} blocks with finite nonzero input got a scale that "
+            f"underflowed to 0 and dequantize to all zeros (their gs * amax / 6 is at most 2**-10, half of "
+            f"e4m3's smallest value). The global scale gs = {gs:.6g} maps |x| = {448.0 * 6.0 / gs:.6g} onto the "
+            f"top of the nvfp4 range, and every block more than 448 * 2**10 (~4.6e5) times smaller is lost: "
+            f"one large outlier "
+            f"(amax(|x|) = {top:.6g}) sets the computed gs = 448 * 6 / amax(|x|). Clip or split off the "
+            f"outliers, or use a format with per-block scales only (mxfp4, mxfp8, fp8_block). "
+            f"check_range=False skips this check (docs/formats.md, 'Range of nvfp4').",
+            QuantizationRangeWarning, stacklevel=stacklevel,
+        )
+    if sat:
+        warnings.warn(
+            f"quantize(nvfp4): {int(sat)} of {int(n)} blocks have gs * amax / 6 above 464, beyond e4m3's "
+            f"largest scale 448: their scale saturates and their largest elements clip. The global scale "
+            f"gs = {gs:.6g} is too large for this tensor (448 * 6 / amax(|x|) = {fit:.6g} fits it; "
+            f"global_scale=None computes that). check_range=False skips this check "
+            f"(docs/formats.md, 'Range of nvfp4').",
+            QuantizationRangeWarning, stacklevel=stacklevel,
+        )

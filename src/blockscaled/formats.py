@@ -37,12 +37,21 @@ __all__ = [
     "get_format",
     "E4M3_MAX",
     "E2M1_MAX",
+    "QuantizationRangeWarning",
 ]
 
 #: Largest finite float8_e4m3fn value (S.1111.110 = 1.75 * 2**8).
 E4M3_MAX = 448.0
 #: Largest e2m1 value (S.11.1 = 1.5 * 2**2).
 E2M1_MAX = 6.0
+
+
+class QuantizationRangeWarning(UserWarning):
+    """``quantize`` lost whole blocks to the range of a format's scales: nvfp4 blocks whose
+    scale underflowed to 0 (they dequantize to all zeros; typically one outlier set the global
+    scale) or saturated (their largest elements clip; a user-given global scale too large).
+    See ``quantize(check_range=...)`` and docs/formats.md ("Range of nvfp4").
+    ``warnings.simplefilter("error", QuantizationRangeWarning)`` turns it into an exception."""
 
 
 class ScaleRounding(enum.Enum):

@@ -27,10 +27,12 @@ import triton.language as tl
 from .._checks import (
     FLOAT_INPUT_DTYPES,
     as_global_scale,
+    check_flag,
     check_row_contiguous,
     check_tensor,
     resolve_quantize_args,
     use_reference,
+    warn_quantize_range,
 )
 from ..formats import Format, ScaleRounding, get_format
 from ..kernels.triton import quantize as _k
@@ -174,6 +176,7 @@ def quantize(
     block: tuple[int, int] | None = None,
     rounding: ScaleRounding | str | None = None,
     global_scale: torch.Tensor | float | None = None,
+    check_range: bool | None = None,
 ) -> ScaledTensor:
     """Quantize ``x`` to a block-scaled format (Triton kernels; bitwise equal to the reference).
 
@@ -192,6 +195,16 @@ def quantize(
             ``None``: ``gs = 448 * 6 / amax(|x|)`` computed on the device: a tensor-amax kernel
             then the quantize kernel (two passes over ``x``); with a given gs, one pass. A
             Python float is copied to the device on every call: pass a device tensor on hot paths.
+            A given gs must be finite and > 0: a Python number or a CPU tensor that is not
+            raises ``ValueError``; a CUDA tensor is not read back (no sync), and a bad value
+            there makes every scale NaN, so the result dequantizes to all NaN.
+        check_range: nvfp4's outlier rule (docs/formats.md, "Range of nvfp4"): count the blocks
+            whose scale underflowed to 0 (they dequantize to all zeros, e.g. when one outlier
+            set the global scale) or saturated (their largest elements clip) and emit a
+            :class:`~blockscaled.formats.QuantizationRangeWarning` if there are any. ``None``
+            (default): checked for CPU tensors, not for CUDA tensors (reading the counts would
+            synchronise the host); ``True``: also on CUDA (one extra pass over ``x`` and one
+            sync); ``False``: never. Other formats: nothing to check (per-block scales only).
 
     Returns:
         :class:`ScaledTensor`: contiguous ``data`` ``[..., K]`` e4m3 or ``[..., ceil(K/2)]``
@@ -200,15 +213,27 @@ def quantize(
         128x128 blocks), and for nvfp4 a 0-d fp32 ``global_scale``.
 
     Empty tensors return empty results without a launch. NaN/Inf: see the module docstring.
+
+    Example::
+
+        x = torch.randn(4, 256, dtype=torch.bfloat16)
+        q = quantize(x, "nvfp4")                  # data uint8 [4, 128], scale e4m3 [4, 16]
+        x[0, 0] = 1e30                            # one outlier sets the global scale ...
+        quantize(x, "nvfp4")                      # ... QuantizationRangeWarning: 63 of 64 blocks
+                                                  # underflowed (they dequantize to zeros)
     """
     f, block, rounding = resolve_quantize_args(x, fmt, block, rounding, global_scale)
+    check_flag("check_range", check_range, allow_none=True)
     if use_reference(x):
-        return _ref.quantize(x, f, block=block, rounding=rounding, global_scale=global_scale)
-    gs = None if global_scale is None else as_global_scale(global_scale, x.device)
-    data, scale, gs_out = torch.ops.blockscaled.quantize(x, f.name, block[0], rounding.value, gs)
-    if f.has_global_scale and gs is None:
-        gs = gs_out
-    return ScaledTensor(data, scale, f, torch.Size(x.shape), block, rounding, global_scale=gs)
+        q = _ref.quantize(x, f, block=block, rounding=rounding, global_scale=global_scale, check_range=False)
+    else:
+        gs = None if global_scale is None else as_global_scale(global_scale, x.device)
+        data, scale, gs_out = torch.ops.blockscaled.quantize(x, f.name, block[0], rounding.value, gs)
+        if f.has_global_scale and gs is None:
+            gs = gs_out
+        q = ScaledTensor(data, scale, f, torch.Size(x.shape), block, rounding, global_scale=gs)
+    warn_quantize_range(x, q, check_range)
+    return q
 
 
 def _quantize_impl(x, f: Format, block, rounding: ScaleRounding, gs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

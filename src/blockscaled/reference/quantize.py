@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import as_global_scale, resolve_quantize_args
+from .._checks import as_global_scale, check_flag, resolve_quantize_args, warn_quantize_range
 from ..formats import E2M1_MAX, E4M3_MAX, Format, ScaleRounding
 from ..tensor import ScaledTensor
 
@@ -34,6 +34,8 @@ __all__ = [
     "silu_mul_quantize",
     "tensor_amax",
     "nvfp4_global_scale",
+    "nvfp4_checked_global_scale",
+    "nvfp4_range_stats",
     "e2m1_encode",
     "e2m1_decode",
     "e8m0_to_fp32",
@@ -199,6 +201,39 @@ def nvfp4_global_scale(amax: torch.Tensor) -> torch.Tensor:
     return torch.where(gs > FP32_MAX, FP32_MAX, gs)
 
 
+def nvfp4_checked_global_scale(gs: torch.Tensor) -> torch.Tensor:
+    """A user-given encode scale as the quantizer uses it: itself if finite and > 0, else NaN
+    (every scale NaN: the tensor dequantizes to all NaN). ``quantize`` raises for bad Python
+    numbers and CPU tensors before getting here; CUDA tensors are not read back (no sync)."""
+    return torch.where((gs > 0) & (gs < float("inf")), gs, float("nan"))
+
+
+def nvfp4_range_stats(x: torch.Tensor, q: ScaledTensor) -> torch.Tensor:
+    """Blocks of an nvfp4 quantization that lost their content to the scale range: float64
+    ``[4]`` on ``x``'s device = (blocks whose amax is finite and > 0, those whose scale
+    underflowed to 0, those whose scale saturated, the largest finite |x|). No host sync.
+
+    ``x`` is the quantized input, ``q`` its result. A block *underflows* when ``gs * amax / 6``
+    rounds to e4m3 0 (below 2**-10): its scale is 0 and all its elements dequantize to 0. That
+    happens to every block far below the tensor's amax when one outlier sets the global scale
+    (``gs = 2688 / amax``; blocks under ``amax / (448 * 2**10)`` are lost). A block *saturates* when
+    ``gs * amax / 6 > 464``: beyond the rounding to e4m3's largest value 448, so its scale is
+    clamped and its largest elements clip (only a user-given gs larger than ``2688 / amax``
+    does that). NaN / Inf blocks are counted in neither (they dequantize to NaN), nor is any
+    block when gs itself is not finite and > 0 (the whole tensor dequantizes to NaN)."""
+    xb = _blocks_1d(x.float(), q.format.block_k)
+    amax = xb.abs().amax(-1)
+    gs = q.global_scale.reshape(()).to(amax.device)
+    # (a gs that is not finite and > 0, e.g. 0 computed from an infinite amax, makes the whole
+    # tensor dequantize to NaN: nothing there is "lost to zero", so no block is counted)
+    ok = torch.isfinite(amax) & (amax > 0) & torch.isfinite(gs) & (gs > 0)
+    under = ok & (q.scale.float() == 0)
+    t = _div(gs * amax, E2M1_MAX)
+    sat = ok & (t > 464.0)
+    top = torch.where(ok, amax, 0.0).amax() if amax.numel() else amax.new_zeros(())
+    return torch.stack([ok.sum().double(), under.sum().double(), sat.sum().double(), top.double()])
+
+
 # --------------------------------------------------------------------------- quantize
 def quantize(
     x: torch.Tensor,
@@ -207,9 +242,18 @@ def quantize(
     block: tuple[int, int] | None = None,
     rounding: ScaleRounding | str | None = None,
     global_scale=None,
+    check_range: bool | None = None,
 ) -> ScaledTensor:
-    """Reference twin of :func:`blockscaled.quantize` (same signature, same bits)."""
+    """Reference twin of :func:`blockscaled.quantize` (same signature, same bits, the same
+    ``check_range`` warnings)."""
     f, block, rounding = resolve_quantize_args(x, fmt, block, rounding, global_scale)
+    check_flag("check_range", check_range, allow_none=True)
+    q = _quantize(x, f, block, rounding, global_scale)
+    warn_quantize_range(x, q, check_range)
+    return q
+
+
+def _quantize(x: torch.Tensor, f: Format, block, rounding: ScaleRounding, global_scale) -> ScaledTensor:
     shape = tuple(x.shape)
     xf = x.float()
     k = shape[-1]
@@ -246,7 +290,7 @@ def quantize(
     if global_scale is None:
         gs = nvfp4_global_scale(tensor_amax(x))
     else:
-        gs = as_global_scale(global_scale, x.device)
+        gs = nvfp4_checked_global_scale(as_global_scale(global_scale, x.device))
     xb = _blocks_1d(xf, 16)
     amax = xb.abs().amax(-1)
     t = _div(gs * amax, E2M1_MAX)

@@ -344,7 +344,8 @@ def quantize_1xk_kernel(
     ``[M, ceil(K/BK)]`` (``stride_sm``).
     SILU: ``x`` is ``gate_up [M, 2K]``; the tile is ``INTER(silu(g) * u)`` (fp32 math,
     rounded to the intermediate dtype INTER, bf16 by default).
-    nvfp4: GS_MODE 1 reads gs from ``gs_ptr``; 2 computes it from the tensor amax, the max of
+    nvfp4: GS_MODE 1 reads gs from ``gs_ptr`` (NaN unless finite and > 0); 2 computes it from
+    the tensor amax, the max of
     the ``n_part`` (<= PART_BLOCK) int32 partial maxima at ``gs_ptr`` (``tensor_amax_kernel``),
     and program (0, 0) stores it to ``gs_out_ptr``. GS_MODE 2 visits the tiles in reverse: the
     amax pass read the end of ``x`` last, so that part is still in L2 (~10% of a large x).
@@ -390,6 +391,10 @@ def quantize_1xk_kernel(
                 tl.store(gs_out_ptr, gs)
         else:
             gs = tl.load(gs_ptr)
+            # A given gs must be finite and > 0. The host checks Python numbers and CPU
+            # tensors; a CUDA tensor is not read back (no sync), so a bad one becomes NaN here:
+            # every scale NaN, the whole tensor dequantizes to NaN (reference: the same rule).
+            gs = tl.where((gs > 0.0) & (gs < float("inf")), gs, float("nan"))
     else:
         gs = 0.0
     codes, s = _quantize_tile(xf, amax, gs, FMT, ROUND, HW_CVT, GPU)
