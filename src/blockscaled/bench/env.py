@@ -65,26 +65,23 @@ def _driver() -> str:
 
 @functools.lru_cache(maxsize=1)
 def environment() -> dict:
-    """One flat dict of facts (strings / numbers), stored in every result row."""
+    """One flat dict of facts (strings / numbers), stored in every result row.
+
+    Always: ``device`` ("cuda" or "cpu"), ``torch``, ``triton``, ``python``, ``git_rev``,
+    ``triton_interpret``. With a CUDA GPU also ``gpu``, ``sm``, ``num_sms``, ``l2_mb``,
+    ``driver`` and ``cuda``. Without one no GPU fact is recorded at all (not even the CUDA
+    version a CUDA build of torch was compiled with, nor the L2 size the timing helper assumes
+    by default): a CPU result must not read like a GPU one. ``cpu`` names the processor there.
+
+    Example: ``environment()["device"]`` -> ``"cpu"`` on a machine without a GPU.
+    """
     try:
         import triton
 
         triton_v = triton.__version__
     except Exception:
         triton_v = "n/a"
-    env = {
-        "gpu": "cpu (no CUDA)",
-        "sm": "",
-        "num_sms": 0,
-        "l2_mb": round(DEFAULT_L2_BYTES / 2**20, 1),
-        "driver": "n/a",
-        "cuda": torch.version.cuda or "n/a",
-        "torch": torch.__version__,
-        "triton": triton_v,
-        "python": platform.python_version(),
-        "git_rev": _git_rev(),
-        "triton_interpret": os.environ.get("TRITON_INTERPRET", "0"),
-    }
+    env: dict = {"device": "cuda" if has_cuda() else "cpu"}
     if has_cuda():
         p = torch.cuda.get_device_properties(torch.cuda.current_device())
         env.update(
@@ -93,13 +90,26 @@ def environment() -> dict:
             num_sms=p.multi_processor_count,
             l2_mb=round(l2_bytes() / 2**20, 1),
             driver=_driver(),
+            cuda=torch.version.cuda or "n/a",
         )
+    else:
+        env["cpu"] = f"{platform.machine() or 'unknown'}, {os.cpu_count() or '?'} cores"
+    env.update(
+        torch=torch.__version__,
+        triton=triton_v,
+        python=platform.python_version(),
+        git_rev=_git_rev(),
+        triton_interpret=os.environ.get("TRITON_INTERPRET", "0"),
+    )
     return env
 
 
 def gpu_slug(name: str | None = None) -> str:
-    """Filesystem-friendly GPU name: 'NVIDIA H100 80GB HBM3' -> 'h100-80gb-hbm3'."""
-    name = environment()["gpu"] if name is None else name
+    """Filesystem-friendly GPU name: 'NVIDIA H100 80GB HBM3' -> 'h100-80gb-hbm3'; 'cpu' when
+    there is no GPU (a CPU result has no ``gpu`` entry)."""
+    name = environment().get("gpu") if name is None else name
+    if not name:
+        return "cpu"
     s = re.sub(r"^nvidia\s+", "", name.strip(), flags=re.I).lower()
     s = re.sub(r"[^a-z0-9]+", "-", s).strip("-")
     return s or "unknown"

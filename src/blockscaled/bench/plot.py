@@ -6,14 +6,29 @@ import textwrap
 
 from .report import OURS, ab_pairs, ratio_stats
 
-__all__ = ["plot_results"]
+__all__ = ["plot_results", "has_plot_data"]
 
 #: Above this many A/B pairs the ratio chart shows one geomean bar (min..max whiskers) per
 #: baseline, op and format: 120 per-config bars (the deepseek suite) are unreadable.
 MAX_BARS = 40
 
 
-def plot_results(result: dict, path: str) -> str:
+def has_plot_data(result: dict) -> bool:
+    """True when ``result`` holds something to draw: a timed row with FLOPs or bytes (roofline)
+    or a baseline/ours pair (ratios). A CPU (interpreter) run has neither: it times nothing."""
+    timed = [r for r in result.get("rows", []) if r.get("status") == "ok" and r.get("median_ms")]
+    return any(r.get("flops") and r.get("bytes") for r in timed) or bool(ab_pairs(result.get("rows", [])))
+
+
+def plot_results(result: dict, path: str) -> str | None:
+    """Write a roofline chart and an A/B ratio chart of ``result`` (the bench's result dict) to
+    ``path`` (PNG) and return ``path``; write nothing and return None when there is nothing to
+    draw (:func:`has_plot_data`), so no empty chart is ever left behind.
+
+    Example: ``plot_results(json.load(open("ds.json")), "ds.png")``.
+    """
+    if not has_plot_data(result):
+        return None
     import matplotlib
 
     matplotlib.use("Agg")

@@ -130,11 +130,17 @@ def _summary_table_data(rows, timing: bool):
             _cell(mn, "roof_pct", pct=True), _cell(mn, "mem_floor_pct", pct=True), _cell(mn, "first_call_ms", 1), _check(mn), _check(e2),
             (mn or {}).get("config") or "-",
         ])
-    if not timing:  # correctness-only run: one line per op of ours
-        head = ["case", "format", "op", "check", "note"]
-        body = [[r["case"], r["format"], r["op"], _check(r), r.get("note", "")]
+    if not timing:  # correctness-only run: one line per op of ours, with the shape asked for
+        head = ["case (ran)", "requested", "format", "op", "check", "note"]
+        body = [[r["case"], _requested(r), r["format"], r["op"], _check(r), r.get("note", "")]
                 for r in rows if r["impl"] == OURS and r["op"] != "quantize"]
     return head, body
+
+
+def _requested(r) -> str:
+    """The requested case a CPU row stands in for: 'same' where it ran as requested."""
+    req = r.get("requested") or r["case"]
+    return "same" if req == r["case"] else req
 
 
 def _quant_table_data(rows, timing: bool):
@@ -147,8 +153,9 @@ def _quant_table_data(rows, timing: bool):
         body.append([r["case"], r["format"], spread, _f(r.get("gbps"), 0), _f(r.get("mem_floor_pct"), pct=True),
                      _f(r.get("first_call_ms"), 1), _check(r)])
     if not timing:
-        head = ["case", "format", "check"]
-        body = [[b[0], b[1], b[6]] for b in body]
+        head = ["case (ran)", "requested", "format", "check"]
+        body = [[r["case"], _requested(r), r["format"], _check(r)]
+                for r in rows if r["impl"] == OURS and r["op"] == "quantize"]
     return head, body
 
 
@@ -213,8 +220,25 @@ def bar_checks(rows: list[dict]) -> list[list[str]]:
     return out
 
 
+#: the header of a result without timings (no GPU: the correctness part through the interpreter)
+CPU_MODE_LINE = ("CPU run through the Triton interpreter (TRITON_INTERPRET=1): correctness checks only, "
+                 "no timings (interpreter speed says nothing about GPU speed; timings need a CUDA GPU)")
+
+
 def _env_lines(result: dict) -> list[str]:
     env = result.get("env", {})
+    if not result.get("timing", True) or env.get("device") == "cpu":
+        lines = [
+            CPU_MODE_LINE,
+            f"CPU: {env.get('cpu', '?')}  torch {env.get('torch')}  triton {env.get('triton')}  "
+            f"python {env.get('python', '?')}  git {env.get('git_rev')}",
+        ]
+        shapes = result.get("shapes") or []
+        scaled = [s for s in shapes if s.get("scaled")]
+        if scaled:
+            lines.append(f"shapes: {len(scaled)} of {len(shapes)} cases ran scaled down (requested -> ran in the "
+                         f"tables): {result.get('shapes_reason', '')}".rstrip(": "))
+        return lines
     lines = [
         f"GPU: {env.get('gpu')}  (sm {env.get('sm') or '-'}, {env.get('num_sms') or '-'} SMs, L2 {env.get('l2_mb')} MB)  driver {env.get('driver')}",
         f"CUDA {env.get('cuda')}  torch {env.get('torch')}  triton {env.get('triton')}  git {env.get('git_rev')}",
@@ -285,7 +309,8 @@ def markdown_report(result: dict, title: str = "blockscaled bench") -> str:
         parts += ["## Quantize", "", _md_table(h, b), ""]
     h, b = _summary_table_data(rows, timing)
     if b:
-        parts += ["## Summary (blockscaled)", "", _md_table(h, b), ""]
+        title = "Summary (blockscaled)" if timing else "Correctness (blockscaled vs float64 reference)"
+        parts += [f"## {title}", "", _md_table(h, b), ""]
     for base, pairs in ab_pairs(rows).items():
         h, b, foot = _ab_table_data(pairs)
         parts += [f"## A/B vs {base}", "", _md_table(h, b), "", f"**{foot}**", ""]

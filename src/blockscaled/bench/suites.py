@@ -35,6 +35,7 @@ __all__ = [
     "custom_cases",
     "tiny",
     "dedupe",
+    "for_interpreter",
     "DEFAULT_FORMATS",
     "DEFAULT_OPS",
 ]
@@ -52,6 +53,9 @@ class Case:
     ms: tuple[int, ...] = ()  # rows per expert / group (grouped, masked)
     label: str = ""
     tags: tuple[str, ...] = field(default=())
+    #: the name of the case the user asked for, when this one runs in its place (a CPU run
+    #: through the interpreter, see :func:`for_interpreter`); "" on a GPU. Not part of equality.
+    requested: str = field(default="", compare=False)
 
     @property
     def experts(self) -> int:
@@ -194,13 +198,20 @@ def get_suite(name: str, *, deepseek_small_m: bool = False) -> list[Case]:
 
 
 def dedupe(cases: list[Case]) -> list[Case]:
-    """Drop cases with the same kind and shape as an earlier one (keeps order)."""
-    seen, out = set(), []
+    """Drop cases with the same kind and shape as an earlier one (keeps order). The kept case
+    also answers for the dropped ones: their ``requested`` names are appended to its own."""
+    index: dict[tuple, int] = {}
+    out: list[Case] = []
     for c in cases:
         key = (c.kind, c.m, c.n, c.k, c.ms)
-        if key not in seen:
-            seen.add(key)
+        if key not in index:
+            index[key] = len(out)
             out.append(c)
+        elif c.requested:
+            kept = out[index[key]]
+            names = [n for n in kept.requested.split("; ") if n]
+            if c.requested not in names:
+                out[index[key]] = replace(kept, requested="; ".join(names + [c.requested]))
     return out
 
 
@@ -217,3 +228,22 @@ def tiny(case: Case) -> Case:
     elif case.kind == "grouped":
         m = sum(ms)
     return replace(case, m=m, n=n, k=k, ms=ms)
+
+
+#: why a CPU run scales cases down, said with every scaled case
+INTERPRETER_REASON = (
+    "the Triton interpreter runs every kernel program in Python (seconds for one quantize of "
+    "256x1024, against microseconds on a GPU), so full sizes would take minutes per case"
+)
+
+
+def for_interpreter(cases: list[Case], full: bool = False) -> list[Case]:
+    """The cases a CPU (Triton interpreter) run executes in place of ``cases``: each one's
+    :func:`tiny` stand-in (the case itself where it is already that small), or the case as it is
+    with ``full=True``; every returned case names what was asked for in ``requested``, and
+    stand-ins of the same shape are merged (:func:`dedupe`).
+
+    Example: ``for_interpreter([Case("custom", "gemm", 256, 512, 1024)])`` ->
+    ``[Case("custom", "gemm", 5, 49, 150, requested="M=256 N=512 K=1024")]``.
+    """
+    return dedupe([replace(c if full else tiny(c), requested=c.name) for c in cases])
