@@ -192,3 +192,41 @@ def test_check_errors_arguments(device):
         bs.check_errors("not-a-device")
     with pytest.raises(ValueError, match="device: expected"):
         bs.check_errors(3.5)
+
+
+AOT_SCRIPT = r'''
+import json, re
+import triton
+from triton.backends.compiler import GPUTarget
+from blockscaled.kernels.triton.check import metadata_check_kernel
+
+out = {}
+for mode in (1, 2):
+    for odt in ("bf16", "fp16", "fp32"):
+        for big in (False, True):  # total / strides past 2**31 come in as i64
+            ity = "i64" if big else "i32"
+            sig = {"seg_ptr": "*i32", "out_ptr": "*" + odt, "flag_ptr": "*i32", "E": "i32", "LIMIT": "i32",
+                   "ROWS_PER_E": "i32", "N": "i32", "total": ity, "s_e": ity, "s_m": "i32", "nprog": "i32",
+                   "OP": "constexpr", "MODE": "constexpr", "E_POW2": "constexpr", "BLOCK": "constexpr"}
+            src = triton.compiler.ASTSource(fn=metadata_check_kernel, signature=sig,
+                                            constexprs={"OP": 1, "MODE": mode, "E_POW2": 512, "BLOCK": 1024})
+            k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+            ptx = k.asm["ptx"]
+            out[f"{mode}-{odt}-{ity}"] = {"atom": sorted(set(re.findall(r"atom\.[\.\w]*", ptx))),
+                                          "st": sorted(set(re.findall(r"st\.global[\.\w]*", ptx))),
+                                          "cubin": len(k.asm.get("cubin", b""))}
+print("JSON" + json.dumps(out))
+'''
+
+
+def test_check_kernel_compiles_for_sm90():
+    """The check kernel builds for Hopper without a GPU (subprocess without the interpreter):
+    the flag's compare-and-swap and add, NaN stores of every output dtype, i64 sizes."""
+    from _aot import run_compile_script
+
+    res = run_compile_script(AOT_SCRIPT)
+    assert len(res) == 12
+    for key, r in res.items():
+        assert r["cubin"] > 0, key
+        assert any("cas" in a for a in r["atom"]) and any("add" in a for a in r["atom"]), (key, r["atom"])
+        assert r["st"], key
