@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -305,15 +306,75 @@ def test_report_text_and_files(tmp_path):
 
 
 def test_plot_writes_png(tmp_path):
-    from blockscaled.bench.plot import plot_results
+    """A timed result gives a PNG; a result with nothing to draw (no timed row, no A/B pair:
+    every CPU run) gives None and no file, never an empty chart (issue 17, obs. 9)."""
+    from blockscaled.bench.plot import has_plot_data, plot_results
 
-    for name, res in (("a.png", _fake_result()), ("b.png", {"rows": [], "env": {}})):
-        p = tmp_path / name
-        plot_results(res, str(p))
-        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
+    p = tmp_path / "a.png"
+    assert has_plot_data(_fake_result()) and plot_results(_fake_result(), str(p)) == str(p)
+    assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
+    untimed = _fake_result()
+    for r in untimed["rows"]:  # what a CPU run records: checks, no times
+        for k in ("median_ms", "p20_ms", "p80_ms", "tflops", "gbps"):
+            r.pop(k, None)
+    for res in ({"rows": [], "env": {}}, untimed):
+        assert not has_plot_data(res)
+        assert plot_results(res, str(tmp_path / "b.png")) is None
+    assert not (tmp_path / "b.png").exists()
 
 
-# --------------------------------------------------------------------------- end to end
+# --------------------------------------------------------------------------- CPU (interpreter) runs
+GPU_ENV_KEYS = ("gpu", "sm", "num_sms", "l2_mb", "driver", "cuda")
+
+
+def test_interpreter_stand_ins_name_what_was_requested():
+    """Every case a CPU run executes names the requested case it stands in for; cases already
+    small run unchanged; stand-ins of one shape are merged, keeping every requested name."""
+    big, small = suites.Case("custom", "gemm", 256, 512, 1024), suites.Case("custom", "gemm", 3, 40, 100)
+    got = suites.for_interpreter([big, small])
+    assert [c.requested for c in got] == [big.name, small.name]
+    assert got[0].name == suites.tiny(big).name != big.name and (got[0].m, got[0].k) == (5, 96 + 1024 % 97)
+    assert got[1] == small and got[1].name == small.name
+    assert suites.for_interpreter([big], full=True)[0].name == big.name  # --full-shapes
+    twin = suites.Case("custom", "gemm", 512, 512, 1024)  # same stand-in as `big`
+    merged = suites.for_interpreter([big, twin])
+    assert len(merged) == 1 and merged[0].requested == f"{big.name}; {twin.name}"
+    # a stand-in is equal to the bare case of its shape (requested is not part of equality)
+    assert merged[0] == suites.tiny(big)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="a CPU-only fact")
+def test_environment_has_no_gpu_facts_on_cpu():
+    from blockscaled.bench.env import environment, gpu_slug
+
+    env = environment()
+    assert env["device"] == "cpu" and env["cpu"]
+    assert not [k for k in GPU_ENV_KEYS if k in env], env  # no L2 size, CUDA version, GPU name
+    assert gpu_slug() == "cpu" and gpu_slug("NVIDIA H100 80GB HBM3") == "h100-80gb-hbm3"
+
+
+def test_cpu_report_header():
+    """An untimed (CPU) result's header says so and names no GPU, L2 or CUDA version; the
+    correctness table shows requested -> ran."""
+    from rich.console import Console
+
+    rows = [{"suite": "custom", "case": "M=5 N=49 K=150", "requested": "M=256 N=512 K=1024", "kind": "gemm",
+             "op": "gemm", "impl": "blockscaled", "format": "fp8_block", "M": 5, "N": 49, "K": 150,
+             "status": "ok", "note": "", "check": "ok", "rel_err": 1e-3}]
+    res = {"env": {"device": "cpu", "cpu": "x86_64, 2 cores", "torch": "t", "triton": "3.6.0", "git_rev": "g"},
+           "timing": False, "rows": rows, "notes": [], "args": {"iterations": 100, "rounds": 3},
+           "shapes": [{"suite": "custom", "requested": "M=256 N=512 K=1024", "ran": "M=5 N=49 K=150", "scaled": True}],
+           "shapes_reason": "the interpreter is slow"}
+    con = Console(record=True, width=200)
+    print_report(res, con)
+    for text in (con.export_text(), markdown_report(res)):
+        assert "CPU run through the Triton interpreter" in text and "no timings" in text
+        assert "1 of 1 cases ran scaled down" in text and "the interpreter is slow" in text
+        assert "M=256 N=512 K=1024" in text and "M=5 N=49 K=150" in text
+        for bad in ("GPU:", "L2 ", "CUDA-graph", "driver", "sm "):
+            assert bad not in text, bad
+
+
 def _run_cli(args, tmp_path, env_extra=None, timeout=240):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the CLI must set it itself
     env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
@@ -322,45 +383,163 @@ def _run_cli(args, tmp_path, env_extra=None, timeout=240):
                           capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.skipif(HAS_CUDA, reason="the CPU fallback runs only without CUDA")
-def test_cpu_fallback_quantize_suite(tmp_path):
-    r = _run_cli(["--suite", "quantize", "--limit", "1", "--output", "q.json", "--plot", "q.png"], tmp_path)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "timings need CUDA" in r.stdout
-    assert "bitwise" in r.stdout  # Triton quantizers (interpreter) bit-equal to the reference
-    data = json.loads((tmp_path / "q.json").read_text())
-    rows = [x for x in data["rows"] if x["impl"] == "blockscaled" and x["op"] == "quantize"]
-    assert {x["format"] for x in rows} == {"fp8_block", "mxfp8", "mxfp4", "nvfp4", "nvfp4 static-gs"}
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory):
+    """One CPU bench run as a user would start it (a new process, TRITON_INTERPRET unset,
+    every warning shown): a shape too big for the interpreter, one that runs as asked, the
+    quantize and dual-GEMM (SwiGLU) suites, profiler and plot asked for. ~8 s on 2 cores."""
+    if HAS_CUDA:
+        pytest.skip("the CPU fallback runs only without CUDA")
+    d = tmp_path_factory.mktemp("cpu_bench")
+    args = ["bench", "--custom", "256,512,1024", "--custom", "3,40,100", "--suite", "quantize,dual-gemm",
+            "--formats", "fp8_block,nvfp4", "--use-profiler", "--trace-file", "t.json", "--plot", "p.png",
+            "--output", "r.json"]
+    r = _run_cli(args, d, env_extra={"PYTHONWARNINGS": "default"})
+    data = json.loads((d / "r.json").read_text()) if (d / "r.json").exists() else None
+    return r, d, data
+
+
+def test_cpu_run_passes_and_says_so(cpu_run):
+    r, d, data = cpu_run
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = " ".join(r.stdout.split())  # rich wraps long lines
+    assert "no CUDA GPU found - CPU run through the Triton interpreter" in out and "no timings" in out
+    jobs = 2 * len(data["shapes"])  # two formats per case that ran
+    assert re.search(rf"PASS: \d+ checks passed, 0 failed, 0 errors over {jobs} of {jobs} \(case, format\) jobs",
+                     out), out[-500:]
     assert data["timing"] is False and data["env"]["triton_interpret"] == "1"
-    assert (tmp_path / "q.png").exists()
+    assert "CPU run through the Triton interpreter" in data["mode"] and "no timings" in data["mode"]
+    ours = [x for x in data["rows"] if x["impl"] == "blockscaled"]
+    assert {x["op"] for x in ours} == {"quantize", "gemm", "linear", "swiglu"}
+    assert all(x["status"] == "ok" and x["check"] in ("ok", "bitwise") for x in ours), ours
+    q = {x["format"] for x in ours if x["op"] == "quantize"}
+    assert q == {"fp8_block", "nvfp4", "nvfp4 static-gs"}
+    assert all(x["check"] == "bitwise" for x in ours if x["op"] == "quantize")  # Triton == reference
+    # no timing numbers at all: interpreter wall clock says nothing about a GPU
+    timed = [k for x in data["rows"] for k in ("median_ms", "first_call_ms", "tflops", "gbps") if k in x]
+    assert not timed
+
+
+def test_cpu_run_records_requested_and_ran_shapes(cpu_run):
+    """Observation 9: --custom 256,512,1024 ran M=5 N=49 K=150 without a word."""
+    r, d, data = cpu_run
+    big, small = suites.Case("custom", "gemm", 256, 512, 1024), suites.Case("custom", "gemm", 3, 40, 100)
+    ran = suites.tiny(big).name
+    out = " ".join(r.stdout.split())
+    assert f"requested {big.name} -> ran {ran}" in out
+    assert f"requested {small.name} (ran as requested)" in out
+    assert "because the Triton interpreter" in out and "--full-shapes" in out
+    shapes = {(x["suite"], x["requested"]): x for x in data["shapes"]}
+    assert shapes[("custom", big.name)] == {"suite": "custom", "requested": big.name, "ran": ran, "scaled": True}
+    assert shapes[("custom", small.name)]["scaled"] is False
+    # every requested case is accounted for (stand-ins of one shape answer for several)
+    asked = [c.name for c in [big, small] + suites.get_suite("quantize") + suites.get_suite("dual-gemm")]
+    answered = [n for x in data["shapes"] for n in x["requested"].split("; ")]
+    assert sorted(answered) == sorted(asked)
+    assert "interpreter" in data["shapes_reason"]
+    rows = [x for x in data["rows"] if x["suite"] == "custom"]
+    assert {x["requested"] for x in rows if x["case"] == ran} == {big.name}
+    assert {x["requested"] for x in rows if x["case"] == small.name} == {small.name}
+    assert all(x["requested"] and x["case"] for x in data["rows"])
+
+
+def test_cpu_run_has_no_gpu_facts_no_plot_no_profiler_noise(cpu_run):
+    r, d, data = cpu_run
+    assert not [k for k in GPU_ENV_KEYS if k in data["env"]], data["env"]
+    assert not [k for x in data["rows"] for k in GPU_ENV_KEYS if k in x]
+    out = " ".join(r.stdout.split())
+    assert not re.search(r"GPU: |L2 \d|CUDA:? \d|driver ", out), out[:2000]
+    assert "plot: skipped, nothing to draw" in out and not (d / "p.png").exists()
+    assert "--use-profiler: skipped" in out and not (d / "t.json").exists()
+    # stderr: no kineto lines, no warnings (known interpreter noise is filtered, ours would show)
+    assert not re.search(r"ERROR|USDT|kineto|Warning", r.stderr), r.stderr[-3000:]
+
+
+def _record_jobs(monkeypatch):
+    from blockscaled.bench import runner as R
+
+    jobs = []
+    monkeypatch.setattr(R.Runner, "run_case", lambda self, case, fmt: jobs.append((case, fmt)))
+    return jobs
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="the CPU fallback runs only without CUDA")
-def test_cpu_fallback_gemm_custom(tmp_path):
-    r = _run_cli(["bench", "--custom", "3,40,100", "--formats", "fp8_block,nvfp4", "--ops", "gemm,linear",
-                  "--output", "g.csv"], tmp_path)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "Correctness" in r.stdout and "timings need CUDA" in r.stdout
-    import csv
+def test_default_cpu_bench_stays_small(monkeypatch, capsys):
+    """`blockscaled bench` (the README's command) on a CPU machine: every default case runs as
+    a small stand-in (measured ~13 s of CPU for the whole default run on 2 cores), exit 0."""
+    from blockscaled.bench.cli import main
 
-    rows = list(csv.DictReader(open(tmp_path / "g.csv")))
-    ours = {(x["format"], x["op"]): x for x in rows if x["impl"] == "blockscaled"}
-    for key in ((f, o) for f in ("fp8_block", "nvfp4") for o in ("gemm", "linear")):
-        if key in ours and ours[key]["status"] == "ok":  # ops being written elsewhere may be missing
-            assert ours[key]["check"] == "ok" and float(ours[key]["rel_err"]) < 1e-2, ours[key]
+    jobs = _record_jobs(monkeypatch)
+    assert main(["bench"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert len(jobs) == 9 * 4, len(jobs)  # small, medium, large x 4 formats
+    assert all(c.kind == "gemm" and c.m <= 5 and c.n <= 64 and c.k <= 192 for c, _ in jobs)
+    assert out.count("-> ran M=") == 9 and "M=8192 N=8192 K=8192 -> ran" in out
+    assert "PASS: 0 checks passed, 0 failed, 0 errors over 36 of 36" in out
+    jobs.clear()  # --full-shapes: as requested, and said so
+    assert main(["--custom", "256,512,1024", "--formats", "nvfp4", "--full-shapes"]) == 0
+    assert [(c.m, c.n, c.k, f) for c, f in jobs] == [(256, 512, 1024, "nvfp4")]
+    assert "requested M=256 N=512 K=1024 (ran as requested)" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the CPU fallback runs only without CUDA")
+def test_cpu_bench_fails_on_a_failed_check(monkeypatch, capsys, tmp_path):
+    """Exit 1 when a correctness check fails or one of our ops raises (not only with --strict)."""
+    from blockscaled.bench import runner as R
+    from blockscaled.bench.cli import main
+
+    argv = ["--custom", "3,40,100", "--formats", "fp8_block", "--ops", "gemm", "--output", str(tmp_path / "r.json")]
+    assert main(argv) == 0
+    assert "PASS: 1 checks passed" in capsys.readouterr().out
+    monkeypatch.setattr(R, "tolerance", lambda fmt, dt: (0.0, 0.0))  # nothing passes a zero limit
+    assert main(argv) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "FAIL: 0 checks passed, 1 failed, 0 errors" in out
+    assert json.loads((tmp_path / "r.json").read_text())["rows"][0]["check"] == "FAIL"
+    monkeypatch.undo()
+
+    import blockscaled.ops.gemm as G
+
+    def broken(*a, **k):
+        raise RuntimeError("kernel exploded")
+
+    monkeypatch.setattr(G, "gemm", broken)
+    assert main(argv) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "FAIL: 0 checks passed, 0 failed, 1 errors" in out and "kernel exploded" in out
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the CPU fallback runs only without CUDA")
+def test_cpu_bench_without_numpy_says_what_to_install(monkeypatch, capsys):
+    """Observation 1 (bench side): the interpreter imports numpy only when a kernel runs; the
+    CLI checks first and says what to install instead of a ModuleNotFoundError from Triton."""
+    from blockscaled.bench.cli import main
+
+    jobs = _record_jobs(monkeypatch)
+    monkeypatch.setitem(sys.modules, "numpy", None)  # `import numpy` now raises ImportError
+    assert main(["--custom", "3,40,100"]) == 1
+    err = capsys.readouterr().err
+    assert "Triton interpreter, which needs numpy" in err and "pip install 'numpy" in err
+    assert jobs == []  # nothing ran
 
 
 # --------------------------------------------------------------------------- GPU
 @pytest.mark.gpu
 def test_gpu_bench_small_run(tmp_path):
     r = _run_cli(["--custom", "256,512,1024", "--formats", "fp8_block,mxfp8", "--iterations", "5", "--warmup", "1",
-                  "--no-roofline", "--output", "g.json", "--use-profiler", "--trace-file", "t.json"], tmp_path, timeout=300)
+                  "--no-roofline", "--output", "g.json", "--use-profiler", "--trace-file", "t.json", "--plot", "g.png"],
+                 tmp_path, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     data = json.loads((tmp_path / "g.json").read_text())
     timed = [x for x in data["rows"] if x.get("median_ms")]
     assert timed and all(x["median_ms"] > 0 for x in timed)
     assert all(x["rounds"] == 3 for x in timed)  # the default: interleaved rounds
     assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    # the GPU facts are recorded; a GPU run names no requested/stand-in shapes
+    assert all(data["env"].get(k) not in (None, "") for k in GPU_ENV_KEYS), data["env"]
+    assert data["env"]["device"] == "cuda" and "shapes" not in data and "mode" not in data
+    assert not [x for x in data["rows"] if "requested" in x]
+    assert "PASS:" in r.stdout and (tmp_path / "g.png").read_bytes()[:4] == b"\x89PNG"
 
 
 # --------------------------------------------------------------------------- AOT compile of the baseline kernel

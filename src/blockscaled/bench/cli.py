@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = [(s, S.for_interpreter(cs, full=a.full_shapes)) for s, cs in plan]
         shapes = [{"suite": s, "requested": c.requested, "ran": c.name, "scaled": c.requested != c.name}
                   for s, cs in plan for c in cs]
-        console.print(f"[yellow]no CUDA GPU[/yellow]: {escape(CPU_MODE_LINE)}")
+        console.print(f"[yellow]no CUDA GPU found[/yellow] - {escape(CPU_MODE_LINE)}")
         console.print(f"CPU: {env['cpu']}   torch: {env['torch']}   triton: {env['triton']}   git: {env['git_rev']}")
         n_scaled = sum(x["scaled"] for x in shapes)
         if n_scaled:
