@@ -34,9 +34,8 @@ from __future__ import annotations
 import warnings
 
 import torch
-import triton
 
-from ..kernels.triton.check import BAD_ABOVE, BAD_FIRST, BAD_LAST, BAD_NEGATIVE, BAD_ORDER
+from ..kernels.triton.check import BAD_ABOVE, BAD_FIRST, BAD_LAST, BAD_NEGATIVE, BAD_ORDER, metadata_check_kernel
 
 __all__ = ["check_errors", "check_metadata", "check_metadata_host", "flag_buffer", "OP_GROUPED_GEMM", "OP_SWIGLU"]
 
@@ -113,17 +112,18 @@ def _out_geometry(out: torch.Tensor, mode: int) -> tuple[int, int, int, int, int
 def check_metadata(seg: torch.Tensor, out: torch.Tensor, op: int, mode: int, limit: int) -> None:
     """Launch the device check of ``seg`` (offsets ``[E+1]`` or counts ``[E]``) after the GEMM
     that wrote ``out`` (``[sum_m, N]`` or ``[E, max_m, N]``, column stride 1), on the current
-    stream. ``limit``: rows of ``a`` (contiguous) or ``max_m`` (masked). No host sync."""
-    from ..kernels.triton.check import metadata_check_kernel
-
+    stream. ``limit``: rows of ``a`` (contiguous) or ``max_m`` (masked). No host sync.
+    Host work kept small (it runs on every eager call): no triton.cdiv (a @jit function)."""
     e = seg.numel() - 1 if mode == MODE_CONTIGUOUS else seg.numel()
     rows_per_e, n, total, s_e, s_m = _out_geometry(out, mode)
-    flags = flag_buffer(out.device)
+    flags = _FLAGS.get(out.device)
+    if flags is None:
+        flags = flag_buffer(out.device)
     cap = MAX_PROGRAMS if out.device.type == "cuda" else _MAX_PROGRAMS_INTERPRETER
-    nprog = max(1, min(triton.cdiv(total, _BLOCK), cap))
+    nprog = max(1, min(-(-total // _BLOCK), cap))
     metadata_check_kernel[(nprog,)](
         seg, out, flags, e, limit, rows_per_e, n, total, s_e, s_m, nprog,
-        OP=op, MODE=mode, E_POW2=max(16, triton.next_power_of_2(e + 1)), BLOCK=_BLOCK, num_warps=4,
+        OP=op, MODE=mode, E_POW2=max(16, 1 << e.bit_length()), BLOCK=_BLOCK, num_warps=4,
     )
 
 

@@ -24,7 +24,7 @@ from ..config.grouped import check_grouped_config, choose_grouped_config
 from ..formats import get_format
 from ..kernels.triton._mma import FORMAT_CODES
 from ..tensor import ScaledTensor
-from .errors import OP_GROUPED_GEMM
+from .errors import OP_GROUPED_GEMM, check_metadata
 from .gemm import _dequant, _one
 
 __all__ = ["grouped_gemm", "grouped_gemm_list"]
@@ -349,8 +349,6 @@ def _device_check(check_op: int, seg, out: torch.Tensor, a_data: torch.Tensor, g
     (``ops/errors.py``: NaN over ``out`` and a sticky flag when they are bad; no host sync).
     ``check_op`` 0: the caller validated them on the host (``validate=True``) or has none."""
     if check_op and seg is not None and grouping != MODE_DENSE:
-        from .errors import check_metadata
-
         limit = a_data.shape[1] if grouping == MODE_MASKED else a_data.shape[0]
         check_metadata(seg, out, check_op, grouping, limit)
 
