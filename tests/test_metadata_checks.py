@@ -234,3 +234,84 @@ def test_check_kernel_compiles_for_sm90():
         assert r["cubin"] > 0, key
         assert any("cas" in a for a in r["atom"]) and any("add" in a for a in r["atom"]), (key, r["atom"])
         assert r["st"], key
+
+
+# --------------------------------------------------------------------------- GPU only
+def _fp8_moe(e, m, n, k, masked):
+    """fp8_block activations and 128x128 expert weights: the sm_90 Gluon path on an H100."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(e * m, k, generator=g).cuda().to(torch.bfloat16)
+    a = bs.quantize(x.view(e, m, k) if masked else x, "fp8_block")
+    b = bs.quantize((torch.randn(e, n, k, generator=g) * 0.05).cuda(), "fp8_block", block=(128, 128))
+    return a, b
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["grouped_gemm", "swiglu"])
+@pytest.mark.parametrize("masked", [False, True], ids=["contiguous", "masked"])
+def test_cuda_graph_replay_checks_the_current_metadata(op, masked):
+    """Captured once; the metadata changes between replays (as a router's output does): a bad
+    replay gives NaN and a flag, a good one after it a finite result and no error."""
+    e, m, n, k = 4, 64, 256, 512
+    a, b = _fp8_moe(e, m, n, k, masked)
+    if masked:
+        seg = torch.full((e,), m, dtype=torch.int32, device="cuda")
+        good, bad = seg.clone(), torch.tensor([m, m + 1, 0, m], dtype=torch.int32, device="cuda")
+        kw = {"masked_m": seg}
+    else:
+        seg = torch.arange(0, (e + 1) * m, m, dtype=torch.int32, device="cuda")
+        good, bad = seg.clone(), seg.clone()
+        bad[2] = 0  # decreasing
+        kw = {"offsets": seg}
+
+    def run():
+        return bs.grouped_gemm(a, b, **kw) if op == "grouped_gemm" else bs.swiglu(a, b, b, **kw)
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        run()  # warm-up: compiles, creates the flag
+    torch.cuda.current_stream().wait_stream(s)
+    bs.check_errors()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = run()
+    graph.replay()
+    assert torch.isfinite(y).all()
+    bs.check_errors()
+    seg.copy_(bad)
+    graph.replay()
+    assert y.isnan().all()
+    with pytest.raises(RuntimeError, match=f"blockscaled.{op}"):
+        bs.check_errors()
+    seg.copy_(good)
+    graph.replay()
+    assert torch.isfinite(y).all()
+    bs.check_errors()
+
+
+@pytest.mark.gpu
+def test_torch_compile_fullgraph_keeps_the_check():
+    e, m, n, k = 4, 64, 256, 512
+    a, b = _fp8_moe(e, m, n, k, False)
+    offs = torch.arange(0, (e + 1) * m, m, dtype=torch.int32, device="cuda")
+
+    def f(a_data, offs):
+        from dataclasses import replace
+
+        return bs.grouped_gemm(replace(a, data=a_data), b, offsets=offs) * 2
+
+    cf = torch.compile(f, fullgraph=True)
+    assert torch.isfinite(cf(a.data, offs)).all()
+    bs.check_errors()
+    bad = offs.clone()
+    bad[-1] = 7
+    assert cf(a.data, bad).isnan().all()
+    with pytest.raises(RuntimeError, match=r"offsets\[E=4\]=7"):
+        bs.check_errors()
+    # the one-expert shortcut (dense GEMM + the check_metadata custom op) traces too
+    b1 = bs.quantize((torch.randn(1, n, k) * 0.05).cuda(), "fp8_block", block=(128, 128))
+    g = torch.compile(lambda o: bs.grouped_gemm(a, b1, offsets=o), fullgraph=True)
+    assert g(torch.tensor([0, e * m - 1], dtype=torch.int32, device="cuda")).isnan().all()
+    with pytest.raises(RuntimeError, match="rows of a"):
+        bs.check_errors()

@@ -445,8 +445,10 @@ def _check_out_dtype(out_dtype) -> None:
 
 
 def _resolve_validate(validate, device: torch.device) -> bool:
-    """Default: validate values on CPU (the interpreter; nothing to lose), not on CUDA (a sync)
-    and never while torch.compile traces (the values are not known at trace time)."""
+    """Default: validate values on the host on CPU (the interpreter; nothing to lose), not on
+    CUDA (a sync) and never while torch.compile traces (the values are not known at trace
+    time). Not validated on the host means checked on the device after the GEMM (NaN output +
+    flag for ``blockscaled.check_errors``; ``ops/errors.py``)."""
     if validate is None:
         return device.type == "cpu" and not torch.compiler.is_compiling()
     return bool(validate)
@@ -544,8 +546,8 @@ def grouped_gemm(
         ``a``: ScaledTensor ``[E, max_m, K]``; ``masked_m``: int32 ``[E]`` on the device.
         Returns ``[E, max_m, N]``. Rows ``>= masked_m[e]`` are **not computed and not
         written**: with ``out=`` they keep their previous content, otherwise they hold
-        whatever ``torch.empty`` returned (unspecified). A count above ``max_m`` is clamped
-        to ``max_m`` by the kernel (validate to reject it).
+        whatever ``torch.empty`` returned (unspecified). A count outside ``[0, max_m]`` is
+        invalid: see ``validate`` below (it never makes the kernel access memory out of bounds).
 
     Formats: fp8_block, mxfp8, mxfp4, nvfp4 (a and b must match). Weight-only (W8A16 /
     W4A16, e.g. gpt-oss MXFP4 experts on Hopper): ``a`` may be a bf16 / fp16 Tensor of the
