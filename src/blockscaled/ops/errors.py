@@ -183,8 +183,10 @@ def check_errors(device: torch.device | str | None = None) -> None:
     sticky per-device flag. This function synchronises ``device`` (every device that ran a
     grouped op when None), and if its flag is set, clears it and raises a ``RuntimeError``
     naming the op and what was wrong with the first bad call. Call it where a sync is
-    acceptable (after a training step, after a graph replay, in tests). Outside a CUDA-graph
-    capture, also creates the flag of ``device`` if needed (so captures can share it).
+    acceptable (after a training step, after a graph replay, in tests); not inside a
+    CUDA-graph capture (raises RuntimeError). Also creates the flag of ``device`` (None: the
+    current CUDA device, once CUDA is initialised) if needed, so that graphs captured
+    afterwards share it.
 
     Example::
 
@@ -192,12 +194,18 @@ def check_errors(device: torch.device | str | None = None) -> None:
         ...
         bs.check_errors()                           # raises here if offs was bad (y is then all NaN)
     """
+    cuda_up = torch.cuda.is_available() and torch.cuda.is_initialized()
+    if cuda_up and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("check_errors: cannot synchronise during CUDA-graph capture; call it after "
+                           "graph.replay() (or before capturing, to create the error flag)")
     if device is not None:
         dev = _device_key(device)
-        if dev.type == "cuda" and not torch.cuda.is_current_stream_capturing():
+        if dev.type == "cuda":
             flag_buffer(dev)
         devices = [dev]
     else:
+        if cuda_up:
+            flag_buffer(torch.device("cuda", torch.cuda.current_device()))
         devices = list(_FLAGS)
     for dev in devices:
         buf = _FLAGS.get(dev)
