@@ -33,8 +33,8 @@ def test_grouped_ops_fall_back_to_reference_on_cpu(no_interpreter):
     assert not out[rows].isnan().any() and out[~rows].isnan().all()  # rows past a count untouched
 
     bl = quantize(torch.randn(7, 64), "mxfp8")
-    (y,) = bs.grouped_gemm_list([a], [bl])
-    assert torch.equal(y, ref.grouped_gemm_list([a], [bl])[0].to(torch.float16))
+    (y,) = bs.grouped_gemm_list([a], [bl])  # bf16, the default of every op
+    assert torch.equal(y, ref.grouped_gemm_list([a], [bl])[0].to(torch.bfloat16))
 
 
 def test_quantizers_fall_back_to_reference_on_cpu(no_interpreter):

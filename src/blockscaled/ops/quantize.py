@@ -37,6 +37,7 @@ from .._checks import (
 from ..formats import Format, ScaleRounding, get_format
 from ..kernels.triton import quantize as _k
 from ..tensor import ScaledTensor, scale_shape
+from ._autograd import attach_source, link_source
 
 # The reference module (its package re-exports the function under the same name).
 _ref = importlib.import_module("blockscaled.reference.quantize")
@@ -91,9 +92,12 @@ def tensor_amax(x: torch.Tensor) -> torch.Tensor:
     """0-d fp32 ``max(|x|)`` of a ``[..., K]`` bf16/fp16/fp32 tensor (rows may be strided,
     last dim unit stride). NaN if any element is NaN (payload unspecified, outside the
     contract), 0 for an empty tensor. No host sync: one kernel writing int32 partial maxima of
-    the bit patterns of |x| (deterministic) and a torch max over the <= 512 partials."""
+    the bit patterns of |x| (deterministic) and a torch max over the <= 512 partials.
+    A statistic: no gradient flows through it (docs/errors.md, "Autograd")."""
     check_tensor("x", x, dtypes=FLOAT_INPUT_DTYPES, min_ndim=1)
     check_row_contiguous("x", x)
+    if x.requires_grad:
+        x = x.detach()
     if use_reference(x):
         return _ref.tensor_amax(x)
     return torch.ops.blockscaled.tensor_amax(x)
@@ -214,6 +218,11 @@ def quantize(
 
     Empty tensors return empty results without a launch. NaN/Inf: see the module docstring.
 
+    Autograd: straight-through. When ``x`` requires grad (grad mode on), the returned object
+    remembers ``x``, and :func:`dequantize` / ``gemm`` / ``linear`` pass gradients to it as
+    if quantization were the identity; the ScaledTensor's fields never get a gradient
+    (docs/errors.md, "Autograd").
+
     Example::
 
         x = torch.randn(4, 256, dtype=torch.bfloat16)
@@ -224,16 +233,19 @@ def quantize(
     """
     f, block, rounding = resolve_quantize_args(x, fmt, block, rounding, global_scale)
     check_flag("check_range", check_range, allow_none=True)
+    # Autograd: the fields are constants on every path; the straight-through link to x is
+    # attach_source's (ops/_autograd.py). Inputs that do not require grad skip both.
+    xq = x.detach() if x.requires_grad else x
     if use_reference(x):
-        q = _ref.quantize(x, f, block=block, rounding=rounding, global_scale=global_scale, check_range=False)
+        q = _ref.quantize(xq, f, block=block, rounding=rounding, global_scale=global_scale, check_range=False)
     else:
         gs = None if global_scale is None else as_global_scale(global_scale, x.device)
-        data, scale, gs_out = torch.ops.blockscaled.quantize(x, f.name, block[0], rounding.value, gs)
+        data, scale, gs_out = torch.ops.blockscaled.quantize(xq, f.name, block[0], rounding.value, gs)
         if f.has_global_scale and gs is None:
             gs = gs_out
         q = ScaledTensor(data, scale, f, torch.Size(x.shape), block, rounding, global_scale=gs)
-    warn_quantize_range(x, q, check_range)
-    return q
+    warn_quantize_range(xq, q, check_range)
+    return attach_source(q, x)
 
 
 def _quantize_impl(x, f: Format, block, rounding: ScaleRounding, gs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -286,7 +298,11 @@ def dequantize(q: ScaledTensor, dtype: torch.dtype = torch.float32) -> torch.Ten
     of ``dtype`` (bf16 / fp16 / fp32), computed in fp32 then cast once.
 
     Bitwise equal to the reference for all finite values; NaN elements come out NaN (their
-    sign / payload after the final cast is not part of the contract)."""
+    sign / payload after the final cast is not part of the contract).
+
+    Autograd: the output is differentiable only with respect to the float tensor ``q`` was
+    quantized from (``quantize(x)`` with ``x`` requiring grad): the gradient passes to ``x``
+    unchanged (straight-through). The fields of ``q`` are constants."""
     if not isinstance(q, ScaledTensor):
         raise TypeError(f"q: expected a ScaledTensor, got {type(q).__name__}")
     if dtype not in FLOAT_INPUT_DTYPES:
@@ -294,10 +310,13 @@ def dequantize(q: ScaledTensor, dtype: torch.dtype = torch.float32) -> torch.Ten
     check_row_contiguous("q.data", q.data)
     check_row_contiguous("q.scale", q.scale)
     if use_reference(q.data):
-        return _ref.dequantize(q, dtype=dtype)
-    return torch.ops.blockscaled.dequantize(
-        q.data, q.scale, q.global_scale, q.format.name, q.shape[-1], q.block[0], dtype
-    )
+        with torch.no_grad():  # fields are constants on every path
+            out = _ref.dequantize(q, dtype=dtype)
+    else:
+        out = torch.ops.blockscaled.dequantize(
+            q.data, q.scale, q.global_scale, q.format.name, q.shape[-1], q.block[0], dtype
+        )
+    return link_source(q, out)
 
 
 def _dequantize_impl(data, scale, global_scale, f: Format, shape, block, dtype) -> torch.Tensor:
@@ -360,6 +379,10 @@ def silu_mul_quantize(
     intermediate. So: scales are bitwise equal wherever the bf16 intermediates of a block
     agree, and data is bitwise equal except where an intermediate differs by one bf16 ulp
     (tested: >= 99.99% of elements bitwise equal, the rest within one e4m3 ulp).
+
+    Autograd: straight-through like :func:`quantize`: when ``gate_up`` requires grad, the
+    result's source is ``(silu(g) * u).to(intermediate_dtype)`` computed with torch ops (only
+    then), so gradients reach ``gate_up`` through silu and the product.
     """
     check_tensor("gate_up", gate_up, dtypes=FLOAT_INPUT_DTYPES, min_ndim=1)
     if gate_up.shape[-1] % 2:
@@ -380,10 +403,16 @@ def silu_mul_quantize(
     f, block, rounding = resolve_quantize_args(
         torch.empty(out_shape, dtype=gate_up.dtype, device="meta"), f, None, rounding, None
     )
+    src = None
+    if gate_up.requires_grad and torch.is_grad_enabled():
+        src = _ref.silu_mul(gate_up).to(intermediate_dtype)  # what is quantized, differentiable
+        gate_up = gate_up.detach()
     if use_reference(gate_up):
-        return _ref.silu_mul_quantize(gate_up, f, rounding=rounding, intermediate_dtype=intermediate_dtype)
-    data, scale = torch.ops.blockscaled.silu_mul_quantize(gate_up, f.name, rounding.value, intermediate_dtype)
-    return ScaledTensor(data, scale, f, torch.Size(out_shape), block, rounding)
+        q = _ref.silu_mul_quantize(gate_up, f, rounding=rounding, intermediate_dtype=intermediate_dtype)
+    else:
+        data, scale = torch.ops.blockscaled.silu_mul_quantize(gate_up, f.name, rounding.value, intermediate_dtype)
+        q = ScaledTensor(data, scale, f, torch.Size(out_shape), block, rounding)
+    return q if src is None else attach_source(q, src)
 
 
 def _silu_mul_quantize_impl(gate_up, f: Format, rounding: ScaleRounding, intermediate_dtype):
