@@ -1,6 +1,6 @@
 """The portable kernels round and decode like the GPU, also in the Triton interpreter.
 
-Two interpreter defects (triton 3.6 - 3.9) are worked around in kernels/triton/_mma.py only
+Two interpreter defects (triton 3.6 - 3.9) are worked around in kernels/triton/_interp.py only
 where ``INTERPRETING``: its fp32 -> bf16 cast truncates (the GPU rounds to nearest even), and
 its e4m3 -> fp32 cast decodes the NaN code as +-480. The tests here fail if either comes back:
 
@@ -16,11 +16,16 @@ These also run on a GPU (where they hold by construction).
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
 import blockscaled as bs
-from _aot import run_compile_script
+from _aot import SRC
 from blockscaled.config import GemmConfig
 from blockscaled.ops.grouped import grouped_gemm
 from blockscaled.ops.swiglu import swiglu
@@ -206,6 +211,7 @@ import json, os, sys
 os.environ["TRITON_DISABLE_LINE_INFO"] = "1"  # no debug labels: compare instructions only
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
+import blockscaled.kernels.triton._interp as I
 import blockscaled.kernels.triton._mma as M
 from blockscaled.kernels.triton import gemm as G, gemv as V, grouped as R, quantize as Q
 
@@ -223,13 +229,13 @@ if sys.argv[1] == "plain":
     def upcast(v, DTYPE: tl.constexpr):
         return v.to(DTYPE)
 
-    for mod in (M, G, V, R, Q):
+    for mod in (I, M, G, V, R, Q):
         for name, fn in (("cast_out", cast_out), ("e4m3_to_f32", e4m3_to_f32), ("upcast", upcast)):
             if hasattr(mod, name):
                 setattr(mod, name, fn)
 
 TGT = GPUTarget("cuda", 90, 32)
-out = {"interpreting": bool(M.INTERPRETING)}
+out = {"interpreting": bool(I.INTERPRETING)}
 
 def comp(name, fn, sig, const, **opts):
     for c in const:
@@ -268,12 +274,26 @@ print("JSON" + json.dumps(out))
 '''
 
 
-def test_interpreter_workarounds_leave_gpu_ptx_unchanged():
+def _run_script(path, arg: str) -> dict:
+    """Run the script file (Triton needs the source file of a @jit function: not ``-c``) with
+    ``src/`` on the path, without TRITON_INTERPRET and with a fresh Triton cache."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
+    env["TRITON_CACHE_DIR"] = str(path.parent / f"cache_{arg}")
+    r = subprocess.run([sys.executable, str(path), arg], env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-4000:]
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("JSON")][-1]
+    return json.loads(line[4:])
+
+
+def test_interpreter_workarounds_leave_gpu_ptx_unchanged(tmp_path):
     """AOT-compile (sm_90a, real compiler, no interpreter) gemm / gemv / SwiGLU / dequantize
     kernels with the helpers, and again with the helpers replaced by plain casts: the PTX must
     be byte-identical (the ``INTERPRETING`` branches fold away)."""
-    ours = run_compile_script(PTX_SCRIPT.replace("sys.argv[1]", "'ours'"))
-    plain = run_compile_script(PTX_SCRIPT.replace("sys.argv[1]", "'plain'"))
+    script = tmp_path / "ptx_script.py"
+    script.write_text(PTX_SCRIPT)
+    ours = _run_script(script, "ours")
+    plain = _run_script(script, "plain")
     assert ours.pop("interpreting") is False and plain.pop("interpreting") is False
     assert ours.keys() == plain.keys() and len(ours) == 7
     for name in ours:

@@ -8,24 +8,143 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 import os
 import warnings
 
 import torch
+import triton
 
 from .formats import Format, QuantizationRangeWarning, ScaleRounding, get_format
+from .kernels.triton._interp import INTERPRETING as _KERNELS_INTERPRETED
 
 FLOAT_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
-#: Triton's interpreter is chosen when kernels are defined (TRITON_INTERPRET=1 at import).
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+#: Whether this package's Triton kernels run in Triton's interpreter. Triton decides that
+#: when a kernel is *defined* (``triton.jit`` reads TRITON_INTERPRET then), i.e. when
+#: blockscaled is imported: this is what it decided (kernels/triton/_interp.py::INTERPRETING).
+#: Tests monkeypatch it to False to send CPU tensors to the reference twins.
+INTERPRET = bool(_KERNELS_INTERPRETED)
+
+try:  # what Triton itself reads (TRITON_INTERPRET, or triton.knobs.runtime.interpret = ...)
+    _RUNTIME_KNOBS = triton.knobs.runtime
+except AttributeError:  # pragma: no cover - triton without knobs
+    _RUNTIME_KNOBS = None
+
+
+#: The last TRITON_INTERPRET value found to agree with the kernels' mode (the fast path).
+_SEEN_OK: str | None | object = object()
+
+
+def _interpret_requested() -> bool:
+    if _RUNTIME_KNOBS is not None:
+        return bool(_RUNTIME_KNOBS.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+def check_interpret_mode() -> None:
+    """Raise if TRITON_INTERPRET now disagrees with the mode the kernels were defined in.
+
+    Setting (or clearing) TRITON_INTERPRET after ``import blockscaled`` has no effect on the
+    kernels, which Triton built at import; before this check such a change was silently
+    ignored. Read at every op call: one environment lookup while the value is the one seen
+    last (~0.5 us), Triton's own parsing of it when it changed."""
+    global _SEEN_OK
+    if torch.compiler.is_compiling():  # traced: the eager calls around it check it
+        return
+    raw = os.environ.get("TRITON_INTERPRET")
+    if raw == _SEEN_OK:
+        return
+    if _interpret_requested() == _KERNELS_INTERPRETED:
+        _SEEN_OK = raw  # e.g. "1" -> "true": the same mode
+        return
+    if _KERNELS_INTERPRETED:
+        was = "defined for Triton's interpreter (TRITON_INTERPRET was set at import)"
+        fix = "unset TRITON_INTERPRET before importing blockscaled to use compiled kernels"
+    else:
+        was = "compiled, not interpreted (TRITON_INTERPRET was not set at import)"
+        fix = ("set TRITON_INTERPRET=1 in the environment before blockscaled (or anything that "
+               "imports it) is first imported, e.g. `TRITON_INTERPRET=1 python script.py`")
+    raise RuntimeError(
+        f"TRITON_INTERPRET: expected the value the kernels were defined with, got "
+        f"TRITON_INTERPRET={raw!r} now, but blockscaled's Triton kernels were {was}. Triton "
+        f"chooses interpreter or compiler once, when a kernel is defined, i.e. at "
+        f"`import blockscaled`; changing it afterwards has no effect. To change mode, {fix}."
+    )
 
 
 def use_reference(t: torch.Tensor) -> bool:
     """True when ``t`` lives on the CPU and the Triton interpreter is off: compiled Triton
     kernels cannot read host memory, so public ops run their pure-torch reference twin
-    instead (bit-identical for the quantizers by definition; float64-accurate for GEMMs)."""
+    instead (bit-identical for the quantizers by definition; float64-accurate for GEMMs).
+
+    Every public op calls this first, so it also checks that TRITON_INTERPRET still says
+    what it said when the kernels were defined (:func:`check_interpret_mode`)."""
+    check_interpret_mode()
     return t.device.type == "cpu" and not INTERPRET
+
+
+def check_size(name: str, value, minimum: int = 0) -> int:
+    """``value`` as a Python int >= ``minimum`` (ints and integer scalars; not bool, float, str)."""
+    if isinstance(value, bool):
+        ok = False
+    else:
+        try:
+            value = operator.index(value)
+            ok = True
+        except TypeError:
+            ok = False
+    want = "a non-negative int" if minimum == 0 else f"an int >= {minimum}"
+    if not ok:
+        raise TypeError(f"{name}: expected {want}, got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ValueError(f"{name}: expected {want}, got {value}")
+    return value
+
+
+def resolve_block(name: str, block, f: Format) -> tuple[int, int]:
+    """A ``(rows, cols)`` block of format ``f`` (None: the format's default, ``f.blocks[0]``).
+
+    Tuples and lists of two ints are accepted; nothing else is guessed: an int is ambiguous
+    (fp8_block has 1x128 activation and 128x128 weight blocks) and strings like "1x128" are
+    not a spelling we document."""
+    if block is None:
+        return f.blocks[0]
+    allowed = [tuple(b) for b in f.blocks]
+    if not isinstance(block, (tuple, list, torch.Size)) or len(block) != 2 or not all(
+        isinstance(b, numbers.Integral) and not isinstance(b, bool) for b in block
+    ):
+        raise TypeError(
+            f"{name}: expected a (rows, cols) tuple of ints, one of {allowed} for {f.name}, got "
+            f"{block!r} ({type(block).__name__})"
+        )
+    block = (int(block[0]), int(block[1]))
+    if block not in f.blocks:
+        raise ValueError(f"{name}: {f.name} allows {allowed}, got {block}")
+    return block
+
+
+def resolve_rounding(name: str, rounding, f: Format) -> ScaleRounding:
+    """A :class:`ScaleRounding` from the enum or its value / name in any case (None: the
+    format's default), checked against the roundings ``f`` allows."""
+    if rounding is None:
+        return f.default_rounding
+    if isinstance(rounding, str):
+        try:
+            rounding = ScaleRounding(rounding.strip().lower())
+        except ValueError:
+            raise ValueError(
+                f"{name}: expected one of {[r.value for r in f.roundings]} for {f.name} (any case) or a "
+                f"blockscaled.ScaleRounding, got {rounding!r}"
+            ) from None
+    elif not isinstance(rounding, ScaleRounding):
+        raise TypeError(
+            f"{name}: expected a blockscaled.ScaleRounding or one of {[r.value for r in f.roundings]} for "
+            f"{f.name}, got {rounding!r} ({type(rounding).__name__})"
+        )
+    if rounding not in f.roundings:
+        raise ValueError(f"{name}: {f.name} allows {[r.name for r in f.roundings]}, got {rounding.name}")
+    return rounding
 
 
 def check_tensor(
@@ -78,26 +197,10 @@ def resolve_quantize_args(
     """Validate ``quantize`` arguments; return the resolved (format, block, rounding)."""
     f = get_format(fmt)
     check_tensor("x", x, dtypes=FLOAT_INPUT_DTYPES, min_ndim=1)
-    if block is None:
-        block = f.blocks[0]
-    block = tuple(int(b) for b in block)
-    if block not in f.blocks:
-        raise ValueError(f"block: {f.name} allows {list(f.blocks)}, got {block}")
+    block = resolve_block("block", block, f)
     if block[0] > 1 and x.ndim < 2:
         raise ValueError(f"block: {block} needs x with at least 2 dimensions, got shape {tuple(x.shape)}")
-    if rounding is None:
-        rounding = f.default_rounding
-    elif isinstance(rounding, str):
-        try:
-            rounding = ScaleRounding(rounding.lower())
-        except ValueError:
-            raise ValueError(
-                f"rounding: expected one of {[r.value for r in f.roundings]}, got {rounding!r}"
-            ) from None
-    if rounding not in f.roundings:
-        raise ValueError(
-            f"rounding: {f.name} allows {[r.name for r in f.roundings]}, got {rounding.name}"
-        )
+    rounding = resolve_rounding("rounding", rounding, f)
     if global_scale is not None:
         if not f.has_global_scale:
             raise ValueError(f"global_scale: {f.name} has no global scale, got {global_scale!r}")
@@ -135,7 +238,13 @@ def check_global_scale(global_scale, device: torch.device) -> None:
 def as_global_scale(global_scale, device: torch.device) -> torch.Tensor:
     """A user-given global scale as a 0-d fp32 tensor on ``device``."""
     if isinstance(global_scale, torch.Tensor):
+        if global_scale.numel() != 1:
+            raise ValueError(f"global_scale: expected 1 element, got shape {tuple(global_scale.shape)}")
         return global_scale.reshape(()).to(torch.float32)
+    if not isinstance(global_scale, numbers.Real) or isinstance(global_scale, bool):
+        raise TypeError(
+            f"global_scale: expected a float or a 1-element fp32 tensor, got {type(global_scale).__name__}"
+        )
     return torch.tensor(float(global_scale), dtype=torch.float32, device=device)
 
 

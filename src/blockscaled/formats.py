@@ -194,12 +194,16 @@ NVFP4 = Format(
 FORMATS: dict[str, Format] = {f.name: f for f in (FP8_BLOCK, MXFP8, MXFP4, NVFP4)}
 
 
-def get_format(fmt: str | Format) -> Format:
-    """Return the descriptor for a format name or descriptor; raise ValueError otherwise."""
+def get_format(fmt: str | Format, name: str = "fmt") -> Format:
+    """Return the descriptor for a format name (any case: ``"nvfp4"``, ``"NVFP4"``) or
+    descriptor; raise ValueError naming the argument ``name`` otherwise."""
     if isinstance(fmt, Format):
         return fmt
-    if isinstance(fmt, str) and fmt in FORMATS:
-        return FORMATS[fmt]
+    if isinstance(fmt, str):
+        f = FORMATS.get(fmt.strip().lower())
+        if f is not None:
+            return f
     raise ValueError(
-        f"fmt: expected one of {sorted(FORMATS)} or a blockscaled.Format, got {fmt!r}"
+        f"{name}: expected one of {sorted(FORMATS)} (any case) or a blockscaled.Format, got {fmt!r}"
+        + ("" if isinstance(fmt, str) else f" ({type(fmt).__name__})")
     )

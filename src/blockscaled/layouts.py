@@ -53,7 +53,7 @@ import sys
 
 import torch
 
-from ._checks import check_tensor
+from ._checks import check_flag, check_size, check_tensor, resolve_block, resolve_rounding
 from .formats import FP8_BLOCK, Format, ScaleRounding, get_format
 from .tensor import ScaledTensor
 
@@ -93,6 +93,8 @@ def _cdiv(a: int, b: int) -> int:
 def tma_aligned_size(mn: int, element_size: int) -> int:
     """``mn`` rounded up so that ``mn * element_size`` is a multiple of 16 bytes (the TMA
     global-stride alignment); DeepGEMM's ``get_tma_aligned_size``. 4 for fp32/int32."""
+    mn = check_size("mn", mn)
+    element_size = check_size("element_size", element_size, 1)
     if TMA_ALIGNMENT_BYTES % element_size:
         raise ValueError(f"element_size: must divide {TMA_ALIGNMENT_BYTES}, got {element_size}")
     per = TMA_ALIGNMENT_BYTES // element_size
@@ -213,6 +215,7 @@ def to_deepgemm_ue8m0(sf: torch.Tensor, *, check: bool = True) -> torch.Tensor:
     """
     check_tensor("sf", sf, dtypes=(torch.float32, torch.uint8))
     _check_mn_k("sf", sf)
+    check_flag("check", check)
     codes = sf if sf.dtype == torch.uint8 else _fp32_to_ue8m0(sf, check)
     b = codes if codes.ndim == 3 else codes.unsqueeze(0)
     out = _pack_mn_major_u8x4(b)
@@ -239,8 +242,8 @@ def from_deepgemm_ue8m0(
     _check_mn_k("packed", packed)
     if dtype not in (torch.float32, torch.uint8):
         raise ValueError(f"dtype: expected torch.float32 or torch.uint8, got {dtype}")
-    sf_k = int(sf_k)
-    if sf_k < 0 or _cdiv(sf_k, 4) != packed.shape[-1]:
+    sf_k = check_size("sf_k", sf_k)
+    if _cdiv(sf_k, 4) != packed.shape[-1]:
         raise ValueError(
             f"sf_k: packed has {packed.shape[-1]} int32 columns, which holds ceil(sf_k/4) of them, "
             f"got sf_k={sf_k}"
@@ -267,6 +270,7 @@ def from_deepgemm_ue8m0(
 def blocked_numel(rows: int, cols: int) -> int:
     """Bytes of one ``[rows, cols]`` scale matrix in the blocked layout:
     ``ceil(rows/128) * ceil(cols/4) * 512``."""
+    rows, cols = check_size("rows", rows), check_size("cols", cols)
     return _cdiv(rows, BLOCK_ROWS) * _cdiv(cols, BLOCK_COLS) * _TILE_BYTES
 
 
@@ -316,9 +320,7 @@ def from_blocked(blocked: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
         A new contiguous ``[..., rows, cols]`` tensor of the same dtype.
     """
     check_tensor("blocked", blocked, dtypes=_BYTE_SCALE_DTYPES, min_ndim=1)
-    rows, cols = int(rows), int(cols)
-    if rows < 0 or cols < 0:
-        raise ValueError(f"rows, cols: expected non-negative sizes, got {(rows, cols)}")
+    rows, cols = check_size("rows", rows), check_size("cols", cols)
     n = blocked_numel(rows, cols)
     if blocked.shape[-1] != n:
         raise ValueError(
@@ -376,6 +378,7 @@ def from_gpumode(v: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     (a new contiguous tensor; ``.permute(1, 2, 0)`` of it is GPU MODE's ``[m, sf_k, l]``
     reference scale tensor)."""
     check_tensor("v", v, dtypes=_BYTE_SCALE_DTYPES, ndim=6)
+    rows, cols = check_size("rows", rows), check_size("cols", cols)
     want = (32, 4, _cdiv(rows, BLOCK_ROWS), 4, _cdiv(cols, BLOCK_COLS))
     if tuple(v.shape[:5]) != want:
         raise ValueError(
@@ -412,6 +415,7 @@ def to_deepgemm(q: ScaledTensor, *, packed_ue8m0: bool = False) -> tuple[torch.T
     Never synchronises with the host. The data tensor is returned without a copy.
     """
     _check_q(q)
+    check_flag("packed_ue8m0", packed_ue8m0)
     f = q.format
     if q.ndim not in (2, 3):
         raise ValueError(
@@ -474,9 +478,9 @@ def from_deepgemm(
         k = 2 * data.shape[-1]
     else:
         k = data.shape[-1]
-    block = tuple(block) if block is not None else f.blocks[0]
-    if block not in f.blocks:
-        raise ValueError(f"block: {f.name} allows {list(f.blocks)}, got {block}")
+    block = resolve_block("block", block, f)
+    if rounding is not None:
+        rounding = resolve_rounding("rounding", rounding, f)
     sk = f.scale_k(k)
     if scale.dtype == torch.int32:
         codes_or_fp = from_deepgemm_ue8m0(
@@ -493,8 +497,6 @@ def from_deepgemm(
         s = from_deepgemm_fp32(scale)
     if rounding is None:
         rounding = f.default_rounding
-    elif isinstance(rounding, str):
-        rounding = ScaleRounding(rounding.lower())
     shape = (*data.shape[:-1], k)
     return ScaledTensor(data, s, f, torch.Size(shape), block, rounding)
 
@@ -552,9 +554,14 @@ def from_cublas(
     f = get_format(fmt)
     if f.scale_kind == "fp32":
         raise ValueError(f"fmt: {f.name} has no 32_4_4 blocked layout")
+    if not isinstance(shape, (tuple, list, torch.Size)) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise TypeError(f"shape: expected the logical shape [..., rows, K] as a tuple of ints, got {shape!r}")
     shape = torch.Size(shape)
     if len(shape) < 2:
         raise ValueError(f"shape: expected at least 2 dimensions [rows, K], got {tuple(shape)}")
+    rounding = resolve_rounding("rounding", rounding, f)
     check_tensor("data", data)
     if f.is_fp4:
         if data.dtype not in (torch.uint8, torch.int8, torch.float4_e2m1fn_x2):
@@ -562,10 +569,6 @@ def from_cublas(
         data = data.view(torch.uint8)
     s = from_blocked(scale, shape[-2], f.scale_k(shape[-1]))
     s = s.view(torch.uint8) if f.scale_kind == "e8m0" else s.view(torch.float8_e4m3fn)
-    if rounding is None:
-        rounding = f.default_rounding
-    elif isinstance(rounding, str):
-        rounding = ScaleRounding(rounding.lower())
     gs = None
     if f.has_global_scale:
         if global_scale is None:

@@ -6,7 +6,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .formats import Format, ScaleRounding
+from ._checks import resolve_block, resolve_rounding
+from .formats import Format, ScaleRounding, get_format
 
 __all__ = ["ScaledTensor", "scale_shape"]
 
@@ -36,10 +37,13 @@ class ScaledTensor:
     scale: canonical row-major layout, see :func:`scale_shape`. fp32 for fp8_block, uint8
         biased E8M0 exponents for MX formats (value ``2**(s - 127)``, 255 = NaN),
         float8_e4m3fn for nvfp4.
-    format: the :class:`~blockscaled.formats.Format` descriptor.
-    shape: logical (unpacked) shape, ``torch.Size``.
-    block: ``(rows, cols)`` sharing one scale: ``(1, block_k)`` or ``(128, 128)``.
-    rounding: how the scales were chosen (:class:`~blockscaled.formats.ScaleRounding`).
+    format: the :class:`~blockscaled.formats.Format` descriptor (the constructor also takes
+        its name, any case).
+    shape: logical (unpacked) shape, ``torch.Size`` (the constructor takes any sequence of ints).
+    block: ``(rows, cols)`` sharing one scale: ``(1, block_k)`` or ``(128, 128)`` (a tuple; the
+        constructor also takes a 2-element list).
+    rounding: how the scales were chosen (:class:`~blockscaled.formats.ScaleRounding`; the
+        constructor also takes its value, any case); one the format allows.
     global_scale: nvfp4 only: 0-d fp32 tensor ``gs`` on the data's device, the *encode*
         scale; ``dequantize = e2m1 * sf / gs``.
     """
@@ -53,9 +57,26 @@ class ScaledTensor:
     global_scale: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
-        fmt = self.format
-        shape = torch.Size(self.shape)
+        # Normalise the spellings ``quantize`` accepts (format / rounding names in any case, a
+        # block list, any sequence of ints as shape); reject the rest with the field's name.
+        fmt = get_format(self.format, name="ScaledTensor.format")
+        object.__setattr__(self, "format", fmt)
+        for name in ("data", "scale"):
+            t = getattr(self, name)
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"ScaledTensor.{name}: expected a torch.Tensor, got {type(t).__name__}")
+        try:
+            if isinstance(self.shape, (str, bytes, torch.Tensor)):
+                raise TypeError
+            shape = torch.Size(self.shape)
+        except TypeError:
+            raise TypeError(
+                f"ScaledTensor.shape: expected the logical shape as a torch.Size or tuple of ints, got "
+                f"{self.shape!r} ({type(self.shape).__name__})"
+            ) from None
         object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "block", resolve_block("ScaledTensor.block", self.block, fmt))
+        object.__setattr__(self, "rounding", resolve_rounding("ScaledTensor.rounding", self.rounding, fmt))
         if len(shape) < 1:
             raise ValueError(f"ScaledTensor.shape: expected at least 1 dimension, got {tuple(shape)}")
         if self.data.dtype != fmt.data_dtype:
@@ -68,8 +89,6 @@ class ScaledTensor:
                 f"ScaledTensor.data: expected shape {want} for logical shape {tuple(shape)} "
                 f"in {fmt.name}, got {tuple(self.data.shape)}"
             )
-        if self.block not in fmt.blocks:
-            raise ValueError(f"ScaledTensor.block: {fmt.name} allows {fmt.blocks}, got {self.block}")
         if self.block[0] > 1 and len(shape) < 2:
             raise ValueError(f"ScaledTensor.block: {self.block} needs a tensor of rank >= 2")
         if self.scale.dtype != fmt.scale_dtype:
@@ -85,8 +104,13 @@ class ScaledTensor:
             raise ValueError(
                 f"ScaledTensor.scale: on {self.scale.device}, data on {self.data.device}"
             )
+        gs = self.global_scale
+        if gs is not None and not isinstance(gs, torch.Tensor):
+            raise TypeError(
+                f"ScaledTensor.global_scale: expected None or a 1-element fp32 torch.Tensor, got "
+                f"{type(gs).__name__} (a float: torch.tensor(gs, dtype=torch.float32, device=data.device))"
+            )
         if fmt.has_global_scale:
-            gs = self.global_scale
             if gs is None or gs.dtype != torch.float32 or gs.numel() != 1:
                 raise ValueError(
                     f"ScaledTensor.global_scale: {fmt.name} needs a 1-element fp32 tensor, got "

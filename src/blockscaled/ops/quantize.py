@@ -189,11 +189,14 @@ def quantize(
             last block is zero-padded for the amax). Rows may be strided (e.g. a column slice of a
             wider tensor) but the last dim must have unit stride and leading dims must flatten
             without a copy; no silent ``.contiguous()``.
-        fmt: ``"fp8_block"``, ``"mxfp8"``, ``"mxfp4"``, ``"nvfp4"`` or a :class:`Format`.
-        block: ``(1, 128)`` (default) or ``(128, 128)`` for fp8_block (``x`` of rank >= 2; rank 3
-            ``[E, N, K]`` gives per-expert scales); ``(1, 32)`` MX; ``(1, 16)`` nvfp4.
+        fmt: ``"fp8_block"``, ``"mxfp8"``, ``"mxfp4"``, ``"nvfp4"`` (any case) or a :class:`Format`.
+        block: a ``(rows, cols)`` tuple (or 2-element list): ``(1, 128)`` (default) or
+            ``(128, 128)`` for fp8_block (``x`` of rank >= 2; rank 3 ``[E, N, K]`` gives
+            per-expert scales); ``(1, 32)`` MX; ``(1, 16)`` nvfp4. An int or a string such as
+            ``"1x128"`` raises TypeError (an int is ambiguous: 1x128 or 128x128).
         rounding: fp8_block ``EXACT`` (default, ``amax / 448``) or ``RCEIL`` (power-of-two /
-            UE8M0); MX ``RCEIL`` (default) or ``FLOOR``; nvfp4 ``NVFP4``. Enum or its value.
+            UE8M0); MX ``RCEIL`` (default) or ``FLOOR``; nvfp4 ``NVFP4``. Enum or its value
+            (any case).
         global_scale: nvfp4 only: the fp32 encode scale ``gs`` as a float or a 1-element fp32
             tensor on ``x``'s device (read by the kernel from device memory, no host sync).
             ``None``: ``gs = 448 * 6 / amax(|x|)`` computed on the device: a tensor-amax kernel

@@ -57,7 +57,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ._mma import FMT_DENSE, FMT_NVFP4, cast_out, nvfp4_output_scale, scaled_mma
+from ._interp import cast_out
+from ._mma import FMT_DENSE, FMT_NVFP4, nvfp4_output_scale, scaled_mma
 
 
 def _gemm_repr(specialization):

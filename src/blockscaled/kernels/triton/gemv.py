@@ -31,7 +31,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._mma import cast_out, e4m3_to_f32
+from ._interp import cast_out, e4m3_to_f32
 
 
 def _gemv_repr(specialization):

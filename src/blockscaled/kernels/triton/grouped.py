@@ -35,7 +35,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._mma import FMT_DENSE, cast_out, scaled_mma
+from ._interp import cast_out
+from ._mma import FMT_DENSE, scaled_mma
 
 FMT_NAMES = ("fp8_block", "mxfp8", "mxfp4", "nvfp4")
 

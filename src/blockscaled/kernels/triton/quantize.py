@@ -31,7 +31,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._mma import e4m3_to_f32
+from ._interp import e4m3_to_f32
 
 # Format / rounding codes (constexpr kernel arguments).
 FMT_FP8_BLOCK = tl.constexpr(0)
