@@ -17,7 +17,8 @@ Importing the package defines the Triton kernels but launches and prints nothing
 
 from . import layouts
 from .config import GemmConfig
-from .formats import FORMATS, FP8_BLOCK, MXFP4, MXFP8, NVFP4, Format, ScaleRounding, get_format
+from .formats import (FORMATS, FP8_BLOCK, MXFP4, MXFP8, NVFP4, Format, QuantizationRangeWarning, ScaleRounding,
+                      get_format)
 from .ops.errors import check_errors
 from .ops.gemm import gemm
 from .ops.grouped import grouped_gemm, grouped_gemm_list
@@ -31,6 +32,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Format",
     "ScaleRounding",
+    "QuantizationRangeWarning",
     "FORMATS",
     "FP8_BLOCK",
     "MXFP8",

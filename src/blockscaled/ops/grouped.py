@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._checks import check_row_contiguous, check_tensor, use_reference
+from .._checks import check_flag, check_row_contiguous, check_tensor, use_reference
 from ..config.gemm import GemmConfig
 from ..config.grouped import check_grouped_config, choose_grouped_config
 from ..formats import get_format
@@ -451,7 +451,8 @@ def _resolve_validate(validate, device: torch.device) -> bool:
     flag for ``blockscaled.check_errors``; ``ops/errors.py``)."""
     if validate is None:
         return device.type == "cpu" and not torch.compiler.is_compiling()
-    return bool(validate)
+    check_flag("validate", validate, allow_none=True)  # a truthy string used to pass silently
+    return validate
 
 
 def _check_b_global_scale(b_global_scale, b: ScaledTensor, e: int, name: str = "b_global_scale"):
@@ -828,15 +829,16 @@ def grouped_gemm_list(
     g = len(a_list)
     if g == 0:
         return []
+    for i, (a, b) in enumerate(zip(a_list, b_list)):  # types first: what follows reads .format
+        _check_scaled(f"a_list[{i}]", a, 2)
+        _check_scaled(f"b_list[{i}]", b, 2)
     if torch.is_grad_enabled():
         _no_grad_support("grouped_gemm_list", **{f"a_list[{i}]": x for i, x in enumerate(a_list)},
                          **{f"b_list[{i}]": x for i, x in enumerate(b_list)})
     fmt = a_list[0].format
     dev = a_list[0].device
-    b_br = b_list[0].block[0] if isinstance(b_list[0], ScaledTensor) else 1
+    b_br = b_list[0].block[0]
     for i, (a, b) in enumerate(zip(a_list, b_list)):
-        _check_scaled(f"a_list[{i}]", a, 2)
-        _check_scaled(f"b_list[{i}]", b, 2)
         check_pair(a, b, f"a_list[{i}]", f"b_list[{i}]")
         if a.format != fmt:
             raise ValueError(f"a_list[{i}]: format {a.format.name} differs from a_list[0]'s {fmt.name} (one launch, one format)")

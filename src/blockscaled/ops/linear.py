@@ -74,6 +74,7 @@ def linear(x: torch.Tensor, w: ScaledTensor, bias: torch.Tensor | None = None, *
         y = bs.linear(x, w)                                      # x [..., K] bf16 -> [..., N] bf16
     """
     check_tensor("x", x, dtypes=(torch.bfloat16, torch.float16), min_ndim=1)
+    _checks.check_flag("weight_only", weight_only)  # a truthy string used to pass silently
     if not isinstance(w, ScaledTensor):
         raise TypeError(f"w: expected a ScaledTensor [N, K], got {type(w).__name__}")
     if w.ndim != 2:
