@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import subprocess
 import sys
 
@@ -255,8 +256,9 @@ def test_aot_ptx_has_griddepcontrol(aot, case):
     assert on["launch_pdl"] and not off["launch_pdl"]
     assert on["name"].endswith("_pdl") and not off["name"].endswith("_pdl")
     assert len(on["wait"]) == 1 and len(on["dependents"]) == 1, on
-    assert on["wait_line"].startswith("griddepcontrol.wait;"), on["wait_line"]
-    assert on["dependents_line"].startswith("griddepcontrol.launch_dependents;"), on["dependents_line"]
+    # triton 3.9 prints "griddepcontrol.wait ;" (a space before the semicolon)
+    assert re.match(r"griddepcontrol\.wait\s*;", on["wait_line"]), on["wait_line"]
+    assert re.match(r"griddepcontrol\.launch_dependents\s*;", on["dependents_line"]), on["dependents_line"]
     assert on["n_mem"] > 0 and on["first_mem"], on
     assert on["wait"][0] < on["dependents"][0] < on["first_mem"][0], (on["wait_line"], on["first_mem_line"])
     assert off["wait"] == [] and off["dependents"] == [], off

@@ -204,7 +204,10 @@ def gemm_kernel(
             for g in range(0, SPLIT_K, REDUCE_GROUP):
                 for j in tl.static_range(REDUCE_GROUP):
                     s = g + j
-                    part = tl.load(ws_ptr + s.to(tl.int64) * stride_cs + w_off, mask=mask & (s < SPLIT_K),
+                    # the scalar bound as a full tile: triton 3.9's interpreter rejects a tensor
+                    # mask combined with a scalar bool ("mask has unsupported dtype")
+                    part = tl.load(ws_ptr + s.to(tl.int64) * stride_cs + w_off,
+                                   mask=mask & (tl.full((BLOCK_M, BLOCK_N), s, tl.int32) < SPLIT_K),
                                    other=0.0, cache_modifier=".cg")
                     tot = tl.where(s < SPLIT_K, tot + part, tot)
             _epilogue(tot, gs_a_ptr, gs_b_ptr, bias_ptr, c_ptr, offs_m, offs_n, mask_n, mask, stride_cm,
