@@ -161,12 +161,17 @@ def _compile_broken(*args, **kwargs):
     raise AssertionError("the broken kernel compiled")
 
 
+#: where the simulated-failure tests run the portable fallback: the interpreter on CPU, the
+#: compiled kernels on a GPU machine (conftest sets TRITON_INTERPRET only without one)
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def _fp8_operands(m, n, k, seed=0):
     from blockscaled.reference.quantize import quantize
 
     g = torch.Generator().manual_seed(seed)
-    a = quantize(torch.randn(m, k, generator=g), "fp8_block")
-    b = quantize(torch.randn(n, k, generator=g), "fp8_block", block=(128, 128))
+    a = quantize(torch.randn(m, k, generator=g).to(DEV), "fp8_block")
+    b = quantize(torch.randn(n, k, generator=g).to(DEV), "fp8_block", block=(128, 128))
     return a, b
 
 
@@ -190,7 +195,7 @@ def test_compile_failure_falls_back_once(fresh_state, monkeypatch):
     cfg = _hopper.HopperConfig("skinny", 8, 64, 4, 4)
 
     def run():
-        out = torch.full((5, 128), float("nan"), dtype=torch.bfloat16)
+        out = torch.full((5, 128), float("nan"), dtype=torch.bfloat16, device=DEV)
         _hopper.gemm_fp8_block_hopper_impl(a.data, a.scale, b.data, b.scale, out, cfg)
         return out
 
@@ -214,7 +219,7 @@ def test_runtime_errors_are_not_build_failures(fresh_state, monkeypatch):
 
     monkeypatch.setattr(_hopper, "_gemm_gluon", gluon_launch)
     a, b = _fp8_operands(5, 128, 256)
-    out = torch.empty((5, 128), dtype=torch.bfloat16)
+    out = torch.empty((5, 128), dtype=torch.bfloat16, device=DEV)
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
         with pytest.raises(RuntimeError, match="illegal memory access"):
@@ -255,11 +260,13 @@ def test_grouped_compile_failure_falls_back(fresh_state, monkeypatch, mode):
         x = torch.randn(e, 6, k, generator=g) if mode == 2 else torch.randn(7, k, generator=g)
         wg = torch.randn(e, n, k, generator=g)
         wu = None
+    x, wg, wu = (None if t is None else t.to(DEV) for t in (x, wg, wu))
     a = quantize(x, "fp8_block")
     bg = quantize(wg, "fp8_block", block=(128, 128))
     bu = quantize(wu, "fp8_block", block=(128, 128)) if dual else None
-    seg = {0: None, 1: torch.tensor([0, 3, 7], dtype=torch.int32), 2: torch.tensor([6, 2], dtype=torch.int32)}[mode]
-    out = torch.zeros((*x.shape[:-1], n), dtype=torch.bfloat16)
+    seg = {0: None, 1: torch.tensor([0, 3, 7], dtype=torch.int32, device=DEV),
+           2: torch.tensor([6, 2], dtype=torch.int32, device=DEV)}[mode]
+    out = torch.zeros((*x.shape[:-1], n), dtype=torch.bfloat16, device=DEV)
     (_, ours) = _calls_with_warnings(lambda: _hopper.grouped_fp8_block_hopper_impl(
         a.data, a.scale, bg.data, bg.scale, seg, mode, out, None,
         bu.data if dual else None, bu.scale if dual else None), 1)
@@ -276,7 +283,7 @@ def test_grouped_compile_failure_falls_back(fresh_state, monkeypatch, mode):
         want = ref.grouped_gemm(a, bg, masked_m=seg)
     got = out.double()
     if mode == 2:  # rows past a count are not written
-        rows = torch.arange(x.shape[1])[None, :] < seg[:, None]
+        rows = torch.arange(x.shape[1], device=DEV)[None, :] < seg[:, None]
         got, want = got[rows], want.double()[rows]
     torch.testing.assert_close(got, want.double(), rtol=2e-2, atol=2e-2)
 

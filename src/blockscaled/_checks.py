@@ -15,6 +15,7 @@ import warnings
 import torch
 import triton
 
+from .config.gemm import GemmConfig
 from .formats import Format, QuantizationRangeWarning, ScaleRounding, get_format
 from .kernels.triton._interp import INTERPRETING as _KERNELS_INTERPRETED
 
@@ -302,4 +303,13 @@ def warn_quantize_range(x: torch.Tensor, q, check_range: bool | None, stacklevel
             f"global_scale=None computes that). check_range=False skips this check "
             f"(docs/formats.md, 'Range of nvfp4').",
             QuantizationRangeWarning, stacklevel=stacklevel,
+        )
+
+
+def check_config_arg(config) -> None:
+    """``config``: None, a ``GemmConfig`` or a dict of its fields; checked before any path is
+    taken, so that the CPU reference path rejects what the kernels would reject."""
+    if config is not None and not isinstance(config, (GemmConfig, dict)):
+        raise TypeError(
+            f"config: expected a blockscaled.config.GemmConfig or a dict of its fields, got {type(config).__name__}"
         )

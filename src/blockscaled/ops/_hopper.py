@@ -745,9 +745,17 @@ def _tma_2d_reason(name: str, t: torch.Tensor) -> str | None:
     if (t.stride(0) * t.element_size()) % _TMA_ALIGN:
         return (f"{name}: TMA needs a 16-byte multiple row stride; got stride {t.stride(0)} elements of "
                 f"{t.element_size()} byte(s) (for contiguous fp8 data this means K % 16 == 0)")
-    if t.data_ptr() % _TMA_ALIGN:
+    # While torch.compile traces, tensors have no address: the base is checked again on the real
+    # tensors inside the op (_misaligned_base), which then runs the portable kernel.
+    if not torch.compiler.is_compiling() and t.data_ptr() % _TMA_ALIGN:
         return f"{name}: TMA needs a 16-byte aligned base address, got data_ptr % 16 = {t.data_ptr() % 16}"
     return None
+
+
+def _misaligned_base(*ts: torch.Tensor | None) -> bool:
+    """Some operand's base address is not 16-byte aligned (TMA cannot read it); only reachable
+    when the plan was made while tracing, where addresses are unknown (_tma_2d_reason)."""
+    return any(t is not None and t.data_ptr() % _TMA_ALIGN for t in ts)
 
 
 def unsupported_reason(a: ScaledTensor, b: ScaledTensor, out_dtype=torch.bfloat16,
@@ -1169,8 +1177,10 @@ def grouped_fp8_block_hopper_impl(a_data: torch.Tensor, a_scale: torch.Tensor, b
     ``out = silu(A @ B.T) * (A @ B2.T)``.
     Callers check :func:`grouped_unsupported_reason` first (for both weights when dual).
     Where the Gluon kernels cannot be built on this triton (as :func:`gemm_fp8_block_hopper_impl`),
-    the portable grouped kernel computes ``out`` instead (its own tiles; ``cfg`` is ignored)."""
-    if gluon_unavailable_reason() is None:
+    the portable grouped kernel computes ``out`` instead (its own tiles; ``cfg`` is ignored); so it
+    does where an operand's base address is not 16-byte aligned, which only a plan made while
+    torch.compile traced (no addresses) can bring here."""
+    if gluon_unavailable_reason() is None and not _misaligned_base(a_data, b_data, b2_data):
         try:
             _grouped_gluon(a_data, a_scale, b_data, b_scale, seg, mode, out, cfg, b2_data, b2_scale)
             return

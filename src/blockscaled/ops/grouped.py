@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._checks import check_flag, check_row_contiguous, check_tensor, use_reference
+from .._checks import check_config_arg, check_flag, check_row_contiguous, check_tensor, use_reference
 from ..config.gemm import GemmConfig
 from ..config.grouped import check_grouped_config, choose_grouped_config
 from ..formats import get_format
@@ -607,6 +607,7 @@ def grouped_gemm(
             f"got offsets={'None' if offsets is None else 'tensor'}, masked_m={'None' if masked_m is None else 'tensor'}"
         )
     _check_out_dtype(out_dtype)
+    check_config_arg(config)
     masked = masked_m is not None
     check_a(a, 3 if masked else 2)
     _check_scaled("b", b, 3)
@@ -822,6 +823,7 @@ def grouped_gemm_list(
                                   [bs.quantize(w, "nvfp4") for w in ws])   # bf16 [M_g, N_g] each
     """
     _check_out_dtype(out_dtype)
+    check_config_arg(config)
     if not isinstance(a_list, (list, tuple)) or not isinstance(b_list, (list, tuple)):
         raise TypeError(f"a_list/b_list: expected lists of ScaledTensors, got {type(a_list).__name__}, {type(b_list).__name__}")
     if len(a_list) != len(b_list):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import use_reference
+from .._checks import check_config_arg, use_reference
 from ..config.gemm import GemmConfig
 from ..tensor import ScaledTensor
 from .grouped import (
@@ -138,6 +138,7 @@ def swiglu(
     a_dtype = a.dtype if isinstance(a, torch.Tensor) else None
     dev = a.device
     n, k = b_gate.shape[-2], b_gate.shape[-1]
+    check_config_arg(config)
     val = _resolve_validate(validate, dev)
     _no_grad_support("swiglu", a=a, b_gate=b_gate, b_up=b_up)
     check_op = OP_SWIGLU if grouped and not val else 0
