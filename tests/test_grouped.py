@@ -275,15 +275,18 @@ def test_opcheck(device):
     a = _acts((5, 64), fmt, device)
     b = _experts(2, 16, 64, fmt, device)
     offs = _offsets([2, 3], device)
-    tail = (2, 1, 64, 1, True, 16, 16, 32, 4, 1, 0)
+    from blockscaled.config.encoding import encode_config
+
+    # fmt_id, grouping (contiguous), K, weight block rows, the config (every field, encoded)
+    tail = (2, 1, 64, 1, encode_config(GemmConfig(16, 16, 32, 4, 1, promote=True)))
     args = (a.data, a.scale, None, b.data, b.scale, None, None, None, None, offs)
     opcheck(torch.ops.blockscaled.grouped_gemm.default, (*args, torch.float32, *tail),
             test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
     out = torch.zeros(5, 16, device=device)
     opcheck(torch.ops.blockscaled.grouped_gemm_out.default, (*args, out, *tail),
             test_utils=("test_schema", "test_faketensor"))
-    # the dequant_matmul strategy behind the same ops (strategy=1; bf16: its contiguous dtype)
-    dq = (*tail[:-1], 1)
+    # the dequant_matmul strategy behind the same ops (bf16: its contiguous dtype)
+    dq = (*tail[:-1], encode_config(GemmConfig(strategy="dequant_matmul")))
     opcheck(torch.ops.blockscaled.grouped_gemm.default, (*args, torch.bfloat16, *dq),
             test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
     opcheck(torch.ops.blockscaled.grouped_gemm_out.default,

@@ -226,7 +226,12 @@ class DeviceInfo:
     smem_bytes: int  # opt-in shared memory per block
 
 
-def device_info(device: torch.device) -> DeviceInfo:
+def device_info(device: "torch.device | DeviceInfo") -> DeviceInfo:
+    """The properties the choosers read. A DeviceInfo is returned as is: choices for a GPU can be
+    computed (and tested) on a machine without one, e.g. ``DeviceInfo("cuda", 132, (9, 0), 232448)``
+    for an H100 SXM."""
+    if isinstance(device, DeviceInfo):
+        return device
     if device.type == "cuda":
         return _cuda_info(device.index if device.index is not None else torch.cuda.current_device())
     # CPU: the Triton interpreter; numbers only steer tile sizes

@@ -10,6 +10,12 @@ read on the host on the hot path: the kernel maps tiles to experts itself, so th
 captured in CUDA graphs and traced by ``torch.compile(fullgraph=True)`` (they are registered
 as torch custom ops ``blockscaled::grouped_gemm``, ``blockscaled::grouped_gemm_out`` and
 ``blockscaled::grouped_gemm_list``).
+
+The kernel choice is made once per call and run as is: eager calls hand the config object to
+the implementation (``grouped_impl``) directly, skipping the torch.library round trip
+(``gemm._eager_ok``: not compiling or tracing, no dispatch mode, plain tensors); under
+torch.compile / tracing the custom ops carry it whole as one ``cfg: list[int]``
+(``config/encoding.py``) and decode it before the same implementation.
 """
 
 from __future__ import annotations
@@ -19,13 +25,15 @@ import triton
 import triton.language as tl
 
 from .._checks import check_config_arg, check_flag, check_row_contiguous, check_tensor, use_reference
+from ..config.encoding import decode_config, encode_config
 from ..config.gemm import GemmConfig
 from ..config.grouped import check_grouped_config, choose_grouped_config
+from ..config.hopper import HopperConfig
 from ..formats import get_format
 from ..kernels.triton._mma import FORMAT_CODES
 from ..tensor import ScaledTensor
 from .errors import OP_GROUPED_GEMM, check_metadata
-from .gemm import _dequant, _one
+from .gemm import _dequant, _eager_ok, _one
 
 __all__ = ["grouped_gemm", "grouped_gemm_list"]
 
@@ -33,8 +41,6 @@ _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _TL_OUT = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 MODE_DENSE, MODE_CONTIGUOUS, MODE_MASKED = 0, 1, 2
-#: ``strategy`` argument of the custom ops (GemmConfig.strategy as an int)
-STRATEGY_TRITON, STRATEGY_DEQUANT, STRATEGY_HOPPER = 0, 1, 2
 _GROUPING_NAMES = ("dense", "contiguous", "masked")
 _FMT_BY_CODE = {v: k for k, v in FORMAT_CODES.items()}
 
@@ -55,15 +61,17 @@ def _dot_dtype(promote: bool, device: torch.device, a_dense_dtype: torch.dtype |
 # --------------------------------------------------------------------------- custom op
 def _launch_impl(
     a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out,
-    fmt_id, mode, k, b_br, promote, block_m, block_n, block_k, num_warps, num_stages,
+    fmt_id, mode, k, b_br, cfg: GemmConfig,
 ) -> None:
-    """Launch :func:`grouped_gemm_kernel` into ``out`` (all validation done by the callers).
+    """Launch :func:`grouped_gemm_kernel` into ``out`` with the tiles of ``cfg`` (strategy
+    "triton", ``promote`` resolved; all validation done by the callers).
 
     dense: a ``[M, Kp]``, b ``[N, Kp]``, out ``[M, N]``; contiguous: a ``[sum_m, Kp]``,
     b ``[E, N, Kp]``, seg = offsets ``[E+1]``, out ``[sum_m, N]``; masked: a ``[E, max_m, Kp]``,
     seg = counts ``[E]``, out ``[E, max_m, N]``. ``b2_*`` given: fused SwiGLU (DUAL)."""
     from ..kernels.triton.grouped import grouped_gemm_kernel
 
+    promote, block_m, block_n, block_k = cfg.promote, cfg.block_m, cfg.block_n, cfg.block_k
     dual = b2_data is not None
     a_dense = a_scale is None  # weight-only: bf16 / fp16 activations
     a_s = a_data if a_dense else a_scale  # strides only; never read when a_dense
@@ -110,7 +118,7 @@ def _launch_impl(
         PROMOTE=promote, DOT_DTYPE=_dot_dtype(promote, out.device, a_data.dtype if a_dense else None),
         EVEN_K=(k % block_k == 0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
 
@@ -276,39 +284,59 @@ def _out_shape(a_data: torch.Tensor, b_data: torch.Tensor, mode: int) -> tuple[i
     return (a_data.shape[0], n)
 
 
-# Two custom ops (namespace ``blockscaled``), the same launch behind both:
+# The kernel choice: a GemmConfig (strategy "triton": the portable kernel; "dequant_matmul":
+# dequantize + cuBLAS, ``_dequant_matmul``) or a HopperConfig (the sm_90a Gluon wide kernel,
+# ``ops._hopper.grouped_fp8_block_hopper_impl``; fp8_block x 128x128 weights, checked by
+# ``hopper_reason`` before it is chosen). It is made once by the public functions and run as is:
+# eager calls pass the object to ``grouped_impl``, the custom ops carry it whole as one
+# ``cfg: list[int]`` (``config/encoding.py``) and decode it before the same ``grouped_impl``.
+def grouped_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out, out_dtype,
+                 fmt_id: int, grouping: int, k: int, b_br: int, cfg, check_op: int = 0) -> torch.Tensor:
+    """Run the grouped GEMM (SwiGLU with ``b2_*``) with exactly ``cfg`` and return the output
+    (``out`` when given, else a new ``out_dtype`` tensor). Arguments validated by the callers;
+    the eager fast path of :func:`launch` and both custom ops call this.
+
+    ``a_scale`` None: weight-only (``a_data`` bf16/fp16). ``grouping``: 0 dense (SwiGLU only),
+    1 contiguous (``seg`` = offsets ``[E+1]``), 2 masked (``seg`` = counts ``[E]``).
+    ``check_op``: 0, or ``ops.errors.OP_*``: after the GEMM, check the values of ``seg`` on the
+    device (bad ones: NaN over the output plus the sticky flag read by ``blockscaled.check_errors``)."""
+    if isinstance(cfg, HopperConfig):
+        from . import _hopper  # loaded on first use, as at the other Hopper call sites here
+
+        if out is None:
+            out = torch.empty(_out_shape(a_data, b_data, grouping), dtype=out_dtype, device=a_data.device)
+        _hopper.grouped_fp8_block_hopper_impl(a_data, a_scale, b_data, b_scale, seg, grouping, out, cfg,
+                                              b2_data, b2_scale)
+    elif cfg.strategy == "dequant_matmul":
+        out = _dequant_matmul(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out,
+                              out_dtype, fmt_id, grouping, k, b_br)
+    elif cfg.strategy == "triton":
+        if out is None:
+            out = torch.empty(_out_shape(a_data, b_data, grouping), dtype=out_dtype, device=a_data.device)
+        _launch_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out,
+                     fmt_id, grouping, k, b_br, cfg)
+    else:
+        raise ValueError(f"cfg.strategy: the grouped ops run 'triton', 'dequant_matmul' or a HopperConfig, "
+                         f"got {cfg.strategy!r}")
+    _device_check(check_op, seg, out, a_data, grouping)
+    return out
+
+
+# Two custom ops (namespace ``blockscaled``), ``grouped_impl`` behind both:
 #   grouped_gemm_out(a_data, a_scale?, a_gs?, b_data, b_scale, b_gs?, b2_data?, b2_scale?, b2_gs?,
-#                    seg?, out!, fmt_id, grouping, k, b_block_rows, promote, block_m, block_n,
-#                    block_k, num_warps, num_stages, strategy, check_op=0) -> ()  writes into ``out``
+#                    seg?, out!, fmt_id, grouping, k, b_block_rows, cfg: int[], check_op=0) -> ()
 #   grouped_gemm(..., same without out, plus out_dtype) -> Tensor   allocates the output
-# a_scale None: weight-only (a_data bf16/fp16). b2_* given: fused SwiGLU. grouping: 0 dense, 1 contiguous (seg = offsets), 2 masked (seg = counts).
-# strategy: 0 the Triton kernel, 1 dequantize + cuBLAS (``_dequant_matmul``), 2 the sm_90a Gluon
-# kernel (``ops._hopper.grouped_fp8_block_hopper_impl``; fp8_block x 128x128 weights, checked
-# by ``hopper_reason`` before the op is called).
-# check_op: 0, or ``ops.errors.OP_*``: after the GEMM, check the values of ``seg`` on the device
-# (bad ones: NaN over the output plus the sticky flag read by ``blockscaled.check_errors``).
+# ``cfg``: encode_config(the chosen GemmConfig / HopperConfig), every field of it.
 @torch.library.custom_op("blockscaled::grouped_gemm_out", mutates_args=("out",))
 def _grouped_out_op(
     a_data: torch.Tensor, a_scale: torch.Tensor | None, a_gs: torch.Tensor | None,
     b_data: torch.Tensor, b_scale: torch.Tensor, b_gs: torch.Tensor | None,
     b2_data: torch.Tensor | None, b2_scale: torch.Tensor | None, b2_gs: torch.Tensor | None,
     seg: torch.Tensor | None, out: torch.Tensor,
-    fmt_id: int, grouping: int, k: int, b_br: int, promote: bool,
-    block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int, strategy: int,
-    check_op: int = 0,
+    fmt_id: int, grouping: int, k: int, b_br: int, cfg: list[int], check_op: int = 0,
 ) -> None:
-    if strategy == STRATEGY_DEQUANT:
-        _dequant_matmul(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out,
-                        out.dtype, fmt_id, grouping, k, b_br)
-    elif strategy == STRATEGY_HOPPER:
-        from . import _hopper
-
-        _hopper.grouped_fp8_block_hopper_impl(a_data, a_scale, b_data, b_scale, seg, grouping, out,
-                                              _hopper_cfg(block_m, block_n, num_stages, grouping), b2_data, b2_scale)
-    else:
-        _launch_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out,
-                     fmt_id, grouping, k, b_br, promote, block_m, block_n, block_k, num_warps, num_stages)
-    _device_check(check_op, seg, out, a_data, grouping)
+    grouped_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out, out.dtype,
+                 fmt_id, grouping, k, b_br, decode_config(cfg), check_op)
 
 
 @_grouped_out_op.register_fake
@@ -322,26 +350,10 @@ def _grouped_op(
     b_data: torch.Tensor, b_scale: torch.Tensor, b_gs: torch.Tensor | None,
     b2_data: torch.Tensor | None, b2_scale: torch.Tensor | None, b2_gs: torch.Tensor | None,
     seg: torch.Tensor | None, out_dtype: torch.dtype,
-    fmt_id: int, grouping: int, k: int, b_br: int, promote: bool,
-    block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int, strategy: int,
-    check_op: int = 0,
+    fmt_id: int, grouping: int, k: int, b_br: int, cfg: list[int], check_op: int = 0,
 ) -> torch.Tensor:
-    if strategy == STRATEGY_DEQUANT:
-        out = _dequant_matmul(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, None,
-                              out_dtype, fmt_id, grouping, k, b_br)
-    else:
-        out = torch.empty(_out_shape(a_data, b_data, grouping), dtype=out_dtype, device=a_data.device)
-        if strategy == STRATEGY_HOPPER:
-            from . import _hopper
-
-            _hopper.grouped_fp8_block_hopper_impl(a_data, a_scale, b_data, b_scale, seg, grouping, out,
-                                                  _hopper_cfg(block_m, block_n, num_stages, grouping), b2_data,
-                                                  b2_scale)
-        else:
-            _launch_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out,
-                         fmt_id, grouping, k, b_br, promote, block_m, block_n, block_k, num_warps, num_stages)
-    _device_check(check_op, seg, out, a_data, grouping)
-    return out
+    return grouped_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, None,
+                        out_dtype, fmt_id, grouping, k, b_br, decode_config(cfg), check_op)
 
 
 def _device_check(check_op: int, seg, out: torch.Tensor, a_data: torch.Tensor, grouping: int) -> None:
@@ -355,27 +367,32 @@ def _device_check(check_op: int, seg, out: torch.Tensor, a_data: torch.Tensor, g
 
 @_grouped_op.register_fake
 def _grouped_fake(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out_dtype,
-                  *args, **kwargs) -> torch.Tensor:
-    return a_data.new_empty(_out_shape(a_data, b_data, args[1]), dtype=out_dtype)
+                  fmt_id, grouping, *args, **kwargs) -> torch.Tensor:
+    return a_data.new_empty(_out_shape(a_data, b_data, grouping), dtype=out_dtype)
 
 
 def launch(a, b: ScaledTensor, b_gs, b2: ScaledTensor | None, seg, out, out_dtype,
-           mode: int, cfg: GemmConfig, b2_gs=None, check_op: int = 0) -> torch.Tensor:
-    """Call the functional op (``out is None``) or the destination-passing one (validated args).
+           mode: int, cfg: GemmConfig | HopperConfig, b2_gs=None, check_op: int = 0) -> torch.Tensor:
+    """Run ``cfg`` (validated args): eagerly through :func:`grouped_impl` itself, or, while
+    compiling / tracing / under a dispatch mode (``gemm._eager_ok``), through the functional op
+    (``out is None``) or the destination-passing one. Reason for the eager path: the
+    torch.library round trip dominated the host time of a call (H100 host, fp8_block E=8 m=64
+    N=4096 K=7168 through the op: ~450 us of host time per call for ~92 us of GPU time, most of
+    it in torch/_library/custom_ops.py under cProfile; scripts/grouped_eager_ab.py times both).
     ``a``: ScaledTensor or a bf16/fp16 Tensor (weight-only).
     ``b_gs`` / ``b2_gs``: nvfp4 B global scales, 1 element or one per expert (both alike).
     ``check_op``: ``ops.errors.OP_*`` to check ``seg`` on the device after the GEMM, 0: no check."""
     fmt_id = FORMAT_CODES[b.format.name]
     k = b.shape[-1]
-    strategy = {"dequant_matmul": STRATEGY_DEQUANT, "hopper": STRATEGY_HOPPER}.get(cfg.strategy, STRATEGY_TRITON)
-    tail = (fmt_id, mode, k, b.block[0], bool(cfg.promote),
-            cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages, strategy, check_op)
     b2_args = (None, None, None) if b2 is None else (b2.data, b2.scale, b2.global_scale if b2_gs is None else b2_gs)
     if isinstance(a, ScaledTensor):
         a_args = (a.data, a.scale, a.global_scale)
     else:
         a_args = (a, None, None)
     head = (*a_args, b.data, b.scale, b_gs, *b2_args, seg)
+    if _eager_ok(*(t for t in (a_args[0], b.data, seg, out) if t is not None)):
+        return grouped_impl(*head, out, out_dtype, fmt_id, mode, k, b.block[0], cfg, check_op)
+    tail = (fmt_id, mode, k, b.block[0], encode_config(cfg), check_op)
     if out is None:
         return torch.ops.blockscaled.grouped_gemm(*head, out_dtype, *tail)
     torch.ops.blockscaled.grouped_gemm_out(*head, out, *tail)
@@ -655,7 +672,8 @@ def grouped_gemm(
         b0 = ScaledTensor(b.data[0], b.scale[0], b.format, torch.Size((n, k)), b.block, b.rounding)
         y = _dense_gemm(a, b0, out_dtype=out_dtype, out=out)
         if check_op:  # offsets must be [0, sum_m]: the same device check as the grouped kernels
-            torch.ops.blockscaled.check_metadata(offsets, y, check_op, MODE_CONTIGUOUS, a.shape[0])
+            check = check_metadata if _eager_ok(offsets, y) else torch.ops.blockscaled.check_metadata
+            check(offsets, y, check_op, MODE_CONTIGUOUS, a.shape[0])
         return y
     forced_hopper = is_forced_hopper(config)
     why = hopper_reason(a, b, out_dtype, mode)
@@ -666,8 +684,8 @@ def grouped_gemm(
         # the portable kernel on every measured MoE shape; benchmarks/NOTES.md).
         from . import _hopper
 
-        h = _hopper.choose_grouped_config(rows_per_expert, n, k, _hopper.num_sms_of(dev), out_dtype.itemsize, e)
-        return launch(a, b, gsb, None, seg, out, out_dtype, mode, hopper_gemm_config(h), check_op=check_op)
+        cfg = _hopper.choose_grouped_config(rows_per_expert, n, k, _hopper.num_sms_of(dev), out_dtype.itemsize, e)
+        return launch(a, b, gsb, None, seg, out, out_dtype, mode, cfg, check_op=check_op)
     cfg = resolve_config(config, fmt, rows_per_expert, n, k, dev, a_dtype=a_dtype, mode=mode, experts=e,
                          out_dtype=out_dtype, a=a)
     return launch(a, b, gsb, None, seg, out, out_dtype, mode, cfg, check_op=check_op)
@@ -680,23 +698,6 @@ def is_forced_hopper(config) -> bool:
         return False
     strategy = config.get("strategy") if isinstance(config, dict) else getattr(config, "strategy", None)
     return strategy == "hopper"
-
-
-def hopper_gemm_config(h) -> GemmConfig:
-    """A HopperConfig's tiles in the GemmConfig fields that travel to the custom op (block_m,
-    block_n, num_stages; num_warps follows block_m)."""
-    return GemmConfig(block_m=h.block_m, block_n=h.block_n, num_warps=h.num_warps, num_stages=h.stages,
-                      strategy="hopper", promote=True)
-
-
-def _hopper_cfg(block_m: int, block_n: int, num_stages: int, grouping: int):
-    from . import _hopper
-
-    # grouped tiles may cover the next expert's rows: masked store; dense (SwiGLU): TMA store
-    # (the launcher falls back to the masked store for outputs TMA cannot describe)
-    return _hopper.HopperConfig("wide", block_m, block_n, 4 * (block_m // 64), num_stages,
-                                group_m=_hopper.grouped_raster(block_m, block_n),
-                                epilogue="tma" if grouping == MODE_DENSE else "masked")
 
 
 def hopper_reason(a, b: ScaledTensor, out_dtype: torch.dtype, mode: int,
@@ -765,13 +766,10 @@ def reference_result(y: torch.Tensor, out: torch.Tensor | None, out_dtype: torch
     return out
 
 # --------------------------------------------------------------------------- list of groups
-@torch.library.custom_op("blockscaled::grouped_gemm_list", mutates_args=("outs",))
-def _grouped_list_launch(
-    table: torch.Tensor, alpha: torch.Tensor, outs: list[torch.Tensor],
-    fmt_id: int, b_br: int, promote: bool, total_tiles: int, flops: int, nbytes: int,
-    block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int,
-) -> None:
-    """Launch :func:`grouped_list_kernel` once for all groups (table built by the caller)."""
+def _grouped_list_impl(table: torch.Tensor, alpha: torch.Tensor, outs: list[torch.Tensor], fmt_id: int, b_br: int,
+                       total_tiles: int, flops: int, nbytes: int, cfg: GemmConfig) -> None:
+    """Launch :func:`grouped_list_kernel` once for all groups with the tiles of ``cfg`` (table
+    built by the caller; ``promote`` resolved)."""
     from ..kernels.triton.grouped import grouped_list_kernel
 
     g = table.shape[0]
@@ -780,9 +778,19 @@ def _grouped_list_launch(
     grouped_list_kernel[(total_tiles,)](
         table, alpha, g, flops, nbytes,
         FMT=fmt_id, B_BR=b_br, OUT_DTYPE=_TL_OUT[outs[0].dtype], G_POW2=max(16, triton.next_power_of_2(g)),
-        PROMOTE=promote, DOT_DTYPE=_dot_dtype(promote, table.device),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
+        PROMOTE=cfg.promote, DOT_DTYPE=_dot_dtype(cfg.promote, table.device),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
+
+
+@torch.library.custom_op("blockscaled::grouped_gemm_list", mutates_args=("outs",))
+def _grouped_list_launch(
+    table: torch.Tensor, alpha: torch.Tensor, outs: list[torch.Tensor],
+    fmt_id: int, b_br: int, total_tiles: int, flops: int, nbytes: int, cfg: list[int],
+) -> None:
+    """:func:`_grouped_list_impl` with ``cfg`` = encode_config(the GemmConfig)."""
+    _grouped_list_impl(table, alpha, outs, fmt_id, b_br, total_tiles, flops, nbytes, decode_config(cfg))
 
 
 @_grouped_list_launch.register_fake
@@ -889,8 +897,9 @@ def grouped_gemm_list(
         alpha = torch.reciprocal(gsa * gsb)
     else:
         alpha = table  # never read outside nvfp4
-    torch.ops.blockscaled.grouped_gemm_list(
-        table, alpha, list(out_list), FORMAT_CODES[fmt.name], b_br, cfg.promote, tile0, flops, nbytes,
-        cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages,
-    )
+    args = (table, alpha, list(out_list), FORMAT_CODES[fmt.name], b_br, tile0, flops, nbytes)
+    if _eager_ok(table, *out_list):
+        _grouped_list_impl(*args, cfg)
+    else:
+        torch.ops.blockscaled.grouped_gemm_list(*args, encode_config(cfg))
     return list(out_list)

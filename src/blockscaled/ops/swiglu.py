@@ -30,7 +30,6 @@ from .grouped import (
     check_masked_m,
     check_offsets,
     check_pair,
-    hopper_gemm_config,
     hopper_reason,
     is_forced_hopper,
     launch,
@@ -181,13 +180,12 @@ def swiglu(
         raise ValueError(f"config.strategy: 'hopper' cannot run this call: {why}")
     if forced_hopper or (config is None and why is None and swiglu_hopper_preferred(mode, a.shape[0], n)):
         # sm_90 fp8_block x 128x128 weights: the Gluon wide kernel with gate | up halves per
-        # tile (ops._hopper.choose_swiglu_config); tiles travel in the GemmConfig fields.
+        # tile (ops._hopper.choose_swiglu_config), launched with exactly that HopperConfig.
         from . import _hopper
 
         m_rows = a.shape[0] * (a.shape[1] if masked else 1)
         h = _hopper.choose_swiglu_config(mode, m_rows, rows, n, _hopper.num_sms_of(dev), out_dtype.itemsize)
-        return launch(a, b_gate, gs_g, b_up, seg, out, out_dtype, mode, hopper_gemm_config(h), b2_gs=gs_u,
-                      check_op=check_op)
+        return launch(a, b_gate, gs_g, b_up, seg, out, out_dtype, mode, h, b2_gs=gs_u, check_op=check_op)
     cfg = resolve_config(config, fmt, rows, n, k, dev, dual=True, a_dtype=a_dtype, mode=mode,
                          experts=e, out_dtype=out_dtype, a=a)
     return launch(a, b_gate, gs_g, b_up, seg, out, out_dtype, mode, cfg, b2_gs=gs_u, check_op=check_op)

@@ -1,0 +1,180 @@
+"""Eager grouped_gemm / swiglu / grouped_gemm_list run their implementation directly (no
+torch.library round trip); the custom ops (torch.compile, tracing, dispatch modes, or the
+``gemm.EAGER_FAST_PATH = False`` switch) decode the config they carry and run the same
+implementation: the same config and bitwise the same output on both paths, the device-side
+metadata check on both. CPU: the portable kernels in the Triton interpreter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import blockscaled as bs
+import blockscaled._checks as checks
+from blockscaled.config import GemmConfig
+from blockscaled.ops import errors
+from blockscaled.ops import gemm as gemm_mod
+from blockscaled.ops import grouped as grouped_mod
+from blockscaled.reference.quantize import quantize
+from blockscaled.testing.compare import bitwise_equal
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available() is False and not checks.INTERPRET,
+                                reason="needs the Triton interpreter (TRITON_INTERPRET=1) or a GPU")
+
+
+def _q(shape, fmt, device, seed, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return quantize((torch.randn(*shape, generator=g) * scale).to(device), fmt)
+
+
+def _i32(v, device):
+    return torch.tensor(v, dtype=torch.int32, device=device)
+
+
+def _cases(device):
+    """name -> (fn() -> output tensor). Small shapes, several formats and all groupings."""
+    e, n, k = 3, 16, 64
+    a = _q((10, k), "mxfp8", device, 1)
+    b8 = _q((e, n, k), "mxfp8", device, 3, 0.1)
+    bfp8 = quantize((torch.randn(e, 128, 128, generator=torch.Generator().manual_seed(4)) * 0.1).to(device),
+                    "fp8_block", block=(128, 128))
+    a3k = _q((e, 5, 128), "fp8_block", device, 5)
+    b4 = _q((e, n, k), "mxfp4", device, 6, 0.1)
+    a4 = _q((10, k), "mxfp4", device, 7)
+    up = _q((e, n, k), "mxfp8", device, 8, 0.1)
+    offs, cnt = _i32([0, 4, 4, 10], device), _i32([2, 0, 5], device)
+    wd, ud = _q((n, k), "nvfp4", device, 9, 0.1), _q((n, k), "nvfp4", device, 10, 0.1)
+    ad = _q((7, k), "nvfp4", device, 11)
+
+    def out_into():
+        out = torch.full((10, n), float("nan"), device=device)
+        bs.grouped_gemm(a, b8, offsets=offs, out=out, out_dtype=torch.float32, validate=False)
+        return out
+
+    def masked():  # rows past a count are unspecified: compare the counted rows only
+        y = bs.grouped_gemm(a3k, bfp8, masked_m=_i32([5, 1, 0], device), out_dtype=torch.float32)
+        return torch.cat([y[0, :5], y[1, :1]])
+
+    def swiglu_masked():
+        y = bs.swiglu(a3k, bfp8, bfp8, masked_m=_i32([3, 5, 2], device))
+        return torch.cat([y[0, :3], y[1, :5], y[2, :2]])
+
+    return {
+        "contiguous": lambda: bs.grouped_gemm(a, b8, offsets=offs),
+        "contiguous_out": out_into,
+        "masked_fp8_128x128": masked,
+        "masked_expected_m": lambda: bs.grouped_gemm(_q((e, 5, k), "mxfp8", device, 12), b8, masked_m=cnt,
+                                                     expected_m=2)[0, :2],
+        "dequant_matmul": lambda: bs.grouped_gemm(a4, b4, offsets=offs,
+                                                  config=GemmConfig(strategy="dequant_matmul")),
+        "weight_only": lambda: bs.grouped_gemm(torch.randn(10, k, generator=torch.Generator().manual_seed(13))
+                                               .to(torch.bfloat16).to(device), b4, offsets=offs),
+        "swiglu_dense": lambda: bs.swiglu(ad, wd, ud, out_dtype=torch.float32),
+        "swiglu_contiguous": lambda: bs.swiglu(a, b8, up, offsets=offs),
+        "swiglu_masked": swiglu_masked,
+        "list": lambda: torch.cat([y.flatten() for y in bs.grouped_gemm_list(
+            [_q((3, k), "nvfp4", device, 14), _q((5, 32), "nvfp4", device, 15)],
+            [_q((16, k), "nvfp4", device, 16), _q((8, 32), "nvfp4", device, 17)])]),
+    }
+
+
+CASES = list(_cases("cpu"))
+
+
+class _Spy:
+    """Records the config each implementation call runs and how many times the ops decoded one."""
+
+    def __init__(self, monkeypatch):
+        self.cfgs, self.decoded = [], 0
+        impl, list_impl, decode = grouped_mod.grouped_impl, grouped_mod._grouped_list_impl, grouped_mod.decode_config
+
+        def grouped_impl(*args, **kw):
+            self.cfgs.append(args[16])  # positional: ..., fmt_id, grouping, k, b_br, cfg, check_op
+            return impl(*args, **kw)
+
+        def grouped_list_impl(*args, **kw):
+            self.cfgs.append(args[-1])
+            return list_impl(*args, **kw)
+
+        def decode_config(code):
+            self.decoded += 1
+            return decode(code)
+
+        monkeypatch.setattr(grouped_mod, "grouped_impl", grouped_impl)
+        monkeypatch.setattr(grouped_mod, "_grouped_list_impl", grouped_list_impl)
+        monkeypatch.setattr(grouped_mod, "decode_config", decode_config)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_fast_path_and_custom_op_agree(name, device, monkeypatch):
+    """Eager: the implementation runs without the custom op (nothing decoded); with the fast path
+    off: through the op (one decode per launch); the same configs, bitwise the same output."""
+    if device == "cpu" and not checks.INTERPRET:
+        pytest.skip("needs TRITON_INTERPRET=1")
+    spy = _Spy(monkeypatch)
+    fast = _cases(device)[name]()
+    fast_cfgs, spy.cfgs = spy.cfgs, []
+    assert spy.decoded == 0 and fast_cfgs, "the eager call went through the custom op"
+    monkeypatch.setattr(gemm_mod, "EAGER_FAST_PATH", False)
+    slow = _cases(device)[name]()
+    assert spy.decoded == len(spy.cfgs) == len(fast_cfgs), (spy.decoded, spy.cfgs)
+    assert spy.cfgs == fast_cfgs
+    assert fast.dtype == slow.dtype and bitwise_equal(fast, slow), name
+
+
+def test_eager_call_never_touches_the_ops(device, monkeypatch):
+    """The torch.ops entries made to fail: eager calls still work (they never reach them)."""
+    if device == "cpu" and not checks.INTERPRET:
+        pytest.skip("needs TRITON_INTERPRET=1")
+
+    class Boom:
+        def __getattr__(self, name):
+            raise AssertionError(f"torch.ops.blockscaled.{name} called on the eager path")
+
+    want = {k: f() for k, f in _cases(device).items()}
+    monkeypatch.setattr(torch.ops, "blockscaled", Boom())
+    for name, f in _cases(device).items():
+        assert bitwise_equal(f(), want[name]), name
+
+
+def test_dispatch_mode_takes_the_custom_op(device, monkeypatch):
+    """Under a TorchDispatchMode the call goes through the registered op (the mode sees it)."""
+    if device == "cpu" and not checks.INTERPRET:
+        pytest.skip("needs TRITON_INTERPRET=1")
+    seen = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    f = _cases(device)["contiguous"]
+    want = f()
+    with Record():
+        got = f()
+    assert any("blockscaled.grouped_gemm" in s for s in seen), seen[:10]
+    assert bitwise_equal(got, want)
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast_path", "custom_op"])
+def test_device_metadata_check_on_both_paths(fast, device, monkeypatch):
+    """validate=False with bad offsets: NaN over the output and the sticky flag, on either path."""
+    if device == "cpu" and not checks.INTERPRET:
+        pytest.skip("needs TRITON_INTERPRET=1")
+    monkeypatch.setattr(gemm_mod, "EAGER_FAST_PATH", fast)
+    for buf in errors._FLAGS.values():
+        buf.zero_()
+    a, b, up = _q((10, 64), "mxfp8", device, 1), _q((3, 16, 64), "mxfp8", device, 2), _q((3, 16, 64), "mxfp8", device, 3)
+    bad = _i32([0, 5, 4, 10], device)
+    assert bs.grouped_gemm(a, b, offsets=bad, validate=False).isnan().all()
+    with pytest.raises(RuntimeError, match="blockscaled.grouped_gemm"):
+        bs.check_errors(device)
+    assert bs.swiglu(a, b, up, offsets=bad, validate=False).isnan().all()
+    with pytest.raises(RuntimeError, match="blockscaled.swiglu"):
+        bs.check_errors(device)
+    # one expert: the dense-GEMM shortcut with the same device check
+    a1, b1 = _q((6, 128), "fp8_block", device, 4), _q((1, 16, 128), "fp8_block", device, 5)
+    assert bs.grouped_gemm(a1, b1, offsets=_i32([0, 5], device), validate=False).isnan().all()
+    with pytest.raises(RuntimeError, match="blockscaled.grouped_gemm"):
+        bs.check_errors(device)
