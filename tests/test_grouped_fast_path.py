@@ -16,6 +16,7 @@ from blockscaled.config import GemmConfig
 from blockscaled.ops import errors
 from blockscaled.ops import gemm as gemm_mod
 from blockscaled.ops import grouped as grouped_mod
+from blockscaled.ops import swiglu as swiglu_mod
 from blockscaled.reference.quantize import quantize
 from blockscaled.testing.compare import bitwise_equal
 
@@ -178,3 +179,55 @@ def test_device_metadata_check_on_both_paths(fast, device, monkeypatch):
     assert bs.grouped_gemm(a1, b1, offsets=_i32([0, 5], device), validate=False).isnan().all()
     with pytest.raises(RuntimeError, match="blockscaled.grouped_gemm"):
         bs.check_errors(device)
+
+
+# dynamo's note on tracing through the lru_cache of the Hopper choosers (pure functions)
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
+@pytest.mark.parametrize("dual", [False, True], ids=["grouped", "swiglu"])
+def test_hopper_plan_crosses_the_op_under_compile(dual, device, monkeypatch):
+    """CPU stand-in for the sm_90 path: the Hopper branch forced (reason None, 132 SMs) and its
+    launcher replaced by a recorder that runs the portable kernel. Eager, custom op and
+    torch.compile(fullgraph=True, backend="aot_eager") all hand the launcher the chooser's
+    HopperConfig, the tail split included (the grouped chooser is asked for the issue's row,
+    E=4 m=512 N=7168 K=7168 on 132 SMs: tail_split 2, whatever the tiny shapes here)."""
+    if device != "cpu" or not checks.INTERPRET:
+        pytest.skip("CPU stand-in (the GPU test is tests/test_plan_carried_gpu.py)")
+    from dataclasses import replace
+
+    from blockscaled.ops import _hopper as H
+
+    seen = []
+
+    def fake_launcher(a_data, a_scale, b_data, b_scale, seg, mode, out, cfg=None, b2_data=None, b2_scale=None):
+        seen.append(cfg)
+        H._portable_grouped(a_data, a_scale, b_data, b_scale, seg, mode, out, b2_data, b2_scale)
+
+    real = H.choose_grouped_config
+    want_split = real(512, 7168, 7168, 132, 4, 4)
+    assert want_split.tail_split == 2
+    # the shapes below are tiny: the real chooser (traced by dynamo under compile) is asked for
+    # the big row's config
+    monkeypatch.setattr(H, "choose_grouped_config", lambda *args: real(512, 7168, 7168, 132, 4, 4))
+    monkeypatch.setattr(grouped_mod, "hopper_reason", lambda *args, **kw: None)
+    monkeypatch.setattr(swiglu_mod, "hopper_reason", lambda *args, **kw: None)
+    monkeypatch.setattr(H, "num_sms_of", lambda dev: 132)
+    monkeypatch.setattr(H, "grouped_fp8_block_hopper_impl", fake_launcher)
+    want = want_split if not dual else H.choose_swiglu_config(1, 8, 4.0, 128, 132, 4)
+    a = _q((8, 128), "fp8_block", device, 1)
+    b = quantize((torch.randn(2, 128, 128, generator=torch.Generator().manual_seed(2)) * 0.1).to(device),
+                 "fp8_block", block=(128, 128))
+    offs = _i32([0, 3, 8], device)
+
+    def f(a_data):
+        aa = replace(a, data=a_data)
+        if dual:
+            return bs.swiglu(aa, b, b, offsets=offs, out_dtype=torch.float32)
+        return bs.grouped_gemm(aa, b, offsets=offs, out_dtype=torch.float32)
+
+    eager = f(a.data)
+    monkeypatch.setattr(gemm_mod, "EAGER_FAST_PATH", False)
+    via_op = f(a.data)
+    monkeypatch.setattr(gemm_mod, "EAGER_FAST_PATH", True)
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")(a.data)
+    assert seen == [want] * 3, seen
+    assert bitwise_equal(eager, via_op) and bitwise_equal(eager, compiled)
