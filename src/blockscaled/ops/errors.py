@@ -223,12 +223,14 @@ def check_errors(device: torch.device | str | None = None) -> None:
 
 
 # Custom op for launches outside the grouped custom ops (the one-expert contiguous call runs the
-# dense GEMM, then this), so torch.compile(fullgraph=True) traces one opaque op.
+# dense GEMM, then this), so torch.compile(fullgraph=True) traces one opaque op. Its layout
+# argument is not called ``mode``: inductor wraps mutating ops in auto_functionalized_v2, whose
+# own ``mode`` parameter then gets the value twice (TypeError at compile time, seen on torch 2.11).
 @torch.library.custom_op("blockscaled::check_metadata", mutates_args=("out",))
-def _check_metadata_op(seg: torch.Tensor, out: torch.Tensor, op: int, mode: int, limit: int) -> None:
-    check_metadata(seg, out, op, mode, limit)
+def _check_metadata_op(seg: torch.Tensor, out: torch.Tensor, op: int, grouping: int, limit: int) -> None:
+    check_metadata(seg, out, op, grouping, limit)
 
 
 @_check_metadata_op.register_fake
-def _(seg, out, op, mode, limit) -> None:
+def _(seg, out, op, grouping, limit) -> None:
     return None
