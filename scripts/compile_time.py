@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Compile time of the DeepSeek-V3 fp8_block serving path: cold start and warm (cached) start.
 
-Issue 5 targets: cold start for all DeepSeek-V3 shapes under 60 s, warm (cached) under 2 s.
+Targets (docs/design.md, "The bar"): cold start for all DeepSeek-V3 shapes under 60 s, warm
+(cached) under 2 s.
 
 What is measured. Each measurement is a NEW Python process (spawned by this script) that
 imports torch, creates the CUDA context, imports triton and blockscaled, builds inputs, then

@@ -3,10 +3,11 @@
     python scripts/grouped_sweep.py [--json OUT.json]     # ~2-3 min on an H100
 
 Rows: masked E=8, max_m=256, m=128 per expert at (N, K) = (4096, 7168) and (7168, 2048) (DeepGEMM
-604 / 485 TFLOP/s, design.md run B) and contiguous E=8 m=128 N=4096 K=7168 (DeepGEMM 592). For
-each: today's choice (``ops._hopper.choose_grouped_config``) and every (block_m, block_n, ring
-depth, GROUP_M, split_wg) candidate, checked once against the float64 reference of the same
-quantized inputs, timed with the bench's timer (CUDA-graph medians, inputs rotated past L2).
+604 / 485 TFLOP/s, docs/design.md, "Measurements older than NOTES.md") and contiguous E=8 m=128
+N=4096 K=7168 (DeepGEMM 592). For each: today's choice (``ops._hopper.choose_grouped_config``) and
+every (block_m, block_n, ring depth, GROUP_M, split_wg) candidate, checked once against the float64
+reference of the same quantized inputs, timed with the bench's timer (CUDA-graph medians, inputs
+rotated past L2).
 """
 
 from __future__ import annotations

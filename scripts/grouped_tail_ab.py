@@ -3,9 +3,10 @@ suite's contiguous rows whose tiles leave a partial last wave, today's config (c
 against no split and splits 2-4, every candidate checked against the float64 reference first, then
 timed in ``--rounds`` interleaved rounds (CUDA-graph medians, inputs rotated past L2); the ratio is
 the median of the per-round ratios to "off". ``--vs-dense`` also times the same FLOPs as one dense
-GEMM with the grouped config (what session 9 used to find the grouped K loop's divergence); equal
-bytes only at m=512, where B's traffic is small next to the math: at m <= 128 the grouped launch
-reads E weights, the dense one reads one, so the dense time is no bar there.
+GEMM with the grouped config (how the grouped K loop's divergent code was found, benchmarks/NOTES.md
+2026-11-23, "Grouped tiles were 15-18% slower than dense tiles doing the same work"); equal bytes
+only at m=512, where B's traffic is small next to the math: at m <= 128 the grouped launch reads E
+weights, the dense one reads one, so the dense time is no bar there.
 
     python scripts/grouped_tail_ab.py [--rounds 5] [--vs-dense] [--json OUT.json]
 """

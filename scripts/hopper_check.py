@@ -35,7 +35,8 @@ from blockscaled.reference import gemm as ref_gemm  # noqa: E402
 from blockscaled.testing.tolerances import assert_gemm_close  # noqa: E402
 
 DSV3_NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
-# DeepGEMM v2.6.1 on the same kind of H100 at M=4096 (design.md section 7, run B), TFLOP/s
+# DeepGEMM v2.6.1 on the same kind of H100 at M=4096 (docs/design.md, "Measurements older than
+# NOTES.md"), TFLOP/s
 DEEPGEMM_4096 = {(2112, 7168): 1186, (24576, 1536): 1175, (32768, 512): 935, (7168, 16384): 1257,
                  (4096, 7168): 1307, (7168, 2048): 1216}
 ODD = [(1, 2112, 7168), (77, 7168, 2048), (128, 200, 7168), (4096, 200, 1536), (77, 200, 320), (4096, 4096, 320),
@@ -112,7 +113,7 @@ def main() -> int:
     hdr = (f"{'variant':<36} {'M':>5} {'N':>6} {'K':>6} {'cfg':<14} {'TFLOP/s':>8} {'cuBLAS':>8} {'ratio':>6} "
            f"{'DG4096':>6} {'rel_fro':>9} {'nmax':>9} {'==tma':>5} {'1st_s':>6}  status")
     # TFLOP/s: ours (median of CUDA-graph replays); cuBLAS: torch._scaled_mm fp8_block same run; ratio = ours/cuBLAS;
-    # DG4096: DeepGEMM's H100 figure at M=4096 (design.md); rel_fro / nmax: vs float64 reference;
+    # DG4096: DeepGEMM's H100 figure at M=4096 (DEEPGEMM_4096 above); rel_fro / nmax: vs float64 reference;
     # ==tma: bitwise equal to the tma variant's output (same promotion order, expected "yes");
     # 1st_s: wall time of the first call (includes the JIT compile when the config is new).
     print(hdr)

@@ -6,7 +6,8 @@ Correctness (float64 reference of the same quantized inputs, outputs poisoned wi
 contiguous with empty / single-row / skewed experts and N, K tails; masked with counts 0, 1,
 max_m and partial tiles; rows past a count must keep their poison. A CUDA graph captures the
 masked GEMM and is replayed with changed counts. Timing (median of CUDA-graph replays) on the MoE
-shapes DeepGEMM reports (design.md section 7), next to the portable grouped kernel.
+shapes DeepGEMM reports (docs/design.md, "Measurements older than NOTES.md"), next to the portable
+grouped kernel.
 """
 
 from __future__ import annotations
@@ -123,7 +124,8 @@ def main() -> int:
             fails += 1
             print(f"FAIL  {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
             traceback.print_exc()
-    # timing: (mode, E, m per expert, N, K, DeepGEMM TFLOP/s from design.md)
+    # timing: (mode, E, m per expert, N, K, DeepGEMM TFLOP/s from docs/design.md, "Measurements
+    # older than NOTES.md")
     rows = [(1, 8, 128, 4096, 7168, 592), (1, 8, 512, 4096, 7168, None), (1, 8, 256, 7168, 2048, None),
             (2, 8, 64, 4096, 7168, 311), (2, 8, 128, 4096, 7168, 604), (2, 8, 64, 7168, 2048, 268),
             (2, 8, 128, 7168, 2048, 485), (1, 32, 64, 4096, 7168, None), (1, 256, 32, 2048, 7168, None)]

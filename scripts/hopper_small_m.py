@@ -80,8 +80,9 @@ def checked_us(fn, sets, ref, what, warmup=5, iterations=30):
 
 def interleaved_us(fns, sets, rounds, iterations=20, warmup=3):
     """Time every ``fns[name](*args)`` in ``rounds`` interleaved rounds (each round times every
-    candidate once, odd rounds in reverse order, so that a drift of the GPU's speed during the
-    run reaches all candidates alike: the H100 drifted by up to 11% within minutes, session 8).
+    candidate once, odd rounds in reverse order, so that a drift of the GPU's speed during the run
+    reaches all candidates alike: the H100 drifted by up to 11% within minutes, benchmarks/NOTES.md
+    2026-11-23, "The H100's run-to-run noise").
     ``sets``: one list of rotated argument tuples for all, or a dict name -> list. Returns name
     -> [CUDA-graph median us per round]."""
     us = {name: [] for name in fns}

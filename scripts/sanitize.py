@@ -160,7 +160,8 @@ def _close_masked(out, ref, fmt, out_dtype, what) -> str:
 
 def _equal_or_interp_ulp(got, want, what) -> None:
     """Bitwise; in the Triton interpreter bf16 outputs may be 1 ulp off (it truncates
-    fp32 -> bf16 instead of rounding to nearest; TEAM.md 11:30). On the GPU: bitwise."""
+    fp32 -> bf16 instead of rounding to nearest; docs/design.md, "Interpreter caveats"). On the
+    GPU: bitwise."""
     got = got.cpu()
     if bitwise_equal(got, want):
         return
@@ -580,8 +581,9 @@ def grouped_cases() -> list[Case]:
 
     hg("masked-fp8_block-hopper-128x128-g1", "masked", 128, 128)
     hg("contig-fp8_block-hopper-64x128-g8", "contig", 64, 128)
-    # the grouped tail split (session 9), 128x128 tiles on 4 SMs: contiguous 3 row tiles x 3 = 9
-    # tiles -> 8 whole + 1 in 2 K ranges; masked (2 x 3 = 6) -> 4 whole + 2 split; both reductions
+    # the grouped tail split (the kernel applies it on the device, from the real tile count),
+    # 128x128 tiles on 4 SMs: contiguous 3 row tiles x 3 = 9 tiles -> 8 whole + 1 in 2 K ranges;
+    # masked (2 x 3 = 6) -> 4 whole + 2 split; both reductions
     hg("contig-fp8_block-hopper-128x128-tail2-spread-sms4", "contig", 128, 128, 2, "spread", 4)
     hg("masked-fp8_block-hopper-128x128-tail2-spread-sms4", "masked", 128, 128, 2, "spread", 4)
     hg("contig-fp8_block-hopper-128x128-tail2-last-sms4", "contig", 128, 128, 2, "last", 4)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # compute-sanitizer (memcheck, racecheck, synccheck) over scripts/sanitize.py: one small call of
-# every kernel variant, each checked against its reference (issue 5: "memcheck and racecheck
-# clean on one run of each variant").
+# every kernel variant, each checked against its reference (target, docs/design.md, "The bar":
+# memcheck, racecheck and synccheck clean on one run of each kernel variant).
 #
 #   OUT=/some/dir bash scripts/sanitize.sh          # or: bash scripts/sanitize.sh --out DIR
 #

@@ -5,8 +5,9 @@ reference and against each other (bitwise: the same fixed summation order).
 
 The library launches "spread" cooperatively (triton's launch_cooperative_grid: the driver
 co-schedules the whole grid, the spread wait's co-residency condition, see
-HopperConfig.split_reduce). ``--plain`` adds "spread" launched without it (the H100 A/B of
-session 8 that enabled it: the same times within 0.2 us on all 14 rows), checked bitwise against
+HopperConfig.split_reduce). ``--plain`` adds "spread" launched without it (the H100 A/B that
+enabled it, benchmarks/NOTES.md 2026-11-23, "Cooperative launch of the spread reduction": the same
+times within 0.2 us on all 14 rows), checked bitwise against
 "last".
 
 ``--probe`` adds two edited copies of the kernel, timing only (their results are wrong): "noread"

@@ -1,9 +1,10 @@
 """H100 sweep of the portable GEMM's split-K at small M and large K (fp8_block), with an A/B of
 the split-K reduction.
 
-Question (issue 5, small M): at 2 <= M <= 128 on K >= 7168 the portable kernel needs a K split
-to fill 132 SMs, and session 4 found that "many short units" is what pays at decode, but more
-splits cost more reduction. For each case it times, with CUDA-graph replay and inputs rotated
+Question (small M, the 85%-of-the-memory-floor target of docs/design.md, "The bar"): at
+2 <= M <= 128 on K >= 7168 the portable kernel needs a K split to fill 132 SMs, and "many short
+units" is what pays at decode (benchmarks/NOTES.md 2026-11-22, "The ceiling"), but more splits
+cost more reduction. For each case it times, with CUDA-graph replay and inputs rotated
 past L2 (blockscaled.bench.timing.time_op):
 
   * the heuristic's choice (``heur``) and a grid: the tile candidates below at every split the

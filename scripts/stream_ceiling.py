@@ -2,10 +2,10 @@
 
     python scripts/stream_ceiling.py [--json OUT.json]     # ~1 min on an H100
 
-The small-M target of issue 5 is 85% of the memory floor (bytes read once + output written once
-at the copy bandwidth the bench measures, 256 MiB copies). At 15-30 MB a launch lasts 5-10 us,
-so a fixed per-launch cost (graph launch gap, DRAM latency of the first loads, the last wave's
-tail) weighs 10-40%. This script measures, with the bench's own timer (CUDA-graph replays,
+The small-M target (docs/design.md, "The bar") is 85% of the memory floor (bytes read once + output
+written once at the copy bandwidth the bench measures, 256 MiB copies). At 15-30 MB a launch lasts
+5-10 us, so a fixed per-launch cost (graph launch gap, DRAM latency of the first loads, the last
+wave's tail) weighs 10-40%. This script measures, with the bench's own timer (CUDA-graph replays,
 inputs rotated past L2):
   * an empty kernel (the per-launch cost of a graph node on its own);
   * a pure streaming read of exactly the bytes of each DeepSeek-V3 shape at M=1 (weights, weight

@@ -6,10 +6,11 @@ Streams a [N, K] fp8 weight through a TMA ring of 128x128 boxes exactly as the w
 producer loads B (one program per (128-row tile, K range), STAGES boxes in flight, no math), from
 the row-major layout (each box = 128 rows x 128 B, rows K bytes apart) and from a pre-packed
 layout in which every box is 16 KB contiguous; prints the CUDA-graph median (inputs rotated past
-L2) and GB/s per grid and ring depth. Session 9 (H100): pre-packed was only 1-5% faster (e.g.
-7168x7168 split 2, 4 stages: 19.2 vs 19.0 us), so DRAM page locality of the tiled reads is not
-what keeps the small-M GEMMs from the floor; the row-major stream itself reached 2.0 TB/s on the
-15 MB shapes (7.2 us, launch and ramp included) and 2.5-2.9 TB/s on 51-117 MB ones.
+L2) and GB/s per grid and ring depth. H100 (benchmarks/NOTES.md 2026-11-23, "Is the tiled weight
+read what keeps small M from the floor? No."): pre-packed was only 1-5% faster (e.g. 7168x7168 split
+2, 4 stages: 19.2 vs 19.0 us), so DRAM page locality of the tiled reads is not what keeps the
+small-M GEMMs from the floor; the row-major stream itself reached 2.0 TB/s on the 15 MB shapes (7.2
+us, launch and ramp included) and 2.5-2.9 TB/s on 51-117 MB ones.
 """
 
 from __future__ import annotations

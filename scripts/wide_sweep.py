@@ -53,7 +53,9 @@ def candidates(cfg: H.HopperConfig, m: int, n: int, k: int, nsm: int):
     if cfg.block_m == 128:  # one 64-row warpgroup per tile: twice the tiles
         alt = H._fill_stages(dataclasses.replace(cfg, block_m=64, num_warps=4, stages=2), 2)
         out.append((f"block_m=64 s{alt.stages}", alt))
-        for sk in (1, 2):  # ... unsplit / split 2 whatever the dispatch splits (small M, session 9)
+        # ... unsplit / split 2 whatever the dispatch splits (small M: 64-row tiles won there,
+        # benchmarks/NOTES.md 2026-11-23, "64-row tiles at 64 < M <= 256")
+        for sk in (1, 2):
             if sk != cfg.split_k and -(-m // 64) * -(-n // 128) * sk <= nsm:
                 out.append((f"block_m=64 sk{sk}", dataclasses.replace(alt, split_k=sk, tail_split=1)))
     for g in (16, 32):

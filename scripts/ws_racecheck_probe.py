@@ -6,7 +6,7 @@ probe / probe2 have no shared memory of their own: if racecheck reports hazards 
 from Triton's warp-specialization machinery (the partition-switch loop and its state in shared
 memory), not from a kernel's own code: our fp8 kernels' racecheck reports sit at the same places
 (kernel prologue reads vs writes attributed to the ``gl.warp_specialize`` line).
-probe3 is the wide kernel's A-scale handoff alone (session 10, ``_stage_a_scales``): a 1-warp
+probe3 is the wide kernel's A-scale handoff alone (``_stage_a_scales``): a 1-warp
 partition cp.async-copies 128 floats into shared memory and each of its threads arrives (.noinc)
 on an mbarrier of count 32 once its copies have landed; the 4-warp partition waits on the barrier
 and reads them. That is the PTX pattern of cuda::memcpy_async with a barrier, correct by the

@@ -3,7 +3,7 @@
 Every other module (quantizers, GEMMs, layout converters, the bench) reads element sizes,
 block sizes, scale encodings and limits from here instead of repeating literals.
 
-Exact definitions (design.md section 3):
+Exact definitions (docs/formats.md, "The four formats"):
 
 ============  ==============  =====================  ==========================================
 format        data            scale                  block

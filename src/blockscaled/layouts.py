@@ -511,7 +511,7 @@ def to_cublas(q: ScaledTensor) -> tuple[torch.Tensor, torch.Tensor]:
     ``[blocked_numel(rows, ceil(K/block))]`` (batched: ``[..., blocked_numel]``). nvfp4's
     global scale is not part of the layout: ``dequantize = q * sf / gs``, so pass
     ``1 / (gs_a * gs_b)`` as the GEMM's alpha. fp8_block has no 32_4_4 layout (cuBLAS takes
-    its fp32 scales as in design.md section 7) -> ValueError.
+    its fp32 scales as listed in docs/design.md, "Measurements older than NOTES.md") -> ValueError.
     """
     _check_q(q)
     f = q.format

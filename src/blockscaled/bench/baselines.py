@@ -166,7 +166,8 @@ class CublasFp8Tensorwise(Baseline):
 
 
 class CublasFp8Block(Baseline):
-    """cuBLAS DeepSeek fp8_block via torch._scaled_mm (the exact call of design.md section 7)."""
+    """cuBLAS DeepSeek fp8_block via torch._scaled_mm (the exact call listed in docs/design.md,
+    "Measurements older than NOTES.md")."""
 
     name = "cublas-fp8-block"
     formats = ("fp8_block",)

@@ -80,7 +80,7 @@ def ab_pairs(rows: list[dict]) -> dict[str, list[dict]]:
 
 
 def summary_rows(rows: list[dict]) -> list[dict]:
-    """One line per (case, format) of our ops: quant / main op / end-to-end, seed-001 style."""
+    """One line per (case, format) of our ops: quant / main op / end-to-end side by side."""
     by: dict[tuple, dict] = {}
     order: list[tuple] = []
     for r in rows:
@@ -174,7 +174,7 @@ def _ab_table_data(pairs: list[dict]):
 
 
 def bar_checks(rows: list[dict]) -> list[list[str]]:
-    """The bar of design.md section 7, checked on whatever this run measured:
+    """The bar (docs/design.md, "The bar"), checked on whatever this run measured:
     [criterion, measured, target, verdict] (criteria without data are left out)."""
     out = []
     pairs = ab_pairs(rows)
@@ -285,7 +285,7 @@ def print_report(result: dict, console=None) -> None:
     for base, pairs in ab_pairs(rows).items():
         head, body, foot = _ab_table_data(pairs)
         show(f"A/B vs {base}", head, body, caption=foot)
-    show("The bar (design.md section 7)", ["criterion", "measured", "target", "verdict"], bar_checks(rows))
+    show("The bar (docs/design.md)", ["criterion", "measured", "target", "verdict"], bar_checks(rows))
     errs = [r for r in rows if r.get("status") == "error"]
     for r in errs:
         console.print(f"[red]error[/red] {r['impl']} {r['op']} {r['format']} {r['case']}: {r['note']}")
@@ -316,7 +316,7 @@ def markdown_report(result: dict, title: str = "blockscaled bench") -> str:
         parts += [f"## A/B vs {base}", "", _md_table(h, b), "", f"**{foot}**", ""]
     bar = bar_checks(rows)
     if bar:
-        parts += ["## The bar (design.md section 7)", "", _md_table(["criterion", "measured", "target", "verdict"], bar), ""]
+        parts += ["## The bar (docs/design.md)", "", _md_table(["criterion", "measured", "target", "verdict"], bar), ""]
     errs = [r for r in rows if r.get("status") == "error"]
     if errs:
         parts += ["## Errors", ""] + [f"- {r['impl']} {r['op']} {r['format']} {r['case']}: {r['note']}" for r in errs] + [""]

@@ -54,8 +54,9 @@ class RunConfig:
     warmup: int = 10
     #: timed samples are split into this many rounds, interleaved over ours and the baselines of
     #: a case (round r of every implementation before round r + 1 of any); reported: the median
-    #: over the rounds. The H100 drifted by up to 11% within a minute (NOTES, session 8): timing
-    #: ours and then the baselines once each put that drift into the ratio.
+    #: over the rounds. The H100 drifted by up to 11% within a minute (benchmarks/NOTES.md
+    #: 2026-11-23, "The H100's run-to-run noise"): timing ours and then the baselines once each put
+    #: that drift into the ratio.
     rounds: int = 3
     correctness: bool = True
     timing: bool = True  # False: correctness only (CPU / interpreter)
@@ -84,9 +85,9 @@ def rel_error(y: torch.Tensor, ref: torch.Tensor) -> tuple[float, int, float]:
 def tolerance(fmt: str, out_dtype: torch.dtype) -> tuple[float, float]:
     """(rel_fro, norm_max) limits: blockscaled.testing.tolerances' table when present, else a
     fallback of one output rounding with headroom. The same limits on the CPU: the interpreter
-    rounds bf16 outputs to nearest like the GPU (issue 17, obs. 7; it truncated before, which
-    doubled the error), so a CPU bench run would flag that coming back (measured: <= 2.1e-3
-    rel_fro on the default CPU run against the 4e-3 bf16 limit)."""
+    rounds bf16 outputs to nearest like the GPU (``kernels/triton/_interp.py::cast_out``; it
+    truncated before, which doubled the error), so a CPU bench run would flag that coming back
+    (measured: <= 2.1e-3 rel_fro on the default CPU run against the 4e-3 bf16 limit)."""
     try:
         from ..testing.tolerances import gemm_tolerance
 

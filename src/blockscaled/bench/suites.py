@@ -8,16 +8,18 @@ Kinds of case:
   ``quantize`` quantizer only, input ``[M, K]`` (op: quantize)
 
 Sources:
-  deepseek     DeepSeek-V3 dense N,K (design.md section 7) x M in {64,128,4096}; M in {1,16} with
-               ``--deepseek-small-m``.
-  moe          seed 002: E in {1,4,8} x m/expert in {64,128,512} x N,K in {2048,4096,7168} (81).
-  masked       design.md section 7 masked runs: E=8, max_m=256, m in {64,128}, (N,K) in
-               {(4096,7168),(7168,2048)}, plus skewed/empty counts.
-  nvfp4-group  GPU MODE ``nvfp4_group_gemm`` benchmarks, the version in seed 004 (varying M per
-               group, one N,K per case).
+  deepseek     DeepSeek-V3 dense N,K (the six shapes of docs/design.md, "Measurements older than
+               NOTES.md") x M in {64,128,4096}; M in {1,16} with ``--deepseek-small-m``.
+  moe          E in {1,4,8} x m/expert in {64,128,512} x N,K in {2048,4096,7168} (81).
+  masked       the shapes of DeepGEMM's masked figures (docs/design.md, "Measurements older than
+               NOTES.md"): E=8, max_m=256, m in {64,128}, (N,K) in {(4096,7168),(7168,2048)},
+               plus skewed/empty counts.
+  nvfp4-group  GPU MODE ``nvfp4_group_gemm`` benchmarks, an earlier revision of its task.yml
+               (varying M per group, one N,K per case).
   dual-gemm    GPU MODE ``nvfp4_dual_gemm`` task.yml benchmarks (M,N,K; L=1).
-  quantize     16384x7168 bf16 (issue 2's 2.5 TB/s target) plus a few engine shapes.
-  small/medium/large  the MXFP8 profiling script's test cases (seeds 000/001).
+  quantize     16384x7168 bf16 (the quantizer target of docs/design.md, "The bar": >= 2500 GB/s)
+               plus a few engine shapes.
+  small/medium/large  an MXFP8 profiling script's test cases.
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ class Case:
         return f"{self.label} {base}".strip() if self.label else base
 
 
-# DeepSeek-V3 dense GEMM (N, K) pairs, design.md section 7 (same order as its table).
+# DeepSeek-V3 dense GEMM (N, K) pairs, in the order of docs/design.md, "Measurements older than
+# NOTES.md" (the DeepGEMM figures the scripts compare with).
 DEEPSEEK_NK = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
 
 
@@ -101,9 +104,9 @@ def _masked() -> list[Case]:
     return out
 
 
-# GPU MODE nvfp4_group_gemm benchmarks (the version quoted by seed 004: M varies per group,
+# GPU MODE nvfp4_group_gemm benchmarks (an earlier revision of task.yml: M varies per group,
 # N and K fixed per case). A later revision of gpu-mode/reference-kernels task.yml
-# (commit ca68dc5) uses M=128 for all groups with varying N; see NVFP4_GROUP_V2.
+# (commit ca68dc5) uses M=128 for all groups with varying N; no suite has it yet.
 NVFP4_GROUP = (
     ((80, 176, 128, 72, 64, 248, 96, 160), 4096, 7168),
     ((40, 76, 168, 72, 164, 148, 196, 160), 7168, 2048),
@@ -132,8 +135,8 @@ def _quantize() -> list[Case]:
     return [Case("quantize", "quantize", m, 0, k, tags=("target",) if (m, k) == (16384, 7168) else ()) for m, k in shapes]
 
 
-# The MXFP8 profiling script's test cases (seeds 000/001), including the shapes the old kernel
-# failed on (M=256, N=512, K=1024; N not a multiple of 256).
+# An MXFP8 profiling script's test cases, including the shapes its kernel failed on (M=256, N=512,
+# K=1024; N not a multiple of 256).
 TEST_CASES: dict[str, tuple[tuple[int, int, int], ...]] = {
     "small": ((128, 256, 512), (256, 512, 1024), (1, 384, 640)),
     "medium": ((512, 1024, 2048), (1024, 2048, 4096), (777, 1536, 2112)),

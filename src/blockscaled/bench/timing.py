@@ -1,6 +1,6 @@
 """The one timing helper of the bench.
 
-Method (design.md section 7):
+Method (docs/design.md, "Measuring"):
   * first call timed apart (wall clock, synchronised): compile / autotune / first-launch cost;
   * ``warmup`` untimed calls;
   * inputs rotated over ``n_sets`` copies so the working set exceeds 2x the L2 size (read

@@ -2,7 +2,8 @@
 
 Not a library kernel (the library's kernels live in ``blockscaled.kernels``); it exists so the
 bench can show what Triton's own block-scaled dot gives on this GPU (on Hopper it is emulated
-by upcasting to bf16; design.md section 7 measured ~205 TFLOP/s at M=4096 for MXFP8).
+by upcasting to bf16; H100 measured ~205 TFLOP/s at M=4096 for MXFP8, docs/design.md,
+"Measurements older than NOTES.md").
 Requires K % BLOCK_K == 0 (checked by the caller) to stay the simplest possible kernel.
 """
 

@@ -15,10 +15,11 @@ HOPPER_MIN_M below and ``ops._hopper.choose_dispatch_config``.
 (``blockscaled.ops.quantize.dequantize``), then ``torch.matmul`` (cuBLAS). Rule: chosen on
 Hopper (sm_90) for MX/NV formats and weight-only GEMMs whenever the roofline model below
 predicts it faster than the Triton kernel; in practice from M of a few hundred up. Reason
-(design.md section 7, run C, H100): a plain Triton MX kernel is instruction-bound at about
-220 TFLOP/s while cuBLAS bf16 on pre-dequantized operands runs at about 750, and the
-dequantization costs only one pass over the operands at 3 TB/s. The issue's bar ("no op slower
-than dequantize + torch.matmul at M = 4096") is met by construction for these formats.
+(H100, docs/design.md, "Measurements older than NOTES.md"): a plain Triton MX kernel is
+instruction-bound at about 220 TFLOP/s while cuBLAS bf16 on pre-dequantized operands runs at
+about 750, and the dequantization costs only one pass over the operands at 3 TB/s. The target
+"no op slower than dequantize + torch.matmul at M = 4096" (docs/design.md, "The bar") is met by
+construction for these formats.
 fp8_block keeps the Triton FP8 kernel (FP8 wgmma; H100 at M = 4096: 554-655 TFLOP/s on the
 DeepSeek-V3 shapes, see _TRITON_FP8_FLOPS) except where the model predicts dequantize + cuBLAS
 bf16 at least 10% faster: short K (measured at M = 4096: K = 512 404 vs 554 TFLOP/s, K = 1536
@@ -60,12 +61,13 @@ _ELEM_BYTES = {"fp8_block": 1.0, "mxfp8": 1.0, "mxfp4": 0.5, "nvfp4": 0.5}
 #: scale bytes per scale
 _SCALE_BYTES = {"fp8_block": 4, "mxfp8": 1, "mxfp4": 1, "nvfp4": 1}
 
-# Roofline constants for the strategy model, H100 SXM, design.md section 7:
+# Roofline constants for the strategy model, H100 SXM, measured before benchmarks/NOTES.md was
+# started (docs/design.md, "Measurements older than NOTES.md"):
 #: copy bandwidth, bytes/s (measured 3.0 TB/s)
 _BW = 3.0e12
-#: cuBLAS bf16 on dequantized operands at large M (run C: 735-785 TFLOP/s)
+#: cuBLAS bf16 on dequantized operands at large M (measured 735-785 TFLOP/s at M = 4096)
 _BF16_FLOPS = 750e12
-#: plain Triton MX/NV kernel, bf16 upcast or per-32 promotion (run C: 197-248 TFLOP/s)
+#: plain Triton MX/NV kernel, bf16 upcast or per-32 promotion (measured 197-248 TFLOP/s at M = 4096)
 _TRITON_MX_FLOPS = 220e12
 #: Triton fp8_block kernel (128x128x128 tile, 8 warps, 3-4 stages), fitted to the H100 run at
 #: M = 4096 (TFLOP/s, Triton vs dequantize + cuBLAS bf16, both eager via do_bench):
@@ -257,8 +259,9 @@ def default_promote(fmt: str, m: int, a_dtype: torch.dtype | None) -> bool:
     fp8_block: always (fp32 scales are not exact in bf16; DeepSeek promotion). Weight-only with
     fp16 activations: always (scaled B values can leave fp16's range; raw e4m3/e2m1 values are
     exact in fp16). nvfp4 with quantized A: never (FP8 wgmma needs K >= 32 > 16-element blocks).
-    mxfp8/mxfp4 with quantized A: at M <= 128 (design.md run C: per-32 FP8 promotion 112 vs
-    bf16 upcast 87 TFLOP/s at M=128, 46 vs 36 at M=64; equal at M=4096). Weight-only bf16:
+    mxfp8/mxfp4 with quantized A: at M <= 128 (H100, docs/design.md, "Measurements older than
+    NOTES.md": per-32 FP8 promotion 112 vs bf16 upcast 87 TFLOP/s at M=128, 46 vs 36 at M=64;
+    about equal at M=4096). Weight-only bf16:
     never (dequantize B to bf16, exact, long K chunks)."""
     if fmt == "fp8_block":
         return True
@@ -469,7 +472,8 @@ _FP8_WIDE_N_TILES = 450
 
 
 #: fewest K blocks per split for the fp8 row rule's tie-break towards more splits (H100 sweep,
-#: session 6: splits of 14-64 blocks won their ties, 7 blocks lost)
+#: benchmarks/NOTES.md 2026-11-22, "Portable split-K: the reducing program's loads": splits of
+#: 14-64 blocks won their ties, 7 blocks lost)
 _FP8_TIE_MIN_KB = 12
 
 
@@ -488,14 +492,15 @@ def _fp8_rows_rule(m, n, kiters, info: DeviceInfo, promote, max_split) -> GemmCo
     its picks reached 22-69% where the best measured 35-75%): 64x64x128 tiles (64x128 when there
     are more than _FP8_WIDE_N_TILES), 4 warps, 4 stages, and the K split (at most two waves of
     programs) whose program count fills the last wave best (programs / (waves * SMs)), the most
-    splits on ties while each keeps >= _FP8_TIE_MIN_KB K blocks (session 6, scripts/splitk_sweep.py with the grouped reduction loads, H100 us:
-    2112x7168 M=128 sk2 15.55 -> sk4 14.99, 4096x7168 M=64 sk2 18.76 -> sk4 18.33, M=128 sk1
-    24.05 -> sk2 21.91, 7168x16384 M=64 sk1 60.03 -> sk2 52.29: all four ties went to the larger
-    split; 2112x7168 M=64 sk4 12.80 vs sk8 (7 blocks) 14.77 did not). Before that (fewest splits
-    on ties) it picked the
-    sweep's best config for 2112x7168 (M=64 sk4, M=128 sk2), 4096x7168 M=64 sk2, 7168x2048,
-    24576x1536 M=64 and 32768x512; within 3-10% of it for 4096x7168 M=128 (44 vs 47%),
-    7168x16384 M=64 (67 vs 75%); 7168x16384 M=128 is the worst (best 128x128 sk2, 60%)."""
+    splits on ties while each keeps >= _FP8_TIE_MIN_KB K blocks (scripts/splitk_sweep.py with the
+    grouped reduction loads, benchmarks/NOTES.md 2026-11-22, "Portable split-K: the reducing
+    program's loads"; H100 us: 2112x7168 M=128 sk2 15.55 -> sk4 14.99, 4096x7168 M=64 sk2 18.76
+    -> sk4 18.33, M=128 sk1 24.05 -> sk2 21.91, 7168x16384 M=64 sk1 60.03 -> sk2 52.29: all four
+    ties went to the larger split; 2112x7168 M=64 sk4 12.80 vs sk8 (7 blocks) 14.77 did not).
+    Before that (fewest splits on ties) it picked the sweep's best config for 2112x7168 (M=64 sk4,
+    M=128 sk2), 4096x7168 M=64 sk2, 7168x2048, 24576x1536 M=64 and 32768x512; within 3-10% of it for
+    4096x7168 M=128 (44 vs 47%), 7168x16384 M=64 (67 vs 75%); 7168x16384 M=128 is the worst (best
+    128x128 sk2, 60%)."""
     mt = math.ceil(m / 64)
     block_n = 128 if mt * math.ceil(n / 64) > _FP8_WIDE_N_TILES else 64
     tiles = mt * math.ceil(n / block_n)

@@ -169,7 +169,8 @@ def choose_grouped_config(
     * strategy: ``"dequant_matmul"`` on CUDA sm_90 when eligible (:func:`dequant_matmul_reason`)
       and :func:`_dequant_matmul_faster` predicts it faster; else ``"triton"`` with:
     * promote: :func:`blockscaled.config.gemm.default_promote` at ``rows_per_expert`` (MoE
-      segments are short: per-32 FP8 promotion for MX at <= 128 rows, design.md run C;
+      segments are short: per-32 FP8 promotion for MX at <= 128 rows, measured faster than
+      bf16 upcast there, docs/design.md, "Measurements older than NOTES.md";
       weight-only: bf16 dequantizes B, fp16 promotes).
     * block_m: 64 up to 64 rows per expert (a segment wastes at most 63 padded rows and the
       DeepSeek decode case, m <= 64 per expert, fills one tile), else 128.

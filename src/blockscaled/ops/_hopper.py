@@ -377,8 +377,8 @@ SMALL_M_64_ROW_MIN_KB = 16
 
 #: 64-row tiles at 64 < M <= SMALL_M_64_ROW_ANY_MAX_M: one wave of them, unsplit or split in up to
 #: SMALL_M_64_ROW_MAX_SPLIT K ranges of >= SMALL_M_64_ROW_MIN_KB blocks each, filled >=
-#: SMALL_M_64_ROW_FILL, whatever the 128-row rule gives. H100 (session 9, 3-5 interleaved rounds;
-#: results/h100/small-m-64row-20261123.txt):
+#: SMALL_M_64_ROW_FILL, whatever the 128-row rule gives. H100 (benchmarks/NOTES.md, 2026-11-23,
+#: "64-row tiles at 64 < M <= 256"; 3-5 interleaved rounds; results/h100/small-m-64row-20261123.txt):
 #: * sweep, 24 rows at M = 96-256 (128-row dispatch -> 64-row, us): 128x7168x7168 split 2 31.0 ->
 #:   26.7 unsplit, 128x7168x4096 18.4 -> 15.3, 128x7168x16384 56.1 -> 52.9, 192x4096x7168 split 2
 #:   27.5 -> 22.0, 256x4096x7168 split 2 23.7 -> 21.8; split 2: 128x4096x7168 split 3 20.5 ->
@@ -392,8 +392,9 @@ SMALL_M_64_ROW_MIN_KB = 16
 #: * split 3 (34 tiles x 3 = 102 units, vs the 128-row tiles' split 6): 128x2112x7168 14.5 ->
 #:   13.4, 96x2112x7168 14.0 -> 13.0, 128x2048x7168 14.3 -> 13.2, 256x1280x7168 (split 5) 14.6 ->
 #:   13.2, 128x2048x16384 22.8 -> 22.3; at 32 K blocks (10-11 per range) 0.98x: ranges of >= 16.
-#: Above 256 rows the 128-row split won (session 8: 512x2048x7168 split 2 22.2 vs 30.2 us), so
-#: there only the SMALL_M_64_ROW_MIN_M rule applies; at M <= 64 the tiles are 64 rows already.
+#: Above 256 rows the 128-row split won (benchmarks/NOTES.md 2026-11-23, "64-row tiles above 256
+#: rows": 512x2048x7168 split 2 22.2 vs 30.2 us), so there only the SMALL_M_64_ROW_MIN_M rule
+#: applies; at M <= 64 the tiles are 64 rows already.
 SMALL_M_64_ROW_ANY_MAX_M = 256
 SMALL_M_64_ROW_MAX_SPLIT = 3
 
@@ -927,11 +928,11 @@ def choose_grouped_config(rows_per_expert: float, n: int, k: int, num_sms: int =
     counts); the kernel splits only where the real count's last wave fits the split
     (``_grouped_plan``). H100, moe rows with 3 waves + 52 tiles, tail split 2 vs none (5
     interleaved rounds, scripts/grouped_tail_ab.py, results/h100/grouped-tail-ab-20261123.json
-    and a first run in session 9): E=4 m=512 N=7168 K=7168 1.08-1.10x (216.3 -> 197.0 us), K=4096
-    1.05-1.06x; none at K=2048 (below TAIL_SPLIT_MIN_KB; split 2 measured 0.94x). Not for the
-    64 / 128-row tiles of m <= 128: those launches stream weights (81-88% of the memory floor),
-    the last wave's idle SMs cost nothing there: E=8 m=64 / m=128 N=7168 K=4096 / 7168 split 2
-    measured 0.975-1.006x."""
+    and an earlier run, benchmarks/NOTES.md 2026-11-23, "A grouped tail split"): E=4 m=512
+    N=7168 K=7168 1.08-1.10x (216.3 -> 197.0 us), K=4096 1.05-1.06x; none at K=2048 (below
+    TAIL_SPLIT_MIN_KB; split 2 measured 0.94x). Not for the 64 / 128-row tiles of m <= 128: those
+    launches stream weights (81-88% of the memory floor), the last wave's idle SMs cost nothing
+    there: E=8 m=64 / m=128 N=7168 K=4096 / 7168 split 2 measured 0.975-1.006x."""
     if rows_per_expert <= 64:
         bm, bn = 64, 128
     elif rows_per_expert <= 128:

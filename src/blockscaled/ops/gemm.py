@@ -567,7 +567,9 @@ def gemm(a, b: ScaledTensor, out_dtype: torch.dtype = torch.bfloat16, out: torch
         return _autograd.gemm(a, b, out_dtype, out, config, bias)
     if _checks.use_reference(b.data):
         # CPU tensors without the Triton interpreter: compiled kernels cannot read host memory,
-        # so run the float64 reference twin and round once to out_dtype (TEAM.md policy).
+        # so run the float64 reference twin and round once to out_dtype: correct results on
+        # every device, the same single rounding as the kernels' epilogue (docs/design.md,
+        # "How `bs.gemm(a, b)` reaches a kernel", step 2).
         # No grad: ScaledTensor fields are constants on every path.
         from ..reference.gemm import gemm as _ref_gemm
 

@@ -103,7 +103,8 @@ def linear(x: torch.Tensor, w: ScaledTensor, bias: torch.Tensor | None = None, *
         return _autograd.linear(x, w, bias, out_dtype, out, weight_only)
     if _checks.use_reference(x):
         # CPU tensors without the Triton interpreter: the float64 reference (reference
-        # quantizer for the activations), rounded once to out_dtype (TEAM.md policy).
+        # quantizer for the activations), rounded once to out_dtype, as the kernels' epilogue
+        # rounds (docs/design.md, "How `bs.gemm(a, b)` reaches a kernel", step 2).
         from ..reference.gemm import linear as _ref_linear
 
         with torch.no_grad():

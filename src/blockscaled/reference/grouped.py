@@ -2,7 +2,7 @@
 
 Every function dequantizes its operands with :func:`blockscaled.reference.quantize.dequantize`
 (exact in fp32), promotes to float64, and loops over experts / groups. These are the
-definitions the Triton kernels are tested against (design.md section 5): the comparison is
+definitions the Triton kernels are tested against (docs/design.md, "Numerics"): the comparison is
 always with the *same* quantized inputs, never with the unquantized originals.
 
 They read ``offsets`` / ``masked_m`` with ``.tolist()`` (a host sync): references are for

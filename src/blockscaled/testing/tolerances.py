@@ -1,7 +1,7 @@
 """GEMM accuracy thresholds: ONE table keyed by (format, output dtype), each with its reason.
 
 GEMMs are compared with the float64 ``dequantize(a) @ dequantize(b).T`` of the *same*
-quantized inputs (design.md section 5), so the only error sources are (1) fp32 accumulation
+quantized inputs (docs/design.md, "Numerics"), so the only error sources are (1) fp32 accumulation
 (products of e4m3/e2m1 values and their scales are exact in fp32; the order of the sum
 differs), (2) the output rounding, and (3) on the "dequant_matmul" path, 16-bit rounding of
 fp8_block operands (fp32 scales) and one extra rounding for nvfp4's global scale / bias.

@@ -6,8 +6,8 @@ C[M, N] (bf16/fp16/fp32) = (A * sa) @ (B * sb).T with
   B  [N, K] float8_e4m3fn, row-major (K contiguous), scales sb [ceil(N/128), ceil(K/128)] fp32
      (128x128 blocks).
 
-Numerics (same as the portable kernel, design.md section 5): per 128-wide K block one FP8 wgmma
-chain (fp32 accumulation inside the tensor core, starting from zero) gives ``part``; it is
+Numerics (same as the portable kernel, docs/design.md, "Numerics"): per 128-wide K block one FP8
+wgmma chain (fp32 accumulation inside the tensor core, starting from zero) gives ``part``; it is
 promoted into the fp32 accumulator as ``acc += part * sa[row] * sb[col // 128]``. No fast
 accumulation across K blocks.
 
@@ -680,12 +680,13 @@ def _stage_a_scales(dst, bar, src, ok):
     threads arrives (.noinc) once its copies have landed, so the barrier counts 1 + 32 arrivals
     (``SA_ARRIVALS``). (Without .noinc the arrive-on adds a pending arrival of its own: also
     correct, but compute-sanitizer's synccheck reported it as a barrier overflow.)
-    Why (session 10): the math warps loaded these with ld.global one K block ahead, 64 scattered
-    4-byte reads per warpgroup and K block (canonical row-major [M, sk] scales: rows sk * 4 bytes
-    apart) on the chain that feeds the next wgmma. A one-tile probe put the K block of a 128x256 tile
-    at 686 ns with the scale loads and 608 ns with constants in their place. The producer issues
-    the copies STAGES blocks ahead instead and the math warps read 2 floats per thread from shared
-    memory. Measured gains are in the kernel's ``SA_SMEM`` comment (128-column tiles only)."""
+    Why (benchmarks/NOTES.md 2026-11-23, "A scales through shared memory"): the math warps loaded
+    these with ld.global one K block ahead, 64 scattered 4-byte reads per warpgroup and K block
+    (canonical row-major [M, sk] scales: rows sk * 4 bytes apart) on the chain that feeds the next
+    wgmma. A one-tile probe put the K block of a 128x256 tile at 686 ns with the scale loads and 608
+    ns with constants in their place. The producer issues the copies STAGES blocks ahead instead and
+    the math warps read 2 floats per thread from shared memory. Measured gains are in the kernel's
+    ``SA_SMEM`` comment (128-column tiles only)."""
     cp_async_load(dst, src, mask=ok)
     async_copy.mbarrier_arrive(bar, increment_count=False)
 
@@ -788,8 +789,8 @@ def _wide_splitk_sum(row_ptrs, c, mask, split_stride, SPLIT: gl.constexpr):
     for the sum) -> bitwise the same result whichever split finished last. ``.cg`` loads (L2, not
     L1: an SM's L1 is not coherent with the other SMs' stores)."""
     tot = gl.load(row_ptrs[:, None] + c[None, :], mask=mask, other=0.0, cache_modifier=".cg")
-    # One partial per loop trip. Two per trip (both loads issued before the adds, as in the
-    # portable kernel since session 6) spilled 160-192 B in the math partitions (232 registers:
+    # One partial per loop trip. Two per trip (both loads issued before the adds, as the
+    # portable kernel's reduction does) spilled 160-192 B in the math partitions (232 registers:
     # 2 x 64 loaded + 64 running sum; ptxas sm_90, 128x256 fp32 / 128x128 bf16 split configs).
     for s in range(1, SPLIT):
         tot += gl.load((row_ptrs + s * split_stride)[:, None] + c[None, :], mask=mask, other=0.0,
@@ -862,8 +863,9 @@ def _wide_splitk_finish(c_desc, c_smem, c_ptr, ws_ptr, cnt_ptr, acc0, acc1, stil
     the next launch or CUDA-graph replay. The others skip the epilogue.
     SPREAD (HopperConfig.split_reduce="spread", the default): instead of the last unit reading
     every partial back (SPLIT x the tile through one SM's L2 port: the split unit's main cost,
-    session 7), every unit waits for all SPLIT arrivals and sums its 1/SPLIT share of the
-    partition's region in the same order (``_wide_splitk_spread``).
+    benchmarks/NOTES.md 2026-11-22, "Where a split unit's time goes"), every unit waits for all
+    SPLIT arrivals and sums its 1/SPLIT share of the partition's region in the same order
+    (``_wide_splitk_spread``).
     Addresses: one int64 pointer per row (2 per thread in the wgmma layout) + the int32 column
     offsets, which LLVM folds into the loads'/stores' immediate offsets. A [ROWS, HALF] offset
     tensor (``r * W + c``) is loop-invariant: LLVM hoisted its 64 int64 values out of the
@@ -962,8 +964,8 @@ def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, sa_bufs, c_smem, read
             # SA_SMEM: the A scales of each K block come with the ring slot (the producer's
             # cp.async, ``_stage_a_scales``). Else they and the first half's weight scale are
             # loaded one K block ahead: the loads for block kb + 1 are issued while block kb is
-            # multiplied, so the promotion never waits for them. Loaded in the same iteration (as
-            # before session 7) they were still in flight at the combined-scale multiply, which
+            # multiplied, so the promotion never waits for them. Loaded in the same iteration
+            # (the earlier version) they were still in flight at the combined-scale multiply, which
             # ptxas places between the wgmma issues: 5.6% of the warp samples were long-scoreboard
             # stalls there (ncu, M=4096 4096x7168), holding back the rest of the wgmma chain.
             # (Index clamped into [0, num_k): an empty K range must not read past the scales.)
@@ -1107,10 +1109,11 @@ def fp8_block_gemm_wide_kernel(a_desc, b_desc, b2_desc, c_desc, sa_ptr, sb_ptr, 
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
     # A scales through shared memory (``_stage_a_scales``) for 128-column tiles: H100, 5 interleaved
-    # rounds against the ld.global path (session 10): 64x128 tiles 1.03-1.08x (128x7168x7168 26.7
-    # -> 24.8 us, 128x7168x16384 52.3 -> 49.5, 256x4096x7168 22.4 -> 21.0), 128x128 tiles 1.01-1.04x
-    # even with one ring stage less (6 -> 5: the 3 KB of scales do not fit next to 6), 128x256
-    # tiles 0.97-1.01x (M=4096 DeepSeek-V3 shapes, grouped m=512): those keep the loads.
+    # rounds against the ld.global path (benchmarks/NOTES.md 2026-11-23, "A scales through
+    # shared memory"): 64x128 tiles 1.03-1.08x (128x7168x7168 26.7 -> 24.8 us, 128x7168x16384
+    # 52.3 -> 49.5, 256x4096x7168 22.4 -> 21.0), 128x128 tiles 1.01-1.04x even with one ring stage
+    # less (6 -> 5: the 3 KB of scales do not fit next to 6), 128x256 tiles 0.97-1.01x (M=4096
+    # DeepSeek-V3 shapes, grouped m=512): those keep the loads.
     SA_SMEM: gl.constexpr = NH == 1
     if SA_SMEM:
         # the tile's fp32 A scales of each ring slot's K block

@@ -1,1 +1,1 @@
-"""Private kernel bodies (@triton.jit); no host logic. See design.md section 2."""
+"""Private kernel bodies (@triton.jit); no host logic. See docs/design.md, "Layers"."""

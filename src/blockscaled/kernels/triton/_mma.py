@@ -38,8 +38,9 @@ Two ways to apply the scales (constexpr ``PROMOTE``)
 Choice for fp4 (not measured here, see config/): the default is PROMOTE=False, bf16 dot with
 BLOCK_K=64/128: FP8 wgmma needs K >= 32 per instruction, so nvfp4 (16-element blocks) cannot
 promote through an FP8 dot at all, and mxfp4 promotion per 32 K pays a full accumulator FMA
-pass per 32 K. design.md run C measured MXFP8 per-32 promotion >= bf16 upcast at M <= 128
-(112 vs 87 TFLOP/s at M=128), so the heuristic may pick PROMOTE for mxfp8 / mxfp4 at small M.
+pass per 32 K. On the H100, MXFP8 per-32 promotion measured >= bf16 upcast at M <= 128 (112 vs 87
+TFLOP/s at M=128; docs/design.md, "Measurements older than NOTES.md"), so the heuristic may pick
+PROMOTE for mxfp8 / mxfp4 at small M.
 
 Interpreter: triton 3.6's interpreter returns garbage for bf16 ``tl.dot`` (and bf16
 elementwise math), so launchers pass ``DOT_DTYPE=tl.float32`` there; the products are

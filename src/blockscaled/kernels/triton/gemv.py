@@ -3,7 +3,8 @@ few activation rows (M <= 4; gemm() dispatches it at M = 1 only, where it measur
 
 Why a separate kernel: at M = 1-4 the GEMM is a pure weight stream (15-120 MB on the DeepSeek-V3
 shapes, a 5-40 us floor at 3 TB/s) and what decides the time is how many bytes each SM keeps in
-flight, not the MMA. H100 measurements that shaped it (benchmarks/NOTES.md, session 4):
+flight, not the MMA. H100 measurements that shaped it (benchmarks/NOTES.md 2026-11-22, "The
+ceiling"):
   * a plain streaming read of the same bytes reached 71-99 % of the floor only with MANY SHORT
     programs that issue all their loads at once (best grid: 32 KB per program, 225-3586
     programs); 132 programs of 14 chunks each reached 25 %;
