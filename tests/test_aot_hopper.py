@@ -21,7 +21,7 @@ from _aot import PTXAS_STATS, WITH_DEFAULTS, run_compile_script
 
 # The module fixture compiles ~55 Gluon kernels in one subprocess: 30-110 s on 2 CPU cores, and
 # more than gpu_check.sh's 120 s per-test limit (pytest-timeout) when 8 xdist workers share the
-# H100 machine (session 6: 9 errors, all this fixture timing out). The fixture's time is charged
+# H100 machine (once 9 errors, all this fixture timing out). The fixture's time is charged
 # to the first test that uses it, so every test here gets the longer limit.
 pytestmark = pytest.mark.timeout(900)
 
@@ -166,7 +166,7 @@ for bm, bn, st, epi, mode, cdt, split, dual, *sk in [
         # EPI 3 ("tma1": one shared output half tile per math partition): the 4-stage 128x256
         # ring it makes room for, unsplit and with the tail split (twins of the EPI 2 builds above)
         (128, 256, 4, 3, 0, "bf16", True, False), (128, 256, 4, 3, 0, "bf16", True, False, 5, True),
-        # grouped tail split (session 9): contiguous 128x256 (the moe m=512 tile) and masked 64x128
+        # grouped tail split: contiguous 128x256 (the moe m=512 tile) and masked 64x128
         # (the m <= 64 tile, with its unsplit twin), both reductions
         (128, 256, 4, 1, 1, "bf16", True, False, 3, True), (128, 256, 4, 1, 1, "bf16", True, False, 3, True, True),
         (64, 128, 6, 1, 2, "bf16", False, False), (64, 128, 6, 1, 2, "bf16", False, False, 4, True),
@@ -335,12 +335,12 @@ def test_hopper_config_validation():
 def _spill_budget(key: str) -> int:
     """Spill bytes allowed per wide-kernel build: dense and grouped 0 (grouped builds spilled
     64-76 B and ran their K loop as divergent code until the tile's expert and rows were made
-    provably warp-uniform, session 9: fp8_gemm._warp_uniform); the tail split with the
+    provably warp-uniform: fp8_gemm._warp_uniform); the tail split with the
     masked epilogue 8 B dense, 16 B grouped (ptxas sm_90: it compiles the masked whole-tile
     store next to the split finish; one 64-bit value stored once per partition at the kernel
-    start and loaded in the epilogue, the K loops have no LDL/STL (SASS, session 9); the same
+    start and loaded in the epilogue, the K loops have no LDL/STL (SASS); the same
     configs without TAIL have 0); the single 8-warp math partition's
-    split-K 24 B, in the split finish after the K loop (checked in the SASS, session 7; not a
+    split-K 24 B, in the split finish after the K loop (checked in the SASS; not a
     dispatched config: the dispatch runs one partition per warpgroup)."""
     known = KNOWN_SPILL_STORES.get(_TRITON_MINOR, {}).get(key, 0)
     if "_split0_" in key and "_sk" in key:
@@ -402,7 +402,7 @@ def test_wide_kernel(compiled):
             assert c["spill_stores"] <= _spill_budget(key), (key, c)
         if "_epi1_" in key and c["smem_estimate"] is not None:
             assert c["shared"] <= c["smem_estimate"], (key, c)
-        # A scales (session 10): 128-column tiles stage them through the ring (the producer's
+        # A scales: 128-column tiles stage them through the ring (the producer's
         # cp.async, counted by the ready barrier with .noinc arrivals); 128x256 tiles and SwiGLU load
         # them in the math warps
         one_half = "x128_" in key and not key.endswith("_dual")
@@ -654,7 +654,7 @@ def test_small_m_dispatch_rule():
     # (M, N, K) -> (block_m, block_n, split)
     taken = {(64, 2112, 7168): (64, 128, 6), (64, 4096, 7168): (64, 128, 3),
              (64, 7168, 4096): (64, 128, 1), (128, 2112, 7168): (64, 128, 3),
-             # 32 < M <= 64, 48-95 tiles of 64x128 with >= 16 K blocks: unsplit (H100 session 10,
+             # 32 < M <= 64, 48-95 tiles of 64x128 with >= 16 K blocks: unsplit (H100, NOTES 2026-11-23,
              # SMALL_M_64_UNSPLIT_MAX_TILES: 1.02-1.12x over split 2 / the portable kernel)
              (64, 7168, 16384): (64, 128, 1), (64, 7168, 7168): (64, 128, 1), (64, 6144, 7168): (64, 128, 1),
              (40, 7168, 7168): (64, 128, 1), (64, 7168, 2048): (64, 128, 1), (64, 8192, 2048): (64, 128, 1),
@@ -663,7 +663,7 @@ def test_small_m_dispatch_rule():
              (256, 24576, 1536): (128, 128, 1), (384, 2112, 7168): (128, 128, 2),
              (512, 2048, 7168): (128, 128, 2), (192, 7168, 7168): (128, 128, 1),
              # 64 < M <= 256: one wave of 64-row tiles, unsplit or split 2 / 3 (>= 16 K blocks per
-             # range), whatever the 128-row rule gives (H100 session 9: 1.02-1.32x on the rows it changed)
+             # range), whatever the 128-row rule gives (H100, NOTES 2026-11-23: 1.02-1.32x on the rows it changed)
              (128, 4096, 7168): (64, 128, 2), (128, 7168, 16384): (64, 128, 1), (128, 7168, 4096): (64, 128, 1),
              (128, 7168, 7168): (64, 128, 1), (128, 7168, 2048): (64, 128, 1), (128, 4096, 4096): (64, 128, 2),
              (96, 4096, 4096): (64, 128, 2), (192, 4096, 4096): (64, 128, 1), (192, 2112, 7168): (64, 128, 2),

@@ -1,4 +1,4 @@
-"""Every argument error names the argument, what was expected and what came (issue 17, obs. 8).
+"""Every argument error names the argument, what was expected and what came.
 
 One table of bad inputs to the public API -> (exception type, message fragments). Each row
 names the argument it is about; the fragments must all appear in the message (case-sensitive),

@@ -1,4 +1,4 @@
-"""Autograd: one documented behaviour on every path (issue 17, observation 6; docs/errors.md).
+"""Autograd: one documented behaviour on every path (docs/errors.md).
 
 Each test runs on the Triton-interpreter path (CPU with TRITON_INTERPRET=1, or CUDA) and on the
 float64 reference path (CPU tensors with the interpreter off), and compares gradients with

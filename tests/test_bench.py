@@ -105,7 +105,7 @@ def test_quantized_bytes_hand_computed():
     assert counting.quantized_nbytes("mxfp4", (3, 33)) == 3 * (17 + 2)
     # nvfp4: half a byte per element, e4m3 per 16, + 4 B global scale
     assert counting.quantized_nbytes("nvfp4", (16384, 7168)) == 16384 * 3584 + 16384 * 448 + 4
-    # quantize traffic = bf16 read + everything written (issue 2's 16384x7168 target)
+    # quantize traffic = bf16 read + everything written (the quantizer target's 16384x7168 shape, docs/design.md 'The bar')
     c = counting.quantize_count("mxfp8", (16384, 7168), torch.bfloat16)
     assert c.bytes == 16384 * 7168 * 2 + 16384 * 7168 + 16384 * 224 and c.flops == 0
     assert math.isclose(c.gbps(0.1), c.bytes / 1e-4 / 1e9)
@@ -122,7 +122,7 @@ def test_byte_counter_matches_real_tensors(fmt, shape, block):
 
 
 def test_gemm_count_matches_design_memory_floor():
-    # design.md section 7: M=64, N=2112, K=7168 fp8_block has a 5.3 us floor at 3.0 TB/s
+    # M=64, N=2112, K=7168 fp8_block has a 5.3 us floor at 3.0 TB/s
     c = counting.gemm_count(64, 2112, 7168, "fp8_block", "fp8_block", torch.bfloat16)
     assert c.flops == 2 * 64 * 2112 * 7168
     want = 64 * 7168 + 64 * 56 * 4 + 2112 * 7168 + 17 * 56 * 4 + 64 * 2112 * 2
@@ -307,7 +307,7 @@ def test_report_text_and_files(tmp_path):
 
 def test_plot_writes_png(tmp_path):
     """A timed result gives a PNG; a result with nothing to draw (no timed row, no A/B pair:
-    every CPU run) gives None and no file, never an empty chart (issue 17, obs. 9)."""
+    every CPU run) gives None and no file, never an empty chart."""
     from blockscaled.bench.plot import has_plot_data, plot_results
 
     p = tmp_path / "a.png"

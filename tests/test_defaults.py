@@ -1,4 +1,4 @@
-"""One default output dtype, bf16, for every public op (issue 17, observation 5: grouped_gemm_list
+"""One default output dtype, bf16, for every public op (grouped_gemm_list
 defaulted to fp16, where 230400 silently became inf; linear followed x's dtype).
 
 Every public callable of ``blockscaled`` must be listed below, either as an op with its default

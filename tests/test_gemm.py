@@ -234,7 +234,7 @@ def test_heuristic_hopper_rules(monkeypatch):
     c = cg.choose_gemm_config("fp8_block", 2, 2112, 7168, dev)
     assert (c.block_m == 64 or (c.swap_ab and c.block_n >= 64)) and c.split_k > 1
     # 32 < M <= 128 (config.gemm._fp8_rows_rule): the split that fills the last wave best; ties go
-    # to more splits while each keeps >= 12 K blocks (H100 sweep, session 6)
+    # to more splits while each keeps >= 12 K blocks (H100 sweep, NOTES 2026-11-22 'Portable split-K')
     for (m, n, k), split in {(64, 2112, 7168): 4, (128, 2112, 7168): 4, (64, 4096, 7168): 4,
                              (128, 4096, 7168): 2, (64, 7168, 16384): 2, (64, 7168, 2048): 1}.items():
         c = cg.choose_gemm_config("fp8_block", m, n, k, dev, allow_hopper=False)
@@ -324,7 +324,7 @@ def test_fp8_dot_block_k_16_rejected_on_cuda(device):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_cpu_tensors_without_interpreter_use_reference(fmt, monkeypatch):
-    """TEAM.md policy: CPU inputs with the interpreter off (a CUDA machine) run the float64
+    """CPU inputs with the interpreter off (a CUDA machine) run the float64
     reference and round once to out_dtype (out= and bias honoured); no kernel is launched."""
     import blockscaled._checks as checks
     import blockscaled.ops.gemm as gemm_mod
@@ -526,7 +526,7 @@ def test_hopper_strategy_choice_and_fallback(device):
         assert cg.choose_gemm_config("fp8_block", 1, 32768, 512, torch.device("cuda")).strategy == "hopper"
         assert cg.choose_gemm_config("mxfp8", 16, 7168, 2048, torch.device("cuda")).strategy != "hopper"
         assert cg.choose_gemm_config("fp8_block", 128, 4096, 2048, torch.device("cuda")).strategy != "hopper"
-        # one wave of 64-row tiles at 64 < M <= 256 (H100 session 9: 10.8 -> 9.3 us)
+        # one wave of 64-row tiles at 64 < M <= 256 (H100: 10.8 -> 9.3 us, NOTES 2026-11-23)
         assert cg.choose_gemm_config("fp8_block", 128, 7168, 2048, torch.device("cuda")).strategy == "hopper"
         assert cg.choose_gemm_config("fp8_block", 64, 24576, 1536, torch.device("cuda")).strategy != "hopper"
         # few tiles below HOPPER_MIN_TILES: the wide kernel only with enough K blocks (H100, spread

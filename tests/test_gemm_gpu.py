@@ -212,7 +212,7 @@ def _host_us(fn, calls: int = 40, reps: int = 5) -> float:
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("nk", DSV3_NK, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_not_slower_than_dequant_matmul_m4096(fmt, nk):
-    """Issue 3's bar on the H100: our op at M=4096 is not slower than dequantize + torch.matmul
+    """The bar on the H100 (docs/design.md, 'The bar'): our op at M=4096 is not slower than dequantize + torch.matmul
     (5% timing noise allowed), both timed as CUDA-graph replays."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the bar is set for Hopper")
@@ -244,7 +244,7 @@ def test_eager_call_overhead(fmt):
     # alternating rounds, best of each: host timings drift between rounds (this test failed once
     # on the H100 right after the 8-worker GPU suite with gemm() 178 vs forced 142 us, and passed
     # twice when rerun alone: 167 vs 159, 235 vs 210), so neither side may profit from going first
-    # Session 6: it failed once more (gemm() 259 vs forced 185 us). A rerun on the same H100 gave
+    # It has failed before (NOTES 2026-11-22) (gemm() 259 vs forced 185 us). A rerun on the same H100 gave
     # 265/175, 292/214, 201/175 with gemm() measured first in each round, and cProfile timed the
     # same launcher code at 2x in whichever variant ran first after the sleep. So the order
     # alternates between rounds too, and there are four rounds.

@@ -1,5 +1,5 @@
 """nvfp4 global scales: a user-given one is validated, and blocks lost to the scale range are
-reported (issue 17, observation 4; rules in docs/formats.md, "Range of nvfp4").
+reported (rules in docs/formats.md, "Range of nvfp4").
 
 * A Python number or CPU tensor that is not finite and > 0 raises ValueError naming
   ``global_scale`` (inf gave all zeros, 0 / NaN all NaN, 1e6 clipped everything, -1 passed).

@@ -351,7 +351,7 @@ def test_dequant_matmul_cuda_graph_replay():
         _masked_close(z, ref.grouped_gemm(a3, b, masked_m=counts), fmt, torch.bfloat16, f"masked {cnt}")
 
 
-# ---- issue 3's bar for the grouped ops: not slower than dequantize + matmul at M = 4096
+# ---- the bar for the grouped ops (docs/design.md): not slower than dequantize + matmul at M = 4096
 #: 4096 rows in total: E=8 experts x 512 rows. GEMM shapes: DeepSeek-V3 MoE up (fused gate/up,
 #: N=4096, K=7168) and down (N=7168, K=2048); SwiGLU: the gate / up halves N=2048, K=7168.
 #: Largest working set: 8 x 4096 x 7168 bf16 weights dequantized twice (ours + the baseline)

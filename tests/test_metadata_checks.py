@@ -1,4 +1,4 @@
-"""Bad MoE metadata is loud without a host sync (issue 17, observation 3).
+"""Bad MoE metadata is loud without a host sync (docs/errors.md).
 
 ``grouped_gemm`` / ``swiglu`` with ``validate=False`` check ``offsets`` / ``masked_m`` on the
 device after the GEMM (kernels/triton/check.py): bad values write NaN over the whole output and
