@@ -39,6 +39,8 @@ def t():
     ns.qn = bs.quantize(x, "nvfp4")
     ns.qm = bs.quantize(x, "mxfp8")
     ns.offs = torch.tensor([0, 2, 4], dtype=torch.int32)
+    ns.wn3 = bs.quantize(torch.randn(2, 64, 256, generator=g), "nvfp4")
+    ns.x3 = bs.quantize(torch.randn(2, 3, 256, generator=g), "fp8_block")
     return ns
 
 
@@ -122,6 +124,12 @@ CASES = [
      ["offsets/masked_m:", "exactly one", "got offsets=None, masked_m=None"]),
     ("grouped_gemm.b", lambda t: bs.grouped_gemm(t.q, t.wq, offsets=t.offs), ValueError,
      ["b:", "3-D ScaledTensor", "got shape (64, 256)"]),
+    ("grouped_gemm.expected_m=str", lambda t: bs.grouped_gemm(t.x3, t.wq3, masked_m=torch.tensor([1, 2], dtype=torch.int32),
+                                                                expected_m="3"), TypeError,
+     ["expected_m:", "positive int", "got str '3'"]),
+    ("grouped_gemm.b_global_scale=0", lambda t: bs.grouped_gemm(t.qn, t.wn3, offsets=t.offs,
+                                                                b_global_scale=torch.tensor([1.0, 0.0])), ValueError,
+     ["b_global_scale:", "finite values > 0", "got 0.0 at index 1"]),
     ("grouped_gemm.config", lambda t: bs.grouped_gemm(t.q, t.wq3, offsets=t.offs, config=5), TypeError,
      ["config:", "GemmConfig", "got int"]),
     # patch: ops/grouped.py (validate="yes" was accepted as True)

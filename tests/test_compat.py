@@ -236,6 +236,13 @@ def test_is_build_failure_classifies_by_origin():
         assert _hopper._is_build_failure(e)
     assert not _hopper._is_build_failure(RuntimeError("cooperative launch too large"))
     assert not _hopper._is_build_failure(ValueError("out: expected unit column stride"))
+    # too much shared memory for one config is that config's problem, not an unbuildable triton
+    from triton.runtime.errors import OutOfResources
+
+    try:
+        raise OutOfResources(300000, 232448, "shared memory")
+    except OutOfResources as e:
+        assert not _hopper._is_build_failure(e)
 
 
 @pytest.mark.parametrize("mode", [0, 1, 2])

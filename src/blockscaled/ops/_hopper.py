@@ -129,9 +129,14 @@ def _is_build_failure(exc: BaseException) -> bool:
     ptxas, module load: all run under ``triton/compiler/``) rather than from launching it or
     from the host code around it (those keep propagating)."""
     from triton.compiler.errors import CompilationError
+    from triton.runtime.errors import OutOfResources
 
     if isinstance(exc, CompilationError):
         return True
+    # a config that asks for more shared memory / registers than the SM has is a chooser bug for
+    # that config, not a triton that cannot build the kernels: it must not disable them all
+    if isinstance(exc, OutOfResources):
+        return False
     tb = exc.__traceback__
     sep = os.sep
     while tb is not None:

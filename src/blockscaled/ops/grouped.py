@@ -483,6 +483,14 @@ def _check_b_global_scale(b_global_scale, b: ScaledTensor, e: int, name: str = "
         raise ValueError(f"{name}: expected shape ({e},) (one per expert) or (), got {tuple(b_global_scale.shape)}")
     if b_global_scale.numel() > 1 and b_global_scale.stride(0) != 1:
         raise ValueError(f"{name}: expected stride 1, got {b_global_scale.stride()}")
+    # values as quantize checks them (finite, > 0) where reading them costs no sync; on CUDA a
+    # bad scale gives NaN / inf outputs, which are loud
+    if b_global_scale.device.type == "cpu":
+        bad = ~(torch.isfinite(b_global_scale) & (b_global_scale > 0)).reshape(-1)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0])
+            raise ValueError(f"{name}: expected finite values > 0, got {b_global_scale.reshape(-1)[i].item()!r} "
+                             f"at index {i}")
     return b_global_scale
 
 
@@ -645,7 +653,10 @@ def grouped_gemm(
         shape = (e, max_m, n)
         rows_per_expert = max_m
         if expected_m is not None:
-            if not isinstance(expected_m, int) or expected_m < 1:
+            if not isinstance(expected_m, int) or isinstance(expected_m, bool):
+                raise TypeError(f"expected_m: expected a positive int (rows per expert hint), got "
+                                f"{type(expected_m).__name__} {expected_m!r}")
+            if expected_m < 1:
                 raise ValueError(f"expected_m: expected a positive int (rows per expert hint), got {expected_m!r}")
             rows_per_expert = min(expected_m, max_m)
         seg, mode = masked_m, MODE_MASKED
