@@ -95,6 +95,19 @@ def test_quantize_is_straight_through(path, device, fmt):
     assert xb.grad.dtype == torch.bfloat16 and (xb.grad == 1).all()
 
 
+def test_moved_copy_keeps_the_link(path, device):
+    """``q.to(...)`` (a device move, here to the same device) keeps the straight-through link:
+    the gradient reaches x instead of silently not arriving."""
+    x = _x(M, K, device=device).requires_grad_()
+    w, _ = _w("fp8_block", device)
+    q = bs.quantize(x, "fp8_block").to(device)
+    y = bs.gemm(q, w, out_dtype=torch.float32)
+    y.sum().backward()
+    assert x.grad is not None
+    want = torch.ones(M, N, dtype=torch.float64, device=device) @ _deq64(w)
+    _close(x.grad, want, "dx through q.to()")
+
+
 def test_constants_and_no_grad_pay_nothing(path, device):
     x = _x(M, K, device=device)
     q = bs.quantize(x, "mxfp8")

@@ -9,6 +9,10 @@ import torch
 from ._checks import resolve_block, resolve_rounding
 from .formats import Format, ScaleRounding, get_format
 
+#: Instance attribute (outside the dataclass fields) holding the float tensor a ScaledTensor was
+#: quantized from, when that one requires grad: its straight-through gradient link (ops/_autograd.py).
+GRAD_SOURCE_ATTR = "_grad_source"
+
 __all__ = ["ScaledTensor", "scale_shape"]
 
 
@@ -136,14 +140,20 @@ class ScaledTensor:
         return self.shape if dim is None else self.shape[dim]
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "ScaledTensor":
-        """Move data, scale and global scale to ``device`` (a new ScaledTensor)."""
+        """Move data, scale and global scale to ``device`` (a new ScaledTensor). The copy keeps
+        the straight-through gradient link to the float tensor ``quantize`` made it from
+        (docs/errors.md); ``dataclasses.replace`` does not."""
         gs = self.global_scale
-        return replace(
+        moved = replace(
             self,
             data=self.data.to(device, non_blocking=non_blocking),
             scale=self.scale.to(device, non_blocking=non_blocking),
             global_scale=None if gs is None else gs.to(device, non_blocking=non_blocking),
         )
+        src = getattr(self, GRAD_SOURCE_ATTR, None)
+        if src is not None:
+            object.__setattr__(moved, GRAD_SOURCE_ATTR, src)
+        return moved
 
     def cuda(self) -> "ScaledTensor":
         return self.to("cuda")

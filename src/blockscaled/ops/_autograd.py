@@ -26,12 +26,12 @@ import dataclasses
 
 import torch
 
-from ..tensor import ScaledTensor
+from ..tensor import GRAD_SOURCE_ATTR, ScaledTensor
 
 __all__ = ["attach_source", "link_source", "source_of", "wants_grad", "requires_grad_name", "gemm", "linear"]
 
 #: Attribute of a ScaledTensor holding the float tensor it was quantized from (grad mode only).
-_SOURCE = "_grad_source"
+_SOURCE = GRAD_SOURCE_ATTR
 
 
 def source_of(q) -> torch.Tensor | None:
@@ -53,12 +53,13 @@ class _StraightThrough(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, src: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-        ctx.src_dtype = src.dtype
+        ctx.src_dtype, ctx.src_device = src.dtype, src.device
         return value
 
     @staticmethod
     def backward(ctx, g):
-        return g.to(ctx.src_dtype), None
+        # the quantized copy may live on another device than its source (ScaledTensor.to)
+        return g.to(device=ctx.src_device, dtype=ctx.src_dtype), None
 
 
 def link_source(q: ScaledTensor, value: torch.Tensor) -> torch.Tensor:
