@@ -29,7 +29,10 @@ BAD_NEGATIVE = 8  # masked_m[e] < 0
 BAD_ABOVE = 16  # masked_m[e] > max_m
 
 
-@triton.jit
+# The sizes vary with every batch; specialising on them (divisible by 16, == 1) would compile
+# new variants at run time, possibly inside a CUDA-graph capture whose sizes differ from the
+# warm-up. The check is a few loads: nothing to gain from the specialisation.
+@triton.jit(do_not_specialize=["E", "LIMIT", "ROWS_PER_E", "N", "total", "s_e", "s_m", "nprog"])
 def metadata_check_kernel(
     seg_ptr, out_ptr, flag_ptr,
     E, LIMIT, ROWS_PER_E, N, total, s_e, s_m, nprog,
