@@ -183,6 +183,17 @@ class GemmConfig:
     swap_ab: bool = False
 
     def __post_init__(self) -> None:
+        # field types first: the eager path hands the object to the kernels as it is, and the
+        # custom-op encoding (config/encoding.py) rejects non-ints, so both must agree
+        for name in ("block_m", "block_n", "block_k", "num_warps", "num_stages", "split_k", "group_m"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise TypeError(f"GemmConfig.{name}: expected an int, got {type(v).__name__} {v!r}")
+        for name in ("swap_ab",):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"GemmConfig.{name}: expected a bool, got {getattr(self, name)!r}")
+        if self.promote is not None and not isinstance(self.promote, bool):
+            raise TypeError(f"GemmConfig.promote: expected None or a bool, got {self.promote!r}")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"GemmConfig.strategy: expected one of {STRATEGIES}, got {self.strategy!r}")
         if self.strategy == "gemv":

@@ -94,8 +94,8 @@ def flag_buffer(device) -> torch.Tensor:
         # once per device: the memset must be done before a kernel on another stream may
         # write the flag (launches on other streams are not ordered after this one)
         torch.cuda.current_stream(dev).synchronize()
-    _FLAGS[dev] = buf
-    return buf
+    # two threads making their first call at once: both keep the buffer stored first
+    return _FLAGS.setdefault(dev, buf)
 
 
 def _out_geometry(out: torch.Tensor, mode: int) -> tuple[int, int, int, int, int]:
