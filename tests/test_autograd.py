@@ -108,6 +108,25 @@ def test_moved_copy_keeps_the_link(path, device):
     _close(x.grad, want, "dx through q.to()")
 
 
+@pytest.mark.parametrize("op", ["gemm", "linear", "grouped_gemm", "swiglu"])
+def test_out_that_requires_grad_is_refused(path, device, op):
+    """The kernels write out= in place: an out that requires grad is refused on every path (the
+    reference path's copy_ used to raise torch's own error, the kernel paths wrote silently)."""
+    w, _ = _w("fp8_block", device)
+    x = _x(M, K, device=device, dtype=torch.bfloat16)
+    q = bs.quantize(x, "fp8_block")
+    out = torch.zeros(M, N, dtype=torch.bfloat16, device=device, requires_grad=True)
+    w3 = bs.ScaledTensor(w.data[None], w.scale[None], w.format, torch.Size((1, N, K)), w.block, w.rounding)
+    offs = torch.tensor([0, M], dtype=torch.int32, device=device)
+    call = {"gemm": lambda: bs.gemm(q, w, out=out), "linear": lambda: bs.linear(x, w, out=out),
+            "grouped_gemm": lambda: bs.grouped_gemm(q, w3, offsets=offs, out=out),
+            "swiglu": lambda: bs.swiglu(q, w, w, out=out)}[op]
+    with pytest.raises(RuntimeError, match=r"out: expected a tensor that does not require grad"):
+        call()
+    with torch.no_grad():  # no grad mode: nothing to record, so out= is fine
+        call()
+
+
 def test_constants_and_no_grad_pay_nothing(path, device):
     x = _x(M, K, device=device)
     q = bs.quantize(x, "mxfp8")

@@ -313,3 +313,14 @@ def check_config_arg(config) -> None:
         raise TypeError(
             f"config: expected a blockscaled.config.GemmConfig or a dict of its fields, got {type(config).__name__}"
         )
+
+
+def check_out_no_grad(out) -> None:
+    """``out=`` is written in place by the kernels, which autograd cannot record: an ``out`` that
+    requires grad (with grad mode on) is refused on every path, not only where torch's own
+    in-place check happens to run (the CPU reference path's copy)."""
+    if isinstance(out, torch.Tensor) and out.requires_grad and torch.is_grad_enabled():
+        raise RuntimeError(
+            "out: expected a tensor that does not require grad (the kernels write it in place, which "
+            "autograd cannot record), got one with requires_grad=True; pass out=None or use torch.no_grad()"
+        )

@@ -114,6 +114,7 @@ def validate_gemm_args(a, b, out_dtype, out):
     if out is not None:
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"out: expected a torch.Tensor, got {type(out).__name__}")
+        _checks.check_out_no_grad(out)
         want = (*lead, n)
         if tuple(out.shape) != want:
             raise ValueError(f"out: expected shape {want}, got {tuple(out.shape)}")

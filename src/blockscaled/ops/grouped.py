@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._checks import check_config_arg, check_flag, check_row_contiguous, check_tensor, use_reference
+from .._checks import check_config_arg, check_flag, check_out_no_grad, check_row_contiguous, check_tensor, use_reference
 from ..config.encoding import decode_config, encode_config
 from ..config.gemm import GemmConfig
 from ..config.grouped import check_grouped_config, choose_grouped_config
@@ -450,6 +450,7 @@ def check_pair(a, b: ScaledTensor, a_name: str = "a", b_name: str = "b") -> None
 
 def _check_out(out, shape, dtype, device) -> None:
     check_tensor("out", out, dtypes=(dtype,), device=device)
+    check_out_no_grad(out)
     if tuple(out.shape) != tuple(shape):
         raise ValueError(f"out: expected shape {tuple(shape)}, got {tuple(out.shape)}")
     if out.numel() and out.stride(-1) != 1:

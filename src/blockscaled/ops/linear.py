@@ -94,6 +94,7 @@ def linear(x: torch.Tensor, w: ScaledTensor, bias: torch.Tensor | None = None, *
     if out is not None:
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"out: expected a torch.Tensor, got {type(out).__name__}")
+        _checks.check_out_no_grad(out)
         if tuple(out.shape) != (*lead, n) or out.dtype != out_dtype or out.device != w.device:
             raise ValueError(f"out: expected a {out_dtype} tensor of shape {(*lead, n)} on {w.device}, got "
                              f"{out.dtype} {tuple(out.shape)} on {out.device}")
