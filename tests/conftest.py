@@ -50,3 +50,19 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 @pytest.fixture
 def device():
     return DEVICE
+
+
+@pytest.fixture(params=["kernels", "reference"])
+def path(request, monkeypatch, device):
+    """Run a test on the kernel path (the interpreter on CPU, or CUDA) and on the float64
+    reference path (CPU tensors with the interpreter off): public ops must behave the same."""
+    # imported here, not at the top: blockscaled must be imported after TRITON_INTERPRET is set
+    import blockscaled._checks as checks
+
+    if request.param == "reference":
+        if device != "cpu":
+            pytest.skip("the reference path takes CPU tensors")
+        monkeypatch.setattr(checks, "INTERPRET", False)
+    elif device == "cpu" and not checks.INTERPRET:
+        pytest.skip("needs TRITON_INTERPRET=1 (tests/conftest.py sets it without a GPU)")
+    return request.param

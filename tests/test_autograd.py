@@ -21,17 +21,6 @@ FORMATS = ("fp8_block", "mxfp8", "mxfp4", "nvfp4")
 M, N, K = 6, 12, 160  # K: a partial last block in every format
 
 
-@pytest.fixture(params=["interpreter", "reference"])
-def path(request, monkeypatch, device):
-    if request.param == "reference":
-        if device != "cpu":
-            pytest.skip("the reference path takes CPU tensors")
-        monkeypatch.setattr(checks, "INTERPRET", False)
-    elif device == "cpu" and not checks.INTERPRET:
-        pytest.skip("needs TRITON_INTERPRET=1 (tests/conftest.py sets it without a GPU)")
-    return request.param
-
-
 def _x(*shape, device, seed=0, dtype=torch.float32, scale=1.0):
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dtype)

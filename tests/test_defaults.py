@@ -15,7 +15,6 @@ import pytest
 import torch
 
 import blockscaled as bs
-import blockscaled._checks as checks
 
 #: op -> (name of the dtype argument, its default). dequantize is the one exception: it is a
 #: conversion whose fp32 result is exact for every format (bf16 would round fp8_block values).
@@ -47,17 +46,6 @@ def test_signature_default(name):
     params = inspect.signature(getattr(bs, name)).parameters
     assert arg in params, f"{name}: no {arg} argument"
     assert params[arg].default == want, f"{name}: {arg} defaults to {params[arg].default}, expected {want}"
-
-
-@pytest.fixture(params=["kernels", "reference"])
-def path(request, monkeypatch, device):
-    if request.param == "reference":
-        if device != "cpu":
-            pytest.skip("the reference path takes CPU tensors")
-        monkeypatch.setattr(checks, "INTERPRET", False)
-    elif device == "cpu" and not checks.INTERPRET:
-        pytest.skip("needs TRITON_INTERPRET=1 (tests/conftest.py sets it without a GPU)")
-    return request.param
 
 
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16])

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 import blockscaled as bs
-import blockscaled._checks as checks
 from blockscaled.config import GemmConfig
 from blockscaled.ops import errors
 from blockscaled.reference import grouped as ref
@@ -25,18 +24,11 @@ E, N, K = 3, 16, 64
 SUM_M, MAX_M = 10, 5
 
 
-@pytest.fixture(params=["interpreter", "reference"])
-def path(request, monkeypatch, device):
-    """Run each test on the kernel path (interpreter on CPU, or CUDA) and on the float64
-    reference path (CPU tensors with the interpreter off)."""
-    if request.param == "reference":
-        if device != "cpu":
-            pytest.skip("the reference path takes CPU tensors")
-        monkeypatch.setattr(checks, "INTERPRET", False)
-    elif device == "cpu" and not checks.INTERPRET:
-        pytest.skip("needs TRITON_INTERPRET=1 (tests/conftest.py sets it without a GPU)")
+@pytest.fixture
+def path(path):
+    """conftest.py's kernel / reference paths, with the error flags cleared around each test."""
     _clear_flags()  # start clean: other tests may leave a flag set on purpose
-    yield request.param
+    yield path
     _clear_flags()  # never leak a set flag into the next test
 
 
@@ -160,7 +152,7 @@ def test_validate_true_raises_at_the_call_and_skips_the_device_check(path, devic
 
 def test_every_strategy_and_the_one_expert_shortcut_are_checked(path, device):
     a, a3, b, _ = _ops(device)
-    if path == "interpreter":
+    if path == "kernels":
         dq = GemmConfig(strategy="dequant_matmul")
         y = bs.grouped_gemm(a, b, offsets=_i32([0, 4, 4, 11], device), config=dq, validate=False)
         assert y.isnan().all()
