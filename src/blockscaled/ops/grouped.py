@@ -32,6 +32,7 @@ from ..config.hopper import HopperConfig
 from ..formats import get_format
 from ..kernels.triton._mma import FORMAT_CODES
 from ..tensor import ScaledTensor
+from ._autograd import requires_grad_name
 from .errors import OP_GROUPED_GEMM, check_metadata
 from .gemm import _dequant, _eager_ok, _one
 
@@ -751,8 +752,6 @@ def _no_grad_support(op: str, **operands) -> None:
     straight-through link, ``ops/_autograd.py``). Costs one ``is_grad_enabled`` call otherwise."""
     if not torch.is_grad_enabled():
         return
-    from ._autograd import requires_grad_name
-
     name = requires_grad_name(**operands)
     if name is not None:
         raise RuntimeError(
