@@ -63,7 +63,8 @@ class ScaledTensor:
     def __post_init__(self) -> None:
         # Normalise the spellings ``quantize`` accepts (format / rounding names in any case, a
         # block list, any sequence of ints as shape); reject the rest with the field's name.
-        fmt = get_format(self.format, name="ScaledTensor.format")
+        # (the ops build ScaledTensors on every call with canonical fields: those skip the work)
+        fmt = self.format if isinstance(self.format, Format) else get_format(self.format, name="ScaledTensor.format")
         object.__setattr__(self, "format", fmt)
         for name in ("data", "scale"):
             t = getattr(self, name)
@@ -72,15 +73,17 @@ class ScaledTensor:
         try:
             if isinstance(self.shape, (str, bytes, torch.Tensor)):
                 raise TypeError
-            shape = torch.Size(self.shape)
+            shape = self.shape if isinstance(self.shape, torch.Size) else torch.Size(self.shape)
         except TypeError:
             raise TypeError(
                 f"ScaledTensor.shape: expected the logical shape as a torch.Size or tuple of ints, got "
                 f"{self.shape!r} ({type(self.shape).__name__})"
             ) from None
         object.__setattr__(self, "shape", shape)
-        object.__setattr__(self, "block", resolve_block("ScaledTensor.block", self.block, fmt))
-        object.__setattr__(self, "rounding", resolve_rounding("ScaledTensor.rounding", self.rounding, fmt))
+        if not (type(self.block) is tuple and all(type(b) is int for b in self.block) and self.block in fmt.blocks):
+            object.__setattr__(self, "block", resolve_block("ScaledTensor.block", self.block, fmt))
+        if not (isinstance(self.rounding, ScaleRounding) and self.rounding in fmt.roundings):
+            object.__setattr__(self, "rounding", resolve_rounding("ScaledTensor.rounding", self.rounding, fmt))
         if len(shape) < 1:
             raise ValueError(f"ScaledTensor.shape: expected at least 1 dimension, got {tuple(shape)}")
         if self.data.dtype != fmt.data_dtype:
