@@ -305,6 +305,53 @@ def test_report_text_and_files(tmp_path):
     assert (tmp_path / "r.csv").read_text().splitlines()[0].startswith("suite,case")
 
 
+def test_save_results_appends_runs_and_rewrites_latest(tmp_path):
+    """--save-results: each save appends one line to <gpu>/runs.jsonl (earlier lines kept) and
+    rewrites latest/<suite>.md with the newest run; load_runs reads the lines back in order."""
+    from blockscaled.bench.report import load_runs, save_results_dir
+
+    first, second, other = _fake_result(), _fake_result(), _fake_result()
+    first["date"], second["date"], other["date"] = ("2026-11-22T12:00:00+00:00", "2026-11-23T05:12:07+00:00",
+                                                    "2026-11-23T06:00:00+00:00")
+    second["env"]["git_rev"] = "def"
+    second["rows"][0]["median_ms"] = float("nan")  # strict JSON: written as null
+    md1, runs1 = save_results_dir(first, str(tmp_path), "deepseek")
+    md2, runs2 = save_results_dir(second, str(tmp_path), "deepseek")
+    save_results_dir(other, str(tmp_path), "moe")
+    gpu_dir = tmp_path / "h100-80gb-hbm3"
+    assert md1 == md2 == str(gpu_dir / "latest" / "deepseek.md")
+    assert runs1 == runs2 == str(gpu_dir / "runs.jsonl")
+    lines = (gpu_dir / "runs.jsonl").read_text().splitlines()
+    assert len(lines) == 3 and all(json.loads(line)["rows"] for line in lines)
+    runs = load_runs(gpu_dir, suite="deepseek")
+    assert [r["id"] for r in runs] == ["deepseek-20261122-1200", "deepseek-20261123-0512"]
+    assert [r["env"]["git_rev"] for r in runs] == ["abc", "def"] and runs[1]["rows"][0]["median_ms"] is None
+    assert len(runs[1]["rows"]) == len(second["rows"]) and runs[1]["notes"] == ["n1"]
+    assert [r["suite"] for r in load_runs(gpu_dir / "runs.jsonl")] == ["deepseek", "deepseek", "moe"]
+    latest = (gpu_dir / "latest" / "deepseek.md").read_text()
+    assert "Run: `deepseek-20261123-0512`" in latest and "git def" in latest and "2026-11-22" not in latest
+    assert sorted(p.name for p in (gpu_dir / "latest").iterdir()) == ["deepseek.md", "moe.md"]
+    assert not list(gpu_dir.glob("*.png")) and not list(gpu_dir.glob("*.json"))
+    # a committed folder with a short name keeps receiving its GPU's runs
+    gpu_dir.rename(tmp_path / "h100")
+    _, runs3 = save_results_dir(other, str(tmp_path), "moe")
+    assert runs3 == str(tmp_path / "h100" / "runs.jsonl") and len(load_runs(tmp_path / "h100")) == 4
+    assert not gpu_dir.exists()
+
+
+def test_committed_results_load():
+    """The committed record parses, in date order, and each suite's latest/ report is its newest run."""
+    from blockscaled.bench.report import load_runs
+
+    d = ROOT / "benchmarks" / "results" / "h100"
+    runs = load_runs(d)
+    assert runs and [r["date"] for r in runs] == sorted(r["date"] for r in runs)
+    assert len({r["id"] for r in runs}) == len(runs)
+    for md in (d / "latest").glob("*.md"):
+        newest = load_runs(d, suite=md.stem)[-1]
+        assert f"Run: `{newest['id']}`" in md.read_text()
+
+
 def test_plot_writes_png(tmp_path):
     """A timed result gives a PNG; a result with nothing to draw (no timed row, no A/B pair:
     every CPU run) gives None and no file, never an empty chart."""
@@ -387,13 +434,13 @@ def _run_cli(args, tmp_path, env_extra=None, timeout=240):
 def cpu_run(tmp_path_factory):
     """One CPU bench run as a user would start it (a new process, TRITON_INTERPRET unset,
     every warning shown): a shape too big for the interpreter, one that runs as asked, the
-    quantize and dual-GEMM (SwiGLU) suites, profiler and plot asked for. ~8 s on 2 cores."""
+    quantize and dual-GEMM (SwiGLU) suites, profiler, plot and saved results asked for. ~8 s on 2 cores."""
     if HAS_CUDA:
         pytest.skip("the CPU fallback runs only without CUDA")
     d = tmp_path_factory.mktemp("cpu_bench")
     args = ["bench", "--custom", "256,512,1024", "--custom", "3,40,100", "--suite", "quantize,dual-gemm",
             "--formats", "fp8_block,nvfp4", "--use-profiler", "--trace-file", "t.json", "--plot", "p.png",
-            "--output", "r.json"]
+            "--output", "r.json", "--save-results", "res"]
     r = _run_cli(args, d, env_extra={"PYTHONWARNINGS": "default"})
     data = json.loads((d / "r.json").read_text()) if (d / "r.json").exists() else None
     return r, d, data
@@ -418,6 +465,20 @@ def test_cpu_run_passes_and_says_so(cpu_run):
     # no timing numbers at all: interpreter wall clock says nothing about a GPU
     timed = [k for x in data["rows"] for k in ("median_ms", "first_call_ms", "tflops", "gbps") if k in x]
     assert not timed
+
+
+def test_cpu_run_saves_one_run_and_its_summary(cpu_run):
+    """--save-results on a CPU run: one line in res/cpu/runs.jsonl (the same result as --output),
+    the summary in latest/, no plot among the saved results."""
+    from blockscaled.bench.report import load_runs
+
+    r, d, data = cpu_run
+    runs = load_runs(d / "res" / "cpu")
+    label = "custom+quantize+dual-gemm"
+    assert len(runs) == 1 and runs[0]["suite"] == label and runs[0]["id"].startswith(label + "-")
+    assert runs[0]["rows"] == data["rows"] and runs[0]["command"] == data["command"]
+    assert "Correctness" in (d / "res" / "cpu" / "latest" / f"{label}.md").read_text()
+    assert sorted(p.name for p in (d / "res" / "cpu").rglob("*")) == sorted(["latest", f"{label}.md", "runs.jsonl"])
 
 
 def test_cpu_run_records_requested_and_ran_shapes(cpu_run):

@@ -130,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--output", default=None, metavar="FILE.json|FILE.csv|FILE.md", help="write results (tidy rows)")
     o.add_argument("--plot", default=None, metavar="FILE.png", help="roofline + A/B ratio charts")
     o.add_argument("--save-results", default=None, metavar="DIR",
-                   help="also write DIR/<gpu>/<suite>-<date>.md and .json (e.g. benchmarks/results)")
+                   help="also append the run to DIR/<gpu>/runs.jsonl and rewrite DIR/<gpu>/latest/<suite>.md "
+                        "(e.g. benchmarks/results; --plot stays a file of its own)")
     o.add_argument("--strict", action="store_true",
                    help="also exit 1 when a baseline errors (a failing check or an error of ours always does)")
     return p
@@ -350,8 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"results: {a.output}")
     if a.save_results:
         label = "+".join(s for s, _ in plan) or "bench"
-        md, js = save_results_dir(result, a.save_results, label)
-        console.print(f"saved: {md} {js}")
+        md, runs = save_results_dir(result, a.save_results, label)
+        console.print(f"saved: run appended to {runs}; summary {md}")
     if a.plot:
         from .plot import has_plot_data, plot_results
 

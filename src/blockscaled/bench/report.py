@@ -1,4 +1,5 @@
-"""Reports: rich tables on the terminal, markdown summaries, json / csv result files.
+"""Reports: rich tables on the terminal, markdown summaries, json / csv result files, and the
+committed-results layout (one append-only ``runs.jsonl`` per GPU plus ``latest/<suite>.md``).
 
 Ratios are ``baseline time / our time``: above 1 means blockscaled is faster.
 """
@@ -21,6 +22,7 @@ __all__ = [
     "markdown_report",
     "write_results",
     "save_results_dir",
+    "load_runs",
 ]
 
 OURS = "blockscaled"
@@ -302,7 +304,10 @@ def _md_table(head, body) -> str:
 def markdown_report(result: dict, title: str = "blockscaled bench") -> str:
     rows = result["rows"]
     timing = result.get("timing", True)
-    parts = [f"# {title}", "", f"Date: {result.get('date', '')}  ", f"Command: `{result.get('command', '')}`", ""]
+    parts = [f"# {title}", "", f"Date: {result.get('date', '')}  "]
+    if result.get("id"):  # a record of runs.jsonl: name it, so the summary leads back to its rows
+        parts.append(f"Run: `{result['id']}` (one line of runs.jsonl)  ")
+    parts += [f"Command: `{result.get('command', '')}`", ""]
     parts += [f"- {l}" for l in _env_lines(result)] + [""]
     h, b = _quant_table_data(rows, timing)
     if b:
@@ -352,14 +357,88 @@ def write_results(result: dict, path: str) -> None:
         p.write_text(json.dumps(clean, indent=1, default=str))
 
 
-def save_results_dir(result: dict, root: str, suite: str) -> tuple[str, str]:
-    """Write ``root/<gpu>/<suite>-<date>.md`` and ``.json`` (the committed-results layout)."""
+def _clean(v):
+    """``v`` with non-finite floats as None (strict JSON has no NaN / inf), at any depth."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    return v
+
+
+RUNS_FILE = "runs.jsonl"
+LATEST_DIR = "latest"
+
+
+def _first_gpu(runs: Path) -> str | None:
+    """The GPU named by the first record of a runs file (None when unreadable or empty)."""
+    try:
+        with open(runs) as f:
+            line = f.readline()
+        return json.loads(line).get("env", {}).get("gpu") if line.strip() else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _gpu_dir(root: Path, gpu: str | None) -> Path:
+    """The folder of ``root`` that holds this GPU's runs: an existing one whose runs.jsonl starts
+    with a run on the same GPU (committed folders carry short names such as ``h100``), else
+    ``root/<gpu_slug>``."""
     from .env import gpu_slug
 
-    date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M")
-    d = Path(root) / gpu_slug(result.get("env", {}).get("gpu"))
-    d.mkdir(parents=True, exist_ok=True)
-    md, js = d / f"{suite}-{date}.md", d / f"{suite}-{date}.json"
-    md.write_text(markdown_report(result, title=f"blockscaled bench: {suite}"))
-    write_results(result, str(js))
-    return str(md), str(js)
+    if gpu and root.is_dir():
+        for d in sorted(root.iterdir()):
+            if (d / RUNS_FILE).is_file() and _first_gpu(d / RUNS_FILE) == gpu:
+                return d
+    return root / gpu_slug(gpu)
+
+
+def save_results_dir(result: dict, root: str, suite: str) -> tuple[str, str]:
+    """Record a bench run in the committed-results layout and return ``(summary, runs)`` paths.
+
+    Appends the run as one JSON line to ``root/<gpu>/runs.jsonl`` (its ``id`` is
+    ``<suite>-<YYYYmmdd-HHMM>`` of the run's date, ``suite`` the label given here, then the
+    result's own fields: date, command, args, env, roofline, notes, rows) and rewrites
+    ``root/<gpu>/latest/<suite>.md`` with the markdown report of this run. Earlier lines are
+    never rewritten: the file is the history, ``latest/`` the newest run of each suite.
+    """
+    when = result.get("date")
+    try:
+        stamp = _dt.datetime.fromisoformat(when) if when else None
+    except (TypeError, ValueError):
+        stamp = None
+    stamp = stamp or _dt.datetime.now(_dt.timezone.utc)
+    record = {"id": result.get("id") or f"{suite}-{stamp.strftime('%Y%m%d-%H%M')}", "suite": suite}
+    record.update(_clean({k: v for k, v in result.items() if k not in ("id", "suite")}))
+    d = _gpu_dir(Path(root), result.get("env", {}).get("gpu"))
+    (d / LATEST_DIR).mkdir(parents=True, exist_ok=True)
+    runs = d / RUNS_FILE
+    line = json.dumps(record, separators=(",", ":"), default=str, allow_nan=False)
+    with open(runs, "a") as f:
+        f.write(line + "\n")
+    md = d / LATEST_DIR / f"{suite}.md"
+    md.write_text(markdown_report(record, title=f"blockscaled bench: {suite}"))
+    return str(md), str(runs)
+
+
+def load_runs(path: str | Path, suite: str | None = None) -> list[dict]:
+    """The bench runs recorded in a ``runs.jsonl`` file, in the order they were saved.
+
+    ``path`` is the file or the GPU folder that holds it (e.g. ``benchmarks/results/h100``).
+    Each run is a dict as the bench's ``--output FILE.json`` writes it (date, command, args, env,
+    roofline, notes, rows) plus ``id`` and ``suite``; ``suite`` keeps only the runs saved under
+    that label (``"deepseek"``, ``"moe"``, ...). Blank lines are skipped.
+    """
+    p = Path(path)
+    if p.is_dir():
+        p = p / RUNS_FILE
+    runs = []
+    with open(p) as f:
+        for line in f:
+            if line.strip():
+                rec = json.loads(line)
+                if suite is None or rec.get("suite") == suite:
+                    runs.append(rec)
+    return runs
