@@ -105,12 +105,12 @@ def fresh_state(monkeypatch):
 
 
 def _break_kernel_import(monkeypatch):
-    """Make ``from ..kernels.hopper import fp8_gemm`` fail (ModuleNotFoundError), as when Gluon or
-    one of its spellings is missing, even after an earlier successful import in this process."""
+    """Make ``from ..kernels.hopper import skinny, wide`` fail (ModuleNotFoundError), as when Gluon
+    or one of its spellings is missing, even after an earlier successful import in this process."""
     import blockscaled.kernels.hopper as pkg
 
-    monkeypatch.delattr(pkg, "fp8_gemm", raising=False)
-    monkeypatch.setitem(sys.modules, "blockscaled.kernels.hopper.fp8_gemm", None)
+    monkeypatch.delattr(pkg, "wide", raising=False)
+    monkeypatch.setitem(sys.modules, "blockscaled.kernels.hopper.wide", None)
 
 
 def _calls_with_warnings(fn, times):
@@ -128,7 +128,7 @@ def test_gluon_available_on_supported_triton(fresh_state):
 
 
 def test_import_failure_one_warning_and_recorded(fresh_state, monkeypatch):
-    real = importlib.import_module("blockscaled.kernels.hopper.fp8_gemm")
+    real = importlib.import_module("blockscaled.kernels.hopper.wide")
     _break_kernel_import(monkeypatch)
     results, ours = _calls_with_warnings(_hopper.gluon_unavailable_reason, 3)
     assert len(ours) == 1, [str(w.message) for w in ours]
@@ -138,12 +138,12 @@ def test_import_failure_one_warning_and_recorded(fresh_state, monkeypatch):
     assert "portable Triton kernels" in msg
     assert results[0] is not None and results == [results[0]] * 3
     assert results[0].startswith(f"triton {triton.__version__}: importing the Gluon kernels failed: ")
-    assert "fp8_gemm" in results[0]
+    assert "kernels.hopper.wide" in results[0]
     # recorded: the import working again is not retried in this process
     import blockscaled.kernels.hopper as pkg
 
-    monkeypatch.setitem(sys.modules, "blockscaled.kernels.hopper.fp8_gemm", real)
-    monkeypatch.setattr(pkg, "fp8_gemm", real, raising=False)
+    monkeypatch.setitem(sys.modules, "blockscaled.kernels.hopper.wide", real)
+    monkeypatch.setattr(pkg, "wide", real, raising=False)
     assert _hopper.gluon_unavailable_reason() == results[0]
 
 

@@ -1,6 +1,6 @@
-"""GPU (sm_90) tests of the Hopper fp8_block GEMM kernels: every variant forced, DeepSeek-V3 and
+"""GPU (sm_90) tests of the Hopper fp8_block GEMM kernels: both variants forced, DeepSeek-V3 and
 odd shapes against the float64 reference (outputs NaN-poisoned), out dtypes, 3-D activations,
-fallback reasons (K % 16, unaligned base), variants bitwise equal to each other; the wide
+fallback reasons (K % 16, unaligned base), wide tile configs bitwise equal to each other; the wide
 kernel's fused split-K (small M): forced splits vs the reference, bitwise repeatability,
 CUDA-graph replays equal to eager (self-resetting counters), back-to-back shapes on one stream."""
 
@@ -32,12 +32,11 @@ pytestmark = [
                        reason="needs an sm_90 (Hopper) GPU"),
 ]
 
-# (variant, overlap): every kernel and both math-loop schedules of the persistent ones
-SPECS = [("tma", False), ("persistent", False), ("persistent", True), ("ws", False), ("ws", True), ("wide", False)]
-SPEC_IDS = [f"{v}{'+ov' if o else ''}" for v, o in SPECS]
 DSV3_NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
 ODD = [(1, 2112, 7168), (77, 7168, 2048), (128, 200, 7168), (77, 200, 320), (300, 384, 2048), (1, 16, 16),
-       (129, 129, 144), (513, 1000, 4096)]
+       (129, 129, 144), (513, 1000, 4096), (40, 520, 1040)]
+# (variant, shape): "wide" on every odd shape, "skinny" where it applies (M <= 64)
+ODD_SPECS = [(v, s) for v in ("wide", "skinny") for s in ODD if v == "wide" or s[0] <= 64]
 
 
 _operands = functools.partial(fp8_block_operands, device="cuda")
@@ -52,31 +51,19 @@ def _check(a, b, cfg, out_dtype=torch.bfloat16):
     return out
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=SPEC_IDS)
 @pytest.mark.parametrize("nk", DSV3_NK, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("m", [128, 4096])
-def test_dsv3_shapes(spec, nk, m):
+def test_dsv3_shapes(nk, m):
     n, k = nk
     a, b = _operands(m, n, k)
-    _check(a, b, choose_hopper_config(m, n, k, *spec))
+    _check(a, b, choose_hopper_config(m, n, k, "wide"))
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=SPEC_IDS)
-@pytest.mark.parametrize("mnk", ODD, ids=lambda s: "x".join(map(str, s)))
-def test_odd_shapes(spec, mnk):
-    m, n, k = mnk
+@pytest.mark.parametrize("spec", ODD_SPECS, ids=lambda s: f"{s[0]}-{'x'.join(map(str, s[1]))}")
+def test_odd_shapes(spec):
+    variant, (m, n, k) = spec
     a, b = _operands(m, n, k, seed=3)
-    _check(a, b, choose_hopper_config(m, n, k, *spec))
-
-
-@pytest.mark.parametrize("spec", SPECS[:-1], ids=SPEC_IDS[:-1])
-@pytest.mark.parametrize("cfg", [(128, 128, 8, 4), (64, 128, 4, 6), (128, 64, 8, 4), (64, 64, 4, 8), (128, 32, 8, 2)],
-                         ids=lambda c: "m{}n{}w{}s{}".format(*c))
-@pytest.mark.parametrize("k", [128, 256, 384, 1040])  # 1, 2, 3 K blocks (odd/even pair tails) and a K tail
-def test_all_tile_configs(spec, cfg, k):
-    bm, bn, w, s = cfg
-    a, b = _operands(333, 520, k, seed=5)  # tails in M and N
-    _check(a, b, HopperConfig(spec[0], bm, bn, w, s, group_m=4, overlap=spec[1]))
+    _check(a, b, choose_hopper_config(m, n, k, variant))
 
 
 # wide kernel tiles: (block_m, block_n, num_warps, stages, epilogue)
@@ -108,8 +95,9 @@ def test_wide_unaligned_output_uses_masked_store():
 def test_out_dtypes(out_dtype):
     a, b = _operands(200, 384, 1024)
     es = torch.empty((), dtype=out_dtype).element_size()
-    for spec in SPECS:
-        _check(a, b, choose_hopper_config(200, 384, 1024, *spec, out_elem_bytes=es), out_dtype)
+    _check(a, b, choose_hopper_config(200, 384, 1024, "wide", out_elem_bytes=es), out_dtype)
+    a, b = _operands(40, 384, 1024)
+    _check(a, b, choose_hopper_config(40, 384, 1024, "skinny"), out_dtype)
 
 
 def test_3d_activations_and_empty():
@@ -124,21 +112,25 @@ def test_3d_activations_and_empty():
 
 
 def test_variants_bitwise_equal_and_deterministic():
-    """Same summation order in every variant (per K block: one wgmma chain, then promotion) ->
-    the same bits. The wide chooser's tail split (on 132 SMs: 136 tiles of 128x128, the last 4
-    in 8 K ranges) sums those tiles in another order, so it is compared with tail_split=1 here
-    and against the reference (and itself, repeated) below."""
+    """Same summation order in every wide tile config (per K block and 128-column half: one
+    wgmma chain, then promotion) -> the same bits, whatever the tile height / width, math
+    partitions or epilogue. The wide chooser's tail split (on 132 SMs: 136 tiles of 128x128, the
+    last 4 in 8 K ranges) sums those tiles in another order, so it is compared with tail_split=1
+    here and against the reference (and itself, repeated) below."""
     a, b = _operands(1000, 2112, 7168)
     nsm = torch.cuda.get_device_properties(0).multi_processor_count
-    cfgs = [choose_hopper_config(1000, 2112, 7168, *spec, num_sms=nsm) for spec in SPECS]
-    assert cfgs[-1].variant == "wide"
+    chosen = choose_hopper_config(1000, 2112, 7168, "wide", num_sms=nsm)
+    cfgs = [HopperConfig("wide", 128, 256, 8, 3, epilogue="tma"),
+            HopperConfig("wide", 128, 128, 8, 4, epilogue="masked", split_wg=False),
+            HopperConfig("wide", 64, 128, 4, 6, epilogue="tma"),
+            HopperConfig("wide", 128, 256, 8, 4, epilogue="tma1"), chosen]
     outs = [gemm_fp8_block_hopper(a, b, config=dataclasses.replace(c, tail_split=1)) for c in cfgs]
-    again = gemm_fp8_block_hopper(a, b, config=choose_hopper_config(1000, 2112, 7168, "ws", True))
+    again = gemm_fp8_block_hopper(a, b, config=cfgs[0])
     for o in outs[1:]:
         assert torch.equal(o, outs[0])
-    assert torch.equal(again, outs[-2])
-    if cfgs[-1].tail_split > 1:  # (on 132 SMs it is)
-        tail = [gemm_fp8_block_hopper(a, b, config=cfgs[-1]) for _ in range(2)]
+    assert torch.equal(again, outs[0])
+    if chosen.tail_split > 1:  # (on 132 SMs it is)
+        tail = [gemm_fp8_block_hopper(a, b, config=chosen) for _ in range(2)]
         assert torch.equal(tail[0], tail[1])
         assert_gemm_close(tail[0], ref_gemm.gemm(a, b), "fp8_block", torch.bfloat16)
 

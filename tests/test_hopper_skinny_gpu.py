@@ -1,5 +1,5 @@
 """GPU (sm_90) tests of the Hopper "skinny" decode kernel (swap-AB wgmma, TMA ring, fused
-split-K; kernels/hopper/fp8_gemm.py step 5): every activation-row padding (8..64), both weight
+split-K; kernels/hopper/skinny.py): every activation-row padding (8..64), both weight
 tile heights, ring depths and K splits forced against the float64 reference with M, N and K
 tails (outputs NaN-poisoned); out dtypes; bitwise repeatability and CUDA-graph replays of the
 split-K; the dispatch rule's shapes through ``gemm()``; M above the tile rejected."""

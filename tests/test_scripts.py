@@ -119,11 +119,11 @@ def test_list_cli():
 def test_driver_runs_one_case_in_the_interpreter():
     """The runner itself (inputs, launch, reference check, exit status) on one small case."""
     r = subprocess.run([sys.executable, os.path.join(SCRIPTS, "sanitize.py"), "--device", "cpu",
-                        "--only", "^gemm/fp8_block-w128x128-64x64x128$|^hopper/tma-heuristic-256"],
+                        "--only", "^gemm/fp8_block-w128x128-64x64x128$|^hopper/wide-heuristic-256"],
                        capture_output=True, text=True, env=_env(TRITON_INTERPRET="1"), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "] ok   gemm/fp8_block-w128x128-64x64x128" in r.stdout
-    assert "] skip hopper/tma-heuristic-256x256x512" in r.stdout  # needs sm_90
+    assert "] skip hopper/wide-heuristic-256x256x512" in r.stdout  # needs sm_90
     assert "1 ok, 0 failed, 1 skipped" in r.stdout
 
 

@@ -13,11 +13,10 @@ import dataclasses
 __all__ = ["HopperConfig", "VARIANTS", "VARIANT_FLAGS", "EPILOGUES", "SPLIT_REDUCE"]
 
 #: HopperConfig.variant values, one kernel each (ops/_hopper.py's module docstring describes them)
-VARIANTS = ("tma", "persistent", "ws", "wide", "skinny")
+VARIANTS = ("wide", "skinny")
 #: The HopperConfig flag fields each variant reads (scripts/sanitize.py runs flag combinations of
 #: these only; the others would repeat the same kernel).
-VARIANT_FLAGS = {"tma": (), "persistent": ("overlap",), "ws": ("overlap",), "wide": ("epilogue", "split_wg"),
-                 "skinny": ()}
+VARIANT_FLAGS = {"wide": ("epilogue", "split_wg"), "skinny": ()}
 #: HopperConfig.epilogue values (the wide kernel's EPI constexpr: masked 1, tma 2, tma1 3)
 EPILOGUES = ("tma", "tma1", "masked")
 _EPI_CODE = {"tma": 2, "tma1": 3}
@@ -29,14 +28,16 @@ SPLIT_REDUCE = ("last", "spread")
 class HopperConfig:
     """Tile configuration of the Hopper fp8_block kernels.
 
-    block_m: 64 (one warpgroup, num_warps=4) or 128 (two warpgroups, num_warps=8): wgmma needs
-        64 rows per warpgroup. block_n: 16..128, a power of two dividing 128 (one wgmma
-        instruction per warpgroup spans it). block_k is fixed at 128 (= the fp8_block scale block).
+    variant: "wide" (kernels/hopper/wide.py: dense, grouped and SwiGLU GEMMs) or "skinny"
+        (kernels/hopper/skinny.py: swap-AB decode kernel, M <= 64).
+    block_m: "wide": 64 (one warpgroup, num_warps=4) or 128 (two warpgroups, num_warps=8): wgmma
+        needs 64 rows per warpgroup. block_n: "wide": 128 or 256 (one or two 128-column halves,
+        each one 128-row weight-scale block). "skinny": block_m = the activation rows padded to
+        8..64 (the wgmma's N), block_n 64 or 128 weight rows, num_warps 4. block_k is fixed at
+        128 (= the fp8_block scale block).
     stages: depth of the TMA ring; each stage holds ``stage_bytes()``: (block_m + block_n) * 128 bytes
         (+ block_m * 4 of A scales for "wide" 128-column tiles).
     group_m: grouped raster height (tiles of A sharing a B tile while it sits in L2).
-    overlap: persistent/ws only: issue the wgmma chain of K block k+1 before promoting block k
-        (two part tiles in registers, wgmma wait(1)); ignored by "tma" and "wide".
     split_wg: "wide" with block_m 128 only: one 4-warp math partition per 64-row warpgroup (no
         barrier between the two, so one promotes while the other's wgmma runs) instead of one
         8-warp partition.
@@ -49,7 +50,7 @@ class HopperConfig:
     split_k: "wide" dense GEMM only: fused deterministic split-K into this many K ranges (whole
         128-wide K blocks; lowered by the launcher so that no range is empty, e.g. 5 K blocks in
         4 -> 3 ranges of 2, 2, 1). Partials go to an fp32 workspace and the last range of each
-        tile to finish sums them in fixed order and stores (kernels/hopper/fp8_gemm.py). 1 = no split.
+        tile to finish sums them in fixed order and stores (kernels/hopper/wide.py). 1 = no split.
     tail_split: "wide" only, exclusive with split_k: split only the tiles of the last,
         partial wave of the persistent grid into this many K ranges (same fused reduction); the
         full waves' tiles run whole. With T tiles on S SMs (T > S), T - (T // S) * S tiles are
@@ -74,13 +75,12 @@ class HopperConfig:
         BLOCKSCALED_SPLIT_REDUCE=last is set, the launcher runs "last".
     """
 
-    variant: str = "persistent"
+    variant: str = "wide"
     block_m: int = 128
     block_n: int = 128
     num_warps: int = 8
     stages: int = 4
     group_m: int = 8
-    overlap: bool = True
     epilogue: str = "tma"
     split_wg: bool = True
     split_k: int = 1
@@ -100,16 +100,10 @@ class HopperConfig:
                 f"HopperConfig.num_warps: expected {4 * (self.block_m // 64)} for block_m={self.block_m} "
                 f"(one warpgroup of 4 warps per 64 rows), got {self.num_warps}"
             )
-        if self.variant == "wide":
-            if self.block_n not in (128, 256):
-                # block_n = one or two 128-column halves, each half one 128-row weight-scale block
-                # with its own accumulator
-                raise ValueError(f"HopperConfig: variant 'wide' needs block_n 128 or 256, got {self.block_n}")
-        elif self.block_n not in (16, 32, 64, 128):
-            # power of two (Gluon block shapes) dividing the 128-row weight-scale block (one sb
-            # scalar per tile and K block); 256 as one tile spills (acc + wgmma tile = 256 regs):
-            # variant "wide" computes 256 as two halves.
-            raise ValueError(f"HopperConfig.block_n: expected 16, 32, 64 or 128, got {self.block_n}")
+        if self.block_n not in (128, 256):
+            # block_n = one or two 128-column halves, each half one 128-row weight-scale block
+            # with its own accumulator
+            raise ValueError(f"HopperConfig.block_n: variant 'wide' needs 128 or 256, got {self.block_n}")
         if self.epilogue not in EPILOGUES:
             raise ValueError(f"HopperConfig.epilogue: expected one of {EPILOGUES}, got {self.epilogue!r}")
         if self.stages < 2:
@@ -118,16 +112,13 @@ class HopperConfig:
             raise ValueError(f"HopperConfig.group_m: expected >= 1, got {self.group_m}")
         if not isinstance(self.split_k, int) or self.split_k < 1:
             raise ValueError(f"HopperConfig.split_k: expected an int >= 1, got {self.split_k!r}")
-        if self.split_k > 1 and self.variant != "wide":
-            raise ValueError(f"HopperConfig.split_k: split-K is implemented for variant 'wide' only, got "
-                             f"split_k={self.split_k} with variant {self.variant!r}")
         if self.split_reduce not in SPLIT_REDUCE:
             raise ValueError(f"HopperConfig.split_reduce: expected one of {SPLIT_REDUCE}, got {self.split_reduce!r}")
         if not isinstance(self.tail_split, int) or self.tail_split < 1:
             raise ValueError(f"HopperConfig.tail_split: expected an int >= 1, got {self.tail_split!r}")
-        if self.tail_split > 1 and (self.variant != "wide" or self.split_k > 1):
-            raise ValueError(f"HopperConfig.tail_split: variant 'wide' without split_k only, got tail_split="
-                             f"{self.tail_split} with variant {self.variant!r}, split_k={self.split_k}")
+        if self.tail_split > 1 and self.split_k > 1:
+            raise ValueError(f"HopperConfig.tail_split: exclusive with split_k, got tail_split={self.tail_split}, "
+                             f"split_k={self.split_k}")
 
     def _check_skinny(self):
         # block_m = the activation rows padded to the wgmma's N (multiple of 8, power of two for
@@ -148,7 +139,7 @@ class HopperConfig:
     def stage_bytes(self) -> int:
         """Shared memory of one ring stage: the A and B boxes (128 fp8 K columns each), plus for
         "wide" 128-column tiles the tile's fp32 A scales of the stage's K block (staged by the
-        producer: kernels/hopper/fp8_gemm.py, ``SA_SMEM``)."""
+        producer: kernels/hopper/wide.py, ``SA_SMEM``)."""
         sa = self.block_m * 4 if self.variant == "wide" and self.block_n == 128 else 0
         return (self.block_m + self.block_n) * 128 + sa
 
@@ -161,12 +152,10 @@ class HopperConfig:
         if self.variant == "skinny":
             # + the epilogue's layout-conversion scratch of the fp32 C^T tile
             return ring + self.block_n * self.block_m * 4 + 1024
-        if self.variant == "wide":
-            half = 128
-            if self.epilogue in _EPI_CODE:
-                out_cols = half if dual or self.epilogue == "tma1" else self.block_n
-                return ring + self.block_m * out_cols * out_elem_bytes + 1024
-            # masked store: the compiler's layout-conversion scratch holds one half tile in the
-            # output dtype (AOT, 128x256 bf16 4 stages: 229444 B = ring + 32836)
-            return ring + self.block_m * half * out_elem_bytes + 1024
-        return ring + self.block_m * self.block_n * 4 + 1024
+        half = 128
+        if self.epilogue in _EPI_CODE:
+            out_cols = half if dual or self.epilogue == "tma1" else self.block_n
+            return ring + self.block_m * out_cols * out_elem_bytes + 1024
+        # masked store: the compiler's layout-conversion scratch holds one half tile in the
+        # output dtype (AOT, 128x256 bf16 4 stages: 229444 B = ring + 32836)
+        return ring + self.block_m * half * out_elem_bytes + 1024

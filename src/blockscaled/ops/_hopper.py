@@ -1,4 +1,4 @@
-"""Host launcher for the sm_90a (Hopper) fp8_block GEMM kernels (``kernels/hopper/fp8_gemm.py``).
+"""Host launcher for the sm_90a (Hopper) fp8_block GEMM kernels (``kernels/hopper/wide.py``, ``skinny.py``).
 
 Private: the lead wires :func:`gemm_fp8_block_hopper_impl` into ``gemm()`` dispatch once the
 kernels are proven on the GPU. Shapes/layouts this path cannot take raise
@@ -6,16 +6,13 @@ kernels are proven on the GPU. Shapes/layouts this path cannot take raise
 can fall back to the portable Triton kernel; :func:`unsupported_reason` returns the same text
 without raising (for dispatch).
 
-Variants (``HopperConfig.variant``), one kernel each so each can be timed:
-  * ``"tma"``        step 1: one tile per program, TMA + mbarrier ring, FP8 wgmma, promotion per 128 K.
-  * ``"persistent"`` step 2: grid = min(#SMs, #tiles), grouped raster, flattened (tile, k) pipeline.
-  * ``"ws"``         step 3: persistent + warp specialisation (1-warp TMA producer partition).
-  * ``"wide"``       step 4: persistent + warp-specialised, 128 x 256 tile computed as two 128-column
-                     halves (half the L2->SM traffic per FLOP of 128 x 128), TMA-store epilogue;
-                     fused split-K of every tile (``split_k``: few tiles, small M) or of the
-                     last partial wave's tiles only (``tail_split``: large M, :func:`tail_split_for`).
-  * ``"skinny"``     step 5: decode / small M (M <= 64): swap-AB (weight rows on the wgmma's M side),
-                     one program per (weight tile, K split), deep TMA ring, fused split-K.
+Variants (``HopperConfig.variant``), one kernel each:
+  * ``"wide"``   persistent + warp-specialised, 128 x 256 tile computed as two 128-column
+                 halves (half the L2->SM traffic per FLOP of 128 x 128), TMA-store epilogue;
+                 fused split-K of every tile (``split_k``: few tiles, small M) or of the
+                 last partial wave's tiles only (``tail_split``: large M, :func:`tail_split_for`).
+  * ``"skinny"`` decode / small M (M <= 64): swap-AB (weight rows on the wgmma's M side),
+                 one program per (weight tile, K split), deep TMA ring, fused split-K.
 
 Triton versions: the kernels build on triton 3.6-3.9 (``kernels/hopper/_compat.py`` holds the
 Gluon spellings that changed). Where they cannot be built on the installed triton (Gluon not
@@ -48,7 +45,7 @@ from ..config.hopper import (  # noqa: F401
     HopperConfig,
 )
 from ..tensor import ScaledTensor
-from .gemm import _splitk_counters
+from ._splitk import _splitk_counters
 
 __all__ = [
     "gluon_unavailable_reason",
@@ -90,8 +87,8 @@ _GLUON: dict = {"reason": None, "imported": False}
 
 def gluon_unavailable_reason() -> str | None:
     """Why the sm_90a Gluon kernels cannot run in this process (None: they can, as far as is
-    known). The first call imports the kernel module (``kernels/hopper/fp8_gemm.py``, whose
-    ``_compat`` resolves the Gluon spellings of the installed triton) and TMA descriptors; a
+    known). The first call imports the kernel modules (``kernels/hopper/wide.py``, ``skinny.py``,
+    whose ``_compat`` resolves the Gluon spellings of the installed triton) and TMA descriptors; a
     failure there, or a compile / load failure recorded by a launcher, is returned from then on.
     No GPU work, cached (cheap enough for every dispatch).
 
@@ -104,7 +101,7 @@ def gluon_unavailable_reason() -> str | None:
         try:
             from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401
 
-            from ..kernels.hopper import fp8_gemm  # noqa: F401
+            from ..kernels.hopper import skinny, wide  # noqa: F401
         except Exception as e:  # ImportError / GluonCompatError, or any error while defining the kernels
             _record_gluon_failure(f"importing the Gluon kernels failed: {type(e).__name__}: {e}")
         else:
@@ -243,15 +240,14 @@ def wide_tile_cost(tiles: int, k: int, num_sms: int, tile_cost: float = 1.0) -> 
 
 
 @functools.lru_cache(maxsize=4096)
-def choose_hopper_config(m: int, n: int, k: int, variant: str = "persistent", overlap: bool = True,
+def choose_hopper_config(m: int, n: int, k: int, variant: str = "wide",
                          num_sms: int = 132, out_elem_bytes: int = 2) -> HopperConfig:
-    """First heuristic, NOT yet tuned on the H100 (to be replaced by measurements):
-    * block_m 128 (two math warpgroups) for M > 128; 64 (one warpgroup) for M <= 128, which
-      halves the wasted wgmma rows for M <= 64 and doubles the tile count at M = 128.
-    * block_n 128, halved (down to 32) while there are fewer tiles than half the SMs: small-M
-      GEMMs are memory-bound and need many CTAs streaming B to reach the copy bandwidth.
-    * stages: as many ring stages ((block_m + block_n) * 128 bytes each) as fit next to the
-      epilogue scratch in 227 KB, at most 8 ("wide": ``_fill_stages``, at most 6).
+    """The tile configuration of ``variant`` for an M x N x K GEMM (rules in the comments below):
+    * "wide" (default): 128-row tiles, 128 x 256 or 128 x 128 by the wave model, a tail split of
+      the last partial wave where it pays, as many ring stages as fit (``_fill_stages``).
+    * "skinny" (M <= 64): activation rows padded to 8..64, 64-row weight tiles, split-K to fill
+      the SMs.
+    Raises ValueError for another variant (or "skinny" with M > 64).
     """
     if variant == "skinny":
         # decode kernel: activation rows padded to a power of two >= 8 (at most 64), 64-row weight
@@ -287,14 +283,7 @@ def choose_hopper_config(m: int, n: int, k: int, variant: str = "persistent", ov
                            tail_split=tail_split_for(triton.cdiv(m, 128) * triton.cdiv(n, bn), k, num_sms),
                            group_m=SHORT_K_GROUP_M if triton.cdiv(max(k, 1), 128) <= SHORT_K_MAX_KB else 8)
         return _fill_stages(cfg, out_elem_bytes)
-    bm = 64 if m <= 128 else 128
-    bn = 128
-    while bn > 32 and triton.cdiv(m, bm) * triton.cdiv(n, bn) < num_sms // 2:
-        bn //= 2
-    stage_bytes = (bm + bn) * 128
-    stages = max(2, min(8, (_SMEM_LIMIT - bm * bn * 4 - 1024) // stage_bytes))
-    return HopperConfig(variant=variant, block_m=bm, block_n=bn, num_warps=4 * (bm // 64), stages=stages,
-                        overlap=overlap)
+    raise ValueError(f"variant: expected one of {VARIANTS}, got {variant!r}")
 
 
 @functools.lru_cache(maxsize=4096)
@@ -675,7 +664,7 @@ def _split_plan_kb(num_k: int, split_k: int) -> tuple[int, int]:
 
 def _wide_split_plan(tiles: int, num_k: int, cfg: HopperConfig, num_sms: int) -> tuple[int, int, int]:
     """(split_from, splits, K blocks per split) of a dense "wide" launch: tiles [0, split_from)
-    run whole, the rest in ``splits`` K ranges (kernels/hopper/fp8_gemm.py::_wide_unit).
+    run whole, the rest in ``splits`` K ranges (kernels/hopper/wide.py::_wide_unit).
     split_k > 1: every tile split (split_from 0). tail_split > 1: the last partial wave's tiles,
     only where there are full waves before it and a partial one at all. Else no split."""
     if cfg.split_k > 1:
@@ -690,11 +679,16 @@ def _wide_split_plan(tiles: int, num_k: int, cfg: HopperConfig, num_sms: int) ->
 
 
 def _kernel_for(variant: str):
-    from ..kernels.hopper import fp8_gemm as K
+    """The Gluon kernel of ``HopperConfig.variant`` (imported on first use)."""
+    if variant == "skinny":
+        from ..kernels.hopper.skinny import fp8_block_gemm_skinny_kernel
 
-    return {"tma": K.fp8_block_gemm_tma_kernel, "persistent": K.fp8_block_gemm_persistent_kernel,
-            "ws": K.fp8_block_gemm_ws_kernel, "wide": K.fp8_block_gemm_wide_kernel,
-            "skinny": K.fp8_block_gemm_skinny_kernel}[variant]
+        return fp8_block_gemm_skinny_kernel
+    if variant == "wide":
+        from ..kernels.hopper.wide import fp8_block_gemm_wide_kernel
+
+        return fp8_block_gemm_wide_kernel
+    raise ValueError(f"variant: expected one of {VARIANTS}, got {variant!r}")
 
 
 _GL_OUT = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
@@ -777,10 +771,7 @@ def _gemm_gluon(a2: torch.Tensor, a_s2: torch.Tensor, b_data: torch.Tensor, b_sc
     a_desc = TensorDescriptor(a2, [m, k], [a2.stride(0), 1], [cfg.block_m, bk], la)
     b_desc = TensorDescriptor(b_data, [n, k], [b_data.stride(0), 1], [cfg.block_n, bk], lb)
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-    if cfg.variant == "tma":
-        grid = (tiles,)
-    else:
-        grid = (min(tiles, _num_sms(_dev_index(out2.device))),)
+    grid = (min(tiles, _num_sms(_dev_index(out2.device))),)
     if cfg.variant == "wide":
         # TMA store when the output allows it; the masked store otherwise (any N, any row stride).
         epi = _EPI_CODE.get(cfg.epilogue, 1) if (_tma_store_ok(out2)
@@ -817,12 +808,7 @@ def _gemm_gluon(a2: torch.Tensor, a_s2: torch.Tensor, b_data: torch.Tensor, b_sc
             NH=cfg.block_n // 128, EPI=epi, MODE=0, E_POW2=1, SPLIT_WG=split, DUAL=False, SPLIT=nsplit,
             TAIL=split_from > 0 and nsplit > 1, SPREAD=spread, num_warps=4 if split else cfg.num_warps)
         return
-    extra = {} if cfg.variant == "tma" else {"OVERLAP": cfg.overlap}
-    _kernel_for(cfg.variant)[grid](
-        a_desc, b_desc, a_s2, b_scale, out2, m, n, k,
-        a_s2.stride(0), a_s2.stride(1), b_scale.stride(0), b_scale.stride(1), out2.stride(0),
-        GROUP_M=cfg.group_m, STAGES=cfg.stages, num_warps=cfg.num_warps, **extra,
-    )
+    raise ValueError(f"cfg.variant: expected one of {VARIANTS}, got {cfg.variant!r}")
 
 
 def _launch_wide(grid, spread: bool, *args, **kwargs) -> None:

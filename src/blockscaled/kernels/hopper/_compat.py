@@ -1,10 +1,10 @@
 """Triton-version differences of the Gluon API used by the sm_90a kernels, in one place.
 
-The Hopper kernels (``fp8_gemm.py``) call the names exported here instead of the Gluon
-spellings that changed between triton releases. Each name is found by attribute presence (the
-newest spelling first), so a release that keeps the old spelling as an alias works too. Every
-alias is the very builtin Gluon provides (``x is gl.barrier`` or ``x is gl.thread_barrier``):
-the kernels emit the same IR, hence the same PTX, on each release.
+The Hopper kernels (``wide.py``, ``skinny.py``, ``_common.py``) call the names exported here
+instead of the Gluon spellings that changed between triton releases. Each name is found by
+attribute presence (the newest spelling first), so a release that keeps the old spelling as an
+alias works too. Every alias is the very builtin Gluon provides (``x is gl.barrier`` or
+``x is gl.thread_barrier``): the kernels emit the same IR, hence the same PTX, on each release.
 
 Verified releases (tests/test_aot_hopper.py compiled for sm_90a on each): 3.6.0, 3.7.1, 3.8.0,
 3.9.0. The renames (read from each release's ``triton/experimental/gluon`` sources):
