@@ -13,9 +13,9 @@ racecheck, synccheck), so a clean sanitizer run also proves the results correct:
   heuristic (config=None) and the forced "hopper" strategy; linear() with the heuristic's
   split-K. vs the float64 reference (``assert_gemm_close``, outputs NaN-poisoned first).
 * Hopper ``gemm_fp8_block_hopper``: every variant in ``_hopper.VARIANTS`` x every combination
-  of the flag fields of ``HopperConfig`` (bools such as ``overlap``; ``epilogue`` tma/masked;
+  of the flag fields of ``HopperConfig`` (bools such as ``split_wg``; ``epilogue`` tma/masked;
   a ``CONFIG_CHOICES = {field: values}`` dict in ``_hopper`` overrides) x the first two tiles
-  of ``_TILES`` the variant accepts (e.g. 64x32 with 2 stages, 128x64 with 3), run with the SM
+  of ``_TILES`` the variant accepts (e.g. 128x128 and 128x256 with 2 stages), run with the SM
   count patched to 3 so that persistent programs walk several tiles (ring phases carried
   across tiles); plus the heuristic's config per variant at an odd, an aligned and an N=322
   (output rows not 16-byte aligned: TMA-store epilogues fall back) shape with the real SM
@@ -29,7 +29,7 @@ quantizers K=651 (odd: packed-fp4 tail), plus one aligned shape 256x256x512.
 
     python scripts/sanitize.py                   # run all on the GPU (exit 1 if any fails)
     python scripts/sanitize.py --list            # print the cases (no GPU needed)
-    python scripts/sanitize.py --only hopper/ --skip overlap
+    python scripts/sanitize.py --only hopper/ --skip split_wg
     python scripts/sanitize.py --shard 0/8       # every 8th case (parallel cache warm-up)
     TRITON_INTERPRET=1 python scripts/sanitize.py --device cpu --only quantize/   # interpreter
 
@@ -353,7 +353,7 @@ _KNOWN_CHOICES = {"epilogue": ("tma", "masked")}  # (the library's EPILOGUES whe
 _GEOMETRY = ("variant", "block_m", "block_n", "num_warps", "stages", "group_m")
 #: (block_m, block_n, stages) candidates; each variant runs the first two it accepts.
 #: K=656 -> 6 K blocks, so 2-3 stage rings wrap several times.
-_TILES = ((64, 32, 2), (128, 64, 3), (128, 128, 2), (128, 256, 2))
+_TILES = ((128, 128, 2), (128, 256, 2))
 
 
 def _field_choices() -> dict:

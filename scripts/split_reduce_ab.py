@@ -51,9 +51,9 @@ PROBE_CASES = {(128, 2112, 7168, 128, 7), (128, 4096, 7168, 128, 4), (128, 7168,
 
 
 def edited_kernel(kind: str):
-    """The wide kernel from an edited copy of kernels/hopper/fp8_gemm.py (timing probes)."""
+    """The wide kernel from an edited copy of kernels/hopper/wide.py (timing probes)."""
     src_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src", "blockscaled", "kernels",
-                            "hopper", "fp8_gemm.py")
+                            "hopper", "wide.py")
     src = open(src_path).read()
     if kind == "noread":
         src, n = re.subn(r"tot = _wide_splitk_sum\(rows0, c, mask0, UNIT, SPLIT\)", "tot = acc0", src)
@@ -68,10 +68,11 @@ def edited_kernel(kind: str):
     else:
         raise ValueError(kind)
     d = tempfile.mkdtemp(prefix=f"wide_{kind}_")
-    path = os.path.join(d, f"fp8_gemm_{kind}.py")
+    path = os.path.join(d, f"wide_{kind}.py")
     with open(path, "w") as f:
         f.write(src)
-    spec = importlib.util.spec_from_file_location(f"fp8_gemm_{kind}", path)
+    # named inside the kernels package so that its relative imports (._common, ._compat) resolve
+    spec = importlib.util.spec_from_file_location(f"blockscaled.kernels.hopper._wide_{kind}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod.fp8_block_gemm_wide_kernel
