@@ -118,6 +118,16 @@ class Format:
     def is_fp4(self) -> bool:
         return self.elem == "e2m1"
 
+    @property
+    def elem_bytes(self) -> float:
+        """Bytes per element of ``data`` (0.5 for packed fp4)."""
+        return 1.0 / self.elems_per_byte
+
+    @property
+    def scale_bytes(self) -> int:
+        """Bytes per scale."""
+        return self.scale_dtype.itemsize
+
     def packed_k(self, k: int) -> int:
         """Size of the last dimension of ``data`` for a logical last dimension ``k``."""
         return (k + self.elems_per_byte - 1) // self.elems_per_byte

@@ -1,5 +1,6 @@
-"""Kernel configuration: frozen config dataclasses and analytic heuristics."""
+"""Kernel configurations: the frozen dataclasses a plan carries (``blockscaled.plan`` decides)."""
 
-from .gemm import STRATEGIES, GemmConfig, choose_gemm_config
+from .gemm import STRATEGIES, GemmConfig
+from .hopper import HopperConfig
 
-__all__ = ["GemmConfig", "choose_gemm_config", "STRATEGIES"]
+__all__ = ["GemmConfig", "HopperConfig", "STRATEGIES"]

@@ -44,24 +44,23 @@ from ..config.hopper import (  # noqa: F401
     VARIANTS,
     HopperConfig,
 )
+from ..config.gemm import GemmConfig
+from ..plan import Problem, device_info, plan_gemm
+from ..plan.device import num_sms
+from ..plan.splits import split_plan_kb as _split_plan_kb
 from ..tensor import ScaledTensor
 from ._splitk import _splitk_counters
 
 __all__ = [
     "gluon_unavailable_reason",
-    "choose_small_m_hopper_config",
-    "tail_split_for",
-    "skinny_dispatch_config",
-    "skinny_stages",
-    "choose_swiglu_config",
     "grouped_fp8_block_hopper_impl",
     "grouped_unsupported_reason",
     "HopperConfig",
     "HopperUnsupported",
     "VARIANTS",
-    "choose_hopper_config",
     "gemm_fp8_block_hopper",
     "gemm_fp8_block_hopper_impl",
+    "tma_2d_reason",
     "unsupported_reason",
 ]
 
@@ -149,410 +148,6 @@ def _failure_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[-1] if lines else ''}"[:400]
 
 
-def _portable_gemm(a2: torch.Tensor, a_s2: torch.Tensor, b_data: torch.Tensor, b_scale: torch.Tensor,
-                   out2: torch.Tensor) -> None:
-    """The portable kernels' fp8_block GEMM into ``out2`` (arguments as for
-    :func:`gemm_fp8_block_hopper_impl`): the config the dispatcher chooses without Hopper."""
-    from ..config.gemm import choose_gemm_config
-    from ..formats import FORMATS
-    from .gemm import gemm_impl
-
-    m, n = out2.shape
-    k = a2.shape[1]
-    cfg = choose_gemm_config("fp8_block", m, n, k, out2.device, out_dtype=out2.dtype, allow_hopper=False)
-    gemm_impl(a2, a_s2, None, b_data, b_scale, None, 128, FORMATS["fp8_block"], k, out2, None, cfg, out2.dtype)
-
-
-def _portable_grouped(a_data, a_scale, b_data, b_scale, seg, mode: int, out, b2_data=None, b2_scale=None) -> None:
-    """The portable grouped kernel (or SwiGLU with ``b2_*``) into ``out``; arguments as for
-    :func:`grouped_fp8_block_hopper_impl` (mode 0: ``b_data [N, K]``)."""
-    from ..kernels.triton._mma import FORMAT_CODES
-    from .grouped import _launch_impl, resolve_config
-
-    n, k = b_data.shape[-2], b_data.shape[-1]
-    e = 1 if mode == 0 else b_data.shape[0]
-    rows_per_expert = a_data.shape[1] if mode == 2 else a_data.shape[0] / max(e, 1)
-    cfg = resolve_config(None, "fp8_block", rows_per_expert, n, k, out.device, dual=b2_data is not None,
-                         mode=mode, experts=e, out_dtype=out.dtype, allow_dequant=False)
-    _launch_impl(a_data, a_scale, None, b_data, b_scale, None, b2_data, b2_scale, None, seg, out,
-                 FORMAT_CODES["fp8_block"], mode, k, 128, cfg)
-
-
-#: Most K ranges a tail-split tile is cut into (each range is one unit of the last wave). With the
-#: last-arriver reduction each range added a serial read-back, and past ~8 the last wave got
-#: slower again (1024x2112x7168: split 8 42.8 us, 14: 46.6). With the spread reduction (default)
-#: more ranges keep paying a little. H100 (scripts/tail_split_ab.py --sweep with the caps lifted,
-#: results/h100/tail-split-sweep-spread-20261122.json, us by split): 1024x2112x7168 (4 tail tiles)
-#: 5: 39.0, 8: 37.3, 11: 37.2, 14: 36.5 (off: 54.0); 2048x2112x7168 (12) 7: 64.3, 8: 65.5, 11: 64.8
-#: (off: 81.5). 16 = the most a 4-tile tail of K=7168 can use with >= 4 K blocks per range.
-TAIL_SPLIT_MAX = 16
-#: Fewest K blocks for a tail split (re-checked with the spread reduction: 2048x7168x2048 split 2
-#: 63.8 -> 65.7 us, still a loss). Each split unit pays a fixed cost (fp32 partial tile store,
-#: arrival atomic, the reduction's read-back) that only a long tile amortises. H100
-#: (scripts/tail_split_ab.py, benchmarks/results/h100/tail-split-ab-20261122.json, time without /
-#: with): K = 7168 and 16384 won on all 7 rows (1.03-1.17x; 4096x2112x7168 140.0 -> 129.2 us),
-#: K = 1536 won 1.04x twice, K = 2048 lost twice (0.93x / 0.94x: 2048x7168, 3000x7168).
-TAIL_SPLIT_MIN_KB = 32
-
-
-def tail_split_for(tiles: int, k: int, num_sms: int) -> int:
-    """HopperConfig.tail_split for a dense wide launch of ``tiles`` tiles: split the last partial
-    wave's T - (T // S) * S tiles into as many K ranges as still fit in one wave (at most
-    TAIL_SPLIT_MAX, each >= _SPLITK_MIN_KB K blocks); 1 where there is no partial wave after a full
-    one, it is more than half full (then at most 1 split per tile fits) or K is shorter than
-    TAIL_SPLIT_MIN_KB blocks. Model: the last wave then costs about 1/split of a tile-time plus
-    one reduction, instead of a whole tile-time. The result is deterministic (fixed-order
-    reduction) but not bitwise equal to the unsplit kernel's (another fp32 summation order)."""
-    full = (tiles // num_sms) * num_sms
-    tail = tiles - full
-    if full == 0 or tail == 0 or triton.cdiv(max(k, 1), 128) < TAIL_SPLIT_MIN_KB:
-        return 1
-    split = min(num_sms // tail, triton.cdiv(max(k, 1), 128) // _SPLITK_MIN_KB, TAIL_SPLIT_MAX)
-    return split if split >= 2 else 1
-
-
-#: Raster height of the dense wide kernel at short K (<= SHORT_K_MAX_KB K blocks). There the
-#: output write dominates the DRAM traffic and each group of GROUP_M row tiles re-reads all of B:
-#: a group of 32 row tiles (4096 rows) reads B once per 4096 rows while its A rows (32 x 128 x K
-#: bytes, 2 MB at K=512) stay in L2. H100, M=4096 N=32768 K=512 (scripts/wide_sweep.py, 5
-#: interleaved rounds, median ratio to group_m 8): group_m 16 1.04x, 32 1.09x; at K >= 1536 no
-#: group_m was better than 8 beyond the run's noise (7168x2048: 32 -> 0.95x).
-SHORT_K_GROUP_M = 32
-SHORT_K_MAX_KB = 4
-
-
-#: Time of a 128x128 tile of the wide kernel relative to a 128x256 tile of the same K (for
-#: :func:`wide_tile_cost`). H100 M=4096 (scripts/wide_sweep.py): 128x128 tiles ran at 0.80-0.95x
-#: the 128x256 throughput on the six DeepSeek-V3 shapes, i.e. half the columns in 0.53-0.63 of
-#: the time (128x256 reads 25% fewer L2 bytes per FLOP).
-WIDE_128_TILE_COST = 0.6
-#: Fewest rows for which the dense wide tile width follows the wave model (choose_hopper_config).
-WIDE_TILE_MODEL_MIN_M = 257
-
-
-def wide_tile_cost(tiles: int, k: int, num_sms: int, tile_cost: float = 1.0) -> float:
-    """Model of a dense wide launch's time in tile-times: whole waves of ``tiles`` on
-    ``num_sms`` programs (ceil), or tiles / SMs where the last partial wave is tail-split
-    (:func:`tail_split_for`), times the tile's cost."""
-    if tail_split_for(tiles, k, num_sms) > 1:
-        return tiles / num_sms * tile_cost
-    return triton.cdiv(tiles, num_sms) * tile_cost
-
-
-@functools.lru_cache(maxsize=4096)
-def choose_hopper_config(m: int, n: int, k: int, variant: str = "wide",
-                         num_sms: int = 132, out_elem_bytes: int = 2) -> HopperConfig:
-    """The tile configuration of ``variant`` for an M x N x K GEMM (rules in the comments below):
-    * "wide" (default): 128-row tiles, 128 x 256 or 128 x 128 by the wave model, a tail split of
-      the last partial wave where it pays, as many ring stages as fit (``_fill_stages``).
-    * "skinny" (M <= 64): activation rows padded to 8..64, 64-row weight tiles, split-K to fill
-      the SMs.
-    Raises ValueError for another variant (or "skinny" with M > 64).
-    """
-    if variant == "skinny":
-        # decode kernel: activation rows padded to a power of two >= 8 (at most 64), 64-row weight
-        # tiles, K split so that tiles x splits fill the SMs with >= 2 K blocks per split (what
-        # gemm() runs is skinny_dispatch_config: unsplit, where it was measured faster)
-        if m > 64:
-            raise ValueError(f"variant 'skinny' takes M <= 64 (activation rows on the wgmma N side), got M={m}")
-        bm = max(8, triton.next_power_of_2(max(m, 1)))
-        tiles = triton.cdiv(max(n, 1), 64)
-        split = max(1, min(triton.cdiv(max(k, 1), 128) // 2, num_sms // tiles))
-        return HopperConfig("skinny", block_m=bm, block_n=64, num_warps=4, stages=skinny_stages(bm, 64),
-                            split_k=split)
-    if variant == "wide":
-        # 128 x 256 unless 128 x 128 tiles take fewer tile-times by the wave model
-        # (wide_tile_cost): one wave of either -> 128 x 128; 112 tiles of 128 x 256 (one wave)
-        # vs 224 of 128 x 128 (two) -> 128 x 256. H100 (scripts/wide_sweep.py --ms 512,1024,2048
-        # --only block_n, 3 interleaved rounds, benchmarks/results/h100/wide-bn-20261123.json):
-        # the model picks the faster width on all 18 rows; the rule before it ("128 x 256 when it
-        # gives >= SMs tiles") lost 1.12x / 1.13x / 1.17x at 512x7168x16384 / 512x7168x2048 /
-        # 1024x4096x7168, and a tail split turns 1024x2112x7168's 136 tiles of 128 x 128 into
-        # ~1.03 waves (1.26x faster than 72 tiles of 128 x 256).
-        # At M <= 256 (WIDE_TILE_MODEL_MIN_M) the launch streams weights rather than computes:
-        # there the rule stays "128 x 256 when that alone gives >= SMs tiles" (more, narrower
-        # tiles keep more SMs reading), as before the model.
-        t256 = triton.cdiv(m, 128) * triton.cdiv(n, 256)
-        t128 = triton.cdiv(m, 128) * triton.cdiv(n, 128)
-        if m < WIDE_TILE_MODEL_MIN_M:
-            bn = 256 if t256 >= num_sms else 128
-        else:
-            bn = 256 if (wide_tile_cost(t256, k, num_sms)
-                         <= wide_tile_cost(t128, k, num_sms, WIDE_128_TILE_COST)) else 128
-        cfg = HopperConfig(variant="wide", block_m=128, block_n=bn, num_warps=8, stages=2, epilogue="tma",
-                           tail_split=tail_split_for(triton.cdiv(m, 128) * triton.cdiv(n, bn), k, num_sms),
-                           group_m=SHORT_K_GROUP_M if triton.cdiv(max(k, 1), 128) <= SHORT_K_MAX_KB else 8)
-        return _fill_stages(cfg, out_elem_bytes)
-    raise ValueError(f"variant: expected one of {VARIANTS}, got {variant!r}")
-
-
-@functools.lru_cache(maxsize=4096)
-def choose_dispatch_config(m: int, n: int, k: int, out_elem_bytes: int = 2, num_sms: int = 132) -> HopperConfig:
-    """The configuration ``gemm()`` runs on sm_90 (config.gemm.choose_gemm_config picked the
-    "hopper" strategy): :func:`small_m_dispatch_config` where it applies, else the wide kernel's
-    128x256 / 128x128 tiles. H100, M=4096, six DeepSeek-V3 shapes (scripts/hopper_check.py,
-    2026-11-22): wide 128x256 760-1141 TFLOP/s vs the best of tma / ws+overlap 697-870 on every
-    shape."""
-    skinny = skinny_dispatch_config(m, n, k, num_sms)
-    if skinny is not None:
-        return skinny
-    small = small_m_dispatch_config(m, n, k, num_sms, out_elem_bytes)
-    if small is not None:
-        return small
-    return choose_hopper_config(m, n, k, variant="wide", num_sms=num_sms, out_elem_bytes=out_elem_bytes)
-
-
-#: Programs per SM the skinny kernel's ring is sized for (shared memory / 4): the H100 sweep's
-#: fastest ring on all 24 rows (scripts/skinny_sweep.py; rings for 1 or 2 programs per SM, up to
-#: 16 stages, were 5-50% slower even with one program per SM).
-SKINNY_PROGRAMS_PER_SM = 4
-
-
-def skinny_stages(block_m: int, block_n: int) -> int:
-    """Ring depth of the skinny kernel: shared memory for SKINNY_PROGRAMS_PER_SM programs per SM
-    (ring + the epilogue's fp32 C^T conversion scratch + barriers), at least 2."""
-    stage = (block_n + block_m) * 128
-    return max(2, (_SMEM_LIMIT // SKINNY_PROGRAMS_PER_SM - block_n * block_m * 4 - 2048) // stage)
-
-
-@functools.lru_cache(maxsize=4096)
-def skinny_dispatch_config(m: int, n: int, k: int, num_sms: int = 132) -> HopperConfig | None:
-    """The skinny (swap-AB, TMA ring) config where it beat the portable kernel on the H100, else
-    None. Rule: K <= 2048, no K split, at least num_sms / 2 weight tiles of 64 rows, block_n
-    128 when that still gives >= num_sms tiles (else 64), ring from :func:`skinny_stages`, and
-    1 <= M <= 16, or M <= 32 with 64-row tiles, or M <= 64 when K <= 512.
-    Measured (scripts/skinny_sweep.py, benchmarks/results/h100/skinny-sweep-20261122.json, CUDA-
-    graph medians, gemm() before -> skinny, us): 7168x2048 M=1 9.24 -> 8.15, M=16 9.74 -> 8.40,
-    M=32 10.70 -> 8.92 (64-row tiles, 112 programs); 32768x512 M=1 7.95 -> 7.69, M=16 8.11 -> 7.99,
-    M=32 8.81 -> 8.27, M=64 9.97 -> 9.28 (128-row tiles); 24576x1536 M=1 15.58 -> 15.40, M=16
-    16.51 -> 16.04. Not taken: 24576x1536 at M=32 (128-row tiles, 16.44 -> 16.71); K >= 7168 (2112x7168, 4096x7168,
-    7168x16384), where the unsplit kernel has too few programs (33-112) and its split-K was 0-60%
-    slower than the portable kernel at every split tried (1-19); 7168x2048 at M=64 (0.85x)."""
-    if m < 1 or k > 2048 or k < 1 or m > (64 if k <= 512 else 32):
-        return None
-    if triton.cdiv(n, 64) < num_sms // 2:
-        return None
-    bn = 128 if triton.cdiv(n, 128) >= num_sms else 64
-    if 16 < m <= 32 and bn == 128 and k > 512:
-        return None
-    bm = max(8, triton.next_power_of_2(m))
-    return HopperConfig("skinny", block_m=bm, block_n=bn, num_warps=4, stages=skinny_stages(bm, bn), split_k=1)
-
-
-#: Rows up to which dense fp8_block GEMMs may take the split-K wide kernel
-#: (:func:`small_m_dispatch_config`); above, the plain wide rule of config.gemm applies.
-SMALL_M_HOPPER_MAX = 512
-#: Work units (tiles x K ranges) the small-M split aims for. H100, spread reduction
-#: (scripts/spread_sweep.py, benchmarks/results/h100/spread-sweep-20261122.json): the best split
-#: gave 68-128 units on every row with fewer than 48 tiles, e.g. 17 tiles (M=128 2112x7168) split
-#: 4 / 5 / 6 / 7: 14.4 / 14.7 / 14.8 / 14.7 us, split 3: 16.4; 34 tiles (M=256 2112x7168) split 2 /
-#: 3: 20.4 / 17.4; 32 tiles (M=128 4096x7168) split 2 / 3 / 4: 21.7 / 20.8 / 20.5.
-SMALL_M_TARGET_UNITS = 96
-#: Fewest K blocks per range once the tiles alone occupy >= SMALL_M_MANY_TILES SMs: there a split
-#: only pays with long ranges. H100: 56 tiles (N=7168, M=64 / 128) split 2 lost with 16 blocks per
-#: range (K=4096: 15.1 -> 17.7 us, 17.6 -> 20.5) and tied with 28 (K=7168: 27.5 -> 26.9, 30.2 ->
-#: 30.7); 51 / 64 tiles (M=384 2112x7168, M=512 2048x7168) with 28 blocks won (27.4 -> 21.4,
-#: 27.5 -> 21.6), 64 tiles with 16 blocks tied (M=512 2048x4096: 17.1 -> 16.8).
-SMALL_M_MANY_TILES = 48
-SMALL_M_MANY_TILES_MIN_KB = 24
-
-
-#: 64-row tiles above 256 rows (:func:`small_m_dispatch_config`): where the unsplit 128-row tiles
-#: leave SMs idle and 64-row tiles fill one wave at least SMALL_M_64_ROW_FILL full, with at least
-#: SMALL_M_64_ROW_MIN_KB K blocks. H100 (scripts/wide_sweep.py --only block_m, 3 interleaved
-#: rounds, benchmarks/results/h100/wide-bm-20261123.json; 128-row dispatch -> 64-row, us):
-#: 384x2048x2048 10.7 -> 7.8, 384x2048x4096 17.2 -> 13.3, 512x2048x2048 10.7 -> 7.9 (the portable
-#: kernel gemm() ran there: 9.6-10.8), 512x2048x4096 17.1 -> 13.3. Lost 0.70-0.84x on the 24 other
-#: rows (M = 384-1024): where 64-row tiles need two waves, or where the 128-row rule splits K
-#: (512x2048x7168 split 2: 22.2 vs 30.2).
-SMALL_M_64_ROW_MIN_M = 257
-SMALL_M_64_ROW_FILL = 0.7
-SMALL_M_64_ROW_MIN_KB = 16
-
-#: 64-row tiles at 64 < M <= SMALL_M_64_ROW_ANY_MAX_M: one wave of them, unsplit or split in up to
-#: SMALL_M_64_ROW_MAX_SPLIT K ranges of >= SMALL_M_64_ROW_MIN_KB blocks each, filled >=
-#: SMALL_M_64_ROW_FILL, whatever the 128-row rule gives. H100 (benchmarks/NOTES.md, 2026-11-23,
-#: "64-row tiles at 64 < M <= 256"; 3-5 interleaved rounds; results/h100/small-m-64row-20261123.txt):
-#: * sweep, 24 rows at M = 96-256 (128-row dispatch -> 64-row, us): 128x7168x7168 split 2 31.0 ->
-#:   26.7 unsplit, 128x7168x4096 18.4 -> 15.3, 128x7168x16384 56.1 -> 52.9, 192x4096x7168 split 2
-#:   27.5 -> 22.0, 256x4096x7168 split 2 23.7 -> 21.8; split 2: 128x4096x7168 split 3 20.5 ->
-#:   19.2, 192x2112x7168 split 3 18.4 -> 16.3. Lost where 64-row tiles need two waves (192 / 256
-#:   x 7168: 0.70-0.87x) or fill less than 70% (128x2112x7168, 68 units: 0.91x);
-#: * through gemm(), the 19 rows the rule changes (old rule's choice -> this one): 1.05-1.32x, e.g.
-#:   128x7168x2048 10.8 -> 9.3 (the portable kernel ran before), 192x4096x4096 18.2 -> 13.8,
-#:   256x4096x2048 10.3 -> 8.1 (portable before);
-#: * short K: split 2 at 32 K blocks 128x4096x4096 14.7 -> 13.7, 96x4096x4096 13.8 -> 13.2; at 16
-#:   K blocks split 2 lost (128x4096x2048 0.74x), unsplit tiles filling 48% too (0.91x);
-#: * split 3 (34 tiles x 3 = 102 units, vs the 128-row tiles' split 6): 128x2112x7168 14.5 ->
-#:   13.4, 96x2112x7168 14.0 -> 13.0, 128x2048x7168 14.3 -> 13.2, 256x1280x7168 (split 5) 14.6 ->
-#:   13.2, 128x2048x16384 22.8 -> 22.3; at 32 K blocks (10-11 per range) 0.98x: ranges of >= 16.
-#: Above 256 rows the 128-row split won (benchmarks/NOTES.md 2026-11-23, "64-row tiles above 256
-#: rows": 512x2048x7168 split 2 22.2 vs 30.2 us), so there only the SMALL_M_64_ROW_MIN_M rule
-#: applies; at M <= 64 the tiles are 64 rows already.
-SMALL_M_64_ROW_ANY_MAX_M = 256
-SMALL_M_64_ROW_MAX_SPLIT = 3
-
-#: At 32 < M <= 64, unsplit 64x128 tiles wherever they number SMALL_M_MANY_TILES (48) up to this
-#: (exclusive), with >= SMALL_M_64_ROW_MIN_KB K blocks: neither a K split (the rule before split 2
-#: from 48 K blocks) nor the portable kernel (below 24 K blocks). H100 at 75809a9 (64x128 tiles with
-#: the A-scale ring; out/s10/rows64.py, 5 interleaved rounds, results/h100/small-m-64-unsplit-20261123.txt;
-#: gemm() -> unsplit, us): M=64 7168x7168 27.1 -> 24.3, 6144x7168 24.3 -> 22.4, 7168x16384 50.7 ->
-#: 48.4, M=40 7168x7168 25.9 -> 24.0 (split 2 before); M=64 7168x2048 9.6 -> 9.3, 8192x2048 10.3
-#: -> 9.9, M=40 8192x2048 10.1 -> 9.8 (portable before). 96 tiles (12288x2048) tied (0.98-1.00x),
-#: hence the bound; at M <= 32 the portable / skinny kernels stay faster (32x7168x16384 0.98x,
-#: 32x7168x2048 0.96x).
-SMALL_M_64_UNSPLIT_MAX_TILES = 96
-
-
-#: Most K ranges of a small-M split: each SPLIT value is its own compile (the spread reduction
-#: unrolls over the ranges), and the sweep's best splits were <= 14.
-SMALL_M_SPLIT_MAX = 16
-
-
-def small_m_split(tiles: int, nk: int, num_sms: int = 132) -> int:
-    """K split of the small-M wide kernel (spread reduction) for ``tiles`` output tiles of nk K
-    blocks: about SMALL_M_TARGET_UNITS units, all in one wave (tiles * split <= SMs), at most
-    SMALL_M_SPLIT_MAX, every range of the launcher's plan (_split_plan_kb: whole ranges of
-    cdiv(nk, split) blocks, the last one shorter) >= 4 K blocks (_SPLITK_MIN_KB), >=
-    SMALL_M_MANY_TILES_MIN_KB where the tiles alone fill SMALL_M_MANY_TILES SMs. Returns the
-    split the launcher will run (its plan may merge ranges: 7184 = 57 blocks in 14 -> 12 of 5)."""
-    s = max(1, min(triton.cdiv(SMALL_M_TARGET_UNITS, max(tiles, 1)), num_sms // max(tiles, 1), SMALL_M_SPLIT_MAX))
-    min_kb = SMALL_M_MANY_TILES_MIN_KB if tiles >= SMALL_M_MANY_TILES else _SPLITK_MIN_KB
-    while s > 1:
-        launched, per = _split_plan_kb(nk, s)
-        if launched > 1 and nk - (launched - 1) * per >= min_kb:
-            return launched
-        s -= 1
-    return 1
-
-
-@functools.lru_cache(maxsize=4096)
-def small_m_dispatch_config(m: int, n: int, k: int, num_sms: int = 132,
-                            out_elem_bytes: int = 2) -> HopperConfig | None:
-    """The wide kernel config for 32 < M <= SMALL_M_HOPPER_MAX where it beat the portable kernel
-    on the H100, else None. H100 sweep with the spread reduction (scripts/spread_sweep.py,
-    benchmarks/results/h100/spread-sweep-20261122.json: 57 (M, N, K) rows, the DeepSeek-V3 shapes
-    at M=16..384 and the moe suite's one-expert shapes at M=64/128/512). Rule:
-      * block_m 64 at M <= 64 (one warpgroup; half the wasted wgmma rows of 128), else 128;
-        block_n 128 (128 x 256 tiles with a split were 10-60% slower than 128 x 128 at the same
-        units on every row);
-      * tiles = cdiv(M, block_m) * cdiv(N, 128) >= SMs (every SM has a tile): no split; at
-        64 < M <= 256 the cost model's unsplit tile (:func:`choose_small_m_hopper_config`: M=128
-        24576x1536 27.1 -> 21.0 us, 32768x512 14.4 -> 11.5), at M <= 64 never (24576x1536 18.5
-        vs 19.1), above 256 the plain wide rule;
-      * else a split from :func:`small_m_split`, taken where K >= 48 blocks, or K >= 24 blocks
-        with >= SMALL_M_MANY_TILES tiles. Lost at K = 2048 / 4096 with fewer tiles (M=128 2048x4096
-        9.9 -> 11.1, 4096x4096 14.6 -> 15.1, 4096x2048 7.0 -> 10.6; M=64 4096x2048 7.2 -> 8.0).
-      * above 256 rows, one unsplit wave of 64-row tiles (4 warps) where the 128-row rule gives
-        no split and the 64-row tiles fill >= 70% of the SMs with >= 16 K blocks
-        (SMALL_M_64_ROW_MIN_M; 512x2048x2048 and 4096: 1.29-1.37x);
-      * first of all, at 64 < M <= 256: one wave of 64-row tiles, unsplit or split 2 / 3, filled
-        >= 70% with >= 16 K blocks per range, whatever the 128-row rule gives
-        (SMALL_M_64_ROW_ANY_MAX_M: 1.02-1.32x on the rows it changed);
-      * at 32 < M <= 64 with 48-95 tiles of 64x128 and >= 16 K blocks: unsplit
-        (SMALL_M_64_UNSPLIT_MAX_TILES: 1.02-1.12x over split 2 / the portable kernel).
-    Measured, today's dispatch -> this rule (us): M=64 2112x7168 12.5 -> 12.1, 4096x7168 18.4 ->
-    17.5, 7168x16384 53.1 -> 51.2, 7168x4096 17.1 -> 15.1; M=128 2112x7168 15.5 -> 14.8, 4096x7168
-    21.8 -> 20.8, 7168x4096 21.9 -> 17.6, 7168x7168 32.7 -> 30.7; M=256 2112x7168 20.5 -> 17.4,
-    4096x7168 25.0 -> 23.8; M=384 2112x7168 23.0 -> 21.4; M=512 2048x4096 18.2 -> 17.1, 2048x7168
-    23.0 -> 21.6; every other row within 1%."""
-    if m <= 32 or m > SMALL_M_HOPPER_MAX:
-        return None
-    nk = triton.cdiv(max(k, 1), 128)
-    t64 = triton.cdiv(m, 64) * triton.cdiv(n, 128)
-    if 64 < m <= SMALL_M_64_ROW_ANY_MAX_M:
-        wave = _one_wave_of_64_rows(t64, nk, SMALL_M_64_ROW_MAX_SPLIT, num_sms, out_elem_bytes)
-        if wave is not None:
-            return wave
-    cfg = _small_m_split_config(m, n, k, nk, num_sms, out_elem_bytes)
-    if m >= SMALL_M_64_ROW_MIN_M and (cfg is None or cfg.split_k == 1):
-        # unsplit only: above 256 rows a 128-row split beat it (SMALL_M_64_ROW_MIN_M)
-        return _one_wave_of_64_rows(t64, nk, 1, num_sms, out_elem_bytes) or cfg
-    return cfg
-
-
-def _wide_64_rows(split: int, out_elem_bytes: int) -> HopperConfig:
-    """The 64x128 wide config (one 4-warp math partition, TMA-store epilogue, fullest ring) with
-    ``split`` K ranges."""
-    return _fill_stages(HopperConfig(variant="wide", block_m=64, block_n=128, num_warps=4, stages=2,
-                                     epilogue="tma", split_k=split), out_elem_bytes)
-
-
-def _one_wave_of_64_rows(t64: int, nk: int, max_split: int, num_sms: int, out_elem_bytes: int) -> HopperConfig | None:
-    """The 64-row wide config for ``t64`` 64x128 tiles of ``nk`` K blocks, with the fewest K
-    ranges (1..max_split, each >= SMALL_M_64_ROW_MIN_KB blocks) that fill one wave at least
-    SMALL_M_64_ROW_FILL full; None if none does."""
-    for split in range(1, max_split + 1):
-        if SMALL_M_64_ROW_FILL * num_sms <= t64 * split <= num_sms and nk >= SMALL_M_64_ROW_MIN_KB * split:
-            return _wide_64_rows(split, out_elem_bytes)
-    return None
-
-
-def _small_m_split_config(m: int, n: int, k: int, nk: int, num_sms: int, out_elem_bytes: int) -> HopperConfig | None:
-    """small_m_dispatch_config's rule before the 64-row tiles above 256 rows (its docstring)."""
-    bm = 64 if m <= 64 else 128
-    tiles = triton.cdiv(m, bm) * triton.cdiv(n, 128)
-    if tiles >= num_sms:
-        if bm == 64 or m > 256:
-            return None
-        cfg = choose_small_m_hopper_config(m, n, k, num_sms, out_elem_bytes)
-        return cfg if cfg.split_k == 1 else None
-    if bm == 64 and SMALL_M_MANY_TILES <= tiles < SMALL_M_64_UNSPLIT_MAX_TILES and nk >= SMALL_M_64_ROW_MIN_KB:
-        return _wide_64_rows(1, out_elem_bytes)
-    if nk < SMALL_M_MANY_TILES_MIN_KB or (nk < 2 * SMALL_M_MANY_TILES_MIN_KB and tiles < SMALL_M_MANY_TILES):
-        return None
-    cfg = HopperConfig(variant="wide", block_m=bm, block_n=128, num_warps=bm // 16, stages=2, epilogue="tma",
-                       split_k=small_m_split(tiles, nk, num_sms), split_reduce="spread")
-    return _fill_stages(cfg, out_elem_bytes)
-
-
-#: Fewest K blocks (128 wide) per split-K range: below 4 the per-unit fixed cost (ring fill, the
-#: fp32 partial tile store, the reduction's read-back of the partials) is not amortised, and a
-#: 3-6 stage ring never reaches its steady state. A choice, not measured.
-_SPLITK_MIN_KB = 4
-#: Per-unit fixed cost of a split unit in K-block equivalents for :func:`choose_small_m_hopper_config`:
-#: a 128 x 256 fp32 partial is 128 KB written + read back once, about 2.7 x the 48 KB a K block
-#: loads, plus the ring fill of the unit's first blocks. An estimate, not measured (tune on the H100).
-_SPLITK_UNIT_COST_KB = 4
-
-
-@functools.lru_cache(maxsize=4096)
-def choose_small_m_hopper_config(m: int, n: int, k: int, num_sms: int = 132, out_elem_bytes: int = 2) -> HopperConfig:
-    """Wide-kernel config with fused split-K for few output tiles (decode / small prefill: M <= 256,
-    or generally cdiv(M, 128) * cdiv(N, block_n) < num_sms), where unsplit tiles leave most SMs
-    idle. Its cost model ranks configs; ``small_m_dispatch_config`` decides from H100
-    measurements where they run.
-
-    Rule: over block_n in (256, 128) and split s in 1..max(1, nk // 4) (nk = cdiv(K, 128); every
-    split keeps >= 4 K blocks, ``_SPLITK_MIN_KB``; only s = 1 is tried where tiles >= num_sms), minimise
-    the modelled time of the busiest SM
-        waves(s) * (block_n / 128) * (cdiv(nk, s) + 4),   waves(s) = cdiv(tiles * s, num_sms)
-    (per unit: its K blocks of block_n / 128 halves each, plus ``_SPLITK_UNIT_COST_KB`` for the
-    partial store / reduction and ring fill). ``waves`` charges for wave quantisation: 140 units on
-    132 SMs take two rounds, so "the smallest s with units >= num_sms" is not always best (M=128,
-    N=7168, K=16384: 28 tiles of 256 x 5 = 140 units is worse than 56 tiles of 128 x 2 = 112).
-    Ties: fewer units (less workspace traffic), then block_n 256 (A read once per 256 columns).
-    Examples (132 SMs): M=128 N=2112 K=7168 -> 128 x 128 tiles, split 7 (119 units of 8 K blocks);
-    M=128 N=7168 K=16384 -> 128 x 128, split 2 (112 units of 64 K blocks).
-    Stages: as many as fit next to the TMA-store tile (_fill_stages)."""
-    nk = triton.cdiv(max(k, 1), 128)
-    max_split = max(1, nk // _SPLITK_MIN_KB)
-    best = None
-    for bn in (256, 128):
-        tiles = triton.cdiv(max(m, 1), 128) * triton.cdiv(max(n, 1), bn)
-        # every SM has a tile already: splitting would only trade wave quantisation against
-        # workspace traffic, which the model's unmeasured unit cost cannot judge
-        for s in range(1, (max_split if tiles < num_sms else 1) + 1):
-            units = tiles * s
-            cost = triton.cdiv(units, num_sms) * (bn // 128) * (triton.cdiv(nk, s) + _SPLITK_UNIT_COST_KB)
-            key = (cost, units, -bn)
-            if best is None or key < best[0]:
-                best = (key, bn, s)
-    _, bn, s = best
-    cfg = HopperConfig(variant="wide", block_m=128, block_n=bn, num_warps=8, stages=2, epilogue="tma", split_k=s)
-    return _fill_stages(cfg, out_elem_bytes)
-
-
 @functools.lru_cache(maxsize=None)
 def _smem_layout(rows: int, cols: int, dtype_name: str):
     """NVMMA shared layout of a TMA box (cached: host launch overhead matters for eager calls)."""
@@ -571,17 +166,7 @@ def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def num_sms_of(device: torch.device) -> int:
-    """SM count of a CUDA device (cached query): the tile choosers balance work over it."""
-    return _num_sms(_dev_index(device))
-
-
-def _tma_2d_reason(name: str, t: torch.Tensor) -> str | None:
+def tma_2d_reason(name: str, t: torch.Tensor) -> str | None:
     if t.ndim != 2:
         return f"{name}: TMA path needs a 2-D [rows, K] view, got shape {tuple(t.shape)}"
     if t.stride(1) != 1:
@@ -638,7 +223,7 @@ def unsupported_reason(a: ScaledTensor, b: ScaledTensor, out_dtype=torch.bfloat1
         return f"a.data: leading dims of shape {tuple(a.data.shape)} / strides {a.data.stride()} do not flatten"
     if a2.shape[0] > 0 and b.shape[0] > 0 and a.shape[-1] > 0:
         for name, t in (("a.data", a2), ("b.data", b.data)):
-            r = _tma_2d_reason(name, t)
+            r = tma_2d_reason(name, t)
             if r is not None:
                 return r
     if config is not None:
@@ -650,16 +235,6 @@ def unsupported_reason(a: ScaledTensor, b: ScaledTensor, out_dtype=torch.bfloat1
         if need > _SMEM_LIMIT:
             return f"config needs {need} bytes of shared memory > {_SMEM_LIMIT} (H100 limit)"
     return None
-
-
-def _split_plan_kb(num_k: int, split_k: int) -> tuple[int, int]:
-    """(splits launched, K blocks per split) for ``split_k`` requested splits of ``num_k`` K
-    blocks: the portable launcher's plan (ops/gemm.py::_split_plan) in 128-wide K blocks, so
-    no split is empty. 9 blocks in 3 -> 3, 3, 3; 5 in 2 -> 3, 2; 5 in 4 -> 3 splits of 2, 2, 1."""
-    from .gemm import _split_plan
-
-    splits, per = _split_plan(num_k * 128, 128, split_k)
-    return splits, per // 128
 
 
 def _wide_split_plan(tiles: int, num_k: int, cfg: HopperConfig, num_sms: int) -> tuple[int, int, int]:
@@ -716,8 +291,11 @@ def _spread_allowed() -> bool:
 
 
 def gemm_fp8_block_hopper_impl(a2: torch.Tensor, a_s2: torch.Tensor, b_data: torch.Tensor, b_scale: torch.Tensor,
-                               out2: torch.Tensor, cfg: HopperConfig) -> None:
-    """Launch into ``out2 [M, N]`` (written in full). No validation beyond what TMA needs:
+                               out2: torch.Tensor, cfg: HopperConfig) -> bool:
+    """Launch into ``out2 [M, N]`` (written in full) and return True; False (nothing launched)
+    where the Gluon kernels cannot be built on this triton (:func:`gluon_unavailable_reason`, or
+    this launch's compile / load fails: recorded, one warning per process): the caller then runs
+    the planner's plan without them. No validation beyond what TMA needs:
     ``a2 [M, K]`` e4m3 (K stride 1, 16-byte row stride/base), ``a_s2 [M, ceil(K/128)]`` fp32 (any
     strides), ``b_data [N, K]`` e4m3 (same TMA constraints), ``b_scale [ceil(N/128),
     ceil(K/128)]`` fp32 (any strides), ``out2`` bf16/fp16/fp32 with unit column stride.
@@ -730,18 +308,16 @@ def gemm_fp8_block_hopper_impl(a2: torch.Tensor, a_s2: torch.Tensor, b_data: tor
     never touched) (torch.empty; inside a CUDA-graph capture it comes from the graph's pool) and uses
     the shared self-resetting tile counters of the portable kernel (``ops.gemm._splitk_counters``:
     one buffer per (device, stream), one per device for graph captures).
-    Where the Gluon kernels cannot be built on this triton (:func:`gluon_unavailable_reason`, or
-    this launch's compile / load fails: recorded, one warning per process), the portable kernel
-    computes ``out2`` instead."""
+    """
     if gluon_unavailable_reason() is None:
         try:
             _gemm_gluon(a2, a_s2, b_data, b_scale, out2, cfg)
-            return
+            return True
         except Exception as e:
             if not _is_build_failure(e):
                 raise
             _record_gluon_failure(f"compiling the {cfg.variant!r} kernel failed: {_failure_text(e)}")
-    _portable_gemm(a2, a_s2, b_data, b_scale, out2)
+    return False
 
 
 def _gemm_gluon(a2: torch.Tensor, a_s2: torch.Tensor, b_data: torch.Tensor, b_scale: torch.Tensor,
@@ -759,7 +335,7 @@ def _gemm_gluon(a2: torch.Tensor, a_s2: torch.Tensor, b_data: torch.Tensor, b_sc
     if out2.stride(1) != 1:
         raise HopperUnsupported(f"out: expected unit column stride, got strides {out2.stride()}")
     for name, t in (("a", a2), ("b", b_data)):
-        reason = _tma_2d_reason(name, t)  # host-side only, no sync
+        reason = tma_2d_reason(name, t)  # host-side only, no sync
         if reason is not None:
             raise HopperUnsupported(reason)
     bk = 128
@@ -771,7 +347,7 @@ def _gemm_gluon(a2: torch.Tensor, a_s2: torch.Tensor, b_data: torch.Tensor, b_sc
     a_desc = TensorDescriptor(a2, [m, k], [a2.stride(0), 1], [cfg.block_m, bk], la)
     b_desc = TensorDescriptor(b_data, [n, k], [b_data.stride(0), 1], [cfg.block_n, bk], lb)
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-    grid = (min(tiles, _num_sms(_dev_index(out2.device))),)
+    grid = (min(tiles, num_sms(out2.device)),)
     if cfg.variant == "wide":
         # TMA store when the output allows it; the masked store otherwise (any N, any row stride).
         epi = _EPI_CODE.get(cfg.epilogue, 1) if (_tma_store_ok(out2)
@@ -783,7 +359,7 @@ def _gemm_gluon(a2: torch.Tensor, a_s2: torch.Tensor, b_data: torch.Tensor, b_sc
             c_desc = TensorDescriptor(out2, [m, n], [out2.stride(0), 1], [rows, 128], lc)
         else:
             c_desc = a_desc  # unused by the kernel when EPI == 1
-        nsm = _num_sms(_dev_index(out2.device))
+        nsm = num_sms(out2.device)
         split_from, nsplit, kb_per = _wide_split_plan(tiles, triton.cdiv(k, bk), cfg, nsm)
         ws = cnt = out2  # unused by the kernel when SPLIT == 1
         spread = False
@@ -863,7 +439,7 @@ def gemm_fp8_block_hopper(a: ScaledTensor, b: ScaledTensor, out_dtype: torch.dty
             ``[..., ceil(K/128)]``); leading dims must flatten without a copy.
         b: fp8_block ``ScaledTensor [N, K]``, 128x128 blocks (scale fp32 ``[ceil(N/128), ceil(K/128)]``).
         out_dtype: bf16 (default), fp16 or fp32. out: optional ``[..., N]`` tensor (unit column stride).
-        config: :class:`HopperConfig` (variant + tiles); default :func:`choose_hopper_config`.
+        config: :class:`HopperConfig` (variant + tiles); default: the planner's Hopper choice.
 
     Returns ``[..., N]`` of ``out_dtype``. Raises :class:`HopperUnsupported` (NotImplementedError)
     with the reason for inputs the TMA/wgmma path cannot take (non-sm_90 device, K % 16 != 0,
@@ -883,82 +459,14 @@ def gemm_fp8_block_hopper(a: ScaledTensor, b: ScaledTensor, out_dtype: torch.dty
     elif out.dtype != out_dtype or tuple(out.shape) != (*lead, n) or out.device != b.data.device:
         raise ValueError(f"out: expected {out_dtype} {(*lead, n)} on {b.data.device}, got {out.dtype} "
                          f"{tuple(out.shape)} on {out.device}")
-    cfg = config or choose_dispatch_config(m, n, k, out.element_size(), num_sms=_num_sms(_dev_index(b.data.device)))
-    gemm_fp8_block_hopper_impl(a2, a_s2, b.data, b.scale, out.view(m, n), cfg)
+    if config is None:
+        out_name = str(out_dtype).removeprefix("torch.")
+        plan = plan_gemm(Problem("gemm", "fp8_block", m, n, k, out_dtype=out_name), device_info(b.data.device),
+                         GemmConfig(strategy="hopper"))
+        config = plan.config
+    if not gemm_fp8_block_hopper_impl(a2, a_s2, b.data, b.scale, out.view(m, n), config):
+        raise HopperUnsupported(f"the Gluon kernels cannot be built: {gluon_unavailable_reason()}")
     return out
-
-
-def grouped_raster(block_m: int, block_n: int) -> int:
-    """GROUP_M of the grouped (MoE) wide kernel for a tile: 1 (plain row-major tile order) for
-    128 x 128, else 8. H100 (scripts/grouped_sweep.py --moe, benchmarks/results/h100/
-    grouped-sweep-20261122.json): 128 x 128 with GROUP_M 1 was within 1% of the best of 1 / 8 on 17
-    of the 20 m=128 rows (geomean 0.974 of the best candidate vs 0.963 with 8); 64 x 128: 8 (0.990
-    vs 0.993 geomean at m=64, but min 0.969 vs 0.921)."""
-    return 1 if (block_m, block_n) == (128, 128) else 8
-
-
-@functools.lru_cache(maxsize=4096)
-def choose_grouped_config(rows_per_expert: float, n: int, k: int, num_sms: int = 132,
-                          out_elem_bytes: int = 2, experts: int = 8) -> HopperConfig:
-    """Grouped (MoE) tiles on the wide kernel, from an H100 sweep of the moe suite's E=8 / E=4
-    rows and the masked rows (scripts/grouped_sweep.py --moe; 8 candidates per row, CUDA-graph
-    medians; benchmarks/results/h100/grouped-sweep-20261122.json):
-      * <= 64 rows per expert: 64 x 128 (one math warpgroup, no 64-row expert padded to 128)
-        -- geomean 0.990 of the best candidate over 20 rows, min 0.969; the 64 x 256 tile used
-        before: 0.914, min 0.719 (E=4 N=2048: 64 tiles of 256 columns leave half the SMs idle);
-      * 64 < rows <= 128: 128 x 128 (GROUP_M 1) -- 0.974 of the best, vs 0.854 for the 128 x 256
-        tile used before (e.g. masked m=128 N=7168 K=2048: 465 -> 523 TFLOP/s; N=4096 K=7168
-        583 -> 618); unless experts x cdiv(N, 128) < num_sms / 2, where 64 x 128 (twice the tiles)
-        won (E=4 m=128 N=2048: 1.09-1.18x the 128 x 128 tile);
-      * more rows: 128 x 256 (two 128-column halves; A read once per 256 columns): the best or
-        within 3% on the 18 m=512 rows (128 x 128: 0.917); 128 x 128 below N = 2048.
-    Stages fill the shared memory next to the masked-store scratch (_fill_stages: 6 for 64x128,
-    5 for 128x128 since the A-scale ring, 4 for 128x256); grouped tiles use the masked epilogue.
-    Tail split (:func:`tail_split_for`) of the 128 x 256 tiles, for the tile count of ``experts``
-    experts of ceil(rows_per_expert) rows each (exact for equal segments; masked: for full
-    counts); the kernel splits only where the real count's last wave fits the split
-    (``_grouped_plan``). H100, moe rows with 3 waves + 52 tiles, tail split 2 vs none (5
-    interleaved rounds, scripts/grouped_tail_ab.py, results/h100/grouped-tail-ab-20261123.json
-    and an earlier run, benchmarks/NOTES.md 2026-11-23, "A grouped tail split"): E=4 m=512
-    N=7168 K=7168 1.08-1.10x (216.3 -> 197.0 us), K=4096 1.05-1.06x; none at K=2048 (below
-    TAIL_SPLIT_MIN_KB; split 2 measured 0.94x). Not for the 64 / 128-row tiles of m <= 128: those
-    launches stream weights (81-88% of the memory floor), the last wave's idle SMs cost nothing
-    there: E=8 m=64 / m=128 N=7168 K=4096 / 7168 split 2 measured 0.975-1.006x."""
-    if rows_per_expert <= 64:
-        bm, bn = 64, 128
-    elif rows_per_expert <= 128:
-        bm, bn = (64, 128) if experts * triton.cdiv(n, 128) < num_sms // 2 else (128, 128)
-    else:
-        bm, bn = 128, (256 if n >= 2048 else 128)
-    est_tiles = experts * triton.cdiv(math.ceil(rows_per_expert), bm) * triton.cdiv(n, bn)
-    cfg = HopperConfig(variant="wide", block_m=bm, block_n=bn, num_warps=4 * (bm // 64), stages=2,
-                       group_m=grouped_raster(bm, bn), epilogue="masked",
-                       tail_split=tail_split_for(est_tiles, k, num_sms) if bn == 256 else 1)
-    return _fill_stages(cfg, out_elem_bytes)
-
-
-def _fill_stages(cfg: HopperConfig, out_elem_bytes: int, dual: bool = False) -> HopperConfig:
-    """As many ring stages as fit in shared memory next to the epilogue buffer (2..6)."""
-    stage_bytes = cfg.stage_bytes()
-    fixed = cfg.smem_bytes(out_elem_bytes, dual=dual) - cfg.stages * stage_bytes
-    stages = max(2, min(6, (_SMEM_LIMIT - fixed) // stage_bytes))
-    return dataclasses.replace(cfg, stages=stages)
-
-
-@functools.lru_cache(maxsize=4096)
-def choose_swiglu_config(mode: int, rows: int, rows_per_expert: float, n: int, num_sms: int = 132,
-                         out_elem_bytes: int = 2) -> HopperConfig:
-    """SwiGLU tiles on the wide kernel (DUAL): block_n is always 256 = 128 gate rows + the 128 up
-    rows of the same output columns (both halves one 128-row weight-scale block). block_m:
-    grouped as :func:`choose_grouped_config`; dense 128 unless fewer 128-row tiles than SMs
-    (then 64: twice the tiles for small M). Dense: TMA-store epilogue, grouped: masked store."""
-    if mode == 0:
-        bm = 128 if triton.cdiv(rows, 128) * triton.cdiv(n, 128) >= num_sms else 64
-    else:
-        bm = 64 if rows_per_expert <= 64 else 128
-    cfg = HopperConfig(variant="wide", block_m=bm, block_n=256, num_warps=4 * (bm // 64), stages=2,
-                       epilogue="tma" if mode == 0 else "masked")
-    return _fill_stages(cfg, out_elem_bytes, dual=True)
 
 
 def grouped_unsupported_reason(a_data: torch.Tensor, b_data: torch.Tensor, a_scale: torch.Tensor,
@@ -995,7 +503,7 @@ def grouped_unsupported_reason(a_data: torch.Tensor, b_data: torch.Tensor, a_sca
         return f"a.data: masked experts must be stacked contiguously, got strides {a_data.stride()}"
     if a2.shape[0] and n and k:
         for name, t in (("a.data", a2), ("b.data", b_data.view(-1, k))):
-            r = _tma_2d_reason(name, t)
+            r = tma_2d_reason(name, t)
             if r is not None:
                 return r
     return None
@@ -1004,9 +512,11 @@ def grouped_unsupported_reason(a_data: torch.Tensor, b_data: torch.Tensor, a_sca
 def grouped_fp8_block_hopper_impl(a_data: torch.Tensor, a_scale: torch.Tensor, b_data: torch.Tensor,
                                   b_scale: torch.Tensor, seg: torch.Tensor | None, mode: int, out: torch.Tensor,
                                   cfg: HopperConfig | None = None, b2_data: torch.Tensor | None = None,
-                                  b2_scale: torch.Tensor | None = None) -> None:
-    """Grouped fp8_block GEMM (or SwiGLU with ``b2_*``) on the wide Gluon kernel, written into ``out``.
-    No host sync.
+                                  b2_scale: torch.Tensor | None = None) -> bool:
+    """Grouped fp8_block GEMM (or SwiGLU with ``b2_*``) on the wide Gluon kernel, written into ``out``;
+    True, or False (nothing launched: the caller runs the portable plan) where the Gluon kernels
+    cannot be built or an operand's base address is not 16-byte aligned (only a plan made while
+    torch.compile traced, without addresses, can bring one here). No host sync.
 
     mode 1 (contiguous): ``a_data [sum_m, K]`` e4m3, ``a_scale [sum_m, ceil(K/128)]`` fp32,
         ``seg`` int32 offsets ``[E+1]`` (device), ``out [sum_m, N]``.
@@ -1017,19 +527,16 @@ def grouped_fp8_block_hopper_impl(a_data: torch.Tensor, a_scale: torch.Tensor, b
     ``b2_data`` / ``b2_scale`` (SwiGLU up weights; ``b_*`` are the gate): same shapes and strides;
     ``out = silu(A @ B.T) * (A @ B2.T)``.
     Callers check :func:`grouped_unsupported_reason` first (for both weights when dual).
-    Where the Gluon kernels cannot be built on this triton (as :func:`gemm_fp8_block_hopper_impl`),
-    the portable grouped kernel computes ``out`` instead (its own tiles; ``cfg`` is ignored); so it
-    does where an operand's base address is not 16-byte aligned, which only a plan made while
-    torch.compile traced (no addresses) can bring here."""
+    """
     if gluon_unavailable_reason() is None and not _misaligned_base(a_data, b_data, b2_data):
         try:
             _grouped_gluon(a_data, a_scale, b_data, b_scale, seg, mode, out, cfg, b2_data, b2_scale)
-            return
+            return True
         except Exception as e:
             if not _is_build_failure(e):
                 raise
             _record_gluon_failure(f"compiling the 'wide' kernel failed: {_failure_text(e)}")
-    _portable_grouped(a_data, a_scale, b_data, b_scale, seg, mode, out, b2_data, b2_scale)
+    return False
 
 
 def _grouped_gluon(a_data: torch.Tensor, a_scale: torch.Tensor, b_data: torch.Tensor, b_scale: torch.Tensor,
@@ -1068,7 +575,7 @@ def _grouped_gluon(a_data: torch.Tensor, a_scale: torch.Tensor, b_data: torch.Te
     else:
         max_m = rows
         rows_per_expert = rows / e
-    nsm = _num_sms(_dev_index(out.device))
+    nsm = num_sms(out.device)
     if cfg is None:
         cfg = (choose_swiglu_config(mode, rows, rows_per_expert, n, nsm, out.element_size()) if dual
                else choose_grouped_config(rows_per_expert, n, k, nsm, out.element_size(), e))

@@ -24,7 +24,13 @@ import triton.language as tl
 from triton.runtime.jit import JITFunction
 
 from .. import _checks
-from ..config.gemm import GemmConfig, choose_gemm_config, default_promote
+from ..config.gemm import GemmConfig
+from ..config.hopper import HopperConfig
+from ..plan import Plan, Problem, device_info, log_plan, plan_gemm
+from ..plan.portable import default_promote
+from ..plan.splits import split_plan as _split_plan
+from . import _hopper
+from ._splitk import _splitk_counters
 from ..formats import Format
 from ..kernels.triton._mma import FORMAT_CODES
 from ..kernels.triton.gemm import gemm_kernel
@@ -32,6 +38,7 @@ from ..kernels.triton.gemv import gemv_kernel
 from ..tensor import ScaledTensor
 from . import _autograd
 from . import quantize as _quant
+from ._explain import emit, explaining
 
 __all__ = ["gemm", "OUT_DTYPES"]
 
@@ -168,68 +175,6 @@ def _dot_dtype(promote: bool, a_dense: bool, a_dtype, interpret: bool):
         return tl.float16
     # triton 3.6 interpreter: bf16 tl.dot is wrong; fp32 dot of the same exact values
     return tl.float32 if interpret else tl.bfloat16
-
-
-def _split_plan(k: int, bk: int, split_k: int) -> tuple[int, int]:
-    """(splits launched, K elements per split) for ``split_k`` requested splits.
-
-    Each split covers whole BLOCK_K chunks (``k_per_split`` a multiple of ``bk``, as the core
-    needs ``k_lo % BLOCK_K == 0``); the count is lowered so that no split is empty (e.g. 5
-    chunks in 4 splits -> 3 splits of 2, 2, 1 chunks). K = 0: one split (the epilogue still
-    writes zeros + bias)."""
-    kiters = _cdiv(k, bk)
-    if split_k <= 1 or kiters <= 1:
-        return 1, max(kiters, 1) * bk
-    per = _cdiv(kiters, min(split_k, kiters)) * bk
-    return _cdiv(k, per), per
-
-
-#: Split-K tile counters (int32, all zero between launches: the kernel's last program per tile
-#: resets its counter). Concurrency rule: kernels sharing a counter buffer must not run at the
-#: same time. Hence one buffer per (device, stream) for eager launches (launches on one
-#: stream are ordered; different streams get different buffers), and one per device for
-#: launches captured into CUDA graphs (_GRAPH_COUNTERS): graph replays that contain split-K
-#: GEMMs must not overlap each other (do not replay two such graphs concurrently on different
-#: streams, and do not capture two concurrent split-K GEMMs in forked capture streams).
-#: The graph buffer is allocated (zeroed) outside any capture, on the first eager split-K
-#: call on the device (warm-up, which compiling the kernel needs anyway): memory zeroed by a
-#: memset *inside* a capture is only zero after that graph's first replay, so it could not
-#: be shared with other graphs. A capture that finds no (or too small a) graph buffer
-#: allocates a private zeroed one in the graph (torch.zeros: a memset node replayed with the
-#: graph, correct but ~1 us more per call) and does not cache it.
-_COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
-_GRAPH_COUNTERS: dict[torch.device, torch.Tensor] = {}
-#: superseded graph buffers stay alive: graphs captured earlier still point at them
-_RETIRED_GRAPH_COUNTERS: list[torch.Tensor] = []
-#: counters allocated at least this many at a time (16 KB): grows by powers of two beyond
-_MIN_COUNTERS = 4096
-
-
-def _splitk_counters(device: torch.device, n: int) -> torch.Tensor:
-    """An int32 buffer of >= ``n`` zeros that the split-K kernel may use (see _COUNTERS)."""
-    size = max(_MIN_COUNTERS, 1 << (n - 1).bit_length())
-    if device.type != "cuda":
-        key = (device, 0)
-        buf = _COUNTERS.get(key)
-        if buf is None or buf.numel() < n:
-            buf = _COUNTERS[key] = torch.zeros(size, dtype=torch.int32, device=device)
-        return buf
-    if torch.cuda.is_current_stream_capturing():
-        buf = _GRAPH_COUNTERS.get(device)
-        if buf is None or buf.numel() < n:
-            return torch.zeros(size, dtype=torch.int32, device=device)  # owned by the graph's pool
-        return buf
-    key = (device, torch.cuda.current_stream(device).cuda_stream)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < n:
-        # the old buffer (if any) is freed in stream order: later work on this stream only
-        buf = _COUNTERS[key] = torch.zeros(size, dtype=torch.int32, device=device)
-    gbuf = _GRAPH_COUNTERS.get(device)
-    if gbuf is None or gbuf.numel() < n:
-        if gbuf is not None:
-            _RETIRED_GRAPH_COUNTERS.append(gbuf)
-        _GRAPH_COUNTERS[device] = torch.zeros(size, dtype=torch.int32, device=device)
-    return buf
 
 
 #: Programmatic Dependent Launch of ``gemm_kernel`` (sm_90+; kernels/triton/gemm.py module
@@ -447,55 +392,66 @@ def _dequant_matmul(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows, fmt: Format, 
         out2.add_(bias)
 
 
-def _launch_hopper(a2, a_s2, b_data, b_scale, b_rows, fmt: Format, k: int, out2, bias) -> bool:
-    """Run the sm_90 Gluon fp8_block kernel if it can take these operands; False (nothing
-    launched) sends the caller to the portable kernel. Reasons it cannot: not fp8_block with
-    quantized 1x128 A and 128x128 B; a bias (no bias epilogue yet); TMA's 16-byte row-stride /
-    base-address rule (K % 16 != 0 for contiguous fp8) or a non-unit output column stride."""
-    if fmt.name != "fp8_block" or a_s2 is None or b_rows != 128 or bias is not None or k == 0:
-        return False
-    if out2.device.type != "cuda":
-        return False
-    from . import _hopper
+_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
-    if _hopper._capability(_hopper._dev_index(out2.device)) != (9, 0):  # cached query: host time per call
-        return False  # wgmma / TMA kernels are built for sm_90a only
 
-    if out2.stride(1) != 1 or _hopper._tma_2d_reason("a", a2) or _hopper._tma_2d_reason("b", b_data):
-        return False
-    m, n = out2.shape
-    cfg = _hopper.choose_dispatch_config(m, n, k, out2.element_size(),
-                                         num_sms=_hopper._num_sms(_hopper._dev_index(out2.device)))
-    _hopper.gemm_fp8_block_hopper_impl(a2, a_s2, b_data, b_scale, out2, cfg)
-    return True
+def gemm_problem(a2, a_s2, b_data, b_rows: int, fmt: Format, k: int, m: int, n: int, out_dtype, bias,
+                 out2: torch.Tensor | None = None) -> Problem:
+    """The planner's view of one dense call (plain values). ``tma``: the Hopper kernels' TMA
+    descriptors can take A, B (16-byte aligned bases and row strides) and the output."""
+    tma = (a_s2 is not None and fmt.name == "fp8_block" and b_data.device.type == "cuda"
+           and _hopper.tma_2d_reason("a", a2) is None and _hopper.tma_2d_reason("b", b_data) is None
+           and (out2 is None or out2.stride(1) == 1 or n <= 1))
+    return Problem("gemm", fmt.name, m, n, k, "quantized" if a_s2 is not None else _DTYPE_NAMES[a2.dtype],
+                   _DTYPE_NAMES[out_dtype], bias is not None, b_rows, tma=tma,
+                   interpret=b_data.device.type == "cpu" and _checks.INTERPRET)
+
+
+def make_plan(problem: Problem, device: torch.device, forced=None) -> Plan:
+    """The plan of a dense call on ``device`` (``forced``: the caller's ``config=``)."""
+    if isinstance(forced, Plan):
+        return forced
+    plan = plan_gemm(problem, device_info(device), forced, gluon_ok=_hopper.gluon_unavailable_reason() is None)
+    log_plan(plan)
+    return plan
 
 
 def gemm_impl(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows: int, fmt: Format, k: int, out2, bias,
-              cfg: GemmConfig | None, out_dtype) -> None:
+              cfg, out_dtype) -> None:
     """Compute into ``out2 [M, N]`` (allocated by the caller). No validation, no ScaledTensor.
 
     ``a2 [M, K']``: A data (packed for fp4) or dense bf16/fp16 activations; ``a_s2 [M, nk]``:
     A scales (None: dense, weight-only); ``a_gs``: A's nvfp4 global scale (0-d) or None.
     ``b_data [N, K']``, ``b_scale``, ``b_gs``, ``b_rows`` (1 or 128 scale rows): the weight.
-    ``k``: logical K."""
+    ``k``: logical K. ``cfg``: a :class:`Plan` to run as it is, or a forced config (``config=``),
+    or None (the planner decides)."""
     m, n = out2.shape
     if m == 0 or n == 0:
         return
-    a_dense = a_s2 is None
-    a_dtype = a2.dtype if a_dense else None
-    if cfg is None:
-        cfg = choose_gemm_config(fmt.name, m, n, k, out2.device, a_dtype=a_dtype, out_dtype=out_dtype)
-    if cfg.strategy == "hopper":
-        if _launch_hopper(a2, a_s2, b_data, b_scale, b_rows, fmt, k, out2, bias):
+    plan = make_plan(gemm_problem(a2, a_s2, b_data, b_rows, fmt, k, m, n, out_dtype, bias, out2), out2.device, cfg)
+    run_plan(plan, a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows, fmt, k, out2, bias, out_dtype)
+
+
+def run_plan(plan: Plan, a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows: int, fmt: Format, k: int, out2, bias,
+             out_dtype) -> None:
+    """Launch exactly ``plan`` (nothing is re-derived). The one exception: if the Gluon kernels
+    fail to build on this triton, the launch records it (one warning per process) and the
+    planner's plan without them runs instead."""
+    m, n = out2.shape
+    cfg = plan.config
+    if isinstance(cfg, HopperConfig):
+        if _hopper.gemm_fp8_block_hopper_impl(a2, a_s2, b_data, b_scale, out2, cfg):
             return
-        cfg = choose_gemm_config(fmt.name, m, n, k, out2.device, a_dtype=a_dtype, out_dtype=out_dtype,
-                                 allow_hopper=False)
+        plan = make_plan(gemm_problem(a2, a_s2, b_data, b_rows, fmt, k, m, n, out_dtype, bias, out2), out2.device)
+        cfg = plan.config
     if cfg.strategy == "gemv":
         _launch_gemv(a2, a_s2, b_data, b_scale, b_rows, out2, bias, fmt, m, n, k, cfg)
         return
     if cfg.strategy == "dequant_matmul":
         _dequant_matmul(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows, fmt, k, out2, bias, out_dtype)
         return
+    a_dense = a_s2 is None
+    a_dtype = a2.dtype if a_dense else None
     promote = cfg.promote if cfg.promote is not None else default_promote(fmt.name, m, a_dtype)
     interpret = out2.device.type == "cpu"
     _check_config(cfg, fmt, a_dense, a_dtype, promote, interpret)
@@ -531,8 +487,11 @@ def gemm(a, b: ScaledTensor, out_dtype: torch.dtype = torch.bfloat16, out: torch
         b: ``ScaledTensor [N, K]`` in the same format (fp8_block: 128x128 or 1x128 blocks).
         out_dtype: bf16 (default), fp16 or fp32.
         out: optional contiguous ``[..., N]`` tensor of ``out_dtype`` to write into.
-        config: force a :class:`~blockscaled.config.GemmConfig` (tests, tuning); default:
-            the analytic heuristic. A forced config runs eagerly (outside the custom op).
+        config: force a configuration (tests, tuning): a :class:`~blockscaled.config.GemmConfig`
+            (``strategy="hopper"``: the planner's best Hopper tiles), a
+            :class:`~blockscaled.config.HopperConfig` or a :class:`~blockscaled.plan.Plan`;
+            default: the planner's plan (``blockscaled.explain("gemm", a, b)`` shows it). A
+            forced config runs eagerly (outside the custom op).
             Eager calls run the implementation directly; torch.compile / export / fake tensors
             go through the ``blockscaled::gemm`` custom ops (see ``_eager_ok``).
         bias: optional ``[N]`` tensor added in fp32 before the cast (used by ``linear``).
@@ -562,8 +521,14 @@ def gemm(a, b: ScaledTensor, out_dtype: torch.dtype = torch.bfloat16, out: torch
     """
     fmt, a_dense, lead, m, n, k = validate_gemm_args(a, b, out_dtype, out)
     _check_bias(bias, n, b.device)
-    if config is not None and not isinstance(config, GemmConfig):
-        raise TypeError(f"config: expected a GemmConfig, got {type(config).__name__}")
+    if config is not None and not isinstance(config, (GemmConfig, HopperConfig, Plan)):
+        raise TypeError(f"config: expected a GemmConfig, HopperConfig or Plan, got {type(config).__name__}")
+    if explaining():
+        a2 = a if a_dense else a.data
+        a2 = _flatten_rows("a" if a_dense else "a.data", a2)
+        a_s2 = None if a_dense else _flatten_rows("a.scale", a.scale)
+        emit(make_plan(gemm_problem(a2, a_s2, b.data, b.block[0], fmt, k, m, n, out_dtype, bias,
+                                    None if out is None else out.view(m, n)), b.device, config))
     if _autograd.wants_grad(a, b, bias):
         return _autograd.gemm(a, b, out_dtype, out, config, bias)
     if _checks.use_reference(b.data):

@@ -24,17 +24,22 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import _checks
 from .._checks import check_config_arg, check_flag, check_out_no_grad, check_row_contiguous, check_tensor, use_reference
-from ..config.encoding import decode_config, encode_config
 from ..config.gemm import GemmConfig
-from ..config.grouped import check_grouped_config, choose_grouped_config
 from ..config.hopper import HopperConfig
+from ..plan import Plan, Problem, device_info, log_plan
+from ..plan.encoding import decode_plan, encode_plan
+from ..plan.grouped import plan_grouped, plan_grouped_list
+from ..plan.grouped_portable import choose_grouped_config
 from ..formats import get_format
 from ..kernels.triton._mma import FORMAT_CODES
 from ..tensor import ScaledTensor
 from ._autograd import requires_grad_name
+from ._explain import emit, explaining
 from .errors import OP_GROUPED_GEMM, check_metadata
-from .gemm import _dequant, _eager_ok, _one
+from . import _hopper
+from .gemm import _DTYPE_NAMES, _dequant, _eager_ok, _one
 
 __all__ = ["grouped_gemm", "grouped_gemm_list"]
 
@@ -301,13 +306,22 @@ def grouped_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale
     1 contiguous (``seg`` = offsets ``[E+1]``), 2 masked (``seg`` = counts ``[E]``).
     ``check_op``: 0, or ``ops.errors.OP_*``: after the GEMM, check the values of ``seg`` on the
     device (bad ones: NaN over the output plus the sticky flag read by ``blockscaled.check_errors``)."""
+    if isinstance(cfg, Plan):
+        cfg = cfg.config
     if isinstance(cfg, HopperConfig):
-        from . import _hopper  # loaded on first use, as at the other Hopper call sites here
-
         if out is None:
             out = torch.empty(_out_shape(a_data, b_data, grouping), dtype=out_dtype, device=a_data.device)
-        _hopper.grouped_fp8_block_hopper_impl(a_data, a_scale, b_data, b_scale, seg, grouping, out, cfg,
-                                              b2_data, b2_scale)
+        if not _hopper.grouped_fp8_block_hopper_impl(a_data, a_scale, b_data, b_scale, seg, grouping, out, cfg,
+                                                     b2_data, b2_scale):
+            # the Gluon kernels cannot be built here, or a plan made while tracing met a
+            # misaligned base: the portable kernel's tiles for the same call
+            n = b_data.shape[-2]
+            e = 1 if grouping == MODE_DENSE else b_data.shape[0]
+            rows = a_data.shape[1] if grouping == MODE_MASKED else a_data.shape[0] / max(e, 1)
+            cfg = choose_grouped_config("fp8_block", rows, n, k, out.device, dual=b2_data is not None,
+                                        grouping=_GROUPING_NAMES[grouping], experts=e, allow_dequant=False)
+            _launch_impl(a_data, a_scale, None, b_data, b_scale, None, b2_data, b2_scale, None, seg, out,
+                         fmt_id, grouping, k, b_br, cfg)
     elif cfg.strategy == "dequant_matmul":
         out = _dequant_matmul(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out,
                               out_dtype, fmt_id, grouping, k, b_br)
@@ -327,7 +341,7 @@ def grouped_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale
 #   grouped_gemm_out(a_data, a_scale?, a_gs?, b_data, b_scale, b_gs?, b2_data?, b2_scale?, b2_gs?,
 #                    seg?, out!, fmt_id, grouping, k, b_block_rows, cfg: int[], check_op=0) -> ()
 #   grouped_gemm(..., same without out, plus out_dtype) -> Tensor   allocates the output
-# ``cfg``: encode_config(the chosen GemmConfig / HopperConfig), every field of it.
+# ``cfg``: encode_plan(the plan): op, backend and every field of its config.
 @torch.library.custom_op("blockscaled::grouped_gemm_out", mutates_args=("out",))
 def _grouped_out_op(
     a_data: torch.Tensor, a_scale: torch.Tensor | None, a_gs: torch.Tensor | None,
@@ -337,7 +351,7 @@ def _grouped_out_op(
     fmt_id: int, grouping: int, k: int, b_br: int, cfg: list[int], check_op: int = 0,
 ) -> None:
     grouped_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out, out.dtype,
-                 fmt_id, grouping, k, b_br, decode_config(cfg), check_op)
+                 fmt_id, grouping, k, b_br, decode_plan(cfg), check_op)
 
 
 @_grouped_out_op.register_fake
@@ -354,7 +368,7 @@ def _grouped_op(
     fmt_id: int, grouping: int, k: int, b_br: int, cfg: list[int], check_op: int = 0,
 ) -> torch.Tensor:
     return grouped_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, None,
-                        out_dtype, fmt_id, grouping, k, b_br, decode_config(cfg), check_op)
+                        out_dtype, fmt_id, grouping, k, b_br, decode_plan(cfg), check_op)
 
 
 def _device_check(check_op: int, seg, out: torch.Tensor, a_data: torch.Tensor, grouping: int) -> None:
@@ -373,8 +387,8 @@ def _grouped_fake(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scal
 
 
 def launch(a, b: ScaledTensor, b_gs, b2: ScaledTensor | None, seg, out, out_dtype,
-           mode: int, cfg: GemmConfig | HopperConfig, b2_gs=None, check_op: int = 0) -> torch.Tensor:
-    """Run ``cfg`` (validated args): eagerly through :func:`grouped_impl` itself, or, while
+           mode: int, plan: Plan, b2_gs=None, check_op: int = 0) -> torch.Tensor:
+    """Run ``plan`` (validated args; under ``blockscaled.explain``: hand it back instead): eagerly through :func:`grouped_impl` itself, or, while
     compiling / tracing / under a dispatch mode (``gemm._eager_ok``), through the functional op
     (``out is None``) or the destination-passing one. Reason for the eager path: the
     torch.library round trip dominated the host time of a call (H100 host, fp8_block E=8 m=64
@@ -383,6 +397,9 @@ def launch(a, b: ScaledTensor, b_gs, b2: ScaledTensor | None, seg, out, out_dtyp
     ``a``: ScaledTensor or a bf16/fp16 Tensor (weight-only).
     ``b_gs`` / ``b2_gs``: nvfp4 B global scales, 1 element or one per expert (both alike).
     ``check_op``: ``ops.errors.OP_*`` to check ``seg`` on the device after the GEMM, 0: no check."""
+    if explaining():
+        emit(plan)
+    log_plan(plan)
     fmt_id = FORMAT_CODES[b.format.name]
     k = b.shape[-1]
     b2_args = (None, None, None) if b2 is None else (b2.data, b2.scale, b2.global_scale if b2_gs is None else b2_gs)
@@ -392,8 +409,8 @@ def launch(a, b: ScaledTensor, b_gs, b2: ScaledTensor | None, seg, out, out_dtyp
         a_args = (a, None, None)
     head = (*a_args, b.data, b.scale, b_gs, *b2_args, seg)
     if _eager_ok(*(t for t in (a_args[0], b.data, seg, out) if t is not None)):
-        return grouped_impl(*head, out, out_dtype, fmt_id, mode, k, b.block[0], cfg, check_op)
-    tail = (fmt_id, mode, k, b.block[0], encode_config(cfg), check_op)
+        return grouped_impl(*head, out, out_dtype, fmt_id, mode, k, b.block[0], plan.config, check_op)
+    tail = (fmt_id, mode, k, b.block[0], encode_plan(plan), check_op)
     if out is None:
         return torch.ops.blockscaled.grouped_gemm(*head, out_dtype, *tail)
     torch.ops.blockscaled.grouped_gemm_out(*head, out, *tail)
@@ -530,21 +547,22 @@ def check_masked_m(masked_m, e: int, max_m: int, device, validate: bool) -> None
                 raise ValueError(f"masked_m: counts must lie in [0, max_m={max_m}], got masked_m[{i}]={c}")
 
 
-def resolve_config(config, fmt: str, rows_per_expert: float, n: int, k: int, device, dual: bool = False,
-                   a_dtype: torch.dtype | None = None, *, mode: int = MODE_CONTIGUOUS, experts: int = 1,
-                   out_dtype: torch.dtype = torch.bfloat16, a=None, allow_dequant: bool = True) -> GemmConfig:
-    """The forced ``config`` (validated) or the heuristic's choice, with ``promote`` resolved.
-    ``a_dtype``: bf16 / fp16 for weight-only (dense A), None for quantized A. ``mode``,
-    ``experts``, ``out_dtype`` and ``a`` (its row stride) steer the ``dequant_matmul`` choice."""
-    grouping = _GROUPING_NAMES[mode]
-    a_row_stride = a.stride(-2) if isinstance(a, torch.Tensor) and a.ndim >= 2 and a.numel() else 0
-    if config is None:
-        return choose_grouped_config(fmt, rows_per_expert, n, k, device, dual=dual, a_dtype=a_dtype,
-                                     grouping=grouping, experts=experts, out_dtype=out_dtype,
-                                     a_row_stride=a_row_stride, allow_dequant=allow_dequant)
-    return check_grouped_config(config, fmt, a_dtype=a_dtype, grouping=grouping, out_dtype=out_dtype, n=n, k=k,
-                                device=torch.device(device), a_row_stride=a_row_stride,
-                                allow_dequant=allow_dequant)
+def grouped_plan(op: str, a, b: ScaledTensor, fmt: str, rows_per_expert: float, n: int, k: int, mode: int,
+                 experts: int, out_dtype: torch.dtype, config=None, b2: ScaledTensor | None = None,
+                 rows: int | None = None) -> Plan:
+    """The plan of a grouped / SwiGLU call (validated arguments): its Problem from the operands,
+    then ``plan.grouped.plan_grouped``. ``rows``: all rows of A (default: its first dims)."""
+    dev = b.data.device
+    a_dtype = a.dtype if isinstance(a, torch.Tensor) else None
+    a_t = a if isinstance(a, torch.Tensor) else a.data
+    a_row_stride = a_t.stride(-2) if a_t.ndim >= 2 and a_t.numel() else 0
+    total = rows if rows is not None else (a_t.shape[0] * (a_t.shape[1] if mode == MODE_MASKED else 1))
+    why = hopper_reason(a, b, out_dtype, mode, b2=b2) if dev.type == "cuda" else "needs a CUDA device"
+    p = Problem(op, fmt, total, n, k, "quantized" if a_dtype is None else _DTYPE_NAMES[a_dtype],
+                _DTYPE_NAMES[out_dtype], False, b.block[0], _GROUPING_NAMES[mode], experts, float(rows_per_expert),
+                b2 is not None, why is None, dev.type == "cpu" and _checks.INTERPRET)
+    info = device_info(dev)
+    return plan_grouped(p, info, config, hopper_why=why, a_row_stride=a_row_stride)
 
 
 # --------------------------------------------------------------------------- public ops
@@ -612,7 +630,8 @@ def grouped_gemm(
     Dispatch: fp8_block x 128x128 weights on sm_90 run the Gluon kernel
     (``ops._hopper.grouped_fp8_block_hopper_impl``; ``GemmConfig(strategy="hopper")`` forces it
     and raises ValueError with the reason when it cannot; only the strategy of such a config is
-    used, the tiles come from ``ops._hopper.choose_grouped_config``). Contiguous with one expert is a dense
+    used, the tiles come from the planner, ``plan/grouped.py``; a ``HopperConfig`` runs as given).
+    ``blockscaled.explain("grouped_gemm", ...)`` returns the plan a call runs. Contiguous with one expert is a dense
     GEMM (offsets must then be ``[0, sum_m]``) and runs :func:`blockscaled.ops.gemm.gemm`
     (split-K / swap-AB at small M, which a one-expert grouped launch cannot use).
 
@@ -675,6 +694,8 @@ def grouped_gemm(
     if use_reference(b.data):
         from ..reference import grouped as _ref
 
+        if explaining():
+            emit(grouped_plan("grouped", a, b, fmt, rows_per_expert, n, k, mode, e, out_dtype, config))
         with torch.no_grad():  # ScaledTensor fields are constants on every path
             y = _ref.grouped_gemm(a, b, offsets=offsets, masked_m=masked_m, b_global_scale=b_global_scale)
         return reference_check(reference_result(y, out, out_dtype, masked_m), check_op, seg, mode, a)
@@ -688,29 +709,8 @@ def grouped_gemm(
             check = check_metadata if _eager_ok(offsets, y) else torch.ops.blockscaled.check_metadata
             check(offsets, y, check_op, MODE_CONTIGUOUS, a.shape[0])
         return y
-    forced_hopper = is_forced_hopper(config)
-    why = hopper_reason(a, b, out_dtype, mode)
-    if forced_hopper and why is not None:
-        raise ValueError(f"config.strategy: 'hopper' cannot run this call: {why}")
-    if forced_hopper or (config is None and why is None):
-        # sm_90 fp8_block x 128x128 weights: the Gluon wide kernel (H100, moe suite: faster than
-        # the portable kernel on every measured MoE shape; benchmarks/NOTES.md).
-        from . import _hopper
-
-        cfg = _hopper.choose_grouped_config(rows_per_expert, n, k, _hopper.num_sms_of(dev), out_dtype.itemsize, e)
-        return launch(a, b, gsb, None, seg, out, out_dtype, mode, cfg, check_op=check_op)
-    cfg = resolve_config(config, fmt, rows_per_expert, n, k, dev, a_dtype=a_dtype, mode=mode, experts=e,
-                         out_dtype=out_dtype, a=a)
-    return launch(a, b, gsb, None, seg, out, out_dtype, mode, cfg, check_op=check_op)
-
-
-def is_forced_hopper(config) -> bool:
-    """``config`` (GemmConfig or dict) asks for the sm_90 Gluon kernel (``strategy="hopper"``).
-    Only the strategy is taken from it: the Hopper tiles are always chosen by ops._hopper."""
-    if config is None:
-        return False
-    strategy = config.get("strategy") if isinstance(config, dict) else getattr(config, "strategy", None)
-    return strategy == "hopper"
+    plan = grouped_plan("grouped", a, b, fmt, rows_per_expert, n, k, mode, e, out_dtype, config)
+    return launch(a, b, gsb, None, seg, out, out_dtype, mode, plan, check_op=check_op)
 
 
 def hopper_reason(a, b: ScaledTensor, out_dtype: torch.dtype, mode: int,
@@ -724,8 +724,6 @@ def hopper_reason(a, b: ScaledTensor, out_dtype: torch.dtype, mode: int,
         return f"only fp8_block x fp8_block, got {a.format.name} x {b.format.name}"
     if b.data.device.type != "cuda":
         return f"needs a CUDA device, got {b.data.device}"
-    from . import _hopper
-
     for name, w in (("b", b), ("b2", b2)):
         if w is None:
             continue
@@ -800,8 +798,8 @@ def _grouped_list_launch(
     table: torch.Tensor, alpha: torch.Tensor, outs: list[torch.Tensor],
     fmt_id: int, b_br: int, total_tiles: int, flops: int, nbytes: int, cfg: list[int],
 ) -> None:
-    """:func:`_grouped_list_impl` with ``cfg`` = encode_config(the GemmConfig)."""
-    _grouped_list_impl(table, alpha, outs, fmt_id, b_br, total_tiles, flops, nbytes, decode_config(cfg))
+    """:func:`_grouped_list_impl` with ``cfg`` = encode_plan(the plan)."""
+    _grouped_list_impl(table, alpha, outs, fmt_id, b_br, total_tiles, flops, nbytes, decode_plan(cfg).config)
 
 
 @_grouped_list_launch.register_fake
@@ -887,13 +885,22 @@ def grouped_gemm_list(
     if use_reference(a_list[0].data):
         from ..reference import grouped as _ref
 
+        if explaining():
+            emit(Plan("grouped_list", "reference", None, reasons=("CPU tensors without TRITON_INTERPRET=1: the "
+                                                                "float64 reference",)))
         with torch.no_grad():
             for o, y in zip(out_list, _ref.grouped_gemm_list(a_list, b_list)):
                 o.copy_(y.to(out_dtype))
         return list(out_list)
     max_rows = max(m for m, _, _ in shapes)
-    cfg = resolve_config(config, fmt.name, max_rows, max(n for _, n, _ in shapes), max(k for *_, k in shapes), dev,
-                         mode=MODE_DENSE, allow_dequant=False)
+    p = Problem("grouped_list", fmt.name, max_rows, max(n for _, n, _ in shapes), max(k for *_, k in shapes),
+                out_dtype=_DTYPE_NAMES[out_dtype], b_block_rows=b_br, experts=g,
+                interpret=dev.type == "cpu" and _checks.INTERPRET)
+    plan = plan_grouped_list(p, device_info(dev), config)
+    if explaining():
+        emit(plan)
+    log_plan(plan)
+    cfg = plan.config
     rows, tile0, flops, nbytes = [], 0, 0, 0
     for (m, n, k), a, b, o in zip(shapes, a_list, b_list, out_list):
         rows.append([a.data.data_ptr(), a.scale.data_ptr(), b.data.data_ptr(), b.scale.data_ptr(),
@@ -912,5 +919,5 @@ def grouped_gemm_list(
     if _eager_ok(table, *out_list):
         _grouped_list_impl(*args, cfg)
     else:
-        torch.ops.blockscaled.grouped_gemm_list(*args, encode_config(cfg))
+        torch.ops.blockscaled.grouped_gemm_list(*args, encode_plan(plan))
     return list(out_list)

@@ -11,7 +11,8 @@ from ..reference.gemm import activation_quant_args
 from ..tensor import ScaledTensor
 from . import quantize as _quant
 from . import _autograd
-from .gemm import OUT_DTYPES, _check_bias, _eager_ok, gemm_impl
+from ._explain import emit, explaining
+from .gemm import OUT_DTYPES, _check_bias, _eager_ok, gemm_impl, gemm_problem, make_plan
 
 __all__ = ["linear", "activation_quant_args"]
 
@@ -39,6 +40,19 @@ def linear_impl(x2: torch.Tensor, w_data, w_scale, w_gs, w_rows: int, fmt: Forma
         data, scale, gs = _quantize_activations(x2, fmt, rounding)
         gemm_impl(data, scale, gs, w_data, w_scale, w_gs, w_rows, fmt, k, out, bias, None, out_dtype)
     return out
+
+
+def _linear_plan(x2: torch.Tensor, w: ScaledTensor, bias, out_dtype, weight_only: bool):
+    """The GEMM plan ``linear`` runs: the same Problem as the quantized activations give (a fresh
+    row-contiguous ``[M, K]`` tensor of the format's data dtype, allocated here without a kernel)."""
+    fmt, k = w.format, w.shape[-1]
+    m, n = x2.shape[0], w.shape[0]
+    if weight_only:
+        a2, a_s2 = x2, None
+    else:
+        a2 = torch.empty((m, fmt.packed_k(k)), dtype=fmt.data_dtype, device=x2.device)
+        a_s2 = torch.empty((m, fmt.scale_k(k)), dtype=fmt.scale_dtype, device=x2.device)
+    return make_plan(gemm_problem(a2, a_s2, w.data, w.block[0], fmt, k, m, n, out_dtype, bias), w.device)
 
 
 def linear(x: torch.Tensor, w: ScaledTensor, bias: torch.Tensor | None = None, *,
@@ -100,6 +114,8 @@ def linear(x: torch.Tensor, w: ScaledTensor, bias: torch.Tensor | None = None, *
                              f"{out.dtype} {tuple(out.shape)} on {out.device}")
         if not out.is_contiguous():
             raise ValueError(f"out: expected a contiguous tensor, got strides {out.stride()}")
+    if explaining():
+        emit(_linear_plan(x2, w, bias, out_dtype, weight_only))
     if _autograd.wants_grad(x, w, bias):
         return _autograd.linear(x, w, bias, out_dtype, out, weight_only)
     if _checks.use_reference(x):

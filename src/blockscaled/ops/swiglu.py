@@ -30,12 +30,11 @@ from .grouped import (
     check_masked_m,
     check_offsets,
     check_pair,
-    hopper_reason,
-    is_forced_hopper,
+    grouped_plan,
     launch,
     reference_check,
-    resolve_config,
 )
+from ._explain import emit, explaining
 from .errors import OP_SWIGLU
 
 __all__ = ["swiglu"]
@@ -102,7 +101,7 @@ def swiglu(
     ``strategy="hopper"``: the sm_90 Gluon kernel, fp8_block with 128x128 weights only, chosen by
     the heuristic for those on sm_90 (grouped always, dense from ``SWIGLU_HOPPER_MIN_M`` rows),
     the portable kernel's numerics; a forced hopper config contributes only its strategy: the
-    tiles are chosen by ``ops._hopper.choose_swiglu_config``). No host sync (unless
+    tiles are chosen by the planner, ``plan/grouped.py``). No host sync (unless
     ``validate=True``); deterministic.
 
     ``validate`` (grouped layouts): as :func:`blockscaled.ops.grouped.grouped_gemm`. True: the
@@ -170,35 +169,14 @@ def swiglu(
         from ..reference import grouped as _ref
         from .grouped import reference_result
 
+        if explaining():
+            m_rows = a.shape[0] * (a.shape[1] if masked else 1)
+            emit(grouped_plan("swiglu", a, b_gate, fmt, rows, n, k, mode, e, out_dtype, config, b2=b_up,
+                              rows=m_rows))
         with torch.no_grad():  # ScaledTensor fields are constants on every path
             y = _ref.swiglu(a, b_gate, b_up, offsets=offsets, masked_m=masked_m,
                             b_gate_global_scale=b_gate_global_scale, b_up_global_scale=b_up_global_scale)
         return reference_check(reference_result(y, out, out_dtype, masked_m), check_op, seg, mode, a)
-    forced_hopper = is_forced_hopper(config)
-    why = hopper_reason(a, b_gate, out_dtype, mode, b2=b_up)
-    if forced_hopper and why is not None:
-        raise ValueError(f"config.strategy: 'hopper' cannot run this call: {why}")
-    if forced_hopper or (config is None and why is None and swiglu_hopper_preferred(mode, a.shape[0], n)):
-        # sm_90 fp8_block x 128x128 weights: the Gluon wide kernel with gate | up halves per
-        # tile (ops._hopper.choose_swiglu_config), launched with exactly that HopperConfig.
-        from . import _hopper
-
-        m_rows = a.shape[0] * (a.shape[1] if masked else 1)
-        h = _hopper.choose_swiglu_config(mode, m_rows, rows, n, _hopper.num_sms_of(dev), out_dtype.itemsize)
-        return launch(a, b_gate, gs_g, b_up, seg, out, out_dtype, mode, h, b2_gs=gs_u, check_op=check_op)
-    cfg = resolve_config(config, fmt, rows, n, k, dev, dual=True, a_dtype=a_dtype, mode=mode,
-                         experts=e, out_dtype=out_dtype, a=a)
-    return launch(a, b_gate, gs_g, b_up, seg, out, out_dtype, mode, cfg, b2_gs=gs_u, check_op=check_op)
-
-
-# Dense SwiGLU runs the Hopper kernel from this many rows (below: the portable kernel).
-# H100, scripts/swiglu_check.py (CUDA-graph medians, K=7168, N=18432 / 2048 / 4096): Hopper vs
-# portable 0.90 / 0.66 / 0.84x at M=16, 0.90 / 0.85 / 0.90x at M=64, 1.06 / 1.32 / 1.26x at
-# M=128, 1.3-1.9x above (benchmarks/NOTES.md).
-SWIGLU_HOPPER_MIN_M = 128
-
-
-def swiglu_hopper_preferred(mode: int, m: int, n: int) -> bool:
-    """Size rule for the Hopper SwiGLU path when it can run: always for grouped layouts (as the
-    grouped GEMM), dense from ``SWIGLU_HOPPER_MIN_M`` rows."""
-    return mode != MODE_DENSE or m >= SWIGLU_HOPPER_MIN_M
+    m_rows = a.shape[0] * (a.shape[1] if masked else 1)
+    plan = grouped_plan("swiglu", a, b_gate, fmt, rows, n, k, mode, e, out_dtype, config, b2=b_up, rows=m_rows)
+    return launch(a, b_gate, gs_g, b_up, seg, out, out_dtype, mode, plan, b2_gs=gs_u, check_op=check_op)

@@ -13,10 +13,10 @@ kernel, then cuBLAS: contiguous grouping ``torch._grouped_mm`` (one launch, segm
 on the device), masked grouping and dense SwiGLU ``torch.bmm``; a small Triton epilogue
 (``dq_epilogue_kernel``) applies nvfp4 global scales, the SwiGLU activation and the masked
 row contract where needed. The same reasoning as the dense GEMM's strategy
-(:mod:`blockscaled.config.gemm`): a plain Triton MX/NV kernel is instruction-bound at about
+(:mod:`blockscaled.plan.portable`): a plain Triton MX/NV kernel is instruction-bound at about
 220 TFLOP/s on the H100 while cuBLAS bf16 runs at about 750, and dequantizing costs one pass
 over the operands. Rule: chosen on sm_90 when the roofline model (:func:`_dequant_matmul_faster`,
-constants imported from config/gemm.py) predicts it faster and the call is eligible
+constants from plan/portable.py) predicts it faster and the call is eligible
 (:func:`dequant_matmul_reason`); in practice from a few thousand rows in total. Eligible:
 mxfp8 / mxfp4 / nvfp4 with quantized A, and bf16 weight-only activations with any weight
 format (fp8_block weights only for bf16 outputs: bf16-rounded fp32-scaled weights need the
@@ -31,18 +31,9 @@ import math
 
 import torch
 
-from .gemm import (
-    _BF16_FLOPS,
-    _BW,
-    _ELEM_BYTES,
-    _SCALE_K,
-    _TRITON_MX_FLOPS,
-    DeviceInfo,
-    GemmConfig,
-    _stages,
-    default_promote,
-    device_info,
-)
+from ..config.gemm import GemmConfig
+from .device import DeviceInfo, device_info
+from .portable import _BF16_FLOPS, _BW, _ELEM_BYTES, _SCALE_K, _TRITON_MX_FLOPS, _stages, default_promote
 
 __all__ = ["choose_grouped_config", "check_grouped_config", "dequant_matmul_reason", "GROUPED_STRATEGIES"]
 

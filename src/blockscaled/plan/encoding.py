@@ -1,12 +1,12 @@
-"""One canonical, lossless encoding of a kernel choice as a list of ints.
+"""One canonical, lossless encoding of a plan (and of its kernel config) as a list of ints.
 
-The grouped / SwiGLU custom ops (``ops/grouped.py``) take the chosen config as one ``list[int]``
-argument: torch.library schemas carry ints, not dataclasses, and a config that crosses the
+The custom ops (``ops/_custom_ops.py``, ``ops/grouped.py``) take the plan as one ``list[int]``
+argument (:func:`encode_plan`: op, backend, then the config): torch.library schemas carry ints, not dataclasses, and a config that crosses the
 boundary field by field loses the fields nobody remembered to pass (the grouped tail split was
 lost that way). Here every field of the dataclass travels, in declaration order, so adding a
 field to :class:`GemmConfig` or :class:`HopperConfig` extends the encoding by itself (a field of
 a type this module cannot encode raises when this module is imported, and tests/test_plan_encoding.py
-round-trips every config the choosers return).
+round-trips every plan the planner returns).
 
 Layout: ``[tag, field_0, field_1, ...]``; tag 1 = GemmConfig, 2 = HopperConfig. Fields: ``int``
 as is; ``bool`` as 0 / 1; ``bool | None`` as 0 / 1 / -1 (None); ``str`` as the index of the
@@ -15,7 +15,7 @@ whose ``__post_init__`` validates it again.
 
 Example::
 
-    >>> from blockscaled.config.encoding import decode_config, encode_config
+    >>> from blockscaled.plan.encoding import decode_config, encode_config
     >>> from blockscaled.config.hopper import HopperConfig
     >>> c = HopperConfig("wide", 128, 256, 8, 4, epilogue="masked", tail_split=2)
     >>> decode_config(encode_config(c)) == c
@@ -26,15 +26,17 @@ from __future__ import annotations
 
 import dataclasses
 
-from .gemm import STRATEGIES, GemmConfig
-from .hopper import EPILOGUES, SPLIT_REDUCE, VARIANTS, HopperConfig
+from ..config.gemm import STRATEGIES, GemmConfig
+from ..config.hopper import EPILOGUES, SPLIT_REDUCE, VARIANTS, HopperConfig
+from .types import BACKENDS, OPS, Plan
 
-__all__ = ["encode_config", "decode_config", "CONFIG_TAGS"]
+__all__ = ["encode_config", "decode_config", "encode_plan", "decode_plan", "CONFIG_TAGS"]
 
 #: tag (the first int of an encoding) of each config type; never renumber: a tag names a type
 CONFIG_TAGS = {GemmConfig: 1, HopperConfig: 2}
 _TYPE_OF_TAG = {tag: cls for cls, tag in CONFIG_TAGS.items()}
-#: the allowed values of each str field, indexed by the encoding (append only)
+#: the allowed values of each str field, indexed by the encoding (an encoding lives within one
+#: process: it is never stored)
 _CHOICES = {
     (GemmConfig, "strategy"): STRATEGIES,
     (HopperConfig, "variant"): VARIANTS,
@@ -53,10 +55,10 @@ def _fields(cls) -> tuple[tuple[str, str], ...]:
         kind = kinds.get(f.type if isinstance(f.type, str) else getattr(f.type, "__name__", repr(f.type)))
         if kind is None:
             raise TypeError(f"{cls.__name__}.{f.name}: no encoding for a field annotated {f.type!r} "
-                            f"(config/encoding.py encodes int, bool, bool | None and str fields)")
+                            f"(plan/encoding.py encodes int, bool, bool | None and str fields)")
         if kind == "str" and (cls, f.name) not in _CHOICES:
             raise TypeError(f"{cls.__name__}.{f.name}: a str field needs its table of values in "
-                            f"config/encoding.py's _CHOICES")
+                            f"plan/encoding.py's _CHOICES")
         out.append((f.name, kind))
     return tuple(out)
 
@@ -123,3 +125,21 @@ def decode_config(code) -> GemmConfig | HopperConfig:
         else:
             kw[name] = int(v)
     return cls(**kw)
+
+
+def encode_plan(plan: Plan) -> list[int]:
+    """``plan`` as ``[op, backend, *encode_config(plan.config)]`` (``[op, backend, 0]`` without a
+    config); :func:`decode_plan` inverts it: ``decode_plan(encode_plan(p)) == p`` (equality covers
+    op, backend and config: what runs; the problem and the reasons are not carried)."""
+    head = [OPS.index(plan.op), BACKENDS.index(plan.backend)]
+    return head + ([0] if plan.config is None else encode_config(plan.config))
+
+
+def decode_plan(code) -> Plan:
+    """The plan :func:`encode_plan` turned into ``code``. Raises ValueError for a malformed code."""
+    if not isinstance(code, (list, tuple)) or len(code) < 3:
+        raise ValueError(f"code: expected a list of ints from encode_plan, got {code!r}")
+    if not (0 <= code[0] < len(OPS) and 0 <= code[1] < len(BACKENDS)):
+        raise ValueError(f"code: op / backend index out of range, got {list(code[:2])}")
+    cfg = None if list(code[2:]) == [0] else decode_config(list(code[2:]))
+    return Plan(OPS[code[0]], BACKENDS[code[1]], cfg)

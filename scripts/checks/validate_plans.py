@@ -1,0 +1,129 @@
+"""Validate the planner on a broad shape set: the planned plan vs every candidate, and time vs M.
+
+On the GPU (writes one JSON line per shape; needs the installed package):
+    python scripts/checks/validate_plans.py run --out plans.jsonl [--set family|random|all] [--jobs 14]
+        [--budget 500] [--part 0/2]
+Report (any machine; re-plans every recorded shape with the installed planner and looks its
+choice up among the timed candidates, so a new calibration is judged on the same timings):
+    python scripts/checks/validate_plans.py report plans.jsonl [...] [--md out.md]
+
+Targets (docs/design.md, "The planner"): the chosen plan within 5% of the best candidate on >= 95%
+of shapes and never worse than 15%; time non-decreasing in M for fixed N, K (within 3% noise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import defaultdict
+
+from blockscaled.bench.plan_sweep import (calibration_shapes, config_key, load_records, run_sweep,
+                                          validation_shapes)
+
+
+def _replan(rec: dict):
+    """The installed planner's choice for a recorded shape (an H100 of the record's run)."""
+    from blockscaled.plan import H100_SXM, Problem, plan_gemm
+
+    p = Problem("gemm", "fp8_block", rec["m"], rec["n"], rec["k"], tma=rec["k"] % 16 == 0)
+    return plan_gemm(p, H100_SXM)
+
+
+def report(paths: list[str], md: str | None, use_recorded_plan: bool) -> int:
+    recs = [r for p in paths for r in load_records(p)]
+    rows, misses, errors = [], [], []
+    by_nk = defaultdict(list)
+    for r in recs:
+        ok = [c for c in r["cands"] if "us" in c and c.get("ok", False)]
+        bad = [c for c in r["cands"] if "error" in c or not c.get("ok", True)]
+        errors += [(r, c) for c in bad]
+        if not ok:
+            continue
+        best = min(ok, key=lambda c: c["us"])
+        key = r["planned"] if use_recorded_plan else config_key(_replan(r).config)
+        chosen = next((c for c in ok if c["key"] == key), None)
+        if chosen is None:
+            misses.append(r)
+            continue
+        ratio = chosen["us"] / best["us"]
+        rows.append((r, chosen, best, ratio))
+        by_nk[(r["family"], r["layer"], r["n"], r["k"])].append((r["m"], chosen["us"]))
+    n = len(rows)
+    within5 = sum(1 for *_, x in rows if x <= 1.05)
+    worst = sorted(rows, key=lambda t: -t[3])[:15]
+    mono = []
+    for key, pts in by_nk.items():
+        pts.sort()
+        for (m0, t0), (m1, t1) in zip(pts, pts[1:]):
+            if t1 < t0 / 1.03:
+                mono.append((key, m0, t0, m1, t1))
+    out = [f"# Planner validation ({len(recs)} shapes recorded, {n} judged)", ""]
+    out.append(f"- planned within 5% of the best candidate: {within5}/{n} = {within5 / max(n, 1):.1%} (target >= 95%)")
+    out.append(f"- worst planned / best: {max((x for *_, x in rows), default=0):.3f} (target <= 1.15); "
+               f"geomean {statistics.geometric_mean([x for *_, x in rows]) if rows else 0:.3f}")
+    out.append(f"- time decreasing with M (> 3%) on the same N, K: {len(mono)} pairs (target 0)")
+    out.append(f"- candidates that failed or missed the tolerance: {len(errors)}; planned plan not among "
+               f"the timed candidates: {len(misses)}")
+    if use_recorded_plan:
+        planned_gap = [r["planned_us"] / next(c["us"] for c in r["cands"] if c["key"] == r["planned"] and "us" in c)
+                       for r in recs if "planned_us" in r and any(c["key"] == r["planned"] and "us" in c for c in r["cands"])]
+        if planned_gap:
+            out.append(f"- bs.gemm (planned, no config) vs the same plan forced: median "
+                       f"{statistics.median(planned_gap):.3f}, max {max(planned_gap):.3f}")
+    out += ["", "## Worst rows", "", "| set | family / layer | M | N | K | chosen | us | best | us | ratio |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for r, c, b, x in worst:
+        out.append(f"| {r['set']} | {r['family']} {r['layer']} | {r['m']} | {r['n']} | {r['k']} | {c['desc']} | "
+                   f"{c['us']:.1f} | {b['desc']} | {b['us']:.1f} | {x:.3f} |")
+    if mono:
+        out += ["", "## Non-monotone in M", "", "| shape | M | us | M' | us' |", "|---|---|---|---|---|"]
+        for key, m0, t0, m1, t1 in mono[:40]:
+            out.append(f"| {key[0]} {key[1]} {key[2]}x{key[3]} | {m0} | {t0:.1f} | {m1} | {t1:.1f} |")
+    if errors:
+        out += ["", "## Failed candidates", ""]
+        for r, c in errors[:30]:
+            out.append(f"- {r['m']}x{r['n']}x{r['k']} {c['desc']}: {c.get('error') or ('rel_fro %.2e' % c.get('rel_fro', -1))}")
+    text = "\n".join(out) + "\n"
+    print(text)
+    if md:
+        with open(md, "w") as f:
+            f.write(text)
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--out", required=True)
+    r.add_argument("--set", default="family", choices=("family", "random", "all"))
+    r.add_argument("--jobs", type=int, default=1)
+    r.add_argument("--budget", type=float, default=1e9, help="seconds; stop starting shapes after it")
+    r.add_argument("--part", default="0/1", help="i/n: every n-th shape from the i-th")
+    r.add_argument("--limit", type=int, default=0)
+    rep = sub.add_parser("report")
+    rep.add_argument("paths", nargs="+")
+    rep.add_argument("--md", default=None)
+    rep.add_argument("--recorded", action="store_true",
+                     help="judge the plan recorded in the run instead of re-planning with the installed planner")
+    a = ap.parse_args(argv)
+    if a.cmd == "report":
+        return report(a.paths, a.md, a.recorded)
+    shapes = []
+    if a.set in ("family", "all"):
+        shapes += validation_shapes()
+    if a.set in ("random", "all"):
+        shapes += calibration_shapes()
+    i, n = (int(x) for x in a.part.split("/"))
+    shapes = shapes[i::n]
+    if a.limit:
+        shapes = shapes[:a.limit]
+    print(f"{len(shapes)} shapes", flush=True)
+    run_sweep(shapes, a.out, jobs=a.jobs, budget_s=a.budget, log=lambda s: print(s, flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,219 @@
+"""Time every candidate plan of dense fp8_block GEMMs on a shape set (GPU), and read the record.
+
+The measurement behind the planner's calibration (scripts/checks/calibrate.py) and validation
+(scripts/checks/validate_plans.py). For each shape: quantized random inputs rotated past L2,
+the planner's candidates (``plan.dense.fp8_candidates``) and the plan ``bs.gemm`` runs
+(``bs.explain``), each timed as a CUDA graph of back-to-back calls (``bench.timing.time_op``)
+through the public ``bs.gemm(..., config=...)``, each checked against a float64 reference of 32
+sampled rows. One JSON line per shape.
+
+Compiling ~200 kernel variants one after the other would take most of a run, so ``warm`` first
+runs every (shape, candidate) once in parallel worker processes (no timing; they fill Triton's
+on-disk cache), then one process times.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+
+import torch
+
+from ..config.gemm import GemmConfig
+from ..config.hopper import HopperConfig
+from .models import M_VALUES, MODEL_LINEARS
+
+__all__ = ["validation_shapes", "calibration_shapes", "sweep_shape", "run_sweep", "load_records",
+           "config_key", "config_from_key"]
+
+#: (family, layer) pairs of the validation set: every family, its attention and MLP shapes
+VALIDATION_PAIRS = (
+    ("llama3-8b", "qkv"), ("llama3-8b", "down"), ("llama3-70b", "o"), ("llama3-70b", "gate_up"),
+    ("qwen2.5-7b", "qkv"), ("qwen2.5-7b", "down"), ("qwen3-32b", "o"), ("qwen3-32b", "gate_up"),
+    ("qwen3-30b-a3b", "qkv"), ("qwen3-30b-a3b", "expert_gate_up"), ("mixtral-8x7b", "expert_down"),
+    ("mistral-large-2", "qkv"), ("mistral-large-2", "down"), ("deepseek-v3", "q_a+kv_a"),
+    ("deepseek-v3", "kv_b"), ("deepseek-v3", "o"), ("deepseek-v2-lite", "gate_up"),
+    ("deepseek-v2-lite", "expert_down"), ("gpt-oss-120b", "qkv"), ("gpt-oss-120b", "expert_down"),
+    ("gemma2-27b", "o"), ("gemma2-27b", "gate_up"), ("phi3-medium", "qkv"), ("phi3-medium", "down"),
+)
+
+
+def validation_shapes(ms=M_VALUES, pairs=VALIDATION_PAIRS, max_flop: float = 4e13) -> list[dict]:
+    """The model-family shapes at every M (skipping rows above ``max_flop``)."""
+    table = {(f, l): (n, k) for f, l, n, k in MODEL_LINEARS}
+    out = []
+    for f, l in pairs:
+        n, k = table[(f, l)]
+        for m in ms:
+            if 2.0 * m * n * k <= max_flop:
+                out.append({"set": "family", "family": f, "layer": l, "m": m, "n": n, "k": k})
+    return out
+
+
+def calibration_shapes(count: int = 120, seed: int = 20261125, max_flop: float = 2e13) -> list[dict]:
+    """Random shapes (none from a model table): N in [256, 65536] and K in [256, 32768] log-uniform,
+    K a multiple of 16 (TMA-able) in 9 of 10, M log-uniform in [1, 16384]."""
+    rng = random.Random(seed)
+    out = []
+    while len(out) < count:
+        n = int(math.exp(rng.uniform(math.log(256), math.log(65536))))
+        k = int(math.exp(rng.uniform(math.log(256), math.log(32768))))
+        k = k - k % 16 if rng.random() < 0.9 else k | 1
+        m = int(math.exp(rng.uniform(0, math.log(16384))))
+        if rng.random() < 0.5:
+            n -= n % 64
+        if 2.0 * m * n * k <= max_flop and k >= 16:
+            out.append({"set": "random", "family": "random", "layer": "", "m": m, "n": n, "k": k})
+    return out
+
+
+def config_key(cfg) -> str:
+    """A JSON string that names a config exactly (``config_from_key`` inverts it)."""
+    kind = "hopper" if isinstance(cfg, HopperConfig) else "gemm"
+    return json.dumps({"type": kind, **asdict(cfg)}, sort_keys=True)
+
+
+def config_from_key(key: str):
+    d = json.loads(key)
+    kind = d.pop("type")
+    return HopperConfig(**d) if kind == "hopper" else GemmConfig(**d)
+
+
+def _operands(m, n, k, sets, device, seed):
+    import blockscaled as bs
+
+    g = torch.Generator(device=device).manual_seed(seed)
+    out = []
+    for i in range(sets):
+        x = torch.randn(m, k, generator=g, device=device, dtype=torch.float32).to(torch.bfloat16)
+        w = torch.randn(n, k, generator=g, device=device, dtype=torch.float32).to(torch.bfloat16)
+        out.append((bs.quantize(x, "fp8_block"), bs.quantize(w, "fp8_block", block=(128, 128)),
+                    torch.empty(m, n, dtype=torch.bfloat16, device=device)))
+    return out
+
+
+def _reference_rows(a, b, rows):
+    """float64 ``dequantize(a)[rows] @ dequantize(b).T`` (the reference twin on those rows)."""
+    from ..reference.gemm import gemm as ref_gemm
+    from ..tensor import ScaledTensor
+
+    sub = ScaledTensor(a.data[rows], a.scale[rows], a.format, torch.Size((len(rows), a.shape[-1])), a.block,
+                       a.rounding)
+    return ref_gemm(sub, b, out_dtype=torch.float64)
+
+
+def _candidates(a, b, out):
+    from ..ops.gemm import gemm_problem
+    from ..plan import device_info
+    from ..plan.dense import fp8_candidates
+
+    m, n = out.shape
+    p = gemm_problem(a.data, a.scale, b.data, b.block[0], b.format, b.shape[-1], m, n, out.dtype, None, out)
+    return p, fp8_candidates(p, device_info(out.device))
+
+
+def sweep_shape(shape: dict, *, time_it: bool = True, device="cuda", seed: int = 0, max_sets: int = 8) -> dict:
+    """Time (or, ``time_it=False``, only run once: compile) every candidate of one shape."""
+    import blockscaled as bs
+    from ..plan import Plan, device_info
+    from ..plan.calibration import load_calibration
+    from ..plan.cost import predict_us
+    from ..testing.tolerances import gemm_errors, gemm_tolerance
+    from .timing import rotation_count, time_op
+
+    m, n, k = shape["m"], shape["n"], shape["k"]
+    per_set = m * k + n * k + m * n * 2
+    sets = rotation_count(per_set, max_sets=max_sets) if time_it else 1
+    ops = _operands(m, n, k, sets, device, seed)
+    a0, b0, o0 = ops[0]
+    problem, cands = _candidates(a0, b0, o0)
+    plan = bs.explain("gemm", a0, b0, out=o0)
+    dev = device_info(torch.device(device))
+    cal = load_calibration(dev.name, dev.sm_count, dev.mem_bw)
+    rec = dict(shape, planned=config_key(plan.config), planned_desc=plan.describe(),
+               predicted_us=plan.predicted_us, cands=[])
+    rows = None
+    ref = None
+    if time_it:
+        rows = torch.randperm(m, device=device)[:32] if m > 32 else torch.arange(m, device=device)
+        ref = _reference_rows(a0, b0, rows)
+        tol = gemm_tolerance("fp8_block", torch.bfloat16)
+    for cfg in cands:
+        entry = {"key": config_key(cfg), "desc": Plan("gemm", "cuda", cfg).describe()}
+        e = predict_us(cfg, "fp8_block", m, n, k, dev, cal, out_bytes=2, promote=True)
+        entry["predicted_us"] = e.us
+        try:
+            if not time_it:
+                bs.gemm(a0, b0, out=o0, config=cfg)
+            else:
+                bs.gemm(a0, b0, out=o0, config=cfg)
+                rel, nmax = gemm_errors(o0[rows].double(), ref)
+                entry["ok"] = bool(rel <= tol.rel_fro and nmax <= tol.norm_max)
+                entry["rel_fro"] = rel
+                t = time_op(lambda a, b, o, c=cfg: bs.gemm(a, b, out=o, config=c), ops, warmup=3,
+                            iterations=15, budget_ms=400.0)
+                entry["us"] = t.median_ms * 1e3
+        except Exception as exc:  # a candidate that cannot run is a planner bug: record it
+            entry["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        rec["cands"].append(entry)
+    if time_it:
+        t = time_op(lambda a, b, o: bs.gemm(a, b, out=o), ops, warmup=3, iterations=15, budget_ms=400.0)
+        rec["planned_us"] = t.median_ms * 1e3
+    del ops
+    return rec
+
+
+def _warm_worker(shapes: list[dict]) -> None:
+    for s in shapes:
+        try:
+            sweep_shape(s, time_it=False)
+        except Exception as e:  # noqa: BLE001 - report and go on
+            print(f"warm {s}: {type(e).__name__}: {e}", file=sys.stderr)
+        torch.cuda.empty_cache()
+
+
+def run_sweep(shapes: list[dict], out_path: str, *, jobs: int = 1, budget_s: float = 1e9,
+              log=print) -> int:
+    """Warm (``jobs`` parallel processes) then time every shape, appending JSON lines to
+    ``out_path``; stops starting new shapes after ``budget_s`` seconds. Returns rows written."""
+    t0 = time.time()
+    if jobs > 1:
+        procs = []
+        for j in range(jobs):
+            part = shapes[j::jobs]
+            code = ("import json,sys; from blockscaled.bench.plan_sweep import _warm_worker; "
+                    "_warm_worker(json.loads(sys.stdin.read()))")
+            p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, text=True,
+                                 env=dict(os.environ))
+            p.stdin.write(json.dumps(part))
+            p.stdin.close()
+            procs.append(p)
+        for p in procs:
+            p.wait()
+        log(f"warm-up (compiles) in {jobs} processes: {time.time() - t0:.0f} s")
+    done = 0
+    with open(out_path, "a") as f:
+        for i, s in enumerate(shapes):
+            if time.time() - t0 > budget_s:
+                log(f"time budget reached after {done} of {len(shapes)} shapes")
+                break
+            rec = sweep_shape(s)
+            f.write(json.dumps(rec) + "\n")
+            f.flush()
+            done += 1
+            torch.cuda.empty_cache()
+            if i % 20 == 0:
+                log(f"[{time.time() - t0:.0f} s] {i + 1}/{len(shapes)} {s['m']}x{s['n']}x{s['k']}")
+    return done
+
+
+def load_records(path: str) -> list[dict]:
+    """The JSON lines of a sweep."""
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -1,0 +1,59 @@
+"""Split-K tile counters shared by the portable and Hopper split-K kernels (one launch each: the
+last unit of a tile to arrive, or every unit with the spread reduction, reads the others' fp32
+partials; the counters order that)."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["splitk_counters"]
+
+#: Split-K tile counters (int32, all zero between launches: the kernel's last program per tile
+#: resets its counter). Concurrency rule: kernels sharing a counter buffer must not run at the
+#: same time. Hence one buffer per (device, stream) for eager launches (launches on one
+#: stream are ordered; different streams get different buffers), and one per device for
+#: launches captured into CUDA graphs (_GRAPH_COUNTERS): graph replays that contain split-K
+#: GEMMs must not overlap each other (do not replay two such graphs concurrently on different
+#: streams, and do not capture two concurrent split-K GEMMs in forked capture streams).
+#: The graph buffer is allocated (zeroed) outside any capture, on the first eager split-K
+#: call on the device (warm-up, which compiling the kernel needs anyway): memory zeroed by a
+#: memset *inside* a capture is only zero after that graph's first replay, so it could not
+#: be shared with other graphs. A capture that finds no (or too small a) graph buffer
+#: allocates a private zeroed one in the graph (torch.zeros: a memset node replayed with the
+#: graph, correct but ~1 us more per call) and does not cache it.
+_COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
+_GRAPH_COUNTERS: dict[torch.device, torch.Tensor] = {}
+#: superseded graph buffers stay alive: graphs captured earlier still point at them
+_RETIRED_GRAPH_COUNTERS: list[torch.Tensor] = []
+#: counters allocated at least this many at a time (16 KB): grows by powers of two beyond
+_MIN_COUNTERS = 4096
+
+
+def _splitk_counters(device: torch.device, n: int) -> torch.Tensor:
+    """An int32 buffer of >= ``n`` zeros that the split-K kernel may use (see _COUNTERS)."""
+    size = max(_MIN_COUNTERS, 1 << (n - 1).bit_length())
+    if device.type != "cuda":
+        key = (device, 0)
+        buf = _COUNTERS.get(key)
+        if buf is None or buf.numel() < n:
+            buf = _COUNTERS[key] = torch.zeros(size, dtype=torch.int32, device=device)
+        return buf
+    if torch.cuda.is_current_stream_capturing():
+        buf = _GRAPH_COUNTERS.get(device)
+        if buf is None or buf.numel() < n:
+            return torch.zeros(size, dtype=torch.int32, device=device)  # owned by the graph's pool
+        return buf
+    key = (device, torch.cuda.current_stream(device).cuda_stream)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        # the old buffer (if any) is freed in stream order: later work on this stream only
+        buf = _COUNTERS[key] = torch.zeros(size, dtype=torch.int32, device=device)
+    gbuf = _GRAPH_COUNTERS.get(device)
+    if gbuf is None or gbuf.numel() < n:
+        if gbuf is not None:
+            _RETIRED_GRAPH_COUNTERS.append(gbuf)
+        _GRAPH_COUNTERS[device] = torch.zeros(size, dtype=torch.int32, device=device)
+    return buf
+
+
+splitk_counters = _splitk_counters

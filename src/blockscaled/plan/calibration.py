@@ -1,0 +1,78 @@
+"""Per-device constants of the cost model (plan/cost.py), measured on the GPU.
+
+``scripts/checks/calibrate.py`` measures them (per-tile times of every kernel and tile size the
+planner can choose, the copy bandwidth, the split-K reduction's fixed cost, cuBLAS bf16 rates for
+the dequantize + matmul path) and writes ``plan/devices/<key>.json``. The planner loads the file
+whose ``match`` string occurs in the device name; a device without one uses the H100 file with its
+rates scaled by SM count and bandwidth (said in the plan's reasons).
+
+Layout of a file (all times in microseconds, bandwidths in bytes/s):
+    {"device": name, "match": substring, "measured": {"date", "git", "torch", "triton"},
+     "mem_bw": copy bandwidth, "l2_bw": L2 -> SM bandwidth,
+     "launch_us": {kernel: fixed cost of one launch},
+     "tiles": {"<kernel>:<tile>": {"c0_us": fixed per unit, "ckb_us": per 128-wide K block at
+               full load, "bw_cta": one program's streaming rate, "split_us": per split unit}},
+     "gemv": {"eff": fraction of mem_bw, "row_cost": extra time per activation row},
+     "cublas_bf16": {"tflops": rate at long K, "k_half": K at half rate}}
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+__all__ = ["Calibration", "load_calibration", "measured_bandwidth", "DEVICES_DIR"]
+
+DEVICES_DIR = Path(__file__).with_name("devices")
+
+
+class Calibration(dict):
+    """The parsed JSON of one device file (a dict) plus ``source``: the file it came from and
+    whether it was scaled from another device's numbers."""
+
+    source: str = ""
+
+    def tile(self, key: str) -> dict:
+        t = self["tiles"].get(key)
+        if t is None:
+            raise KeyError(f"no calibrated constants for tile {key!r} in {self.source}")
+        return t
+
+
+@functools.lru_cache(maxsize=None)
+def _files() -> tuple[tuple[str, dict], ...]:
+    out = []
+    for p in sorted(DEVICES_DIR.glob("*.json")):
+        out.append((p.name, json.loads(p.read_text())))
+    return tuple(out)
+
+
+def measured_bandwidth(name: str) -> float | None:
+    """The calibrated copy bandwidth of the device called ``name``, or None."""
+    for _, d in _files():
+        if d.get("match", "\0") in name:
+            return float(d["mem_bw"])
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def load_calibration(name: str, sm_count: int, mem_bw: float) -> Calibration:
+    """Constants for a device: its own file, else the H100 file scaled (per-unit compute times
+    unchanged per SM, bandwidths by ``mem_bw`` / the file's)."""
+    files = _files()
+    for fname, d in files:
+        if d.get("match", "\0") in name:
+            c = Calibration(d)
+            c.source = f"plan/devices/{fname}"
+            return c
+    base = dict(next(d for f, d in files if f == "h100.json"))
+    ratio = mem_bw / base["mem_bw"]
+    base = json.loads(json.dumps(base))
+    base["mem_bw"] = mem_bw
+    base["l2_bw"] *= ratio
+    for t in base["tiles"].values():
+        t["bw_cta"] *= ratio
+    c = Calibration(base)
+    c.source = f"plan/devices/h100.json scaled to {name or 'this device'} ({sm_count} SMs, {mem_bw / 1e12:.2f} TB/s)"
+    return c

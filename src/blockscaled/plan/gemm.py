@@ -1,0 +1,63 @@
+"""``plan_gemm``: the one decision for a dense GEMM (``gemm`` / ``linear``)."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+
+import torch
+
+from ..config.gemm import GemmConfig
+from ..config.hopper import HopperConfig
+from .dense import plan_fp8
+from .device import DeviceInfo
+from .portable import choose_portable
+from .types import Plan, Problem
+
+__all__ = ["plan_gemm"]
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@functools.lru_cache(maxsize=8192)
+def plan_gemm(p: Problem, dev: DeviceInfo, forced=None, *, gluon_ok: bool = True) -> Plan:
+    """The plan of a dense GEMM ``[M, K] @ [N, K].T`` (``p.op == "gemm"``).
+
+    ``forced``: a config the caller passed (``config=``): a GemmConfig runs as given, except
+    ``strategy="hopper"``, which asks for the best Hopper tiles; a HopperConfig runs as given where
+    the Hopper kernels can take the operands. ``gluon_ok``: the Gluon kernels can be built with
+    the installed triton (else the portable kernels stand in)."""
+    if dev.kind == "cpu":
+        if not p.interpret:
+            return Plan("gemm", "reference", None, p, reasons=(
+                "CPU tensors without TRITON_INTERPRET=1: the float64 reference, rounded once to the output dtype",))
+        cfg = forced if isinstance(forced, GemmConfig) and forced.strategy == "triton" else \
+            choose_portable(p.fmt, p.m, p.n, p.k, dev, _a_dtype(p), _DTYPES[p.out_dtype])
+        return Plan("gemm", "interpreter", cfg, p, reasons=(
+            "Triton's interpreter on the CPU: small tiles keep it fast (cost is per program and op)",))
+    fp8_q = p.fmt == "fp8_block" and not p.weight_only
+    hopper_ok = (dev.is_hopper and gluon_ok and fp8_q and p.tma and not p.bias and p.b_block_rows == 128
+                 and p.k > 0)
+    if isinstance(forced, HopperConfig):
+        if hopper_ok:
+            return Plan("gemm", "cuda", forced, p, reasons=("forced by config=",))
+        fallback = plan_gemm(p, dev, None, gluon_ok=gluon_ok)
+        return replace(fallback, reasons=("config= asked for a Hopper kernel, which cannot take these operands "
+                                          "(see below); the planner's portable choice runs",) + fallback.reasons)
+    if isinstance(forced, GemmConfig) and forced.strategy != "hopper":
+        return Plan("gemm", "cuda", forced, p, reasons=("forced by config=",))
+    if fp8_q and dev.is_hopper:
+        strat = "hopper" if isinstance(forced, GemmConfig) else None
+        if strat == "hopper" and not hopper_ok:
+            strat = None
+        return plan_fp8(p, dev, hopper=hopper_ok, forced_strategy=strat)
+    cfg = choose_portable(p.fmt, p.m, p.n, p.k, dev, _a_dtype(p), _DTYPES[p.out_dtype])
+    why = ("dequantize both operands to bf16, then cuBLAS: the roofline model predicts it faster "
+           "than the portable kernel (plan/portable.py)" if cfg.strategy == "dequant_matmul" else
+           "portable Triton kernel, tiles and K split from the portable rules (plan/portable.py)")
+    scope = ("sm_90" if dev.is_hopper else f"sm_{dev.capability[0]}{dev.capability[1]} (portable kernels only)")
+    return Plan("gemm", "cuda", cfg, p, reasons=(f"{p.fmt}{' weight-only' if p.weight_only else ''} on {scope}", why))
+
+
+def _a_dtype(p: Problem):
+    return None if not p.weight_only else _DTYPES[p.a]

@@ -1,0 +1,38 @@
+"""How a requested K split becomes launched K ranges (shared by the planner and the launchers)."""
+
+from __future__ import annotations
+
+__all__ = ["split_plan", "split_plan_kb", "split_counts"]
+
+
+def _cdiv(a: int, b: int) -> int:
+    # not triton.cdiv: that is a @jit function, ~10x slower to call from the host
+    return -(-a // b)
+
+
+def split_plan(k: int, bk: int, split_k: int) -> tuple[int, int]:
+    """(splits launched, K elements per split) for ``split_k`` requested splits of K in chunks of
+    ``bk``. Each split covers whole chunks; the count is lowered so that no split is empty (5
+    chunks in 4 splits -> 3 splits of 2, 2, 1). K = 0: one split (the epilogue still writes zeros
+    + bias)."""
+    kiters = _cdiv(k, bk)
+    if split_k <= 1 or kiters <= 1:
+        return 1, max(kiters, 1) * bk
+    per = _cdiv(kiters, min(split_k, kiters)) * bk
+    return _cdiv(k, per), per
+
+
+def split_plan_kb(num_k: int, split_k: int) -> tuple[int, int]:
+    """:func:`split_plan` in 128-wide K blocks: (splits launched, K blocks per split).
+    9 blocks in 3 -> 3, 3, 3; 5 in 2 -> 3, 2; 5 in 4 -> 3 splits of 2, 2, 1."""
+    splits, per = split_plan(num_k * 128, 128, split_k)
+    return splits, per // 128
+
+
+def split_counts(kiters: int, max_split: int):
+    """The distinct split counts launched for requests 1..max_split over ``kiters`` chunks,
+    ascending (a request whose plan equals a smaller one's is skipped)."""
+    for want in range(1, max_split + 1):
+        per = _cdiv(kiters, want)
+        if _cdiv(kiters, per) == want:
+            yield want
