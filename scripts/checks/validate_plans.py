@@ -14,7 +14,6 @@ of shapes and never worse than 15%; time non-decreasing in M for fixed N, K (wit
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from collections import defaultdict
@@ -63,6 +62,11 @@ def report(paths: list[str], md: str | None, use_recorded_plan: bool) -> int:
     out.append(f"- planned within 5% of the best candidate: {within5}/{n} = {within5 / max(n, 1):.1%} (target >= 95%)")
     out.append(f"- worst planned / best: {max((x for *_, x in rows), default=0):.3f} (target <= 1.15); "
                f"geomean {statistics.geometric_mean([x for *_, x in rows]) if rows else 0:.3f}")
+    for name in ("family", "random"):
+        sub = [x for r, *_, x in rows if r["set"] == name]
+        if sub:
+            out.append(f"  - {name} shapes: {sum(1 for x in sub if x <= 1.05)}/{len(sub)} within 5%, geomean "
+                       f"{statistics.geometric_mean(sub):.3f}, worst {max(sub):.3f}")
     out.append(f"- time decreasing with M (> 3%) on the same N, K: {len(mono)} pairs (target 0)")
     out.append(f"- candidates that failed or missed the tolerance: {len(errors)}; planned plan not among "
                f"the timed candidates: {len(misses)}")
@@ -103,6 +107,7 @@ def main(argv=None) -> int:
     r.add_argument("--budget", type=float, default=1e9, help="seconds; stop starting shapes after it")
     r.add_argument("--part", default="0/1", help="i/n: every n-th shape from the i-th")
     r.add_argument("--limit", type=int, default=0)
+    r.add_argument("--skip", type=int, default=0, help="skip the first shapes (a run that continues another)")
     rep = sub.add_parser("report")
     rep.add_argument("paths", nargs="+")
     rep.add_argument("--md", default=None)
@@ -117,7 +122,7 @@ def main(argv=None) -> int:
     if a.set in ("random", "all"):
         shapes += calibration_shapes()
     i, n = (int(x) for x in a.part.split("/"))
-    shapes = shapes[i::n]
+    shapes = shapes[i::n][a.skip:]
     if a.limit:
         shapes = shapes[:a.limit]
     print(f"{len(shapes)} shapes", flush=True)

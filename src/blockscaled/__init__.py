@@ -11,6 +11,7 @@ Quick start::
     y = bs.swiglu(q, w_gate, w_up)                      # silu(q @ Wg.T) * (q @ Wu.T), one kernel
     x2 = bs.dequantize(q)
     bs.check_errors()                                   # raises if a grouped op saw bad offsets/masked_m
+    print(bs.explain("gemm", q, w))                     # the plan bs.gemm(q, w) runs, and why
 
 Importing the package defines the Triton kernels but launches and prints nothing.
 """
@@ -20,6 +21,7 @@ from .config import GemmConfig
 from .formats import (FORMATS, FP8_BLOCK, MXFP4, MXFP8, NVFP4, Format, QuantizationRangeWarning, ScaleRounding,
                       get_format)
 from .ops.errors import check_errors
+from .ops.explain import explain
 from .ops.gemm import gemm
 from .ops.grouped import grouped_gemm, grouped_gemm_list
 from .ops.linear import linear
@@ -51,5 +53,6 @@ __all__ = [
     "grouped_gemm_list",
     "swiglu",
     "check_errors",
+    "explain",
     "layouts",
 ]

@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 
 from ..formats import get_format
+from ..plan import observe_plans
 from . import counting
 from .baselines import GemmInputs, GroupedInputs, SwigluInputs, baselines_for
 from .env import environment, has_cuda
@@ -326,13 +327,15 @@ class Runner:
         is queued and run with the case's other implementations, interleaved in rounds
         (``_time_pending``, called at the end of ``run_case``), which appends the row."""
         row = self._base_row(case, fmt, op, impl)
-        if impl == "blockscaled":
-            row["config"] = self.tile_desc(case, fmt, op)
         try:
             if has_cuda():
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-            out = fn(*arg_sets[0])  # the very first call: compile / autotune / first launch
+            with observe_plans() as plans:
+                out = fn(*arg_sets[0])  # the very first call: compile / autotune / first launch
+            if impl == "blockscaled":
+                # the config column: the plans this call ran, as the planner made them
+                row["config"] = "; ".join(dict.fromkeys(p.describe() for p in plans))
             if has_cuda():
                 torch.cuda.synchronize()
             first_ms = (time.perf_counter() - t0) * 1e3
@@ -348,55 +351,6 @@ class Runner:
             self._pending.append((row, fn, arg_sets, count, fmt, best_of_eager, first_ms))
         else:  # untimed (CPU: the interpreter's wall clock says nothing about a GPU, so none is kept)
             self.rows.append(self._finish_row(row, count, None, fmt))
-
-    def tile_desc(self, case: Case, fmt: str, op: str) -> str:
-        """The config our heuristic picks for this case (best effort, '' if unknown)."""
-        try:
-            m = case.m
-            if op in ("gemm", "linear"):
-                from ..config.gemm import choose_gemm_config
-
-                c = choose_gemm_config(fmt, case.m, case.n, case.k, torch.device(self.device), 
-                                       out_dtype=self.cfg.out_dtype)
-            elif op == "grouped" and len(case.ms) == 1 and case.kind != "masked":
-                # one-expert contiguous runs the dense GEMM (ops.grouped.grouped_gemm)
-                from ..config.gemm import choose_gemm_config
-
-                m = case.ms[0]
-                c = choose_gemm_config(fmt, m, case.n, case.k, torch.device(self.device),
-                                       out_dtype=self.cfg.out_dtype)
-            elif op in ("grouped", "swiglu") and case.ms:
-                from ..config.grouped import choose_grouped_config
-
-                rows = sum(case.ms) / len(case.ms)
-                c = choose_grouped_config(fmt, rows, case.n, case.k, torch.device(self.device),
-                                          dual=op == "swiglu")
-                dev = torch.device(self.device)
-                if (op == "grouped" and fmt == "fp8_block" and dev.type == "cuda"
-                        and torch.cuda.get_device_capability(dev) == (9, 0)):
-                    from ..ops._hopper import choose_grouped_config as hopper_grouped
-
-                    # what ops.grouped dispatches to
-                    h = hopper_grouped(rows, case.n, case.k, experts=len(case.ms))
-                    return (f"hopper wide {h.block_m}x{h.block_n} s{h.stages} g{h.group_m}"
-                            + (f" tail{h.tail_split}" if h.tail_split > 1 else ""))
-            else:
-                return ""
-            if c.strategy == "hopper":  # the Gluon kernel picks its own tiles (ops/_hopper.py)
-                from ..ops._hopper import choose_dispatch_config, num_sms_of
-
-                h = choose_dispatch_config(m, case.n, case.k, num_sms=num_sms_of(torch.device(self.device)))
-                return (f"hopper {h.variant} {h.block_m}x{h.block_n} s{h.stages}"
-                        + (f" splitk{h.split_k}" if h.split_k > 1 else "")
-                        + (f" tail{h.tail_split}" if h.tail_split > 1 else ""))
-            if c.strategy == "dequant_matmul":
-                return "dequant + cuBLAS bf16"
-            if c.strategy == "gemv":
-                return f"gemv {c.block_n} rows x {c.block_k} K w{c.num_warps}"
-            return (f"{c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages}"
-                    + (f" splitk{c.split_k}" if c.split_k > 1 else "") + ("" if c.strategy == "triton" else f" {c.strategy}"))
-        except Exception:
-            return ""
 
     def _check_close(self, fmt, ref_fn):
         lim_fro, lim_max = tolerance(fmt, self.cfg.out_dtype)

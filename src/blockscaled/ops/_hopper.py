@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import os
 import warnings
 
@@ -47,6 +46,7 @@ from ..config.hopper import (  # noqa: F401
 from ..config.gemm import GemmConfig
 from ..plan import Problem, device_info, plan_gemm
 from ..plan.device import num_sms
+from ..plan.grouped import grouped_hopper_config, swiglu_hopper_config
 from ..plan.splits import split_plan_kb as _split_plan_kb
 from ..tensor import ScaledTensor
 from ._splitk import _splitk_counters
@@ -577,8 +577,8 @@ def _grouped_gluon(a_data: torch.Tensor, a_scale: torch.Tensor, b_data: torch.Te
         rows_per_expert = rows / e
     nsm = num_sms(out.device)
     if cfg is None:
-        cfg = (choose_swiglu_config(mode, rows, rows_per_expert, n, nsm, out.element_size()) if dual
-               else choose_grouped_config(rows_per_expert, n, k, nsm, out.element_size(), e))
+        cfg = (swiglu_hopper_config(mode, rows, rows_per_expert, n, nsm, out.element_size()) if dual
+               else grouped_hopper_config(rows_per_expert, n, k, nsm, out.element_size(), e))
     bm, bn = cfg.block_m, cfg.block_n
     if cfg.split_k != 1 or (dual and cfg.tail_split != 1):
         raise ValueError(f"cfg.split_k / cfg.tail_split: grouped GEMMs split only the last wave's tiles "

@@ -659,7 +659,6 @@ def grouped_gemm(
     _check_scaled("b", b, 3)
     check_pair(a, b)
     fmt = b.format.name
-    a_dtype = a.dtype if isinstance(a, torch.Tensor) else None
     e, n, k = b.shape[0], b.shape[1], b.shape[2]
     dev = a.device
     val = _resolve_validate(validate, dev)

@@ -16,7 +16,6 @@ Denormal inputs are honoured, not flushed.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import math
 
@@ -24,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import _checks
 from .._checks import (
     FLOAT_INPUT_DTYPES,
     as_global_scale,
@@ -36,8 +36,11 @@ from .._checks import (
 )
 from ..formats import Format, ScaleRounding, get_format
 from ..kernels.triton import quantize as _k
+from ..plan import Problem, device_info, num_sms
+from ..plan.quantize import MAX_TILE_K, TILE_ELEMS, TILE_ELEMS_FP4, plan_quantize, tile_1xk
 from ..tensor import ScaledTensor, scale_shape
 from ._autograd import attach_source, link_source
+from ._explain import emit, explaining
 
 # The reference module (its package re-exports the function under the same name).
 _ref = importlib.import_module("blockscaled.reference.quantize")
@@ -47,18 +50,6 @@ __all__ = ["quantize", "dequantize", "silu_mul_quantize", "tensor_amax"]
 _FMT_CODE = {"fp8_block": 0, "mxfp8": 1, "mxfp4": 2, "nvfp4": 3}
 _ROUND_CODE = {ScaleRounding.EXACT: 0, ScaleRounding.RCEIL: 1, ScaleRounding.FLOOR: 2, ScaleRounding.NVFP4: 3}
 
-#: Elements per program of the 1 x BK kernels: 4096 = 8 KB of bf16 read per program, i.e.
-#: 128 threads (4 warps) x 2 x 16-byte loads in flight each, and for 16384 x 7168 about
-#: 28.7k programs (>200 per SM on 132 SMs), so tail effects are negligible. Tiles span at
-#: most 1024 columns so that K = 7168 splits into whole tiles (7 x 1024) with no waste.
-#: fp4 formats use 8192 (64 elements per thread): their per-program and per-block work (tile
-#: addressing, scale math, the packed-store shuffle, nvfp4's read of the amax partials) is
-#: a larger share, and halving the programs cuts it from ~6 to ~4 SASS instructions per element
-#: (sm_90, ROWS 4 -> 8 at 1024 columns). Small inputs shrink the tile (down to one row) until
-#: there are 2 programs per SM.
-_TILE_ELEMS = 4096
-_TILE_ELEMS_FP4 = 8192
-_MAX_TILE_K = 1024
 _NUM_WARPS = 4
 #: On CUDA, round fp32 -> e4m3 with the hardware cast (cvt.rn.satfinite, 2 elements per
 #: instruction) instead of the integer-rounding path the interpreter needs (~12 integer ops per
@@ -69,16 +60,6 @@ GPU_HW_CVT = True
 
 def _pow2(n: int) -> int:
     return 1 if n <= 1 else triton.next_power_of_2(n)
-
-
-def _tile_1xk(m: int, k: int, bk: int, elems: int = _TILE_ELEMS, min_programs: int = 1) -> tuple[int, int]:
-    """(ROWS, GROUPS) for a 1 x bk kernel on ``[m, k]``: ``elems`` per tile, fewer rows while
-    there are fewer than ``min_programs`` tiles."""
-    groups = min(_MAX_TILE_K // bk, _pow2(triton.cdiv(k, bk)))
-    rows = max(1, min(_pow2(m), elems // (groups * bk)))
-    while rows > 1 and triton.cdiv(m, rows) * triton.cdiv(k, groups * bk) < min_programs:
-        rows //= 2
-    return rows, groups
 
 
 def _rows_view(t: torch.Tensor) -> torch.Tensor:
@@ -115,12 +96,7 @@ _MAX_PARTS = 512
 def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 4  # interpreter: a few programs, to exercise the grid-stride loop
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+    return num_sms(device)
 
 
 def _amax_partials(x: torch.Tensor) -> torch.Tensor:
@@ -130,7 +106,7 @@ def _amax_partials(x: torch.Tensor) -> torch.Tensor:
         return torch.zeros(1, dtype=torch.int32, device=x.device)
     x2 = _rows_view(x)
     m, k = x2.shape
-    block_k = min(_MAX_TILE_K, _pow2(k))
+    block_k = min(MAX_TILE_K, _pow2(k))
     rows = max(1, min(_pow2(m), _AMAX_TILE_ELEMS // block_k))
     tiles_k = triton.cdiv(k, block_k)
     want = 2 * _num_sms(x.device)
@@ -156,7 +132,7 @@ def _launch_1xk(x2, f: Format, rounding: ScaleRounding, gs_ptr, gs_out, gs_mode,
     scale = torch.empty((m, f.scale_k(k)), dtype=f.scale_dtype, device=x2.device)
     if m == 0 or k == 0:
         return data, scale
-    rows, groups = _tile_1xk(m, k, bk, _TILE_ELEMS_FP4 if f.is_fp4 else _TILE_ELEMS, 2 * _num_sms(x2.device))
+    rows, groups = tile_1xk(m, k, bk, TILE_ELEMS_FP4 if f.is_fp4 else TILE_ELEMS, 2 * _num_sms(x2.device))
     grid = (triton.cdiv(m, rows) * triton.cdiv(k, groups * bk),)
     q_arg = data.view(torch.uint8)
     s_arg = scale.view(torch.uint8) if f.scale_dtype == torch.float8_e4m3fn else scale
@@ -239,6 +215,8 @@ def quantize(
     # Autograd: the fields are constants on every path; the straight-through link to x is
     # attach_source's (ops/_autograd.py). Inputs that do not require grad skip both.
     xq = x.detach() if x.requires_grad else x
+    if explaining():
+        emit(_quantize_plan("quantize", x, f, block))
     if use_reference(x):
         q = _ref.quantize(xq, f, block=block, rounding=rounding, global_scale=global_scale, check_range=False)
     else:
@@ -249,6 +227,14 @@ def quantize(
         q = ScaledTensor(data, scale, f, torch.Size(x.shape), block, rounding, global_scale=gs)
     warn_quantize_range(xq, q, check_range)
     return attach_source(q, x)
+
+
+def _quantize_plan(op: str, x: torch.Tensor, f: Format, block, k: int | None = None):
+    """The plan of a quantize / dequantize call (tiles of the 1 x block_k kernels)."""
+    k = x.shape[-1] if k is None else k
+    m = x.numel() // max(x.shape[-1], 1) if x.ndim else 1
+    p = Problem(op, f.name, m, 0, k, interpret=x.device.type == "cpu" and _checks.INTERPRET)
+    return plan_quantize(p, device_info(x.device), tuple(block), f.block_k, f.is_fp4)
 
 
 def _quantize_impl(x, f: Format, block, rounding: ScaleRounding, gs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -312,6 +298,8 @@ def dequantize(q: ScaledTensor, dtype: torch.dtype = torch.float32) -> torch.Ten
         raise TypeError(f"dtype: expected one of {[str(d) for d in FLOAT_INPUT_DTYPES]}, got {dtype}")
     check_row_contiguous("q.data", q.data)
     check_row_contiguous("q.scale", q.scale)
+    if explaining():
+        emit(_quantize_plan("dequantize", q.data, q.format, q.block, k=q.shape[-1]))
     if use_reference(q.data):
         with torch.no_grad():  # fields are constants on every path
             out = _ref.dequantize(q, dtype=dtype)
@@ -345,7 +333,7 @@ def _dequantize_impl(data, scale, global_scale, f: Format, shape, block, dtype) 
         s2 = s2.view(torch.uint8)
     o2 = out.view(-1, k)
     m = o2.shape[0]
-    rows, groups = _tile_1xk(m, k, f.block_k)
+    rows, groups = tile_1xk(m, k, f.block_k)
     grid = (triton.cdiv(m, rows), triton.cdiv(k, groups * f.block_k))
     gs = global_scale if global_scale is not None else s2
     _k.dequantize_1xk_kernel[grid](

@@ -133,7 +133,6 @@ def swiglu(
     check_pair(a, b_gate, "a", "b_gate")
     _check_twins(b_gate, b_up)
     fmt = b_gate.format.name
-    a_dtype = a.dtype if isinstance(a, torch.Tensor) else None
     dev = a.device
     n, k = b_gate.shape[-2], b_gate.shape[-1]
     check_config_arg(config)

@@ -16,6 +16,7 @@ Example (on any machine, for an H100)::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 
@@ -24,17 +25,40 @@ from .gemm import plan_gemm
 from .types import BACKENDS, KERNELS, OPS, Plan, Problem
 
 __all__ = ["Problem", "Plan", "DeviceInfo", "device_info", "num_sms", "H100_SXM", "CPU_INTERPRETER",
-           "plan_gemm", "log_plan", "OPS", "BACKENDS", "KERNELS"]
+           "plan_gemm", "log_plan", "observe_plans", "OPS", "BACKENDS", "KERNELS"]
 
 _LOG = logging.getLogger("blockscaled.plan")
 #: BLOCKSCALED_LOG_PLANS=1: log each new plan once (read at import, or set LOG_PLANS at run time)
 LOG_PLANS = os.environ.get("BLOCKSCALED_LOG_PLANS", "0").strip() not in ("", "0")
 _SEEN: set = set()
+_OBSERVERS: list[list] = []
+
+
+@contextlib.contextmanager
+def observe_plans():
+    """Collect every plan the ops run inside the ``with`` block (a list, in launch order): the
+    bench's config column reports what ran from it.
+
+    Example::
+
+        with observe_plans() as plans:
+            bs.gemm(a, b)
+        print(plans[0].describe())
+    """
+    seen: list = []
+    _OBSERVERS.append(seen)
+    try:
+        yield seen
+    finally:
+        _OBSERVERS.remove(seen)
 
 
 def log_plan(plan: Plan) -> None:
-    """Log ``plan`` at INFO level the first time it is seen (when LOG_PLANS is on). A handler is
-    attached to the ``blockscaled.plan`` logger if it has none, so the switch alone shows them."""
+    """Called by the ops with every plan they run: hands it to :func:`observe_plans` blocks and,
+    when LOG_PLANS is on, logs it at INFO level the first time it is seen (a handler is attached
+    to the ``blockscaled.plan`` logger if it has none, so the switch alone shows them)."""
+    for seen in _OBSERVERS:
+        seen.append(plan)
     if not LOG_PLANS:
         return
     key = (plan.problem, plan)

@@ -11,8 +11,10 @@ Layout of a file (all times in microseconds, bandwidths in bytes/s):
      "mem_bw": copy bandwidth, "l2_bw": L2 -> SM bandwidth,
      "launch_us": {kernel: fixed cost of one launch},
      "tiles": {"<kernel>:<tile>": {"c0_us": fixed per unit, "ckb_us": per 128-wide K block at
-               full load, "bw_cta": one program's streaming rate, "split_us": per split unit}},
-     "gemv": {"eff": fraction of mem_bw, "row_cost": extra time per activation row},
+               full load, "bw_cta": one program's streaming rate, "split_us": per split unit,
+               "dram_eff": share of mem_bw it reaches, "odd_k": slowdown where rows are not 16-byte
+               aligned}} (the GEMV is a tile kernel too: key "gemv"),
+     "overlap_p": how the time limits combine (a p-norm),
      "cublas_bf16": {"tflops": rate at long K, "k_half": K at half rate}}
 """
 

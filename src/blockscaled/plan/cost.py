@@ -24,9 +24,6 @@ two dequantize passes plus cuBLAS bf16 at a measured rate.
 
 from __future__ import annotations
 
-import math
-
-from ..config.gemm import GemmConfig
 from ..config.hopper import HopperConfig
 from ..formats import FORMATS
 from .calibration import Calibration
@@ -42,6 +39,8 @@ _REG_FILE = 65536
 _REG_BASE = 100
 #: programs per SM the skinny kernel's ring is sized for (plan/dense.py, SKINNY_PROGRAMS_PER_SM)
 SKINNY_PROGRAMS_PER_SM = 4
+#: resident GEMV programs per SM (4-8 warps, no shared-memory ring: the register file allows 8)
+GEMV_PROGRAMS_PER_SM = 8
 
 
 def tile_key(cfg) -> str:
@@ -68,6 +67,8 @@ def programs_per_sm(cfg, fmt_name: str, a_dense_bytes: int, promote: bool, dev: 
     A + B + scales, plus the dequantize path's bf16 operand copies) and register limits (<= 4)."""
     if isinstance(cfg, HopperConfig):
         return 1 if cfg.variant == "wide" else SKINNY_PROGRAMS_PER_SM
+    if cfg.strategy == "gemv":
+        return GEMV_PROGRAMS_PER_SM
     eb, sk, sb = _bytes(fmt_name)
     a_b = a_dense_bytes if a_dense_bytes else eb
     scale_cols = max(1, cfg.block_k // sk)
@@ -100,41 +101,44 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def predict_us(cfg, fmt_name: str, m: int, n: int, k: int, dev: DeviceInfo, cal: Calibration, *,
-               a_dense_bytes: int = 0, out_bytes: int = 2, promote: bool = True,
-               b_scale_rows: int = 128) -> Estimate:
-    """Predicted GPU time (us) of ``cfg`` on ``[m, k] @ [n, k].T`` in ``fmt_name``."""
+#: Feature columns of one (config, problem) pair: everything of the model that does not depend
+#: on the calibrated constants (so the calibration fits vectors of them at once).
+FEATURES = ("full_rounds", "nk", "rounds", "kb", "split", "per_kb_bytes", "unique_bytes", "partial_bytes",
+            "l2_bytes", "odd_k", "tile_bytes", "flops", "dq_bytes", "mm_bytes", "k", "m", "b_bytes")
+
+
+def features(cfg, fmt_name: str, m: int, n: int, k: int, dev: DeviceInfo, *, a_dense_bytes: int = 0,
+             out_bytes: int = 2, promote: bool = True, b_scale_rows: int = 128) -> dict:
+    """The model's inputs for ``cfg`` on ``[m, k] @ [n, k].T`` (see the module docstring)."""
     eb, sk, sb = _bytes(fmt_name)
     nk = max(1, _cdiv(k, 128))
     a_row = k * (a_dense_bytes or eb) + (0 if a_dense_bytes else _cdiv(k, sk) * sb)
     b_bytes = n * k * eb + _cdiv(n, b_scale_rows) * _cdiv(k, sk if fmt_name != "fp8_block" else 128) * sb
     unique = m * a_row + b_bytes + m * n * out_bytes
-    bw = cal["mem_bw"]
+    f = dict.fromkeys(FEATURES, 0.0)
+    f.update(nk=nk, unique_bytes=unique, k=k, m=m, b_bytes=b_bytes, flops=2.0 * m * n * k,
+             odd_k=1.0 if (k * (a_dense_bytes or eb)) % 16 else 0.0)
     key = tile_key(cfg)
-    if key == "gemv":
-        g = cal["gemv"]
-        t = cal["launch_us"]["gemv"] + (b_bytes / (bw * g["eff"])) * 1e6 * (1 + g["row_cost"] * (m - 1))
-        return Estimate(t, bound="weight stream at the GEMV's measured share of the copy bandwidth")
     if key == "dequant_matmul":
-        c = cal["cublas_bf16"]
-        dq = b_bytes + n * k * 2 + (0 if a_dense_bytes else m * a_row + m * k * 2)
-        rate = c["tflops"] * 1e12 * k / (k + c["k_half"])
-        mm = max(2.0 * m * n * k / rate, ((m + n) * k * 2 + m * n * out_bytes) / bw)
-        t = dq / bw * 1e6 + mm * 1e6 + cal["launch_us"]["dequant_matmul"]
-        return Estimate(t, bound="dequantize passes + cuBLAS bf16")
-    tc = cal.tile(key)
+        f["dq_bytes"] = b_bytes + n * k * 2 + (0 if a_dense_bytes else m * a_row + m * k * 2)
+        f["mm_bytes"] = (m + n) * k * 2 + m * n * out_bytes
+        return f
     if isinstance(cfg, HopperConfig) and cfg.variant == "skinny":
         rows_a, rows_b = min(m, cfg.block_m), cfg.block_n
         tiles = _cdiv(n, cfg.block_n)
         splits, kb_per = split_plan_kb(nk, cfg.split_k)
-        tail_tiles, full_tiles = tiles, 0
+        full_tiles = 0
+    elif key == "gemv":  # whole weight rows per program, no split
+        rows_a, rows_b = min(m, cfg.block_m), min(n, cfg.block_n)
+        tiles = _cdiv(n, cfg.block_n) * _cdiv(m, cfg.block_m)
+        splits, kb_per, full_tiles = 1, nk, 0
     else:
         bm, bn = cfg.block_m, cfg.block_n
         rows_a, rows_b = min(m, bm), min(n, bn)
         tiles = _cdiv(m, bm) * _cdiv(n, bn)
+        full_tiles = 0
         if isinstance(cfg, HopperConfig):
             splits, kb_per = split_plan_kb(nk, cfg.split_k if cfg.split_k > 1 else cfg.tail_split)
-            full_tiles = 0
             if cfg.split_k <= 1 and cfg.tail_split > 1:
                 full = (tiles // dev.sm_count) * dev.sm_count
                 if 0 < full < tiles and splits > 1:
@@ -145,23 +149,57 @@ def predict_us(cfg, fmt_name: str, m: int, n: int, k: int, dev: DeviceInfo, cal:
             kchunks = max(1, _cdiv(k, cfg.block_k))
             splits = 1 if cfg.split_k <= 1 or kchunks <= 1 else _cdiv(kchunks, _cdiv(kchunks, min(cfg.split_k, kchunks)))
             kb_per = _cdiv(nk, splits)
-            full_tiles = 0
-        tail_tiles = tiles - full_tiles
     slots = dev.sm_count * programs_per_sm(cfg, fmt_name, a_dense_bytes, promote, dev)
+    units = (tiles - full_tiles) * splits
     per_kb_bytes = (rows_a * (a_dense_bytes or eb) + rows_b * eb) * 128
-    t_kb = max(tc["ckb_us"], per_kb_bytes / tc["bw_cta"] * 1e6)
-    split_us = tc["split_us"] + (cfg.block_m * cfg.block_n * 8 / tc["bw_cta"] * 1e6 if splits > 1 else 0.0)
-    # rounds: whole tiles first (tail split), then the split units
-    t_full = _cdiv(full_tiles, slots) * (tc["c0_us"] + nk * t_kb) if full_tiles else 0.0
-    units = tail_tiles * splits
-    unit_t = tc["c0_us"] + kb_per * t_kb + (split_us if splits > 1 else 0.0)
-    rounds = units / slots if units <= slots else _cdiv(units, slots)
-    t_rounds = t_full + _cdiv(units, slots) * unit_t
-    partial = tail_tiles * splits * cfg.block_m * cfg.block_n * 4 if splits > 1 else 0
-    t_dram = (unique + 2 * partial) / bw * 1e6
-    l2 = (full_tiles * nk + units * kb_per) * per_kb_bytes + 2 * partial
-    t_l2 = l2 / cal["l2_bw"] * 1e6
-    t, bound = max((t_rounds, "tile-time"), (t_dram, "DRAM"), (t_l2, "L2"))
-    launch = cal["launch_us"]["hopper" if isinstance(cfg, HopperConfig) else "portable"]
-    return Estimate(t + launch, full_tiles + units, slots,
-                    (full_tiles / slots if full_tiles else 0.0) + rounds, kb_per, bound, splits)
+    partial = units * cfg.block_m * cfg.block_n * 4 if splits > 1 else 0
+    f.update(full_rounds=_cdiv(full_tiles, slots) if full_tiles else 0, rounds=_cdiv(units, slots), kb=kb_per,
+             split=1.0 if splits > 1 else 0.0, per_kb_bytes=per_kb_bytes, partial_bytes=partial,
+             l2_bytes=(full_tiles * nk + units * kb_per) * per_kb_bytes + 2 * partial,
+             tile_bytes=cfg.block_m * cfg.block_n * 8.0,
+             units=units, slots=slots, splits=splits)
+    return f
+
+
+def _family(key: str) -> str:
+    return key.split(":")[0].replace("wide", "hopper").replace("skinny", "hopper")  # gemv stays gemv
+
+
+def time_us(key: str, f, cal: Calibration, mx=max):
+    """Predicted microseconds from :func:`features` (``f``: a dict of numbers, or of numpy arrays
+    with ``mx=numpy.maximum``: the calibration evaluates many at once with the same formula).
+    Returns (time, bound) where bound names the limiting term (scalars only)."""
+    bw = cal["mem_bw"]
+    if key == "dequant_matmul":
+        c = cal["cublas_bf16"]
+        rate = c["tflops"] * 1e12 * f["k"] / (f["k"] + c["k_half"])
+        mm = mx(f["flops"] / rate, f["mm_bytes"] / bw)
+        return f["dq_bytes"] / bw * 1e6 + mm * 1e6 + cal["launch_us"]["dequant_matmul"], "dequantize + cuBLAS bf16"
+    tc = cal.tile(key)
+    slow = 1.0 + f["odd_k"] * (tc.get("odd_k", 1.0) - 1.0)
+    t_kb = mx(tc["ckb_us"] * slow, f["per_kb_bytes"] / tc["bw_cta"] * 1e6 * slow)
+    split_us = f["split"] * (tc["split_us"] + f["tile_bytes"] / tc["bw_cta"] * 1e6)
+    t_rounds = f["full_rounds"] * (tc["c0_us"] + f["nk"] * t_kb) + f["rounds"] * (tc["c0_us"] + f["kb"] * t_kb + split_us)
+    t_dram = (f["unique_bytes"] + 2 * f["partial_bytes"]) / (bw * tc.get("dram_eff", 1.0)) * 1e6
+    t_l2 = f["l2_bytes"] / cal["l2_bw"] * 1e6
+    # the three limits overlap imperfectly: a p-norm (p = cal["overlap_p"], measured) instead of max
+    pw = cal.get("overlap_p", 8.0)
+    t = (t_rounds ** pw + t_dram ** pw + t_l2 ** pw) ** (1.0 / pw) + cal["launch_us"][_family(key)]
+    if mx is max:
+        bound = "tile-time" if t_rounds >= max(t_dram, t_l2) else ("DRAM" if t_dram >= t_l2 else "L2")
+        return t, bound
+    return t, ""
+
+
+def predict_us(cfg, fmt_name: str, m: int, n: int, k: int, dev: DeviceInfo, cal: Calibration, *,
+               a_dense_bytes: int = 0, out_bytes: int = 2, promote: bool = True,
+               b_scale_rows: int = 128) -> Estimate:
+    """Predicted GPU time (us) of ``cfg`` on ``[m, k] @ [n, k].T`` in ``fmt_name``."""
+    f = features(cfg, fmt_name, m, n, k, dev, a_dense_bytes=a_dense_bytes, out_bytes=out_bytes, promote=promote,
+                 b_scale_rows=b_scale_rows)
+    key = tile_key(cfg)
+    t, bound = time_us(key, f, cal)
+    if "units" not in f:
+        return Estimate(t, bound=bound)
+    rounds = f["units"] / f["slots"] if f["units"] <= f["slots"] else f["rounds"]
+    return Estimate(t, f["units"] + (f["full_rounds"] and 0), f["slots"], rounds, f["kb"], bound, f["splits"])

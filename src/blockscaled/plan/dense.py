@@ -10,15 +10,14 @@ Candidates for fp8_block x fp8_block on sm_90 (:func:`fp8_candidates`):
 * Hopper skinny (M <= 64, TMA-able operands): swap-AB, 64 / 128 weight rows per program, K split;
 * Hopper wide (TMA-able, no bias, 128x128 weight blocks): 64x128, 128x128, 128x256 tiles; split-K
   over every tile while tiles x split fit one wave, else unsplit or a tail split of the last wave;
-* portable: swap-AB 16/32-row tiles (M <= 32), 64x64 / 64x128 (M <= 128), 128x64 / 128x128
-  (M > 128), each with the K splits that keep <= 2 rounds of programs;
+* portable: swap-AB 16/32-row tiles (M <= 32), 64x64 / 64x128 (M <= 128), 128x64 / 128x128,
+  each with the K splits that keep <= 2 rounds of programs;
 * dequantize + cuBLAS bf16 (not for fp32 output: bf16 operands would miss its tolerance).
 Split counts come from SPLITS (each a separate compile of the kernels' SPLIT constexpr).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 from ..config.gemm import GemmConfig, gemv_config
@@ -29,7 +28,7 @@ from .device import DeviceInfo
 from .splits import split_plan_kb
 from .types import Plan, Problem
 
-__all__ = ["plan_gemm", "fp8_candidates", "SPLITS", "hopper_fill_stages"]
+__all__ = ["plan_fp8", "fp8_candidates", "SPLITS", "hopper_fill_stages"]
 
 #: K splits the planner considers: each is a separate compile (SPLIT is a constexpr of both
 #: kernel families), so the set is kept short; the gaps cost at most 1/7 of a round's fill.
@@ -133,7 +132,10 @@ def fp8_candidates(p: Problem, dev: DeviceInfo, *, hopper: bool = True, gemv: bo
             base = HopperConfig("wide", block_m=bm, block_n=bn, num_warps=bm // 16, stages=2, epilogue="tma",
                                 group_m=group_m)
             if tiles < sms:
-                for s in _splits(tiles, nk, sms):
+                # no split-K of 128x256 tiles: at the same unit count they measured 10-60% slower than
+                # split 128x128 tiles on every H100 row tried (57-row spread-reduction sweep, and the
+                # planner validation sweep: e.g. M=256 8192x8192 split 2 47.3 us vs 128x128 34.9)
+                for s in (_splits(tiles, nk, sms) if bn == 128 else [1]):
                     out.append(hopper_fill_stages(replace(base, split_k=s), p.out_bytes, smem=dev.smem_bytes))
             else:
                 out.append(hopper_fill_stages(base, p.out_bytes, smem=dev.smem_bytes))
@@ -147,8 +149,9 @@ def fp8_candidates(p: Problem, dev: DeviceInfo, *, hopper: bool = True, gemv: bo
             tiles_list += [(rows, 64, True), (rows, 128, True)]
         if m <= 128:
             tiles_list += [(64, 64, False), (64, 128, False)]
-        if m > 128 or not hopper:
-            tiles_list += [(128, 64, False), (128, 128, False)]
+        # 128-row tiles at every M: a candidate of a larger M stays a candidate of every smaller M, so
+        # the predicted time of the chosen plan can only grow with M (each candidate's does)
+        tiles_list += [(128, 64, False), (128, 128, False)]
         for bm, bn, swap in tiles_list:
             warps = 8 if bm * bn >= 128 * 128 else 4
             stages = 3 if bm * bn >= 128 * 128 else 4

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import replace
 
 import torch
 
-from ..config.gemm import GemmConfig
 from ..config.hopper import HopperConfig
 from .dense import MIN_KB_PER_SPLIT, hopper_fill_stages
 from .device import DeviceInfo

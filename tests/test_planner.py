@@ -1,0 +1,187 @@
+"""The planner (blockscaled.plan): pure, H100 plans computed on the CPU, carried and explained.
+
+GPU-side checks that the launched kernel equals the plan: tests/test_plan_carried_gpu.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+
+import pytest
+import torch
+
+import blockscaled as bs
+from blockscaled.config import GemmConfig, HopperConfig
+from blockscaled.plan import CPU_INTERPRETER, H100_SXM, DeviceInfo, Plan, Problem, observe_plans, plan_gemm
+from blockscaled.plan import calibration as cal_mod
+from blockscaled.plan.cost import predict_us
+from blockscaled.plan.dense import SPLITS, fp8_candidates
+from blockscaled.plan.encoding import decode_plan, encode_plan
+from blockscaled.plan.table import dispatch_table
+
+MS = (1, 2, 3, 8, 16, 31, 32, 33, 64, 100, 128, 129, 256, 384, 512, 1000, 1024, 2048, 4096, 8192, 16384)
+NK = ((7168, 2048), (2112, 7168), (32768, 512), (4096, 14336), (57344, 8192), (1000, 4096), (3000, 1040),
+      (256, 256), (129, 7168))
+
+
+@pytest.mark.parametrize("n,k", NK)
+def test_fp8_plans_are_candidates_and_valid(n, k):
+    """Every dense fp8_block plan on an H100 is one of its candidates, costed, explained and
+    round-trips through the custom-op encoding; Hopper only where TMA can take the operands."""
+    for m in MS:
+        p = Problem("gemm", "fp8_block", m, n, k)
+        plan = plan_gemm(p, H100_SXM)
+        assert plan.config in fp8_candidates(p, H100_SXM), (m, n, k, plan)
+        assert plan.predicted_us and plan.predicted_us > 0
+        assert plan.reasons and "candidates" in plan.reasons[0]
+        assert plan.kernel in str(plan)
+        assert decode_plan(encode_plan(plan)) == plan
+        # no TMA (e.g. a misaligned base or K % 16 != 0) or a bias: never a Hopper kernel
+        for q in (dataclasses.replace(p, tma=False), dataclasses.replace(p, bias=True)):
+            assert not isinstance(plan_gemm(q, H100_SXM).config, HopperConfig)
+
+
+def test_predicted_time_never_decreases_with_m():
+    """A candidate of a larger M is a candidate of every smaller M and each candidate's predicted
+    time grows with M, so the chosen plan's predicted time is non-decreasing in M."""
+    from blockscaled.bench.models import M_VALUES, MODEL_LINEARS
+
+    for _, _, n, k in MODEL_LINEARS:
+        times = [plan_gemm(Problem("gemm", "fp8_block", m, n, k), H100_SXM).predicted_us for m in M_VALUES]
+        assert all(b >= a * (1 - 1e-9) for a, b in zip(times, times[1:])), (n, k, times)
+
+
+def test_candidates_cover_the_kernel_families():
+    p = Problem("gemm", "fp8_block", 1, 7168, 2048)
+    kinds = {Plan("gemm", "cuda", c).kernel for c in fp8_candidates(p, H100_SXM)}
+    assert kinds == {"gemv", "hopper_skinny", "hopper_wide", "portable", "dequant_matmul"}
+    splits = {c.split_k for c in fp8_candidates(p, H100_SXM)}
+    assert splits <= set(SPLITS) | {7, 9, 11, 13, 14, 15}  # launched counts of the requested SPLITS
+    big = Problem("gemm", "fp8_block", 8192, 7168, 2048, out_dtype="float32")
+    assert all(c.strategy != "dequant_matmul" for c in fp8_candidates(big, H100_SXM)
+               if isinstance(c, GemmConfig)), "fp32 output must not take bf16 operands"
+
+
+def test_forced_configs():
+    p = Problem("gemm", "fp8_block", 64, 4096, 4096)
+    forced = GemmConfig(64, 64, 128, 4, 4, 2, "triton", True)
+    assert plan_gemm(p, H100_SXM, forced).config == forced
+    h = HopperConfig("wide", 64, 128, 4, 4)
+    assert plan_gemm(p, H100_SXM, h).config == h
+    # "hopper" as a strategy: the best Hopper candidate; without TMA: the portable plan, said so
+    assert isinstance(plan_gemm(p, H100_SXM, GemmConfig(strategy="hopper")).config, HopperConfig)
+    fb = plan_gemm(dataclasses.replace(p, tma=False), H100_SXM, h)
+    assert not isinstance(fb.config, HopperConfig) and "cannot take" in fb.reasons[0]
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "mxfp4", "nvfp4"])
+def test_other_formats_and_devices(fmt):
+    for m in (1, 64, 4096):
+        plan = plan_gemm(Problem("gemm", fmt, m, 4096, 4096), H100_SXM)
+        assert plan.kernel in ("portable", "dequant_matmul") and plan.reasons
+    a100 = DeviceInfo("cuda", 108, (8, 0), 166912, name="NVIDIA A100")
+    for f in (fmt, "fp8_block"):
+        plan = plan_gemm(Problem("gemm", f, 4096, 4096, 4096), a100)
+        assert plan.kernel == "portable" and "portable kernels only" in plan.reasons[0]
+    assert plan_gemm(Problem("gemm", fmt, 8, 64, 64), CPU_INTERPRETER).backend == "reference"
+    assert plan_gemm(Problem("gemm", fmt, 8, 64, 64, interpret=True), CPU_INTERPRETER).backend == "interpreter"
+
+
+def test_unknown_gpu_uses_scaled_h100_constants():
+    h200 = DeviceInfo("cuda", 132, (9, 0), 232448, 50 * 2**20, 4.4e12, "NVIDIA H200 (test)")
+    cal = cal_mod.load_calibration(h200.name, h200.sm_count, h200.mem_bw)
+    assert "scaled" in cal.source and cal["mem_bw"] == 4.4e12
+    plan = plan_gemm(Problem("gemm", "fp8_block", 1, 7168, 16384), h200)
+    assert "scaled" in plan.reasons[0]
+    fast = predict_us(plan.config, "fp8_block", 1, 7168, 16384, h200, cal).us
+    slow = predict_us(plan.config, "fp8_block", 1, 7168, 16384, H100_SXM,
+                      cal_mod.load_calibration(H100_SXM.name, 132, H100_SXM.mem_bw)).us
+    assert fast < slow  # more bandwidth, faster weight stream
+
+
+def test_device_file_is_complete():
+    d = json.loads((cal_mod.DEVICES_DIR / "h100.json").read_text())
+    assert d["measured"].get("git") and d["measured"].get("shapes", 0) >= 50, "constants must come from a calibration run"
+    tiles = {Plan("gemm", "cuda", c).config for c in fp8_candidates(Problem("gemm", "fp8_block", 16, 7168, 2048), H100_SXM)}
+    from blockscaled.plan.cost import tile_key
+
+    for c in tiles:
+        key = tile_key(c)
+        assert key == "dequant_matmul" or key in d["tiles"], key
+
+
+def test_dispatch_table_in_readme_is_current():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    begin, end = "<!-- dispatch-table:begin -->\n", "<!-- dispatch-table:end -->"
+    assert begin in readme and end in readme
+    current = readme.split(begin, 1)[1].split(end, 1)[0]
+    assert current == dispatch_table(), "regenerate: python -m blockscaled.plan.table (README between the markers)"
+
+
+# ------------------------------------------------------------------------------ explain, on CPU
+def _operands(m=5, n=70, k=256, e=3):
+    torch.manual_seed(0)
+    x = torch.randn(m, k, dtype=torch.bfloat16)
+    a = bs.quantize(x, "fp8_block")
+    b = bs.quantize(torch.randn(n, k, dtype=torch.bfloat16), "fp8_block", block=(128, 128))
+    be = bs.quantize(torch.randn(e, 64, k, dtype=torch.bfloat16), "fp8_block", block=(128, 128))
+    offs = torch.tensor([0, 2, 2, m], dtype=torch.int32)
+    return x, a, b, be, offs
+
+
+def test_explain_every_op(path):
+    x, a, b, be, offs = _operands()
+    backend = "interpreter" if path == "kernels" else "reference"
+    calls = {"gemm": ((a, b), {}), "linear": ((x, b), {}), "grouped_gemm": ((a, be), {"offsets": offs}),
+             "swiglu": ((a, be, be), {"offsets": offs}), "grouped_gemm_list": (([a], [b]), {}),
+             "quantize": ((x, "fp8_block"), {}), "dequantize": ((a,), {})}
+    for op, (args, kw) in calls.items():
+        plan = bs.explain(op, *args, **kw)
+        assert isinstance(plan, Plan) and plan.backend == backend, (op, plan)
+        assert str(plan) and plan.describe()
+    with pytest.raises(ValueError, match="op_name"):
+        bs.explain("gemmm", a, b)
+    with pytest.raises(ValueError, match="K mismatch"):  # the op's own validation runs
+        bs.explain("gemm", a, bs.quantize(torch.randn(8, 128), "fp8_block", block=(128, 128)))
+
+
+def test_explain_is_what_runs_in_the_interpreter(path, monkeypatch):
+    if path != "kernels":
+        pytest.skip("the reference path launches no kernel")
+    from blockscaled.ops import gemm as gemm_mod
+    from blockscaled.ops import grouped as grouped_mod
+
+    x, a, b, be, offs = _operands()
+    ran = []
+    real_run, real_impl = gemm_mod.run_plan, grouped_mod.grouped_impl
+    monkeypatch.setattr(gemm_mod, "run_plan", lambda plan, *r, **k: (ran.append(plan), real_run(plan, *r, **k))[1])
+    monkeypatch.setattr(grouped_mod, "grouped_impl",
+                        lambda *r, **k: (ran.append(r[16]), real_impl(*r, **k))[1])
+    bs.gemm(a, b)
+    assert ran[-1] == bs.explain("gemm", a, b)
+    bs.grouped_gemm(a, be, offsets=offs)
+    assert ran[-1] == bs.explain("grouped_gemm", a, be, offsets=offs).config
+    with observe_plans() as seen:
+        bs.linear(x, b)
+        bs.swiglu(a, be, be, offsets=offs)
+    assert [p.op for p in seen] == ["gemm", "swiglu"]
+    assert seen[0] == bs.explain("linear", x, b) and seen[1] == bs.explain("swiglu", a, be, be, offsets=offs)
+
+
+def test_log_plans_once(path, monkeypatch, caplog):
+    import blockscaled.plan as plan_pkg
+
+    monkeypatch.setattr(plan_pkg, "LOG_PLANS", True)
+    monkeypatch.setattr(plan_pkg, "_SEEN", set())
+    _, a, b, _, _ = _operands()
+    if path != "kernels":
+        pytest.skip("the reference path makes no kernel plan to log")
+    with caplog.at_level(logging.INFO, logger="blockscaled.plan"):
+        bs.gemm(a, b)
+        bs.gemm(a, b)
+    logged = [r for r in caplog.records if r.name == "blockscaled.plan"]
+    assert len(logged) == 1 and "portable" in logged[0].getMessage()
