@@ -276,6 +276,7 @@ def warn_quantize_range(x: torch.Tensor, q, check_range: bool | None, stacklevel
         return
     if torch.compiler.is_compiling() or x.device.type == "meta":
         return
+    # Local: import cycle _checks -> reference.quantize -> _checks.
     from .reference.quantize import nvfp4_range_stats
 
     n, under, sat, top = nvfp4_range_stats(x, q).tolist()  # the one host read

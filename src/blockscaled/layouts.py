@@ -53,7 +53,7 @@ import sys
 
 import torch
 
-from ._checks import check_flag, check_size, check_tensor, resolve_block, resolve_rounding
+from ._checks import as_global_scale, check_flag, check_size, check_tensor, resolve_block, resolve_rounding
 from .formats import FP8_BLOCK, Format, ScaleRounding, get_format
 from .tensor import ScaledTensor
 
@@ -549,8 +549,6 @@ def from_cublas(
         global_scale: nvfp4 only, the encode scale ``gs`` (fp32 tensor or float).
         rounding: recorded in the ScaledTensor (default: the format default).
     """
-    from ._checks import as_global_scale
-
     f = get_format(fmt)
     if f.scale_kind == "fp32":
         raise ValueError(f"fmt: {f.name} has no 32_4_4 blocked layout")

@@ -166,6 +166,7 @@ class ScaledTensor:
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """``data * scale`` (and ``/ global_scale`` for nvfp4) as a ``dtype`` tensor of ``shape``."""
+        # Local: import cycle tensor -> ops.quantize -> ops._autograd -> tensor.
         from .ops.quantize import dequantize
 
         return dequantize(self, dtype=dtype)

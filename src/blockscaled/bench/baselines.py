@@ -14,7 +14,9 @@ from typing import Any
 
 import torch
 
-from ..formats import E4M3_MAX
+from ..formats import E4M3_MAX, get_format
+from ..ops.quantize import dequantize
+from ..reference.quantize import quantize as reference_quantize
 
 __all__ = ["Baseline", "BASELINE_NAMES", "baselines_for", "Unavailable", "GemmInputs", "GroupedInputs", "SwigluInputs"]
 
@@ -53,8 +55,6 @@ class SwigluInputs:
 
 
 def _deq(q) -> torch.Tensor:
-    from ..ops.quantize import dequantize
-
     return dequantize(q, dtype=torch.float32)
 
 
@@ -202,6 +202,8 @@ class TritonDotScaled(Baseline):
         return inp.qa.data, inp.qa.scale, inp.qb.data, inp.qb.scale, elem, inp.qa.shape[-1], inp.out_dtype
 
     def run(self, a, sa, b, sb, elem, k, out_dtype):
+        # Local: this module loads with the CLI's argument parser, before the CLI chooses the
+        # interpreter mode; this optional baseline's @triton.jit kernel must be defined after that.
         from .triton_baseline import mx_dot_scaled_gemm
 
         return mx_dot_scaled_gemm(a, sa, b, sb, elem, k, out_dtype)
@@ -347,14 +349,10 @@ class TorchReferenceQuantize(Baseline):
     kinds = ("quantize", "gemm")
 
     def prepare(self, inp):
-        from ..formats import get_format
-
         return inp.x, inp.qa.format if hasattr(inp, "qa") else get_format("fp8_block")
 
     def run(self, x, fmt):
-        from ..reference.quantize import quantize
-
-        return quantize(x, fmt)
+        return reference_quantize(x, fmt)
 
 
 #: names accepted by --baselines (deepgemm covers both dense and grouped)

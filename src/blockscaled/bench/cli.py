@@ -28,6 +28,13 @@ import signal
 import sys
 import time
 
+from . import suites
+from .baselines import BASELINE_NAMES
+from .env import environment, has_cuda
+from .plot import has_plot_data, plot_results
+from .report import CPU_MODE_LINE, print_report, save_results_dir, write_results
+from .runner import RunConfig, Runner, measure_roofline
+
 __all__ = ["main", "build_parser", "parse_args", "select_cases"]
 
 TEST_CASE_NAMES = ("small", "medium", "large")
@@ -84,8 +91,6 @@ def _nonneg(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .baselines import BASELINE_NAMES
-
     p = argparse.ArgumentParser(
         prog="blockscaled bench",
         description="Profile blockscaled ops against cuBLAS / Triton / DeepGEMM on the same inputs.",
@@ -151,16 +156,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if a.baselines == ("none",):
         a.baselines = ()
     elif "all" in a.baselines:
-        from .baselines import BASELINE_NAMES
-
         a.baselines = BASELINE_NAMES
     return a
 
 
 def select_cases(a: argparse.Namespace):
     """[(suite label, [Case])] in run order."""
-    from . import suites
-
     out = []
     tc = a.test_cases
     if tc is None and not a.suite and not a.custom:
@@ -227,8 +228,6 @@ def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     import torch
 
-    from .env import environment, has_cuda
-
     cuda = has_cuda()
     if not cuda:
         why = _missing_interpreter_deps()
@@ -259,10 +258,6 @@ def main(argv: list[str] | None = None) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.markup import escape
 
-    from . import suites as S
-    from .report import CPU_MODE_LINE, print_report, save_results_dir, write_results
-    from .runner import RunConfig, Runner, measure_roofline
-
     console = Console()
     if not console.is_terminal:  # logs / CI: wide enough for the A/B tables
         console = Console(width=180)
@@ -273,14 +268,14 @@ def main(argv: list[str] | None = None) -> int:
     if cuda:
         console.print(f"GPU: {env['gpu']}   CUDA: {env['cuda']}   torch: {env['torch']}   triton: {env['triton']}   git: {env['git_rev']}")
     else:
-        plan = [(s, S.for_interpreter(cs, full=a.full_shapes)) for s, cs in plan]
+        plan = [(s, suites.for_interpreter(cs, full=a.full_shapes)) for s, cs in plan]
         shapes = [{"suite": s, "requested": c.requested, "ran": c.name, "scaled": c.requested != c.name}
                   for s, cs in plan for c in cs]
         console.print(f"[yellow]no CUDA GPU found[/yellow] - {escape(CPU_MODE_LINE)}")
         console.print(f"CPU: {env['cpu']}   torch: {env['torch']}   triton: {env['triton']}   git: {env['git_rev']}")
         n_scaled = sum(x["scaled"] for x in shapes)
         if n_scaled:
-            console.print(f"shapes: {n_scaled} of {len(shapes)} cases run scaled down, because {S.INTERPRETER_REASON} "
+            console.print(f"shapes: {n_scaled} of {len(shapes)} cases run scaled down, because {suites.INTERPRETER_REASON} "
                           "(--full-shapes runs them as requested):", highlight=False)
         for x in shapes:
             how = f"-> ran {x['ran']}" if x["scaled"] else "(ran as requested)"
@@ -306,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     runner = Runner(cfg, roofline)
     jobs = []
     for suite, cases in plan:
-        fmts = a.formats or S.DEFAULT_FORMATS.get(suite, S.DEFAULT_FORMATS["test-cases"])
+        fmts = a.formats or suites.DEFAULT_FORMATS.get(suite, suites.DEFAULT_FORMATS["test-cases"])
         jobs += [(suite, c, f) for c in cases for f in fmts]
     # SIGTERM (e.g. `timeout`) ends the sweep early but still reports and writes what was measured.
     def _term(signum, frame):
@@ -342,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     if not cuda:  # what this correctness-only run is, said in the file itself
         result["mode"] = CPU_MODE_LINE
         result["shapes"] = shapes
-        result["shapes_reason"] = S.INTERPRETER_REASON if any(x["scaled"] for x in shapes) else ""
+        result["shapes_reason"] = suites.INTERPRETER_REASON if any(x["scaled"] for x in shapes) else ""
     print_report(result, console)
     if profile:
         console.print(f"Chrome trace: {runner.write_trace()} (open in chrome://tracing or ui.perfetto.dev)")
@@ -354,8 +349,6 @@ def main(argv: list[str] | None = None) -> int:
         md, runs = save_results_dir(result, a.save_results, label)
         console.print(f"saved: run appended to {runs}; summary {md}")
     if a.plot:
-        from .plot import has_plot_data, plot_results
-
         if has_plot_data(result):
             console.print(f"plot: {plot_results(result, a.plot)}")
         else:

@@ -25,9 +25,20 @@ from dataclasses import asdict
 
 import torch
 
+import blockscaled as bs
+
 from ..config.gemm import GemmConfig
 from ..config.hopper import HopperConfig
+from ..ops.gemm import gemm_problem
+from ..plan import Plan, device_info
+from ..plan.calibration import load_calibration
+from ..plan.cost import predict_us
+from ..plan.dense import fp8_candidates
+from ..reference.gemm import gemm as ref_gemm
+from ..tensor import ScaledTensor
+from ..testing.tolerances import gemm_errors, gemm_tolerance
 from .models import M_VALUES, MODEL_LINEARS
+from .timing import rotation_count, time_op
 
 __all__ = ["validation_shapes", "calibration_shapes", "sweep_shape", "run_sweep", "load_records",
            "config_key", "config_from_key"]
@@ -86,8 +97,6 @@ def config_from_key(key: str):
 
 
 def _operands(m, n, k, sets, device, seed):
-    import blockscaled as bs
-
     g = torch.Generator(device=device).manual_seed(seed)
     out = []
     for i in range(sets):
@@ -100,19 +109,12 @@ def _operands(m, n, k, sets, device, seed):
 
 def _reference_rows(a, b, rows):
     """float64 ``dequantize(a)[rows] @ dequantize(b).T`` (the reference twin on those rows)."""
-    from ..reference.gemm import gemm as ref_gemm
-    from ..tensor import ScaledTensor
-
     sub = ScaledTensor(a.data[rows], a.scale[rows], a.format, torch.Size((len(rows), a.shape[-1])), a.block,
                        a.rounding)
     return ref_gemm(sub, b, out_dtype=torch.float64)
 
 
 def _candidates(a, b, out):
-    from ..ops.gemm import gemm_problem
-    from ..plan import device_info
-    from ..plan.dense import fp8_candidates
-
     m, n = out.shape
     p = gemm_problem(a.data, a.scale, b.data, b.block[0], b.format, b.shape[-1], m, n, out.dtype, None, out)
     return p, fp8_candidates(p, device_info(out.device))
@@ -120,13 +122,6 @@ def _candidates(a, b, out):
 
 def sweep_shape(shape: dict, *, time_it: bool = True, device="cuda", seed: int = 0, max_sets: int = 8) -> dict:
     """Time (or, ``time_it=False``, only run once: compile) every candidate of one shape."""
-    import blockscaled as bs
-    from ..plan import Plan, device_info
-    from ..plan.calibration import load_calibration
-    from ..plan.cost import predict_us
-    from ..testing.tolerances import gemm_errors, gemm_tolerance
-    from .timing import rotation_count, time_op
-
     m, n, k = shape["m"], shape["n"], shape["k"]
     per_set = m * k + n * k + m * n * 2
     sets = rotation_count(per_set, max_sets=max_sets) if time_it else 1

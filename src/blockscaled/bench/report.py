@@ -13,6 +13,8 @@ import math
 import statistics
 from pathlib import Path
 
+from .env import gpu_slug
+
 __all__ = [
     "ratio_stats",
     "bar_checks",
@@ -386,8 +388,6 @@ def _gpu_dir(root: Path, gpu: str | None) -> Path:
     """The folder of ``root`` that holds this GPU's runs: an existing one whose runs.jsonl starts
     with a run on the same GPU (committed folders carry short names such as ``h100``), else
     ``root/<gpu_slug>``."""
-    from .env import gpu_slug
-
     if gpu and root.is_dir():
         for d in sorted(root.iterdir()):
             if (d / RUNS_FILE).is_file() and _first_gpu(d / RUNS_FILE) == gpu:

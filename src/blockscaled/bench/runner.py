@@ -22,6 +22,10 @@ import torch
 
 from ..formats import get_format
 from ..plan import observe_plans
+from ..reference.quantize import dequantize as deq
+from ..reference.quantize import quantize as ref_quantize
+from ..testing.compare import bitwise_equal
+from ..testing.tolerances import gemm_tolerance
 from . import counting
 from .baselines import GemmInputs, GroupedInputs, SwigluInputs, baselines_for
 from .env import environment, has_cuda
@@ -90,8 +94,6 @@ def tolerance(fmt: str, out_dtype: torch.dtype) -> tuple[float, float]:
     truncated before, which doubled the error), so a CPU bench run would flag that coming back
     (measured: <= 2.1e-3 rel_fro on the default CPU run against the 4e-3 bf16 limit)."""
     try:
-        from ..testing.tolerances import gemm_tolerance
-
         t = gemm_tolerance(fmt, out_dtype)
         return t.rel_fro, t.norm_max
     except Exception:
@@ -184,9 +186,7 @@ class Runner:
                 return q(x, fmt, block=block)
         except Exception:
             pass
-        from ..reference.quantize import quantize as ref_q
-
-        return ref_q(x, fmt, block=block)
+        return ref_quantize(x, fmt, block=block)
 
     def _randn(self, *shape, seed, outliers=True, dtype=torch.bfloat16, scale=1.0):
         """Random non-zero inputs made on the device (fast for GB-sized MoE weights): N(0,1)
@@ -406,9 +406,6 @@ class Runner:
     # (Ops are bound into the lambdas handed to _measure as default arguments: their timing runs
     # at the end of the case, after later ops have rebound the local names.)
     def _run_dense(self, case: Case, fmt: str, ops, seed: int) -> None:
-        from ..reference.quantize import dequantize as deq
-        from ..reference.quantize import quantize as ref_quantize
-
         m, n, k = case.m, case.n, case.k
         dt = self.cfg.out_dtype
         x0 = self._randn(m, k, seed=seed, dtype=self._act_dtype())
@@ -432,8 +429,6 @@ class Runner:
             count = counting.quantize_count(fmt, (m, k), x0.dtype)
             if f is not None:
                 def check_q(row, out, x=x0):
-                    from ..testing.compare import bitwise_equal
-
                     ref = ref_quantize(x, fmt)
                     ok = bitwise_equal(out.data, ref.data) and bitwise_equal(out.scale, ref.scale)
                     row["check"] = "bitwise" if ok else "FAIL"
@@ -448,8 +443,6 @@ class Runner:
 
                     def check_gs(row, out, x=x0, gs=gss[0]):
                         ref = ref_quantize(x, fmt, global_scale=gs.cpu() if x.device.type == "cpu" else gs)
-                        from ..testing.compare import bitwise_equal
-
                         ok = bitwise_equal(out.data, ref.data) and bitwise_equal(out.scale, ref.scale)
                         row["check"] = "bitwise" if ok else "FAIL"
 
@@ -495,8 +488,6 @@ class Runner:
             self._swiglu_measure(case, fmt, sw)
 
     def _swiglu_measure(self, case, fmt, sw: list) -> None:
-        from ..reference.quantize import dequantize as deq
-
         m, n, k = case.m, case.n, case.k
         dt = self.cfg.out_dtype
         count = counting.swiglu_count(m, n, k, fmt, dt)
@@ -528,8 +519,6 @@ class Runner:
             self._swiglu_measure(case, fmt, sw)
 
     def _run_grouped(self, case: Case, fmt: str, ops, seed: int) -> None:
-        from ..reference.quantize import dequantize as deq
-
         if "grouped" not in ops:
             return
         e, n, k = case.experts, case.n, case.k

@@ -26,6 +26,8 @@ import dataclasses
 
 import torch
 
+from ..formats import ScaleRounding, get_format
+from ..reference.gemm import activation_quant_args
 from ..tensor import GRAD_SOURCE_ATTR, ScaledTensor
 
 __all__ = ["attach_source", "link_source", "source_of", "wants_grad", "requires_grad_name", "gemm", "linear"]
@@ -114,6 +116,7 @@ def _const(obj):
 def _dense_f32(obj) -> torch.Tensor:
     """fp32 value of an operand constant: dequantized ScaledTensor, or the Tensor itself."""
     if isinstance(obj, ScaledTensor):
+        # Local: import cycle ops._autograd -> ops.quantize -> ops._autograd.
         from .quantize import dequantize
 
         return dequantize(obj, torch.float32)
@@ -151,6 +154,7 @@ class _Gemm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, a_t, b_t, bias, a, b, out_dtype, config):
+        # Local: import cycle ops._autograd -> ops.gemm -> ops._autograd.
         from .gemm import gemm
 
         y = gemm(a, b, out_dtype, config=config, bias=None if bias is None else bias.detach())
@@ -181,6 +185,7 @@ class _Linear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w_t, bias, w, out_dtype, weight_only):
+        # Local: import cycle ops._autograd -> ops.linear -> ops._autograd.
         from .linear import linear
 
         y = linear(x.detach(), w, None if bias is None else bias.detach(), out_dtype=out_dtype,
@@ -197,7 +202,7 @@ class _Linear(torch.autograd.Function):
         def a_val():  # the activations the forward multiplied: quantize(x) (or x), in fp32
             if ctx.weight_only:
                 return x.float()
-            from ..reference.gemm import activation_quant_args
+            # Local: import cycle ops._autograd -> ops.quantize -> ops._autograd.
             from .quantize import dequantize, quantize
 
             return dequantize(quantize(x, w.format, **activation_quant_args(w)), torch.float32)
@@ -220,8 +225,6 @@ def linear(x: torch.Tensor, w: ScaledTensor, bias, out_dtype, out, weight_only: 
 # the dense A / x and the bias; the weight's fields are constants. The ``_out`` variants mutate
 # their output and cannot carry autograd (torch refuses formulas for non-functional ops).
 def _weight_from_fields(b_data, b_scale, b_gs, fmt: str, k: int, block_rows: int, rounding: str) -> ScaledTensor:
-    from ..formats import ScaleRounding, get_format
-
     f = get_format(fmt)
     block = (block_rows, f.block_k) if block_rows == 1 else (block_rows, block_rows)
     return ScaledTensor(b_data, b_scale, f, torch.Size((*b_data.shape[:-1], k)), block, ScaleRounding(rounding),

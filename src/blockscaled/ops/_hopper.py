@@ -100,6 +100,7 @@ def gluon_unavailable_reason() -> str | None:
         try:
             from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401
 
+            # Local and optional: the Gluon kernels fail to import on some triton versions.
             from ..kernels.hopper import skinny, wide  # noqa: F401
         except Exception as e:  # ImportError / GluonCompatError, or any error while defining the kernels
             _record_gluon_failure(f"importing the Gluon kernels failed: {type(e).__name__}: {e}")
@@ -256,10 +257,12 @@ def _wide_split_plan(tiles: int, num_k: int, cfg: HopperConfig, num_sms: int) ->
 def _kernel_for(variant: str):
     """The Gluon kernel of ``HopperConfig.variant`` (imported on first use)."""
     if variant == "skinny":
+        # Local and optional: the Gluon kernels fail to import on some triton versions.
         from ..kernels.hopper.skinny import fp8_block_gemm_skinny_kernel
 
         return fp8_block_gemm_skinny_kernel
     if variant == "wide":
+        # Local and optional: the Gluon kernels fail to import on some triton versions.
         from ..kernels.hopper.wide import fp8_block_gemm_wide_kernel
 
         return fp8_block_gemm_wide_kernel

@@ -36,6 +36,7 @@ import warnings
 import torch
 
 from ..kernels.triton.check import BAD_ABOVE, BAD_FIRST, BAD_LAST, BAD_NEGATIVE, BAD_ORDER, metadata_check_kernel
+from ..reference.grouped import metadata_errors
 
 __all__ = ["check_errors", "check_metadata", "check_metadata_host", "flag_buffer", "OP_GROUPED_GEMM", "OP_SWIGLU"]
 
@@ -130,8 +131,6 @@ def check_metadata(seg: torch.Tensor, out: torch.Tensor, op: int, mode: int, lim
 def check_metadata_host(seg: torch.Tensor, out: torch.Tensor, op: int, mode: int, limit: int) -> None:
     """The float64 reference path's twin of :func:`check_metadata` (CPU, host arithmetic):
     the same rules, the same NaN over ``out`` and the same flag words."""
-    from ..reference.grouped import metadata_errors
-
     kinds, first, value, prev = metadata_errors(seg, mode, limit)
     if not kinds:
         return

@@ -35,6 +35,7 @@ from ..formats import Format
 from ..kernels.triton._mma import FORMAT_CODES
 from ..kernels.triton.gemm import gemm_kernel
 from ..kernels.triton.gemv import gemv_kernel
+from ..reference.gemm import gemm as _ref_gemm
 from ..tensor import ScaledTensor
 from . import _autograd
 from . import quantize as _quant
@@ -537,8 +538,6 @@ def gemm(a, b: ScaledTensor, out_dtype: torch.dtype = torch.bfloat16, out: torch
         # every device, the same single rounding as the kernels' epilogue (docs/design.md,
         # "How `bs.gemm(a, b)` reaches a kernel", step 2).
         # No grad: ScaledTensor fields are constants on every path.
-        from ..reference.gemm import gemm as _ref_gemm
-
         with torch.no_grad():
             y = _ref_gemm(a, b, out_dtype=None, bias=bias)
         if out is None:
@@ -562,6 +561,7 @@ def gemm(a, b: ScaledTensor, out_dtype: torch.dtype = torch.bfloat16, out: torch
         gemm_impl(a2, a_s2, a_gs, b.data, b.scale, b.global_scale, b.block[0], fmt, k, out.view(m, n), bias,
                   config, out_dtype)
         return out
+    # Local: import cycle ops.gemm -> ops._custom_ops -> ops.gemm.
     from . import _custom_ops
 
     if out is None:

@@ -34,12 +34,15 @@ from ..plan.grouped import plan_grouped, plan_grouped_list
 from ..plan.grouped_portable import choose_grouped_config
 from ..formats import get_format
 from ..kernels.triton._mma import FORMAT_CODES
+from ..kernels.triton.grouped import dq_epilogue_kernel, grouped_gemm_kernel, grouped_list_kernel
+from ..reference import grouped as _ref
 from ..tensor import ScaledTensor
 from ._autograd import requires_grad_name
 from ._explain import emit, explaining
-from .errors import OP_GROUPED_GEMM, check_metadata
+from .errors import OP_GROUPED_GEMM, check_metadata, check_metadata_host
 from . import _hopper
 from .gemm import _DTYPE_NAMES, _dequant, _eager_ok, _one
+from .gemm import gemm as _dense_gemm
 
 __all__ = ["grouped_gemm", "grouped_gemm_list"]
 
@@ -75,8 +78,6 @@ def _launch_impl(
     dense: a ``[M, Kp]``, b ``[N, Kp]``, out ``[M, N]``; contiguous: a ``[sum_m, Kp]``,
     b ``[E, N, Kp]``, seg = offsets ``[E+1]``, out ``[sum_m, N]``; masked: a ``[E, max_m, Kp]``,
     seg = counts ``[E]``, out ``[E, max_m, N]``. ``b2_*`` given: fused SwiGLU (DUAL)."""
-    from ..kernels.triton.grouped import grouped_gemm_kernel
-
     promote, block_m, block_n, block_k = cfg.promote, cfg.block_m, cfg.block_n, cfg.block_k
     dual = b2_data is not None
     a_dense = a_scale is None  # weight-only: bf16 / fp16 activations
@@ -201,8 +202,6 @@ def _dequant_matmul(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_sc
       fp32, then the epilogue applies ``1 / (gs_a gs_b[e])`` and the activation in fp32 and
       casts once: the portable kernel's numerics (only the summation order differs).
     """
-    from ..kernels.triton.grouped import dq_epilogue_kernel
-
     fmt = get_format(_FMT_BY_CODE[fmt_id])
     dev = a_data.device
     a_dense = a_scale is None
@@ -691,8 +690,6 @@ def grouped_gemm(
     if out is not None:
         _check_out(out, shape, out_dtype, dev)
     if use_reference(b.data):
-        from ..reference import grouped as _ref
-
         if explaining():
             emit(grouped_plan("grouped", a, b, fmt, rows_per_expert, n, k, mode, e, out_dtype, config))
         with torch.no_grad():  # ScaledTensor fields are constants on every path
@@ -700,8 +697,6 @@ def grouped_gemm(
         return reference_check(reference_result(y, out, out_dtype, masked_m), check_op, seg, mode, a)
     if (not masked and e == 1 and config is None and isinstance(a, ScaledTensor) and gsb is None
             and b.global_scale is None and not use_reference(b.data)):
-        from .gemm import gemm as _dense_gemm
-
         b0 = ScaledTensor(b.data[0], b.scale[0], b.format, torch.Size((n, k)), b.block, b.rounding)
         y = _dense_gemm(a, b0, out_dtype=out_dtype, out=out)
         if check_op:  # offsets must be [0, sum_m]: the same device check as the grouped kernels
@@ -737,8 +732,6 @@ def reference_check(y: torch.Tensor, check_op: int, seg, mode: int, a) -> torch.
     """Reference path (CPU without the interpreter), ``validate=False``: the host twin of the
     device check (same rules, NaN over ``y``, same flag; ``ops/errors.py``). Returns ``y``."""
     if check_op and seg is not None and mode != MODE_DENSE:
-        from .errors import check_metadata_host
-
         check_metadata_host(seg, y, check_op, mode, a.shape[1] if mode == MODE_MASKED else a.shape[0])
     return y
 
@@ -778,8 +771,6 @@ def _grouped_list_impl(table: torch.Tensor, alpha: torch.Tensor, outs: list[torc
                        total_tiles: int, flops: int, nbytes: int, cfg: GemmConfig) -> None:
     """Launch :func:`grouped_list_kernel` once for all groups with the tiles of ``cfg`` (table
     built by the caller; ``promote`` resolved)."""
-    from ..kernels.triton.grouped import grouped_list_kernel
-
     g = table.shape[0]
     if total_tiles == 0:
         return
@@ -882,8 +873,6 @@ def grouped_gemm_list(
             if tuple(o.shape) != (m, n) or (o.numel() and not o.is_contiguous()):
                 raise ValueError(f"out_list[{i}]: expected a contiguous ({m}, {n}) tensor, got {tuple(o.shape)} strides {o.stride()}")
     if use_reference(a_list[0].data):
-        from ..reference import grouped as _ref
-
         if explaining():
             emit(Plan("grouped_list", "reference", None, reasons=("CPU tensors without TRITON_INTERPRET=1: the "
                                                                 "float64 reference",)))

@@ -8,6 +8,7 @@ from .. import _checks
 from .._checks import check_row_contiguous, check_tensor
 from ..formats import Format, ScaleRounding
 from ..reference.gemm import activation_quant_args
+from ..reference.gemm import linear as _ref_linear
 from ..tensor import ScaledTensor
 from . import quantize as _quant
 from . import _autograd
@@ -122,8 +123,6 @@ def linear(x: torch.Tensor, w: ScaledTensor, bias: torch.Tensor | None = None, *
         # CPU tensors without the Triton interpreter: the float64 reference (reference
         # quantizer for the activations), rounded once to out_dtype, as the kernels' epilogue
         # rounds (docs/design.md, "How `bs.gemm(a, b)` reaches a kernel", step 2).
-        from ..reference.gemm import linear as _ref_linear
-
         with torch.no_grad():
             y = _ref_linear(x, w, bias, out_dtype=None, weight_only=weight_only)
         if out is None:
@@ -138,6 +137,7 @@ def linear(x: torch.Tensor, w: ScaledTensor, bias: torch.Tensor | None = None, *
         linear_impl(x2, w.data, w.scale, w.global_scale, w.block[0], w.format, w.shape[-1], w.rounding, bias,
                     out_dtype, weight_only, out.view(-1, n))
         return out
+    # Local: import cycle ops.linear -> ops._custom_ops -> ops.linear.
     from ._custom_ops import linear_op, linear_out_op
 
     if out is not None:

@@ -15,6 +15,7 @@ import torch
 
 from .._checks import check_config_arg, use_reference
 from ..config.gemm import GemmConfig
+from ..reference import grouped as _ref
 from ..tensor import ScaledTensor
 from .grouped import (
     MODE_CONTIGUOUS,
@@ -33,6 +34,7 @@ from .grouped import (
     grouped_plan,
     launch,
     reference_check,
+    reference_result,
 )
 from ._explain import emit, explaining
 from .errors import OP_SWIGLU
@@ -165,9 +167,6 @@ def swiglu(
             f"b_up_global_scale: shape {tuple(gs_u.shape)} differs from b_gate_global_scale's {tuple(gs_g.shape)}"
         )
     if use_reference(b_gate.data):
-        from ..reference import grouped as _ref
-        from .grouped import reference_result
-
         if explaining():
             m_rows = a.shape[0] * (a.shape[1] if masked else 1)
             emit(grouped_plan("swiglu", a, b_gate, fmt, rows, n, k, mode, e, out_dtype, config, b2=b_up,

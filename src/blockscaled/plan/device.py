@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .calibration import measured_bandwidth
+
 __all__ = ["DeviceInfo", "device_info", "num_sms", "H100_SXM", "CPU_INTERPRETER"]
 
 
@@ -65,8 +67,6 @@ def num_sms(device: torch.device) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _cuda_info(index: int) -> DeviceInfo:
-    from .calibration import measured_bandwidth
-
     p = torch.cuda.get_device_properties(index)
     smem = int(getattr(p, "shared_memory_per_block_optin", 0) or 232448)
     l2 = int(getattr(p, "L2_cache_size", 0) or 50 * 2**20)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..tensor import ScaledTensor
-from .quantize import dequantize
+from .quantize import dequantize, quantize
 
 __all__ = ["gemm", "linear", "activation_quant_args"]
 
@@ -34,6 +34,7 @@ def _straight_through(value64: torch.Tensor, src: torch.Tensor | None) -> torch.
 
 def _operand64(x) -> torch.Tensor:
     if isinstance(x, ScaledTensor):
+        # Local: import cycle reference.gemm -> ops._autograd -> reference.gemm.
         from ..ops._autograd import source_of
 
         with torch.no_grad():  # the fields are constants
@@ -71,8 +72,6 @@ def linear(x: torch.Tensor, w: ScaledTensor, bias=None, *, out_dtype=None, weigh
     """float64 reference of :func:`blockscaled.ops.linear.linear`: quantize ``x`` with the
     reference quantizer as ``w``'s format wants (unless ``weight_only``), then :func:`gemm`.
     Differentiable: ``x`` straight through its quantization (module docstring)."""
-    from .quantize import quantize
-
     if weight_only:
         return gemm(x, w, out_dtype=out_dtype, bias=bias)
     kw = activation_quant_args(w)

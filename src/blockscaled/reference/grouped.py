@@ -26,6 +26,7 @@ from dataclasses import replace
 
 import torch
 
+from ..kernels.triton.check import BAD_ABOVE, BAD_FIRST, BAD_LAST, BAD_NEGATIVE, BAD_ORDER
 from ..tensor import ScaledTensor
 from .gemm import gemm
 from .quantize import dequantize
@@ -167,8 +168,6 @@ def metadata_errors(seg: torch.Tensor, mode: int, limit: int) -> tuple[int, int,
     every count is in ``[0, limit]`` (``limit`` = ``max_m``). Returns ``(kinds, first, value,
     prev)``: the bit set of violated rules (``kernels.triton.check.BAD_*``; 0 when valid), the
     index of the first bad entry, its value and the entry before it (offsets; else 0)."""
-    from ..kernels.triton.check import BAD_ABOVE, BAD_FIRST, BAD_LAST, BAD_NEGATIVE, BAD_ORDER
-
     v = [int(x) for x in seg.cpu().tolist()]
     bad = [False] * len(v)
     kinds = 0

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import as_global_scale, check_flag, resolve_quantize_args, warn_quantize_range
+from .._checks import (FLOAT_INPUT_DTYPES, as_global_scale, check_flag, check_tensor, resolve_quantize_args,
+                       warn_quantize_range)
 from ..formats import E2M1_MAX, E4M3_MAX, Format, ScaleRounding
 from ..tensor import ScaledTensor
 
@@ -359,8 +360,6 @@ def silu_mul_quantize(
 
     The intermediate is rounded to ``intermediate_dtype`` (bf16 by default) exactly as the
     unfused engine pipeline (silu_and_mul -> bf16 -> quantize) does."""
-    from .._checks import FLOAT_INPUT_DTYPES, check_tensor
-
     check_tensor("gate_up", gate_up, dtypes=FLOAT_INPUT_DTYPES, min_ndim=1)
     if gate_up.shape[-1] % 2:
         raise ValueError(

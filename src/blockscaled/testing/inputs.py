@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..ops.quantize import quantize
+
 
 def randn_like_activations(
     *shape: int,
@@ -33,8 +35,6 @@ def fp8_block_operands(m: int, n: int, k: int, seed: int = 0, *, device="cpu",
     A = quantize(N(0, 1) bf16, 1x128 blocks), B = quantize(0.05 * N(0, 1) bf16, ``weight_block``
     blocks: (128, 128) or (1, 128)). The random numbers are drawn on ``device`` (fast for GB-sized
     weights) from one generator seeded with ``seed``, A first. Returns (a, b) ScaledTensors."""
-    from ..ops.quantize import quantize  # (ops imports testing's siblings; keep import-time light)
-
     dev = torch.device(device)
     g = torch.Generator(device=dev).manual_seed(seed)
     x = torch.randn(m, k, device=dev, generator=g).to(torch.bfloat16)
