@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from blockscaled.config import GemmConfig
-from blockscaled.config.grouped import check_grouped_config, choose_grouped_config
+from blockscaled.plan.grouped_portable import check_grouped_config, choose_grouped_config
 from blockscaled.ops.grouped import grouped_gemm, grouped_gemm_list
 from blockscaled.reference import grouped as ref
 from blockscaled.reference.quantize import quantize
@@ -275,10 +275,12 @@ def test_opcheck(device):
     a = _acts((5, 64), fmt, device)
     b = _experts(2, 16, 64, fmt, device)
     offs = _offsets([2, 3], device)
-    from blockscaled.config.encoding import encode_config
+    from blockscaled.plan import Plan
+    from blockscaled.plan.encoding import encode_plan
 
-    # fmt_id, grouping (contiguous), K, weight block rows, the config (every field, encoded)
-    tail = (2, 1, 64, 1, encode_config(GemmConfig(16, 16, 32, 4, 1, promote=True)))
+    backend = "cuda" if device == "cuda" else "interpreter"
+    # fmt_id, grouping (contiguous), K, weight block rows, the plan (op, backend, every config field)
+    tail = (2, 1, 64, 1, encode_plan(Plan("grouped", backend, GemmConfig(16, 16, 32, 4, 1, promote=True))))
     args = (a.data, a.scale, None, b.data, b.scale, None, None, None, None, offs)
     opcheck(torch.ops.blockscaled.grouped_gemm.default, (*args, torch.float32, *tail),
             test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
@@ -286,7 +288,7 @@ def test_opcheck(device):
     opcheck(torch.ops.blockscaled.grouped_gemm_out.default, (*args, out, *tail),
             test_utils=("test_schema", "test_faketensor"))
     # the dequant_matmul strategy behind the same ops (bf16: its contiguous dtype)
-    dq = (*tail[:-1], encode_config(GemmConfig(strategy="dequant_matmul")))
+    dq = (*tail[:-1], encode_plan(Plan("grouped", backend, GemmConfig(strategy="dequant_matmul"))))
     opcheck(torch.ops.blockscaled.grouped_gemm.default, (*args, torch.bfloat16, *dq),
             test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
     opcheck(torch.ops.blockscaled.grouped_gemm_out.default,
@@ -581,8 +583,8 @@ def test_dequant_matmul_errors(device):
 
 
 def _h100(monkeypatch):
-    from blockscaled.config import grouped as cgrp
-    from blockscaled.config.gemm import DeviceInfo
+    from blockscaled.plan import grouped_portable as cgrp
+    from blockscaled.plan import DeviceInfo
 
     info = DeviceInfo("cuda", 132, (9, 0), 232448)
     monkeypatch.setattr(cgrp, "device_info", lambda d: info)
@@ -622,7 +624,7 @@ def test_heuristic_dequant_matmul_rule(monkeypatch):
 
 def test_heuristic_warps_avoid_spills(monkeypatch):
     """Dequantizing tiles with >= 128x64 accumulator elements (DUAL counts both) use 8 warps:
-    ptxas spilled registers for the 4-warp variants (config/grouped.py _DEQUANT_8WARP_ACC)."""
+    ptxas spilled registers for the 4-warp variants (plan/grouped_portable.py _DEQUANT_8WARP_ACC)."""
     cgrp = _h100(monkeypatch)
     dev = torch.device("cuda")
     for fmt in DQ_FORMATS:

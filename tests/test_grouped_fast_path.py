@@ -1,6 +1,6 @@
 """Eager grouped_gemm / swiglu / grouped_gemm_list run their implementation directly (no
 torch.library round trip); the custom ops (torch.compile, tracing, dispatch modes, or the
-``gemm.EAGER_FAST_PATH = False`` switch) decode the config they carry and run the same
+``gemm.EAGER_FAST_PATH = False`` switch) decode the plan they carry and run the same
 implementation: the same config and bitwise the same output on both paths, the device-side
 metadata check on both. CPU: the portable kernels in the Triton interpreter."""
 
@@ -16,7 +16,8 @@ from blockscaled.config import GemmConfig
 from blockscaled.ops import errors
 from blockscaled.ops import gemm as gemm_mod
 from blockscaled.ops import grouped as grouped_mod
-from blockscaled.ops import swiglu as swiglu_mod
+from blockscaled.plan import H100_SXM, Plan
+from blockscaled.plan import grouped as plan_grouped_mod
 from blockscaled.reference.quantize import quantize
 from blockscaled.testing.compare import bitwise_equal
 
@@ -84,27 +85,28 @@ CASES = list(_cases("cpu"))
 
 
 class _Spy:
-    """Records the config each implementation call runs and how many times the ops decoded one."""
+    """Records the config each implementation call runs and how many times the ops decoded a plan."""
 
     def __init__(self, monkeypatch):
         self.cfgs, self.decoded = [], 0
-        impl, list_impl, decode = grouped_mod.grouped_impl, grouped_mod._grouped_list_impl, grouped_mod.decode_config
+        impl, list_impl, decode = grouped_mod.grouped_impl, grouped_mod._grouped_list_impl, grouped_mod.decode_plan
 
         def grouped_impl(*args, **kw):
-            self.cfgs.append(args[16])  # positional: ..., fmt_id, grouping, k, b_br, cfg, check_op
+            cfg = args[16]  # positional: ..., fmt_id, grouping, k, b_br, cfg, check_op
+            self.cfgs.append(cfg.config if isinstance(cfg, Plan) else cfg)  # the op passes the decoded Plan
             return impl(*args, **kw)
 
         def grouped_list_impl(*args, **kw):
             self.cfgs.append(args[-1])
             return list_impl(*args, **kw)
 
-        def decode_config(code):
+        def decode_plan(code):
             self.decoded += 1
             return decode(code)
 
         monkeypatch.setattr(grouped_mod, "grouped_impl", grouped_impl)
         monkeypatch.setattr(grouped_mod, "_grouped_list_impl", grouped_list_impl)
-        monkeypatch.setattr(grouped_mod, "decode_config", decode_config)
+        monkeypatch.setattr(grouped_mod, "decode_plan", decode_plan)
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -181,15 +183,17 @@ def test_device_metadata_check_on_both_paths(fast, device, monkeypatch):
         bs.check_errors(device)
 
 
-# dynamo's note on tracing through the lru_cache of the Hopper choosers (pure functions)
+# dynamo's note on tracing through the lru_cache of the Hopper tile rules (pure functions)
 @pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
 @pytest.mark.parametrize("dual", [False, True], ids=["grouped", "swiglu"])
 def test_hopper_plan_crosses_the_op_under_compile(dual, device, monkeypatch):
-    """CPU stand-in for the sm_90 path: the Hopper branch forced (reason None, 132 SMs) and its
-    launcher replaced by a recorder that runs the portable kernel. Eager, custom op and
-    torch.compile(fullgraph=True, backend="aot_eager") all hand the launcher the chooser's
-    HopperConfig, the tail split included (the grouped chooser is asked for the issue's row,
-    E=4 m=512 N=7168 K=7168 on 132 SMs: tail_split 2, whatever the tiny shapes here)."""
+    """CPU stand-in for the sm_90 path: the planner asked as for an H100 with the Hopper kernel
+    available, and the Hopper launcher replaced by a recorder that declines (returns False), so
+    that grouped_impl runs the portable kernel. Eager, custom op and
+    torch.compile(fullgraph=True, backend="aot_eager") all hand the launcher the plan's
+    HopperConfig, the tail split included (the grouped tile rule is asked for E=4 m=512 N=7168
+    K=7168 on 132 SMs, which has a tail split, whatever the tiny shapes here), and that plan is
+    the one ``bs.explain`` returns."""
     if device != "cpu" or not checks.INTERPRET:
         pytest.skip("CPU stand-in (the GPU test is tests/test_plan_carried_gpu.py)")
     from dataclasses import replace
@@ -200,19 +204,20 @@ def test_hopper_plan_crosses_the_op_under_compile(dual, device, monkeypatch):
 
     def fake_launcher(a_data, a_scale, b_data, b_scale, seg, mode, out, cfg=None, b2_data=None, b2_scale=None):
         seen.append(cfg)
-        H._portable_grouped(a_data, a_scale, b_data, b_scale, seg, mode, out, b2_data, b2_scale)
+        return False  # "the Gluon kernels cannot be built": the caller runs the portable kernel
 
-    real = H.choose_grouped_config
-    want_split = real(512, 7168, 7168, 132, 4, 4)
-    assert want_split.tail_split == 2
-    # the shapes below are tiny: the real chooser (traced by dynamo under compile) is asked for
-    # the big row's config
-    monkeypatch.setattr(H, "choose_grouped_config", lambda *args: real(512, 7168, 7168, 132, 4, 4))
-    monkeypatch.setattr(grouped_mod, "hopper_reason", lambda *args, **kw: None)
-    monkeypatch.setattr(swiglu_mod, "hopper_reason", lambda *args, **kw: None)
-    monkeypatch.setattr(H, "num_sms_of", lambda dev: 132)
+    real_tiles = plan_grouped_mod.grouped_hopper_config
+    want_split = real_tiles(512, 7168, 7168, 132, 4, 4)
+    assert want_split.tail_split > 1
+    monkeypatch.setattr(plan_grouped_mod, "grouped_hopper_config", lambda *args: real_tiles(512, 7168, 7168, 132, 4, 4))
+    real_plan = grouped_mod.plan_grouped
+
+    def plan_as_h100(p, dev, forced=None, *, hopper_why=None, a_row_stride=0):
+        return real_plan(replace(p, tma=True), H100_SXM, forced, hopper_why=None, a_row_stride=a_row_stride)
+
+    monkeypatch.setattr(grouped_mod, "plan_grouped", plan_as_h100)
     monkeypatch.setattr(H, "grouped_fp8_block_hopper_impl", fake_launcher)
-    want = want_split if not dual else H.choose_swiglu_config(1, 8, 4.0, 128, 132, 4)
+    want = want_split if not dual else plan_grouped_mod.swiglu_hopper_config(1, 8, 4.0, 128, 132, 4)
     a = _q((8, 128), "fp8_block", device, 1)
     b = quantize((torch.randn(2, 128, 128, generator=torch.Generator().manual_seed(2)) * 0.1).to(device),
                  "fp8_block", block=(128, 128))
@@ -224,6 +229,11 @@ def test_hopper_plan_crosses_the_op_under_compile(dual, device, monkeypatch):
             return bs.swiglu(aa, b, b, offsets=offs, out_dtype=torch.float32)
         return bs.grouped_gemm(aa, b, offsets=offs, out_dtype=torch.float32)
 
+    if dual:
+        plan = bs.explain("swiglu", a, b, b, offsets=offs, out_dtype=torch.float32)
+    else:
+        plan = bs.explain("grouped_gemm", a, b, offsets=offs, out_dtype=torch.float32)
+    assert plan.config == want and plan.kernel == "hopper_wide", plan
     eager = f(a.data)
     monkeypatch.setattr(gemm_mod, "EAGER_FAST_PATH", False)
     via_op = f(a.data)

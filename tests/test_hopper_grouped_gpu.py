@@ -10,9 +10,12 @@ import dataclasses
 import pytest
 import torch
 
+import blockscaled as bs
 from blockscaled.config.gemm import GemmConfig
+from blockscaled.config.hopper import HopperConfig
 from blockscaled.ops import _hopper as H
 from blockscaled.ops.grouped import grouped_gemm, hopper_reason
+from blockscaled.plan.grouped import grouped_hopper_config, tail_split_for
 from blockscaled.ops.quantize import quantize
 from blockscaled.reference import grouped as ref
 from blockscaled.testing.tolerances import assert_gemm_close
@@ -53,10 +56,10 @@ def test_contiguous(case, forced):
     assert_gemm_close(out, ref.grouped_gemm(a, b, offsets=offs), "fp8_block", torch.bfloat16, what=str(sizes))
 
 
-@pytest.mark.parametrize("cfg", [H.HopperConfig("wide", 64, 128, 4, 4, epilogue="masked"),
-                                 H.HopperConfig("wide", 64, 256, 4, 5, epilogue="masked"),
-                                 H.HopperConfig("wide", 128, 128, 8, 5, epilogue="masked"),
-                                 H.HopperConfig("wide", 128, 256, 8, 4, epilogue="masked")],
+@pytest.mark.parametrize("cfg", [HopperConfig("wide", 64, 128, 4, 4, epilogue="masked"),
+                                 HopperConfig("wide", 64, 256, 4, 5, epilogue="masked"),
+                                 HopperConfig("wide", 128, 128, 8, 5, epilogue="masked"),
+                                 HopperConfig("wide", 128, 256, 8, 4, epilogue="masked")],
                          ids=lambda c: f"{c.block_m}x{c.block_n}")
 @pytest.mark.parametrize("mode", [1, 2])
 def test_tile_configs(cfg, mode):
@@ -65,14 +68,14 @@ def test_tile_configs(cfg, mode):
         a, b = _inputs((sum(sizes),), 5, 520, 1040, seed=2)
         seg = _offsets(sizes)
         out = torch.full((sum(sizes), 520), float("nan"), device="cuda", dtype=torch.bfloat16)
-        H.grouped_fp8_block_hopper_impl(a.data, a.scale, b.data, b.scale, seg, 1, out, cfg)
+        assert H.grouped_fp8_block_hopper_impl(a.data, a.scale, b.data, b.scale, seg, 1, out, cfg)
         assert_gemm_close(out, ref.grouped_gemm(a, b, offsets=seg), "fp8_block", torch.bfloat16)
     else:
         counts = [0, 150, 1, 64, 65]
         a, b = _inputs((5, 150), 5, 520, 1040, seed=2)
         seg = torch.tensor(counts, dtype=torch.int32, device="cuda")
         out = torch.full((5, 150, 520), float("nan"), device="cuda", dtype=torch.bfloat16)
-        H.grouped_fp8_block_hopper_impl(a.data, a.scale, b.data, b.scale, seg, 2, out, cfg)
+        assert H.grouped_fp8_block_hopper_impl(a.data, a.scale, b.data, b.scale, seg, 2, out, cfg)
         rows = torch.arange(150, device="cuda")[None, :] < seg[:, None]
         assert torch.isnan(out[~rows].float()).all()
         assert_gemm_close(out[rows], ref.grouped_gemm(a, b, masked_m=seg)[rows], "fp8_block", torch.bfloat16)
@@ -144,7 +147,9 @@ def test_masked_expected_m_hint_picks_64_row_tiles():
     a, b = _inputs((4, 256), 4, 512, 1024, seed=4)
     cnt = torch.tensor(counts, dtype=torch.int32, device="cuda")
     out = torch.full((4, 256, 512), float("nan"), device="cuda", dtype=torch.bfloat16)
-    assert H.choose_grouped_config(64, 512, 1024).block_m == 64
+    assert grouped_hopper_config(64, 512, 1024).block_m == 64
+    plan = bs.explain("grouped_gemm", a, b, masked_m=cnt, out=out, expected_m=64)
+    assert plan.kernel == "hopper_wide" and plan.config.block_m == 64, plan
     grouped_gemm(a, b, masked_m=cnt, out=out, expected_m=64)
     rows = torch.arange(256, device="cuda")[None, :] < cnt[:, None]
     assert torch.isnan(out[~rows].float()).all()
@@ -170,13 +175,13 @@ def _tail_run(mode, cfg, seed=11):
         a, b = _inputs((sum(sizes),), 4, n, 1024, seed=seed)
         seg = _offsets(sizes)
         out = torch.full((sum(sizes), n), float("nan"), device="cuda", dtype=torch.bfloat16)
-        H.grouped_fp8_block_hopper_impl(a.data, a.scale, b.data, b.scale, seg, 1, out, cfg)
+        assert H.grouped_fp8_block_hopper_impl(a.data, a.scale, b.data, b.scale, seg, 1, out, cfg)
         return out, ref.grouped_gemm(a, b, offsets=seg), None
     counts, n = [300, 0, 260, 300], 2304
     a, b = _inputs((4, 300), 4, n, 1024, seed=seed)
     seg = torch.tensor(counts, dtype=torch.int32, device="cuda")
     out = torch.full((4, 300, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    H.grouped_fp8_block_hopper_impl(a.data, a.scale, b.data, b.scale, seg, 2, out, cfg)
+    assert H.grouped_fp8_block_hopper_impl(a.data, a.scale, b.data, b.scale, seg, 2, out, cfg)
     rows = torch.arange(300, device="cuda")[None, :] < seg[:, None]
     return out, ref.grouped_gemm(a, b, masked_m=seg), rows
 
@@ -191,7 +196,7 @@ def test_grouped_tail_split(mode, monkeypatch):
     ran: another fp32 summation order); a split that does not fit one wave (28 / 30 tail tiles x
     8 > 132 programs) runs unsplit: bitwise the unsplit result."""
     monkeypatch.delenv("BLOCKSCALED_SPLIT_REDUCE", raising=False)
-    base = H.HopperConfig("wide", 128, 128, 8, 5, epilogue="masked")
+    base = HopperConfig("wide", 128, 128, 8, 5, epilogue="masked")
     outs = {}
     for name, cfg in (("off", base), ("spread", dataclasses.replace(base, tail_split=4)),
                       ("spread again", dataclasses.replace(base, tail_split=4)),
@@ -216,8 +221,8 @@ def test_grouped_tail_split_cuda_graph():
     a, b = _inputs((e, max_m), e, n, k, seed=12)
     cnt = torch.tensor([300, 0, 260, 250], dtype=torch.int32, device="cuda")
     out = torch.full((e, max_m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    cfg = H.HopperConfig("wide", 128, 128, 8, 5, epilogue="masked", tail_split=4)
-    H.grouped_fp8_block_hopper_impl(a.data, a.scale, b.data, b.scale, cnt, 2, out, cfg)
+    cfg = HopperConfig("wide", 128, 128, 8, 5, epilogue="masked", tail_split=4)
+    assert H.grouped_fp8_block_hopper_impl(a.data, a.scale, b.data, b.scale, cnt, 2, out, cfg)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -234,10 +239,10 @@ def test_grouped_tail_split_cuda_graph():
 
 
 def test_grouped_tail_split_rule():
-    """choose_grouped_config asks for a tail split of 128x256 tiles from the tile count of equal
-    segments (tail_split_for): moe E=4 m=512 N=7168 K=7168 -> 448 tiles = 3 waves + 52."""
-    cfg = H.choose_grouped_config(512, 7168, 7168, 132, 2, 4)
-    assert (cfg.block_m, cfg.block_n, cfg.tail_split) == (128, 256, H.tail_split_for(448, 7168, 132)) and cfg.tail_split == 2
-    assert H.choose_grouped_config(128, 7168, 4096, 132, 2, 8).tail_split == 1  # 128x128: weight-streaming
-    assert H.choose_grouped_config(512, 4096, 7168, 132, 2, 8).tail_split == 1  # 3 waves + 116: no room
-    assert H.choose_grouped_config(512, 7168, 2048, 132, 2, 4).tail_split == 1  # K below TAIL_SPLIT_MIN_KB
+    """plan.grouped.grouped_hopper_config asks for a tail split of 128x256 tiles from the tile count
+    of equal segments (tail_split_for): moe E=4 m=512 N=7168 K=7168 -> 448 tiles = 3 waves + 52."""
+    cfg = grouped_hopper_config(512, 7168, 7168, 132, 2, 4)
+    assert (cfg.block_m, cfg.block_n, cfg.tail_split) == (128, 256, tail_split_for(448, 7168, 132)) and cfg.tail_split == 2
+    assert grouped_hopper_config(128, 7168, 4096, 132, 2, 8).tail_split == 1  # 128x128: weight-streaming
+    assert grouped_hopper_config(512, 4096, 7168, 132, 2, 8).tail_split == 1  # 3 waves + 116: no room
+    assert grouped_hopper_config(512, 7168, 2048, 132, 2, 4).tail_split == 1  # K below TAIL_SPLIT_MIN_KB

@@ -4,7 +4,7 @@ up rows of the same output columns; epilogue ``silu(acc_gate) * acc_up`` in fp32
 GPU tests (sm_90): dense, grouped contiguous and masked, forced and by the heuristic, against
 the float64 reference of the same quantized inputs, outputs NaN-poisoned; M / N / K tails, empty
 and skewed experts, counts 0 and max_m, CUDA-graph capture with changed counts, every tile
-config the chooser can return, the TMA-store and masked epilogues, determinism, fallbacks.
+config the planner can return, the TMA-store and masked epilogues, determinism, fallbacks.
 CPU: forcing the Hopper strategy off-GPU is a clear ValueError.
 """
 
@@ -13,10 +13,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+import blockscaled as bs
 from blockscaled.config.gemm import GemmConfig
+from blockscaled.config.hopper import HopperConfig
 from blockscaled.ops import _hopper as H
 from blockscaled.ops.grouped import hopper_reason
-from blockscaled.ops.swiglu import swiglu, swiglu_hopper_preferred
+from blockscaled.ops.swiglu import swiglu
+from blockscaled.plan import CPU_INTERPRETER, H100_SXM, Problem, num_sms
+from blockscaled.plan.grouped import SWIGLU_HOPPER_MIN_M, plan_grouped, swiglu_hopper_config
 from blockscaled.reference import grouped as ref
 from blockscaled.reference.quantize import quantize as ref_quantize
 from blockscaled.testing.tolerances import assert_gemm_close
@@ -123,13 +127,13 @@ def test_masked_cuda_graph_changed_counts():
                           what=str(counts))
 
 
-@pytest.mark.parametrize("cfg", [H.HopperConfig("wide", 64, 256, 4, 5, epilogue="masked"),
-                                 H.HopperConfig("wide", 128, 256, 8, 4, epilogue="masked"),
-                                 H.HopperConfig("wide", 128, 256, 8, 4, epilogue="tma"),
-                                 H.HopperConfig("wide", 64, 256, 4, 5, epilogue="tma"),
-                                 H.HopperConfig("wide", 128, 256, 8, 3, epilogue="tma", split_wg=False),
+@pytest.mark.parametrize("cfg", [HopperConfig("wide", 64, 256, 4, 5, epilogue="masked"),
+                                 HopperConfig("wide", 128, 256, 8, 4, epilogue="masked"),
+                                 HopperConfig("wide", 128, 256, 8, 4, epilogue="tma"),
+                                 HopperConfig("wide", 64, 256, 4, 5, epilogue="tma"),
+                                 HopperConfig("wide", 128, 256, 8, 3, epilogue="tma", split_wg=False),
                                  # one shared output tile per partition (EPI 3; dense only, grouped masked)
-                                 H.HopperConfig("wide", 128, 256, 8, 4, epilogue="tma1")],
+                                 HopperConfig("wide", 128, 256, 8, 4, epilogue="tma1")],
                          ids=lambda c: f"{c.block_m}x{c.block_n}_{c.epilogue}_s{c.stages}_split{int(c.split_wg)}")
 @pytest.mark.parametrize("mode", [0, 1, 2])
 @gpu
@@ -138,21 +142,24 @@ def test_tile_configs(cfg, mode):
     if mode == 0:
         a, bg, bu = _inputs((333,), (), n, k, seed=5)
         out = _nan((333, n))
-        H.grouped_fp8_block_hopper_impl(a.data, a.scale, bg.data, bg.scale, None, 0, out, cfg, bu.data, bu.scale)
+        assert H.grouped_fp8_block_hopper_impl(a.data, a.scale, bg.data, bg.scale, None, 0, out, cfg, bu.data,
+                                               bu.scale)
         assert_gemm_close(out, ref.swiglu(a, bg, bu), "fp8_block", torch.bfloat16)
     elif mode == 1:
         sizes = [0, 1, 130, 63, 300]
         a, bg, bu = _inputs((sum(sizes),), (5,), n, k, seed=5)
         seg = _offsets(sizes)
         out = _nan((sum(sizes), n))
-        H.grouped_fp8_block_hopper_impl(a.data, a.scale, bg.data, bg.scale, seg, 1, out, cfg, bu.data, bu.scale)
+        assert H.grouped_fp8_block_hopper_impl(a.data, a.scale, bg.data, bg.scale, seg, 1, out, cfg, bu.data,
+                                               bu.scale)
         assert_gemm_close(out, ref.swiglu(a, bg, bu, offsets=seg), "fp8_block", torch.bfloat16)
     else:
         counts = [0, 150, 1, 64, 65]
         a, bg, bu = _inputs((5, 150), (5,), n, k, seed=5)
         seg = torch.tensor(counts, dtype=torch.int32, device="cuda")
         out = _nan((5, 150, n))
-        H.grouped_fp8_block_hopper_impl(a.data, a.scale, bg.data, bg.scale, seg, 2, out, cfg, bu.data, bu.scale)
+        assert H.grouped_fp8_block_hopper_impl(a.data, a.scale, bg.data, bg.scale, seg, 2, out, cfg, bu.data,
+                                               bu.scale)
         rows = torch.arange(150, device="cuda")[None, :] < seg[:, None]
         assert torch.isnan(out[~rows].float()).all()
         assert_gemm_close(out[rows], ref.swiglu(a, bg, bu, masked_m=seg)[rows], "fp8_block", torch.bfloat16)
@@ -183,10 +190,14 @@ def test_empty_dims(mode):
 
 
 @gpu
-def test_forced_config_tiles_come_from_the_chooser():
+def test_forced_config_tiles_come_from_the_planner():
     """A forced hopper config contributes only its strategy: odd tile fields in it are ignored
-    (documented), the result is the chooser's, bitwise."""
+    (documented), the plan and the result are the planner's, bitwise."""
     a, bg, bu = _inputs((300,), (), 520, 1040, seed=11)
+    odd = GemmConfig(block_m=64, block_n=64, num_warps=4, num_stages=2, strategy="hopper")
+    plan = bs.explain("swiglu", a, bg, bu, config=HOPPER)
+    assert plan.kernel == "hopper_wide" and bs.explain("swiglu", a, bg, bu, config=odd) == plan
+    assert plan.config == swiglu_hopper_config(0, 300, 300, 520, num_sms(torch.device("cuda")), 2)
     y1 = swiglu(a, bg, bu, config=HOPPER)
     y2 = swiglu(a, bg, bu, config=GemmConfig(block_m=64, block_n=64, num_warps=4, num_stages=2, strategy="hopper"))
     assert torch.equal(y1.view(torch.int16), y2.view(torch.int16))
@@ -220,8 +231,8 @@ def test_unaligned_output_uses_masked_store():
 @gpu
 def test_deterministic_and_heuristic_equals_forced():
     a, bg, bu = _inputs((1024,), (), 2048, 2048, seed=7)
-    assert swiglu_hopper_preferred(0, 1024, 2048) and not swiglu_hopper_preferred(0, 64, 2048)
-    assert swiglu_hopper_preferred(1, 64, 2048) and swiglu_hopper_preferred(2, 16, 2048)
+    assert bs.explain("swiglu", a, bg, bu).kernel == "hopper_wide"
+    assert bs.explain("swiglu", a, bg, bu) == bs.explain("swiglu", a, bg, bu, config=HOPPER)
     y1 = swiglu(a, bg, bu, config=HOPPER)
     y2 = swiglu(a, bg, bu)
     y3 = swiglu(a, bg, bu, config=HOPPER)
@@ -262,10 +273,45 @@ def test_swiglu_config_chooser():
     for mode, rows, rpe, n in [(0, 4096, 4096, 18432), (0, 64, 64, 2048), (1, 1024, 128, 2048),
                                (2, 1024, 64, 7168), (1, 4096, 512, 4096)]:
         for ob in (2, 4):
-            c = H.choose_swiglu_config(mode, rows, rpe, n, 132, ob)
+            c = swiglu_hopper_config(mode, rows, rpe, n, 132, ob)
             assert c.block_n == 256 and c.stages >= 2, c
             assert c.smem_bytes(ob, dual=True) <= 232448, c
             assert c.epilogue == ("tma" if mode == 0 else "masked")
-    assert H.choose_swiglu_config(0, 4096, 4096, 18432).block_m == 128
-    assert H.choose_swiglu_config(0, 64, 64, 2048).block_m == 64
-    assert H.choose_swiglu_config(2, 1024, 64, 7168).block_m == 64
+    assert swiglu_hopper_config(0, 4096, 4096, 18432).block_m == 128
+    assert swiglu_hopper_config(0, 64, 64, 2048).block_m == 64
+    assert swiglu_hopper_config(2, 1024, 64, 7168).block_m == 64
+
+
+def _swiglu_plan(grouping: str, rows: int, rows_per_expert: float, n: int = 2048, k: int = 2048, why=None,
+                 dev=H100_SXM, interpret=False):
+    e = 1 if grouping == "dense" else 8
+    p = Problem("swiglu", "fp8_block", rows, n, k, grouping=grouping, experts=e,
+                rows_per_expert=float(rows_per_expert), dual=True, interpret=interpret)
+    return plan_grouped(p, dev, hopper_why=why)
+
+
+def test_swiglu_hopper_rule():
+    """Where the Hopper kernel can take the call, the planner runs it for grouped SwiGLU at any rows
+    per expert and for dense SwiGLU from SWIGLU_HOPPER_MIN_M rows (the portable kernel below); with
+    a reason it cannot, the portable kernel, and the reason leads the plan's account."""
+    dense_hi = _swiglu_plan("dense", SWIGLU_HOPPER_MIN_M, SWIGLU_HOPPER_MIN_M)
+    assert dense_hi.kernel == "hopper_wide" and dense_hi.config == swiglu_hopper_config(
+        0, SWIGLU_HOPPER_MIN_M, SWIGLU_HOPPER_MIN_M, 2048, H100_SXM.sm_count, 2)
+    assert _swiglu_plan("dense", 1024, 1024).kernel == "hopper_wide"
+    assert _swiglu_plan("dense", SWIGLU_HOPPER_MIN_M - 1, SWIGLU_HOPPER_MIN_M - 1).kernel == "portable_grouped"
+    assert _swiglu_plan("dense", 64, 64).kernel == "portable_grouped"
+    assert _swiglu_plan("contiguous", 512, 64).kernel == "hopper_wide"
+    assert _swiglu_plan("masked", 8 * 16, 16).kernel == "hopper_wide"
+    why = "only fp8_block x fp8_block, got mxfp8 x mxfp8"
+    off = _swiglu_plan("contiguous", 4096, 512, why=why)
+    assert off.kernel != "hopper_wide" and why in off.reasons[0]
+    with pytest.raises(ValueError, match="config.strategy: 'hopper' cannot run this call"):
+        plan_grouped(off.problem, H100_SXM, HOPPER, hopper_why=why)
+    # the forced strategy asks for the planner's tiles: its own tile fields are ignored
+    odd = GemmConfig(block_m=64, block_n=64, num_warps=4, num_stages=2, strategy="hopper")
+    p = _swiglu_plan("dense", 64, 64).problem
+    assert plan_grouped(p, H100_SXM, odd, hopper_why=None) == plan_grouped(p, H100_SXM, HOPPER, hopper_why=None)
+    assert plan_grouped(p, H100_SXM, odd, hopper_why=None).kernel == "hopper_wide"
+    # the interpreter never runs the Hopper kernel (the op passes a reason there)
+    assert _swiglu_plan("dense", 1024, 1024, why="needs a CUDA device", dev=CPU_INTERPRETER,
+                        interpret=True).kernel == "portable_grouped"

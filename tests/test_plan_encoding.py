@@ -1,7 +1,7 @@
-"""The kernel choice crosses the grouped custom-op boundary whole (config/encoding.py): for every
-config the choosers can return, decode(encode(c)) == c, and the encoding is injective. The
-choosers run on the CPU with device properties as plain values (GPU SM counts, smem), so the
-grid includes the H100 / H200 choices (tail splits included) without a GPU."""
+"""Plans cross the custom-op boundary whole (plan/encoding.py): for every plan the planner can
+return, ``decode_plan(encode_plan(p)) == p`` and ``decode_config(encode_config(c)) == c``, and
+the encodings are injective. The planner is a pure function of plain values, so the grid covers
+the H100's plans (cost-model choices, tail splits, split-K, skinny, GEMV) on a CPU machine."""
 
 from __future__ import annotations
 
@@ -9,29 +9,29 @@ import dataclasses
 import itertools
 
 import pytest
-import torch
 
-from blockscaled.config.encoding import CONFIG_TAGS, decode_config, encode_config
-from blockscaled.config.gemm import DeviceInfo, GemmConfig, choose_gemm_config
-from blockscaled.config.grouped import check_grouped_config
-from blockscaled.config.grouped import choose_grouped_config as choose_portable
+from blockscaled.config.gemm import GemmConfig
 from blockscaled.config.hopper import EPILOGUES, SPLIT_REDUCE, VARIANTS, HopperConfig
-from blockscaled.ops import _hopper as H
+from blockscaled.plan import CPU_INTERPRETER, H100_SXM, OPS, BACKENDS, DeviceInfo, Plan, Problem, plan_gemm
+from blockscaled.plan.dense import fp8_candidates
+from blockscaled.plan.encoding import CONFIG_TAGS, decode_config, decode_plan, encode_config, encode_plan
+from blockscaled.plan.grouped import grouped_hopper_config, plan_grouped, plan_grouped_list, swiglu_hopper_config
+from blockscaled.plan.grouped_portable import check_grouped_config
 
-#: H100 SXM / H200 (132 SMs), H100 PCIe (114), a small part (78), the interpreter
-DEVICES = (DeviceInfo("cuda", 132, (9, 0), 232448), DeviceInfo("cuda", 114, (9, 0), 232448),
-           DeviceInfo("cuda", 78, (9, 0), 232448), DeviceInfo("cuda", 108, (8, 0), 166912),
-           DeviceInfo("cpu", 4, (0, 0), 1 << 30))
-ROWS = (1, 7, 16, 17, 32, 48, 64, 65, 100, 128, 129, 200, 256, 512, 1000, 2048, 4096, 16384)
-NS = (16, 128, 512, 1536, 2048, 2112, 4096, 7168, 18432)
-KS = (32, 128, 512, 1536, 2048, 4096, 7168, 16384)
-SMS = (132, 114, 78, 16)
-OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-EXPERTS = (1, 2, 4, 8, 32, 256)
 FORMATS = ("fp8_block", "mxfp8", "mxfp4", "nvfp4")
+#: activations: quantized, and the weight-only dtypes
+A_KINDS = ("quantized", "bfloat16", "float16")
+MS = (1, 2, 3, 8, 16, 31, 64, 100, 128, 256, 512, 1024, 4096, 16384)
+#: odd sizes included (N not a multiple of a tile, K not a multiple of 128 or of 16)
+NS = (1, 7, 100, 128, 2112, 7168)
+KS = (16, 33, 128, 1000, 2048, 7168)
+#: the H100 (cost model, Hopper kernels), the same part with fewer SMs, and the CPU interpreter
+DEVICES = (H100_SXM, dataclasses.replace(H100_SXM, sm_count=78), CPU_INTERPRETER)
+OUT_DTYPES = ("bfloat16", "float16", "float32")
+HOPPER_WHY = (None, "weight-only (dense activations) runs the portable kernel")
 
 
-def _roundtrip_all(configs) -> dict:
+def _roundtrip_configs(configs) -> dict:
     """Round-trip every config; return {code: config} (asserting no two configs share a code)."""
     seen: dict[tuple, object] = {}
     for c in configs:
@@ -44,81 +44,142 @@ def _roundtrip_all(configs) -> dict:
     return seen
 
 
-def test_hopper_grouped_chooser_roundtrip():
-    """Every (rows per expert, N, K, SMs, out dtype, experts) choice of ops._hopper.choose_grouped_config,
-    including its tail splits."""
-    got = {c for m, n, k, sms, dt, e in itertools.product(ROWS, NS, KS, SMS, OUT_DTYPES, EXPERTS)
-           for c in [H.choose_grouped_config(m, n, k, sms, dt.itemsize, e)]}
-    seen = _roundtrip_all(got)
-    splits = {c.tail_split for c in got}
-    assert max(splits) > 1 and 1 in splits, splits
-    assert {(c.block_m, c.block_n) for c in got} == {(64, 128), (128, 128), (128, 256)}
-    assert len(seen) == len(got)
-    # the issue's row: E=4 m=512 N=7168 K=7168 on 132 SMs carries its split across
-    c = H.choose_grouped_config(512, 7168, 7168, 132, 2, 4)
-    assert c.tail_split == 2 and decode_config(encode_config(c)).tail_split == 2
+def _roundtrip_plans(plans) -> dict:
+    """Round-trip every plan (and its config); return {code: plan}, asserting injectivity."""
+    seen: dict[tuple, Plan] = {}
+    for p in plans:
+        code = encode_plan(p)
+        assert all(type(v) is int for v in code), code
+        back = decode_plan(code)
+        assert back == p and back.kernel == p.kernel, (p, code, back)
+        assert type(back.config) is type(p.config), (p, back)
+        assert seen.setdefault(tuple(code), p) == p, f"two plans share the code {code}: {seen[tuple(code)]}, {p}"
+    _roundtrip_configs({p.config for p in plans if p.config is not None})
+    return seen
 
 
-def test_hopper_swiglu_chooser_roundtrip():
-    got = {c for mode, m, n, sms, dt in itertools.product((0, 1, 2), ROWS, NS, SMS, OUT_DTYPES)
-           for rpe in (m, max(1.0, m / 8))
-           for c in [H.choose_swiglu_config(mode, m, rpe, n, sms, dt.itemsize)]}
-    _roundtrip_all(got)
-    assert {c.epilogue for c in got} == {"tma", "masked"} and {c.block_m for c in got} == {64, 128}
+def _dense_plans() -> set:
+    plans = set()
+    for dev, fmt, a, m, n, k in itertools.product(DEVICES, FORMATS, A_KINDS, MS, NS, KS):
+        interp = (True, False) if dev.kind == "cpu" else (False,)
+        for it in interp:
+            plans.add(plan_gemm(Problem("gemm", fmt, m, n, k, a=a, interpret=it), dev))
+    # the other inputs of the planner at a few shapes: out dtype, bias, 1x128 weight blocks, no TMA
+    for fmt, m, n, k, out, bias, br, tma in itertools.product(
+            FORMATS, (1, 16, 128, 4096), (128, 7168), (128, 7168), OUT_DTYPES, (False, True), (1, 128),
+            (True, False)):
+        if br == 1 and fmt != "fp8_block":
+            continue
+        plans.add(plan_gemm(Problem("gemm", fmt, m, n, k, out_dtype=out, bias=bias, b_block_rows=br, tma=tma),
+                            H100_SXM))
+    return plans
 
 
-def test_hopper_dense_choosers_roundtrip():
-    """The dense Hopper choosers (skinny, small-M split-K, wide with tail split): same encoding."""
-    got = set()
-    for m, n, k, sms, dt in itertools.product(ROWS, NS, KS, SMS, OUT_DTYPES):
-        got.add(H.choose_dispatch_config(m, n, k, dt.itemsize, sms))
-        for c in (H.skinny_dispatch_config(m, n, k, sms), H.small_m_dispatch_config(m, n, k, sms)):
-            if c is not None:
-                got.add(c)
-    _roundtrip_all(got)
-    assert {c.variant for c in got} >= {"wide", "skinny"}
-    assert any(c.split_k > 1 for c in got) and any(c.tail_split > 1 for c in got)
+def test_every_dense_plan_roundtrips():
+    """plan_gemm over formats x quantized / weight-only x M x N x K on the H100, a smaller sm_90
+    part and the CPU interpreter (and reference), plus out dtypes, bias, block rows and TMA."""
+    plans = _dense_plans()
+    _roundtrip_plans(plans)
+    kinds = {p.kernel for p in plans}
+    assert kinds >= {"portable", "gemv", "dequant_matmul", "hopper_wide", "hopper_skinny", "reference"}, kinds
+    assert {p.backend for p in plans} == {"cuda", "interpreter", "reference"}
+    hop = [p.config for p in plans if isinstance(p.config, HopperConfig)]
+    assert any(c.split_k > 1 for c in hop) and any(c.tail_split > 1 for c in hop)
+    assert any(c.variant == "skinny" and c.split_k > 1 for c in hop)
 
 
-def test_portable_grouped_chooser_roundtrip():
-    """config.grouped.choose_grouped_config over formats, weight-only dtypes, groupings, dual,
-    experts, output dtypes and devices (dequant_matmul included where the model picks it)."""
-    got = set()
-    grid = itertools.product(DEVICES, FORMATS, (None, torch.bfloat16, torch.float16),
-                             ("dense", "contiguous", "masked"), (False, True), OUT_DTYPES)
-    for info, fmt, a_dtype, grouping, dual, dt in grid:
-        for m, n, k, e in itertools.product((1, 16, 64, 65, 128, 512, 4096), (128, 2048, 7168), (512, 7168),
-                                            (1, 8, 64)):
-            for allow in (True, False):
-                got.add(choose_portable(fmt, m, n, k, info, dual=dual, a_dtype=a_dtype, grouping=grouping,
-                                        experts=e, out_dtype=dt, allow_dequant=allow))
-    _roundtrip_all(got)
-    strategies = {c.strategy for c in got}
-    assert strategies == {"triton", "dequant_matmul"}, strategies
-    assert {c.promote for c in got if c.strategy == "triton"} == {True, False}  # resolved by the chooser
+def test_every_fp8_candidate_roundtrips():
+    """Every candidate the cost model ranks (plan.dense.fp8_candidates), chosen or not, encodes:
+    a forced config or a recalibrated model may run any of them."""
+    cands = set()
+    for dev, m, n, k, out in itertools.product(DEVICES[:2], MS, NS, KS, ("bfloat16", "float32")):
+        p = Problem("gemm", "fp8_block", m, n, k, out_dtype=out)
+        cands.update(fp8_candidates(p, dev))
+    _roundtrip_configs(cands)
+    for c in cands:
+        assert decode_plan(encode_plan(Plan("gemm", "cuda", c))) == Plan("gemm", "cuda", c)
+    hop = [c for c in cands if isinstance(c, HopperConfig)]
+    assert {c.variant for c in hop} == set(VARIANTS)
+    assert any(c.split_k > 1 for c in hop) and any(c.tail_split > 1 for c in hop)
+    gem = [c for c in cands if isinstance(c, GemmConfig)]
+    assert {c.strategy for c in gem} == {"triton", "gemv", "dequant_matmul"}
+    assert any(c.swap_ab for c in gem) and any(c.split_k > 1 for c in gem)
 
 
-def test_forced_and_dense_configs_roundtrip():
-    """Forced grouped configs after check_grouped_config (promote resolved), the dense chooser's
-    configs (gemv, swap-AB, split-K), and GemmConfig's promote=None."""
-    got = {GemmConfig(), GemmConfig(promote=None), GemmConfig(promote=False, swap_ab=True, group_m=1)}
+def _grouped_problems():
+    """Contiguous and masked grouped GEMMs, and contiguous / masked / dense SwiGLU problems."""
+    for op, grouping in (("grouped", "contiguous"), ("grouped", "masked"), ("swiglu", "contiguous"),
+                         ("swiglu", "masked"), ("swiglu", "dense")):
+        dual = op == "swiglu"
+        experts_list = (1,) if grouping == "dense" else (1, 4, 8, 64)
+        for fmt, a, e, rpe, n, k in itertools.product(FORMATS, A_KINDS, experts_list, (1, 16, 64, 100, 128, 512, 4096),
+                                                      (128, 2048, 7168), (128, 2048, 7168)):
+            m = rpe if grouping == "dense" else e * rpe
+            yield Problem(op, fmt, m, n, k, a=a, grouping=grouping, experts=e, rows_per_expert=float(rpe),
+                          dual=dual)
+
+
+def test_every_grouped_plan_roundtrips():
+    """plan_grouped for contiguous / masked grouped GEMMs and contiguous / masked / dense SwiGLU,
+    with the Hopper kernel available (hopper_why None) and not (a reason), on the H100 (tail
+    splits, 64/128-row tiles, dequant_matmul) and the CPU (interpreter and reference)."""
+    plans = set()
+    for p in _grouped_problems():
+        for why in HOPPER_WHY:
+            plans.add(plan_grouped(p, H100_SXM, hopper_why=why))
+        for it in (True, False):
+            plans.add(plan_grouped(dataclasses.replace(p, interpret=it), CPU_INTERPRETER, hopper_why=HOPPER_WHY[1]))
+    seen = _roundtrip_plans(plans)
+    assert len(seen) == len(plans)
+    assert {p.kernel for p in plans} == {"hopper_wide", "portable_grouped", "grouped_dequant_matmul", "reference"}
+    assert {p.op for p in plans} == {"grouped", "swiglu"}
+    hop = [p.config for p in plans if isinstance(p.config, HopperConfig)]
+    assert any(c.tail_split > 1 for c in hop) and {c.block_m for c in hop} == {64, 128}
+    assert {c.epilogue for c in hop} == {"tma", "masked"}
+    gem = [p.config for p in plans if isinstance(p.config, GemmConfig) and p.config.strategy == "triton"]
+    assert {c.promote for c in gem} == {True, False}  # resolved by the chooser
+
+
+def test_hopper_grouped_tiles_roundtrip():
+    """Every grouped / SwiGLU Hopper tile choice over rows, N, K, SM counts, out dtypes and experts,
+    tail splits included (the field that was once lost crossing the op)."""
+    rows = (1, 16, 64, 65, 128, 129, 256, 512, 2048, 16384)
+    got = {grouped_hopper_config(r, n, k, sms, ob, e) for r, n, k, sms, ob, e in itertools.product(
+        rows, (128, 2048, 2112, 7168), (512, 2048, 4096, 7168), (132, 114, 78), (2, 4), (1, 4, 8, 256))}
+    got |= {swiglu_hopper_config(mode, r, rpe, n, sms, ob) for mode, r, n, sms, ob in itertools.product(
+        (0, 1, 2), rows, (128, 2048, 7168), (132, 78), (2, 4)) for rpe in (r, max(1.0, r / 8))}
+    _roundtrip_configs(got)
+    assert max(c.tail_split for c in got) > 1
+    # E=4 m=512 N=7168 K=7168 on 132 SMs: the tail split survives the round trip
+    c = grouped_hopper_config(512, 7168, 7168, 132, 2, 4)
+    assert c.tail_split > 1 and decode_config(encode_config(c)).tail_split == c.tail_split
+
+
+def test_grouped_list_and_forced_plans_roundtrip():
+    """plan_grouped_list, forced configs (checked grouped ones with promote resolved, forced
+    dense GemmConfig / HopperConfig), and the plain GemmConfig values (promote None)."""
+    plans = set()
+    for dev, fmt, m, n, k in itertools.product((H100_SXM, CPU_INTERPRETER), FORMATS, (1, 64, 256, 4096),
+                                               (128, 7168), (256, 7168)):
+        plans.add(plan_grouped_list(Problem("grouped_list", fmt, m, n, k, experts=8, interpret=True), dev))
     for fmt, bk in (("fp8_block", 128), ("mxfp8", 32), ("nvfp4", 128), ("mxfp4", 64)):
         for c in (GemmConfig(64, 32, bk, 4, 2), GemmConfig(16, 16, bk, 2, 1, promote=fmt != "nvfp4")):
-            if fmt == "nvfp4" and c.promote is None:
-                c = c.replace(promote=False)
             try:
-                got.add(check_grouped_config(c, fmt))
+                c = check_grouped_config(c, fmt)
             except ValueError:
-                pass  # a combination the format cannot run: not a config any call launches
-    for info in DEVICES:
-        for m, n, k, fmt in itertools.product((1, 2, 4, 16, 33, 64, 128, 256, 4096), (128, 2112, 7168),
-                                              (512, 2048, 7168), FORMATS):
-            got.add(choose_gemm_config(fmt, m, n, k, info))
-            got.add(choose_gemm_config(fmt, m, n, k, info, allow_hopper=False, allow_gemv=False))
-            got.add(choose_gemm_config(fmt, m, n, k, info, a_dtype=torch.bfloat16))
-    _roundtrip_all(got)
-    assert {c.strategy for c in got} == {"triton", "gemv", "hopper", "dequant_matmul"}
-    assert any(c.swap_ab for c in got) and any(c.split_k > 1 for c in got)
+                continue  # a combination the format cannot run: no call launches it
+            plans.add(Plan("grouped", "cuda", c))
+            plans.add(plan_grouped(Problem("grouped", fmt, 64, 128, 256, grouping="masked", experts=2,
+                                           rows_per_expert=32.0), H100_SXM, c, hopper_why="x"))
+    forced = (GemmConfig(64, 64, 128, 4, 3, 2, "triton", True, 8, False), GemmConfig(strategy="hopper"),
+              HopperConfig("wide", 128, 256, 8, 4, tail_split=3), HopperConfig("skinny", 16, 128, 4, 6, split_k=4))
+    for f in forced:
+        plans.add(plan_gemm(Problem("gemm", "fp8_block", 64, 7168, 2048), H100_SXM, f))
+        plans.add(plan_gemm(Problem("gemm", "fp8_block", 64, 7168, 2048, bias=True), H100_SXM, f))
+    plans.add(Plan("quantize", "cuda", None))
+    plans.add(Plan("dequantize", "interpreter", None))
+    _roundtrip_plans(plans)
+    _roundtrip_configs([GemmConfig(), GemmConfig(promote=None), GemmConfig(promote=False, swap_ab=True, group_m=1)])
 
 
 def test_every_field_travels():
@@ -136,7 +197,7 @@ def test_every_field_travels():
         {"strategy": "dequant_matmul"}, {"strategy": "hopper"}, {"promote": False}, {"promote": None},
         {"group_m": 4}, {"swap_ab": True})]
     for base, variants in ((base_h, variants_h), (base_g, variants_g)):
-        seen = _roundtrip_all([base, *variants])
+        seen = _roundtrip_configs([base, *variants])
         assert len(seen) == 1 + len(variants)
     changed = {f.name for v in variants_h for f in dataclasses.fields(v) if getattr(v, f.name) != getattr(base_h, f.name)}
     assert changed == {f.name for f in dataclasses.fields(HopperConfig)}
@@ -144,6 +205,9 @@ def test_every_field_travels():
     assert changed == {f.name for f in dataclasses.fields(GemmConfig)}
     assert set(EPILOGUES) <= {v.epilogue for v in variants_h} and set(SPLIT_REDUCE) <= {
         v.split_reduce for v in [base_h, *variants_h]}
+    # a plan's op and backend travel too
+    plans = [Plan(op, be, base_g) for op in OPS for be in BACKENDS]
+    assert len(_roundtrip_plans(plans)) == len(plans)
 
 
 def test_tags_and_bad_codes():
@@ -153,7 +217,7 @@ def test_tags_and_bad_codes():
         decode_config([])
     with pytest.raises(ValueError, match=r"code\[0\].*tag"):
         decode_config([9, *good[1:]])
-    with pytest.raises(ValueError, match="takes 12 ints"):
+    with pytest.raises(ValueError, match=f"takes {len(good)} ints"):
         decode_config(good[:-1])
     with pytest.raises(ValueError, match="variant index"):
         decode_config([good[0], len(VARIANTS), *good[2:]])
@@ -167,3 +231,19 @@ def test_tags_and_bad_codes():
         encode_config({"block_m": 64})
     with pytest.raises(TypeError, match=r"GemmConfig.group_m: expected an int"):  # the dataclass checks types
         GemmConfig(group_m=8.0)
+    plan_code = encode_plan(Plan("grouped", "cuda", HopperConfig()))
+    with pytest.raises(ValueError, match="list of ints from encode_plan"):
+        decode_plan(plan_code[:2])
+    with pytest.raises(ValueError, match="out of range"):
+        decode_plan([len(OPS), *plan_code[1:]])
+    with pytest.raises(ValueError, match="out of range"):
+        decode_plan([plan_code[0], len(BACKENDS), *plan_code[2:]])
+    assert encode_plan(Plan("quantize", "reference", None))[2:] == [0]
+
+
+def test_devices_are_plain_values():
+    """A DeviceInfo built by hand plans like the preset: the grid above needs no GPU."""
+    dev = DeviceInfo("cuda", 132, (9, 0), 232448, H100_SXM.l2_bytes, H100_SXM.mem_bw, H100_SXM.name)
+    assert dev == H100_SXM
+    p = Problem("gemm", "fp8_block", 4096, 2112, 7168)
+    assert plan_gemm(p, dev) == plan_gemm(p, H100_SXM)
