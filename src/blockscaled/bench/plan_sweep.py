@@ -14,6 +14,7 @@ on-disk cache), then one process times.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -209,6 +210,7 @@ def run_sweep(shapes: list[dict], out_path: str, *, jobs: int = 1, budget_s: flo
 
 
 def load_records(path: str) -> list[dict]:
-    """The JSON lines of a sweep."""
-    with open(path) as f:
+    """The JSON lines of a sweep (``.jsonl`` or gzip-compressed ``.jsonl.gz``)."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as f:
         return [json.loads(line) for line in f if line.strip()]

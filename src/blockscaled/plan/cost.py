@@ -151,11 +151,19 @@ def features(cfg, fmt_name: str, m: int, n: int, k: int, dev: DeviceInfo, *, a_d
             kb_per = _cdiv(nk, splits)
     slots = dev.sm_count * programs_per_sm(cfg, fmt_name, a_dense_bytes, promote, dev)
     units = (tiles - full_tiles) * splits
-    per_kb_bytes = (rows_a * (a_dense_bytes or eb) + rows_b * eb) * 128
+    # bytes one unit streams per K block from DRAM: an A panel is shared by the tile row's N tiles
+    # and a B panel by the tile column's M tiles (the first reader brings it into L2, the others
+    # hit it), so each unit's share is its panels divided by their readers
+    if isinstance(cfg, HopperConfig) and cfg.variant == "skinny" or key == "gemv":
+        m_tiles, n_tiles = 1, tiles
+    else:
+        m_tiles, n_tiles = _cdiv(m, cfg.block_m), _cdiv(n, cfg.block_n)
+    per_kb_bytes = (rows_a * (a_dense_bytes or eb) / n_tiles + rows_b * eb / m_tiles) * 128
+    l2_kb_bytes = (rows_a * (a_dense_bytes or eb) + rows_b * eb) * 128
     partial = units * cfg.block_m * cfg.block_n * 4 if splits > 1 else 0
     f.update(full_rounds=_cdiv(full_tiles, slots) if full_tiles else 0, rounds=_cdiv(units, slots), kb=kb_per,
              split=1.0 if splits > 1 else 0.0, per_kb_bytes=per_kb_bytes, partial_bytes=partial,
-             l2_bytes=(full_tiles * nk + units * kb_per) * per_kb_bytes + 2 * partial,
+             l2_bytes=(full_tiles * nk + units * kb_per) * l2_kb_bytes + 2 * partial,
              tile_bytes=cfg.block_m * cfg.block_n * 8.0,
              units=units, slots=slots, splits=splits)
     return f

@@ -160,7 +160,7 @@ def fp8_candidates(p: Problem, dev: DeviceInfo, *, hopper: bool = True, gemv: bo
             slots = sms * programs_per_sm(cfg, "fp8_block", 0, True, dev)
             for s in _splits(tiles, nk, PORTABLE_MAX_ROUNDS * slots):
                 out.append(replace(cfg, split_k=s))
-    if dequant and p.out_dtype != "float32" and m > 0:
+    if dequant and p.out_dtype != "float32" and m > 0 and k > 0:
         out.append(GemmConfig(strategy="dequant_matmul"))
     return out
 
