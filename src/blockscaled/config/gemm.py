@@ -83,7 +83,7 @@ class GemmConfig:
 
     def __post_init__(self) -> None:
         # field types first: the eager path hands the object to the kernels as it is, and the
-        # custom-op encoding (config/encoding.py) rejects non-ints, so both must agree
+        # custom-op encoding (plan/encoding.py) rejects non-ints, so both must agree
         for name in ("block_m", "block_n", "block_k", "num_warps", "num_stages", "split_k", "group_m"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool):

@@ -3,7 +3,7 @@
 The kernels live in ``kernels/hopper/``, their host launchers and the rules that choose a
 HopperConfig in ``ops/_hopper.py``. The dataclass lives here, next to :class:`GemmConfig`
 (``config/gemm.py``), so that the config package can describe and encode every kernel choice
-(``config/encoding.py``) without importing the launchers.
+(``plan/encoding.py``) without importing the launchers.
 """
 
 from __future__ import annotations

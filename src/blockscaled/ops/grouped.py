@@ -15,7 +15,7 @@ The kernel choice is made once per call and run as is: eager calls hand the conf
 the implementation (``grouped_impl``) directly, skipping the torch.library round trip
 (``gemm._eager_ok``: not compiling or tracing, no dispatch mode, plain tensors); under
 torch.compile / tracing the custom ops carry it whole as one ``cfg: list[int]``
-(``config/encoding.py``) and decode it before the same implementation.
+(``plan/encoding.py``) and decode it before the same implementation.
 """
 
 from __future__ import annotations
@@ -294,7 +294,7 @@ def _out_shape(a_data: torch.Tensor, b_data: torch.Tensor, mode: int) -> tuple[i
 # ``ops._hopper.grouped_fp8_block_hopper_impl``; fp8_block x 128x128 weights, checked by
 # ``hopper_reason`` before it is chosen). It is made once by the public functions and run as is:
 # eager calls pass the object to ``grouped_impl``, the custom ops carry it whole as one
-# ``cfg: list[int]`` (``config/encoding.py``) and decode it before the same ``grouped_impl``.
+# ``cfg: list[int]`` (``plan/encoding.py``) and decode it before the same ``grouped_impl``.
 def grouped_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out, out_dtype,
                  fmt_id: int, grouping: int, k: int, b_br: int, cfg, check_op: int = 0) -> torch.Tensor:
     """Run the grouped GEMM (SwiGLU with ``b2_*``) with exactly ``cfg`` and return the output

@@ -101,7 +101,7 @@ def swiglu(
     only; dense / masked nvfp4: fp32) and fp32 for fp16 / fp32 outputs, the activation is fp32 and the cast one: bf16
     products add up to two bf16 roundings, within the bf16 tolerance row;
     ``strategy="hopper"``: the sm_90 Gluon kernel, fp8_block with 128x128 weights only, chosen by
-    the heuristic for those on sm_90 (grouped always, dense from ``SWIGLU_HOPPER_MIN_M`` rows),
+    the planner for those on sm_90 (grouped always, dense from ``SWIGLU_HOPPER_MIN_M`` rows),
     the portable kernel's numerics; a forced hopper config contributes only its strategy: the
     tiles are chosen by the planner, ``plan/grouped.py``). No host sync (unless
     ``validate=True``); deterministic.

@@ -89,7 +89,7 @@ def dequant_matmul_reason(
 
 def _dequant_matmul_faster(fmt: str, grouping: str, e: int, rows: int, n: int, k: int, dual: bool,
                            a_dtype: torch.dtype | None, out_dtype: torch.dtype) -> bool:
-    """Roofline model (constants of config/gemm.py, H100): t(Triton kernel) vs t(dequantize) +
+    """Roofline model (constants of plan/portable.py, H100): t(Triton kernel) vs t(dequantize) +
     t(cuBLAS bf16) + t(epilogue). ``rows``: rows of A (masked: ``E * max_m``, the padded rows
     that both strategies may compute; the counts are on the device)."""
     nb = 2 if dual else 1
@@ -170,7 +170,7 @@ def choose_grouped_config(
     * block_k: the promotion chunk (128 fp8_block, 32 MX) or 128 for dequantizing kernels.
     * num_warps: 8 from 128x128 accumulator elements (DUAL counts both), and for dequantizing
       tiles already from 128x64 (see ``_DEQUANT_8WARP_ACC``: 4-warp 128x64x128 MX/NV tiles spilled).
-    * stages: from the shared-memory budget (config.gemm._stages).
+    * stages: from the shared-memory budget (plan/portable.py::_stages).
     Interpreter (CPU): small tiles, one stage (cost is per program and per op there).
     """
     if grouping not in GROUPINGS:

@@ -29,8 +29,6 @@ _SCALE_K = {f.name: f.block_k for f in FORMATS.values()}
 _ELEM_BYTES = {f.name: f.elem_bytes for f in FORMATS.values()}
 _SCALE_BYTES = {f.name: f.scale_bytes for f in FORMATS.values()}
 
-#: the tma / ws variants on all six shapes at M=4096.)
-
 
 # Roofline constants for the strategy model, H100 SXM, measured before benchmarks/NOTES.md was
 # started (docs/design.md, "Measurements older than NOTES.md"):
@@ -53,11 +51,6 @@ _TRITON_MX_FLOPS = 220e12
 _TRITON_FP8_FLOPS = 675e12
 #: per-tile prologue/epilogue cost in K iterations (fitted: K=512 vs K=16384 rows above)
 _TRITON_FP8_KOVH = 2.7
-#: cuBLAS bf16 efficiency drop at short K (implied by the dequant+matmul rows above after
-#: removing the dequantization at 3 TB/s: ~600 TFLOP/s at K=512, ~710-750 at K >= 1536):
-#: rate = _BF16_FLOPS_FP8_MODEL * K / (K + _BF16_K_HALF)
-_BF16_FLOPS_FP8_MODEL = 760e12
-_BF16_K_HALF = 136
 #: fp8_block takes dequant_matmul only when the model predicts it >= 10% faster: bf16 operands
 #: cost accuracy (fp32-scaled values rounded to 2**-9). The model's t_dq / t_triton for the six
 #: rows above: 0.73 (32768x512) and 0.87 (24576x1536), where dequant+matmul measured 37% and 7%
@@ -326,11 +319,7 @@ def _use_dequant_matmul(fmt, m, n, k, info: DeviceInfo, a_dtype, out_dtype) -> b
     eb = _ELEM_BYTES[fmt]
     a_packed = m * k * (2 if a_dtype is not None else eb)
     b_packed = n * k * eb
-    if fmt == "fp8_block" and a_dtype is None:
-        kiters = max(1, math.ceil(k / 128))
-        rate = _TRITON_FP8_FLOPS * kiters / (kiters + _TRITON_FP8_KOVH)
-        bf16_rate = _BF16_FLOPS_FP8_MODEL * k / (k + _BF16_K_HALF)
-    elif fmt == "fp8_block":
+    if fmt == "fp8_block":  # weight-only here: quantized fp8_block on sm_90 is the cost model's (plan/dense.py)
         kiters = max(1, math.ceil(k / 128))
         rate = _TRITON_FP8_FLOPS * kiters / (kiters + _TRITON_FP8_KOVH)
         bf16_rate = _BF16_FLOPS
