@@ -3,8 +3,9 @@
 Compiled in a subprocess without TRITON_INTERPRET (conftest sets it for this process).
 Checks: the fp8_block kernel uses FP8 wgmma (``wgmma.mma_async ... e4m3``); MX/NV kernels
 compile with bf16 wgmma (dequantize path) or FP8 wgmma (promote path); weight-only variants
-compile; the shared memory of the heuristic's large-M configs fits the H100's 227 KB; the fused
-split-K kernel (decode) has its gpu-scope acq_rel tile counter, barrier and .cg partial loads.
+compile; the shared memory of the planner's portable configs (large M, decode) fits the H100's
+227 KB; the fused split-K kernel (decode) has its gpu-scope acq_rel tile counter, barrier and .cg
+partial loads; swap-AB tiles compile to narrow wgmma.
 """
 
 from pathlib import Path
@@ -19,8 +20,9 @@ import torch
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from blockscaled.kernels.triton.gemm import gemm_kernel
-from blockscaled.config.gemm import DeviceInfo, choose_gemm_config
-import blockscaled.config.gemm as cg
+from blockscaled.plan import H100_SXM, Problem
+from blockscaled.plan.dense import plan_fp8
+from blockscaled.plan.portable import default_promote
 
 TGT = GPUTarget("cuda", 90, 32)
 DIV16 = ("K", "N", "stride_am", "stride_bn", "stride_cm", "stride_cs", "k_per_split")
@@ -54,24 +56,25 @@ def comp(afmt, bfmt, promote, dot, bm, bn, bk, warps, stages, adt=None, split=1,
             "before_atom": lines[max(0, atoms[0] - 12):atoms[0]] if atoms else [],
             "shared": k.metadata.shared}
 
-h100 = DeviceInfo("cuda", 132, (9, 0), 232448)
-cg.device_info = lambda d: h100
+def portable(m, n, k):
+    """The planner's portable fp8_block tiles on an H100 (what runs where the Hopper kernels and
+    the GEMV cannot: a bias, 1x128 weight blocks, operands TMA cannot describe)."""
+    return plan_fp8(Problem("gemm", "fp8_block", m, n, k), H100_SXM, hopper=False, forced_strategy="triton").config
+
 out = {}
 f8, bf = tl.float8e4nv, tl.bfloat16
-cfg = choose_gemm_config("fp8_block", 4096, 7168, 16384, torch.device("cuda"))
-out["fp8_block_large"] = comp(0, 0, True, f8, cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages)
-out["fp8_block_large"]["cfg"] = [cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages]
-cfg = choose_gemm_config("fp8_block", 1, 2112, 7168, torch.device("cuda"), allow_gemv=False)
-out["fp8_block_decode"] = comp(0, 0, True, f8, cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps,
-                               cfg.num_stages, split=cfg.split_k, swap=cfg.swap_ab)
-out["fp8_block_decode"]["swap"] = cfg.swap_ab
+for name, (m, n, k) in (("fp8_block_large", (4096, 7168, 16384)), ("fp8_block_decode", (1, 2112, 7168))):
+    cfg = portable(m, n, k)
+    out[name] = comp(0, 0, True, f8, cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages,
+                     split=cfg.split_k, swap=cfg.swap_ab)
+    out[name]["cfg"] = str(cfg)
+out["swap_fp8_split"] = comp(0, 0, True, f8, 16, 64, 128, 4, 4, split=8, swap=True)
 out["swap_fp8_nosplit"] = comp(0, 0, True, f8, 16, 128, 128, 4, 4, swap=True)
 out["swap_mxfp8_split"] = comp(1, 1, True, f8, 16, 64, 32, 4, 6, split=4, swap=True, even=False)
 out["swap_nvfp4_split"] = comp(3, 3, False, bf, 16, 64, 128, 4, 4, split=4, swap=True)
-out["fp8_block_decode"]["cfg_split"] = cfg.split_k
 for name, code in (("mxfp8", 1), ("mxfp4", 2), ("nvfp4", 3)):
     for m in (64, 1024):
-        promote = cg.default_promote(name, m, None)
+        promote = default_promote(name, m, None)
         bk = 32 if promote else 128
         c = comp(code, code, promote, f8 if promote else bf, 128 if m > 64 else 64, 128, bk, 8 if m > 64 else 4,
                  3, even=False)
@@ -88,7 +91,7 @@ try:
 except Exception as e:
     msg = str(e) + " | " + str(e.__cause__) + " | " + str(e.__context__)
     out["fp8_dot_k16"] = "K >= 32" if "K >= 32" in msg else msg[-800:]
-# fused split-K variants: the decode config above (fp8_block), mxfp8 promote, nvfp4 dequantize, weight-only
+# fused split-K variants: swap_fp8_split above (fp8_block), mxfp8 promote, nvfp4 dequantize, weight-only
 out["splitk_mxfp8"] = comp(1, 1, True, f8, 64, 64, 32, 4, 6, split=8)
 out["splitk_nvfp4"] = comp(3, 3, False, bf, 16, 64, 128, 4, 6, split=4, even=False, out="*fp32")
 out["splitk_wo_bf16"] = comp(4, 1, False, bf, 64, 64, 128, 4, 4, adt="*bf16", split=3)
@@ -123,9 +126,9 @@ def test_fp8_block_uses_fp8_wgmma(compiled):
     for key in ("fp8_block_large", "fp8_block_decode", "fp8_block_fp32out_tail"):
         w = compiled[key]["wgmma"]
         assert w and all("e4m3.e4m3" in x for x in w), (key, w)
-    # the heuristic's large-M config is the design's simple-Triton one and fits in shared memory
-    assert compiled["fp8_block_large"]["cfg"][:4] == [128, 128, 128, 8]
-    assert compiled["fp8_block_large"]["shared"] <= 232448
+    # the planner's portable configs fit in shared memory
+    for key in ("fp8_block_large", "fp8_block_decode"):
+        assert compiled[key]["shared"] <= 232448, (key, compiled[key]["cfg"])
 
 
 @pytest.mark.parametrize("fmt", ["mxfp8", "mxfp4", "nvfp4"])
@@ -143,36 +146,34 @@ def test_weight_only_fp8_block_and_no_atomics(compiled):
     assert any("bf16" in x for x in compiled["wo_fp8_block_bf16"]["wgmma"])
     # SPLIT_K == 1 kernels have no atomics (and no split-K code at all)
     assert all(v.get("atom", 0) == 0 for key, v in compiled.items()
-               if isinstance(v, dict) and not key.startswith(("splitk", "swap_")) and key != "fp8_block_decode")
+               if isinstance(v, dict) and not key.startswith(("splitk", "swap_", "fp8_block_")))
     assert compiled["swap_fp8_nosplit"]["atom"] == 0
 
 
 def test_swap_ab_compiles_to_narrow_wgmma(compiled):
     """swap_ab: the weight tile is the wgmma's M side (64 rows per warpgroup) and 16 activation
     rows its N side: m64n16 instructions (FP8 for fp8_block / mxfp8 promote, bf16 for nvfp4)."""
-    assert compiled["fp8_block_decode"]["swap"]
-    for key, want in (("fp8_block_decode", "m64n16k32.f32.e4m3.e4m3"), ("swap_fp8_nosplit", "m64n16k32.f32.e4m3.e4m3"),
+    for key, want in (("swap_fp8_split", "m64n16k32.f32.e4m3.e4m3"), ("swap_fp8_nosplit", "m64n16k32.f32.e4m3.e4m3"),
                       ("swap_mxfp8_split", "m64n16k32.f32.e4m3.e4m3"), ("swap_nvfp4_split", "m64n16k16.f32.bf16.bf16")):
         w = compiled[key]["wgmma"]
         assert w and all(want in x for x in w), (key, w)
         assert compiled[key]["shared"] <= 232448
 
 
-@pytest.mark.parametrize("key", ["fp8_block_decode", "splitk_mxfp8", "splitk_nvfp4", "splitk_wo_bf16",
+@pytest.mark.parametrize("key", ["swap_fp8_split", "splitk_mxfp8", "splitk_nvfp4", "splitk_wo_bf16",
                                  "swap_mxfp8_split", "swap_nvfp4_split"])
 def test_fused_splitk_compiles_with_acq_rel_counter(compiled, key):
     """The fused split-K kernel compiles for sm_90: one gpu-scope acq_rel atomic add (the tile
     counter) after a CTA barrier, L2-only (.cg) loads of the partials, the counter reset, and
     the same tensor-core path as the unsplit kernel."""
     c = compiled[key]
-    assert compiled["fp8_block_decode"]["cfg_split"] > 1  # the heuristic splits K at M=1
     assert "atom.global.gpu.acq_rel.add.u32" in c["atom_ops"], c["atom_ops"]
     assert any(op.startswith("atom.global") and ".exch" in op for op in c["atom_ops"]), c["atom_ops"]
     assert c["ld_cg"] > 0
     assert any(ln.startswith("bar.sync") for ln in c["before_atom"]), c["before_atom"]
     assert c["wgmma"] or c["mma"], c
     assert c["shared"] <= 232448
-    if key == "fp8_block_decode":
+    if key == "swap_fp8_split":
         assert c["wgmma"] and all("e4m3.e4m3" in x for x in c["wgmma"]), c["wgmma"]
 
 

@@ -107,21 +107,21 @@ for bm, bn, st, epi, mode, cdt, split, dual, *sk in [
         (128, 256, 4, 2, 0, "bf16", True, True), (128, 256, 4, 1, 1, "bf16", True, True),
         (64, 256, 5, 1, 2, "bf16", False, True), (128, 256, 3, 1, 0, "fp32", True, True),
         (128, 256, 4, 2, 0, "fp16", True, True),
-        # fused split-K (dense): SPLIT 3 next to the same configs above (SPLIT 1), and the
-        # small-M chooser's 128x128 6-stage config with 7 splits
+        # fused split-K (dense): SPLIT 3 next to the same configs above (SPLIT 1), and a
+        # 128x128 5-stage config with 7 splits
         (128, 256, 3, 2, 0, "bf16", True, False, 3), (128, 256, 4, 1, 0, "bf16", True, False, 3),
         (128, 256, 3, 1, 0, "fp32", True, False, 3), (128, 128, 5, 2, 0, "fp16", True, False, 3),
         (128, 128, 5, 2, 0, "fp32", True, False, 3), (128, 128, 5, 2, 0, "bf16", True, False, 7),
         (128, 256, 3, 2, 0, "bf16", False, False, 3),
-        # tail split (TAIL: whole tiles, then split units of the last wave): the M=4096 dispatch
-        # config (128x256, 3 stages, TMA store) and the masked fp32 / 128x128 variants
+        # tail split (TAIL: whole tiles, then split units of the last wave): the planner's M=4096
+        # N=2112 config (128x256, 3 stages, TMA store) and the masked fp32 / 128x128 variants
         (128, 256, 3, 2, 0, "bf16", True, False, 5, True), (128, 256, 3, 1, 0, "fp32", True, False, 3, True),
         (128, 128, 5, 2, 0, "bf16", True, False, 14, True),
         # the unsplit build of that last config (the split builds' main loop is compared with it)
         (128, 128, 5, 2, 0, "bf16", True, False),
-        # split_reduce "spread" (SPREAD): the small-M 128x128 split 7 and the tail-split dispatch config
+        # split_reduce "spread" (SPREAD): the 128x128 split 7 and the 128x256 tail-split config
         (128, 128, 5, 2, 0, "bf16", True, False, 7, False, True), (128, 256, 3, 2, 0, "bf16", True, False, 5, True, True),
-        # the small-M dispatch's 64-row tile at M <= 64 (one 4-warp partition, one half), split 6, both reductions
+        # the 64-row tile of small M (one 4-warp partition, one half), split 6, both reductions
         (64, 128, 6, 2, 0, "bf16", False, False, 6), (64, 128, 6, 2, 0, "bf16", False, False, 6, False, True),
         # EPI 3 ("tma1": one shared output half tile per math partition): the 4-stage 128x256
         # ring it makes room for, unsplit and with the tail split (twins of the EPI 2 builds above)
@@ -243,8 +243,22 @@ def test_unsupported_reasons_cpu():
     assert "ScaledTensor" in unsupported_reason(torch.zeros(4, 256), b)
 
 
+#: the DeepSeek-V3 weight shapes (N, K) and two odd ones
+PLAN_NK = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048), (520, 1040),
+           (16, 16))
+
+
+def _hopper_candidates(m, n, k, out_dtype="bfloat16"):
+    """The Hopper configurations the planner considers for a dense fp8_block GEMM on an H100."""
+    from blockscaled.plan import H100_SXM, Problem
+    from blockscaled.plan.dense import fp8_candidates
+
+    return fp8_candidates(Problem("gemm", "fp8_block", m, n, k, out_dtype=out_dtype), H100_SXM, gemv=False,
+                          portable=False, dequant=False)
+
+
 def test_hopper_config_validation():
-    from blockscaled.ops._hopper import HopperConfig, choose_hopper_config
+    from blockscaled.ops._hopper import HopperConfig
 
     with pytest.raises(ValueError, match="variant"):
         HopperConfig(variant="nope")
@@ -254,17 +268,17 @@ def test_hopper_config_validation():
         HopperConfig(block_m=32, num_warps=4)
     with pytest.raises(ValueError, match="block_n"):
         HopperConfig(block_n=64)
-    with pytest.raises(ValueError, match="variant"):
-        choose_hopper_config(1, 7168, 2048, variant="nope")
     assert HopperConfig().variant == "wide"
-    big = choose_hopper_config(4096, 7168, 2048)
-    assert (big.variant, big.block_m, big.block_n, big.num_warps) == ("wide", 128, 256, 8)
+    # every Hopper candidate of the planner is valid and fits the H100's shared memory (the wide
+    # kernel's ring next to the output tile of the call's dtype); skinny only for M <= 64
     for m in (1, 64, 128, 4096):
-        for n, k in ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048), (16, 16)):
-            for variant in ("wide", "skinny") if m <= 64 else ("wide",):
-                cfg = choose_hopper_config(m, n, k, variant=variant)
-                assert cfg.variant == variant and cfg.stages >= 2, (m, n, k, cfg)
-                assert cfg.smem_bytes(2) <= 232448, (m, n, k, cfg)  # (the chooser's default: 2-byte output)
+        for n, k in PLAN_NK:
+            for out_dtype, es in (("bfloat16", 2), ("float32", 4)):
+                cands = _hopper_candidates(m, n, k, out_dtype)
+                assert {c.variant for c in cands} == ({"wide", "skinny"} if m <= 64 else {"wide"}), (m, n, k)
+                for cfg in cands:
+                    assert cfg.stages >= 2, (m, n, k, cfg)
+                    assert cfg.smem_bytes(es if cfg.variant == "wide" else 4) <= 232448, (m, n, k, cfg)
 
 
 def _spill_budget(key: str) -> int:
@@ -276,7 +290,7 @@ def _spill_budget(key: str) -> int:
     start and loaded in the epilogue, the K loops have no LDL/STL (SASS); the same
     configs without TAIL have 0); the single 8-warp math partition's
     split-K 24 B, in the split finish after the K loop (checked in the SASS; not a
-    dispatched config: the dispatch runs one partition per warpgroup)."""
+    planned config: the planner runs one partition per warpgroup)."""
     known = KNOWN_SPILL_STORES.get(_TRITON_MINOR, {}).get(key, 0)
     if "_split0_" in key and "_sk" in key:
         return max(32, known)
@@ -486,7 +500,9 @@ def test_split_reduce_config():
 
 
 def test_split_k_config_and_plan():
-    from blockscaled.ops._hopper import HopperConfig, _split_plan_kb, choose_small_m_hopper_config
+    from blockscaled.ops._hopper import HopperConfig
+    from blockscaled.plan.dense import MIN_KB_PER_SPLIT, SKINNY_PROGRAMS_PER_SM
+    from blockscaled.plan.splits import split_plan_kb as _split_plan_kb
 
     with pytest.raises(ValueError, match="split_k"):
         HopperConfig(split_k=0)
@@ -501,59 +517,45 @@ def test_split_k_config_and_plan():
         for sk in range(1, 20):
             s, per = _split_plan_kb(nk, sk)
             assert 1 <= s <= max(1, min(sk, nk)) and (s - 1) * per < nk <= s * per, (nk, sk, s, per)
-    # chooser: fills the SMs, keeps >= 4 K blocks per split, fits shared memory
-    cfg = choose_small_m_hopper_config(128, 2112, 7168, 132)
-    assert (cfg.block_n, cfg.split_k) == (128, 7)
-    cfg = choose_small_m_hopper_config(128, 7168, 16384, 132)
-    assert (cfg.block_n, cfg.split_k) == (128, 2)
+    # the planner's split candidates: the split is what the launcher runs (no empty range), each
+    # range keeps >= MIN_KB_PER_SPLIT K blocks, the wide kernel's units fit one wave of the
+    # persistent grid (splits only where tiles alone leave SMs idle; 128-column tiles only), the
+    # skinny kernel's SKINNY_PROGRAMS_PER_SM programs per SM
     for m in (1, 64, 128, 200, 256):
-        for n, k in ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048),
-                     (520, 1040), (16, 16)):
-            cfg = choose_small_m_hopper_config(m, n, k, 132)
+        for n, k in PLAN_NK:
             nk = -(-k // 128)
-            assert cfg.variant == "wide" and cfg.block_n in (128, 256) and cfg.split_k >= 1, (m, n, k, cfg)
-            assert cfg.split_k == 1 or nk // cfg.split_k >= 4, (m, n, k, cfg)
-            assert cfg.smem_bytes(2) <= 232448 and cfg.stages >= 2, (m, n, k, cfg)
-            tiles = -(-m // 128) * -(-n // cfg.block_n)
-            if cfg.split_k > 1:
-                assert tiles < 132, (m, n, k, cfg)  # splits only when tiles alone leave SMs idle
-
+            for cfg in _hopper_candidates(m, n, k):
+                if cfg.split_k == 1:
+                    continue
+                launched, per = _split_plan_kb(nk, cfg.split_k)
+                assert launched == cfg.split_k and per >= MIN_KB_PER_SPLIT, (m, n, k, cfg)
+                if cfg.variant == "wide":
+                    tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+                    assert cfg.block_n == 128 and tiles * cfg.split_k <= 132, (m, n, k, cfg)
+                else:
+                    assert -(-n // cfg.block_n) * cfg.split_k <= SKINNY_PROGRAMS_PER_SM * 132, (m, n, k, cfg)
 
 
 def test_short_k_raster():
     """Dense wide tiles at K <= 512 (4 K blocks) raster 32 row tiles per group (B read once per
     4096 rows; H100 M=4096 N=32768 K=512: 1.09x over 8), 8 from 5 K blocks on."""
-    from blockscaled.ops._hopper import SHORT_K_GROUP_M, choose_dispatch_config
+    from blockscaled.plan.dense import SHORT_K_GROUP_M
 
     assert SHORT_K_GROUP_M == 32
     for m, n, k, g in [(4096, 32768, 512, 32), (4096, 32768, 513, 8), (8192, 7168, 384, 32), (4096, 24576, 1536, 8),
                        (4096, 7168, 2048, 8), (4096, 2112, 7168, 8)]:
-        cfg = choose_dispatch_config(m, n, k, num_sms=132)
-        assert cfg.variant == "wide" and cfg.group_m == g, (m, n, k, cfg)
-
-
-def test_wide_tile_width_model():
-    """Dense wide tile width at M > 256 from the wave model (wide_tile_cost; H100
-    scripts/wide_sweep.py --only block_n: the faster width on all 18 rows of M = 512-2048 x the
-    six DeepSeek-V3 shapes); M <= 256 keeps the rule before it (128x256 when it alone fills
-    the SMs)."""
-    from blockscaled.ops._hopper import choose_hopper_config, wide_tile_cost
-
-    assert wide_tile_cost(112, 7168, 132) == 1 and wide_tile_cost(224, 7168, 132, 0.6) == pytest.approx(1.2)
-    assert wide_tile_cost(136, 7168, 132) == pytest.approx(136 / 132)  # 4 tail tiles: tail-split
-    assert wide_tile_cost(136, 2048, 132) == 2  # K too short for a tail split
-    for m, n, k, bn in [(512, 7168, 16384, 256), (512, 7168, 2048, 256), (1024, 4096, 7168, 256),  # were 128
-                        (512, 2112, 7168, 128), (512, 4096, 7168, 128), (1024, 2112, 7168, 128),  # one wave of 128
-                        (4096, 2112, 7168, 256), (4096, 7168, 16384, 256), (2048, 7168, 2048, 256),
-                        (128, 7168, 7168, 128), (256, 24576, 1536, 256)]:  # M <= 256: the old rule
-        assert choose_hopper_config(m, n, k, variant="wide", num_sms=132).block_n == bn, (m, n, k)
+        wide = [c for c in _hopper_candidates(m, n, k) if c.variant == "wide"]
+        assert wide and all(c.group_m == g for c in wide), (m, n, k, wide)
 
 
 def test_tail_split_config_and_plan():
-    """HopperConfig.tail_split: validation, the chooser (split the last partial wave's tiles into
-    as many K ranges as fit one wave, >= 4 K blocks each, <= 16) and the launcher's plan."""
-    from blockscaled.ops._hopper import (HopperConfig, _wide_split_plan, choose_dispatch_config,
-                                         tail_split_for)
+    """HopperConfig.tail_split: validation, the grouped kernel's rule (tail_split_for: split the
+    last partial wave's tiles into as many K ranges as fit one wave, >= 4 K blocks each, <= 16),
+    the dense planner's tail-split candidates and the launcher's plan."""
+    from blockscaled.ops._hopper import HopperConfig, _wide_split_plan
+    from blockscaled.plan.dense import MIN_KB_PER_SPLIT
+    from blockscaled.plan.grouped import tail_split_for
+    from blockscaled.plan.splits import split_plan_kb
 
     for bad in (dict(tail_split=0), dict(variant="wide", split_k=2, tail_split=2)):
         with pytest.raises(ValueError, match="tail_split"):
@@ -569,8 +571,23 @@ def test_tail_split_config_and_plan():
     assert tail_split_for(264, 7168, 132) == 1  # no partial wave
     assert tail_split_for(100, 7168, 132) == 1  # no full wave (the small-M split_k handles it)
     assert tail_split_for(252, 7168, 132) == 1  # 120 left: more than half a wave
-    assert choose_dispatch_config(4096, 2112, 7168, num_sms=132).tail_split == 5
-    assert choose_dispatch_config(4096, 4096, 7168, num_sms=132).tail_split == 1
+    # dense candidates: a tail split only where full waves leave a partial one, its units fit one
+    # wave, >= MIN_KB_PER_SPLIT K blocks per range, the launcher runs exactly that split
+    seen = 0
+    for m in (512, 1000, 2048, 4096, 4100):
+        for n, k in PLAN_NK:
+            nk = -(-k // 128)
+            for cfg in _hopper_candidates(m, n, k):
+                if cfg.tail_split == 1:
+                    continue
+                seen += 1
+                tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+                full = tiles // 132 * 132
+                launched, per = split_plan_kb(nk, cfg.tail_split)
+                assert cfg.split_k == 1 and 0 < full < tiles and (tiles - full) * launched <= 132, (m, n, k, cfg)
+                assert launched == cfg.tail_split and per >= MIN_KB_PER_SPLIT, (m, n, k, cfg)
+                assert _wide_split_plan(tiles, nk, cfg, 132) == (full, launched, per)
+    assert seen, "no tail-split candidate on the grid"
     cfg = HopperConfig("wide", 128, 256, 8, 3, tail_split=5)
     assert _wide_split_plan(288, 56, cfg, 132) == (264, 5, 12)  # 56 blocks in 5: 12, 12, 12, 12, 8
     assert _wide_split_plan(264, 56, cfg, 132) == (264, 1, 56)
@@ -578,51 +595,6 @@ def test_tail_split_config_and_plan():
     assert _wide_split_plan(288, 56, HopperConfig("wide", 128, 256, 8, 3), 132) == (288, 1, 56)
     # split_k: every tile split
     assert _wide_split_plan(17, 56, HopperConfig("wide", 128, 128, 8, 3, split_k=7), 132) == (0, 7, 8)
-
-def test_small_m_dispatch_rule():
-    """ops._hopper.small_m_dispatch_config takes the wide kernel exactly where the H100 measured it
-    faster than the portable kernel (rows in its docstring), with the measured splits."""
-    from blockscaled.ops._hopper import choose_dispatch_config, small_m_dispatch_config as f, small_m_split
-
-    # (M, N, K) -> (block_m, block_n, split)
-    taken = {(64, 2112, 7168): (64, 128, 6), (64, 4096, 7168): (64, 128, 3),
-             (64, 7168, 4096): (64, 128, 1), (128, 2112, 7168): (64, 128, 3),
-             # 32 < M <= 64, 48-95 tiles of 64x128 with >= 16 K blocks: unsplit (H100, NOTES 2026-11-23,
-             # SMALL_M_64_UNSPLIT_MAX_TILES: 1.02-1.12x over split 2 / the portable kernel)
-             (64, 7168, 16384): (64, 128, 1), (64, 7168, 7168): (64, 128, 1), (64, 6144, 7168): (64, 128, 1),
-             (40, 7168, 7168): (64, 128, 1), (64, 7168, 2048): (64, 128, 1), (64, 8192, 2048): (64, 128, 1),
-             (40, 8192, 2048): (64, 128, 1),
-             (128, 24576, 1536): (128, 256, 1), (128, 32768, 512): (128, 256, 1), (256, 2112, 7168): (128, 128, 3),
-             (256, 24576, 1536): (128, 128, 1), (384, 2112, 7168): (128, 128, 2),
-             (512, 2048, 7168): (128, 128, 2), (192, 7168, 7168): (128, 128, 1),
-             # 64 < M <= 256: one wave of 64-row tiles, unsplit or split 2 / 3 (>= 16 K blocks per
-             # range), whatever the 128-row rule gives (H100, NOTES 2026-11-23: 1.02-1.32x on the rows it changed)
-             (128, 4096, 7168): (64, 128, 2), (128, 7168, 16384): (64, 128, 1), (128, 7168, 4096): (64, 128, 1),
-             (128, 7168, 7168): (64, 128, 1), (128, 7168, 2048): (64, 128, 1), (128, 4096, 4096): (64, 128, 2),
-             (96, 4096, 4096): (64, 128, 2), (192, 4096, 4096): (64, 128, 1), (192, 2112, 7168): (64, 128, 2),
-             (256, 4096, 7168): (64, 128, 1), (256, 4096, 2048): (64, 128, 1), (256, 2048, 7168): (64, 128, 2),
-             (128, 2048, 7168): (64, 128, 3), (96, 2112, 7168): (64, 128, 3),
-             # above 256 rows one wave of 64-row tiles where the 128-row rule gives no split
-             # (H100 wide_sweep --only block_m: 1.29-1.37x; 512x2048x7168 keeps its split 2)
-             (512, 2048, 4096): (64, 128, 1), (512, 2048, 2048): (64, 128, 1), (384, 2048, 2048): (64, 128, 1),
-             (384, 2048, 4096): (64, 128, 1)}
-    not_taken = [(1, 2112, 7168), (16, 7168, 16384), (32, 24576, 1536), (32, 2112, 7168), (64, 24576, 1536),
-                 (64, 12288, 2048), (64, 7168, 1024), (32, 7168, 7168), (32, 7168, 2048),
-                 (64, 4096, 2048), (64, 4096, 4096), (64, 2048, 4096), (128, 2048, 4096), (128, 4096, 2048),
-                 (384, 7168, 7168), (512, 7168, 7168), (1024, 2048, 7168),
-                 (4096, 7168, 2048), (384, 4096, 2048), (512, 2048, 1024), (256, 2048, 2048)]
-    for (m, n, k), want in taken.items():
-        c = f(m, n, k)
-        assert c is not None and c.variant == "wide" and (c.block_m, c.block_n, c.split_k) == want, (m, n, k, c)
-        assert c.split_reduce == "spread" and choose_dispatch_config(m, n, k) == c
-        if c.split_k > 1:
-            assert -(-m // c.block_m) * -(-n // c.block_n) * c.split_k <= 132, c  # one wave
-    for m, n, k in not_taken:
-        assert f(m, n, k) is None, (m, n, k, f(m, n, k))
-    # the split rule: ~96 units in one wave, >= 4 K blocks per range (>= 24 from 48 tiles on)
-    assert [small_m_split(t, 56) for t in (1, 16, 17, 32, 34, 51, 56, 64, 96, 140)] == [14, 6, 6, 3, 3, 2, 2, 2, 1, 1]
-    assert small_m_split(56, 32) == 1 and small_m_split(16, 16) == 4 and small_m_split(3, 8) == 2
-
 
 def test_skinny_kernel(compiled):
     """Swap-AB: the weight tile is the wgmma's M side (m64) and the padded activation rows its N
@@ -646,35 +618,36 @@ def test_skinny_kernel(compiled):
             assert c["spill_stores"] == 0, (key, c)
 
 
-def test_skinny_config_and_dispatch_rule():
-    from blockscaled.ops._hopper import (HopperConfig, choose_dispatch_config, skinny_dispatch_config,
-                                         skinny_stages)
+def test_skinny_config_and_candidates():
+    from blockscaled.ops._hopper import HopperConfig
+    from blockscaled.plan.dense import skinny_stages
 
     for bad, match in (({"block_m": 128}, "block_m"), ({"block_n": 256}, "block_n"), ({"num_warps": 8}, "num_warps"),
                        ({"stages": 1}, "stages"), ({"split_k": 0}, "split_k")):
         kw = {"block_m": 16, "block_n": 64, "num_warps": 4, "stages": 4, **bad}
         with pytest.raises(ValueError, match=match):
             HopperConfig("skinny", **kw)
-    # the rule's measured winners (docstring) and losers
-    c = skinny_dispatch_config(16, 7168, 2048, 132)
-    assert (c.variant, c.block_m, c.block_n, c.split_k) == ("skinny", 16, 64, 1)
-    assert c.stages == skinny_stages(16, 64) and 4 * c.smem_bytes() <= 232448
-    c = skinny_dispatch_config(1, 32768, 512, 132)
-    assert (c.block_m, c.block_n) == (8, 128)
-    assert skinny_dispatch_config(64, 32768, 512, 132).block_m == 64
-    for m, n, k in ((1, 2112, 7168), (16, 4096, 7168), (1, 7168, 16384), (64, 7168, 2048), (33, 7168, 2048),
-                    (1, 2048, 2048), (0, 7168, 2048)):
-        assert skinny_dispatch_config(m, n, k, 132) is None, (m, n, k)
-    assert choose_dispatch_config(16, 7168, 2048, 2, 132).variant == "skinny"
-    assert choose_dispatch_config(16, 2112, 7168, 2, 132).variant != "skinny"
+    # the planner's skinny candidates: activation rows padded to a power of two >= 8, both weight
+    # tile heights, the ring skinny_stages sizes (4 programs per SM where 2 stages leave room)
+    for m in (1, 5, 8, 9, 16, 33, 64, 65, 128):
+        for n, k in PLAN_NK:
+            skinny = [c for c in _hopper_candidates(m, n, k) if c.variant == "skinny"]
+            if m > 64:
+                assert not skinny, (m, n, k)
+                continue
+            assert {c.block_n for c in skinny} == {64, 128}, (m, n, k)
+            for c in skinny:
+                assert c.block_m == max(8, 1 << (m - 1).bit_length()) and c.num_warps == 4, (m, n, k, c)
+                assert c.stages == skinny_stages(c.block_m, c.block_n), (m, n, k, c)
+                assert c.stages == 2 or 4 * c.smem_bytes() <= 232448, (m, n, k, c)
 
 
 def test_grouped_tile_rule():
-    """ops/_hopper.choose_grouped_config: the H100 moe sweep's winners (its docstring)."""
-    from blockscaled.ops._hopper import choose_grouped_config, grouped_raster
+    """plan/grouped.py::grouped_hopper_config: the H100 moe sweep's winners (its docstring)."""
+    from blockscaled.plan.grouped import grouped_hopper_config, grouped_raster
 
     def tile(*a, **kw):
-        c = choose_grouped_config(*a, **kw)
+        c = grouped_hopper_config(*a, **kw)
         return c.block_m, c.block_n, c.group_m, c.stages, c.epilogue
 
     assert tile(64, 4096, 7168) == (64, 128, 8, 6, "masked")

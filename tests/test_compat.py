@@ -182,8 +182,13 @@ def _dequant_mm(a, b):
 
 
 def test_compile_failure_falls_back_once(fresh_state, monkeypatch):
-    """A real compile error at the first launch: recorded, one warning, the portable kernel
-    computes the result; the next call does not try the Gluon kernel again."""
+    """A real compile error at the first launch: recorded, one warning, the launcher reports that
+    it launched nothing and the dense GEMM runs the planner's plan without the Gluon kernels
+    (ops.gemm.run_plan); the next call does not try the Gluon kernel again."""
+    from blockscaled.formats import get_format
+    from blockscaled.ops import gemm as gemm_mod
+    from blockscaled.plan import Plan
+
     calls = []
 
     def gluon_launch(*args, **kwargs):
@@ -193,14 +198,19 @@ def test_compile_failure_falls_back_once(fresh_state, monkeypatch):
     monkeypatch.setattr(_hopper, "_gemm_gluon", gluon_launch)
     a, b = _fp8_operands(5, 128, 256)
     cfg = _hopper.HopperConfig("skinny", 8, 64, 4, 4)
+    plan = Plan("gemm", "cuda", cfg)
 
     def run():
         out = torch.full((5, 128), float("nan"), dtype=torch.bfloat16, device=DEV)
-        _hopper.gemm_fp8_block_hopper_impl(a.data, a.scale, b.data, b.scale, out, cfg)
+        gemm_mod.run_plan(plan, a.data, a.scale, None, b.data, b.scale, None, 128, get_format("fp8_block"), 256,
+                          out, None, torch.bfloat16)
         return out
 
     outs, ours = _calls_with_warnings(run, 2)
     assert calls == [1]  # the second call went straight to the portable kernel
+    out = torch.full((5, 128), float("nan"), dtype=torch.bfloat16, device=DEV)
+    assert _hopper.gemm_fp8_block_hopper_impl(a.data, a.scale, b.data, b.scale, out, cfg) is False
+    assert calls == [1] and torch.isnan(out.float()).all()  # nothing launched
     assert len(ours) == 1 and ours[0].category is RuntimeWarning
     msg = str(ours[0].message)
     assert f"triton {triton.__version__}" in msg and "'skinny' kernel failed: CompilationError" in msg
@@ -247,7 +257,10 @@ def test_is_build_failure_classifies_by_origin():
 
 @pytest.mark.parametrize("mode", [0, 1, 2])
 def test_grouped_compile_failure_falls_back(fresh_state, monkeypatch, mode):
-    """The grouped / SwiGLU launcher: the same decision, the portable grouped kernel's result."""
+    """The grouped / SwiGLU launcher: the same decision; grouped_impl then runs the portable
+    grouped kernel's tiles for the call."""
+    from blockscaled.kernels.triton._mma import FORMAT_CODES
+    from blockscaled.ops.grouped import grouped_impl
     from blockscaled.reference.quantize import quantize
 
     calls = []
@@ -274,11 +287,17 @@ def test_grouped_compile_failure_falls_back(fresh_state, monkeypatch, mode):
     seg = {0: None, 1: torch.tensor([0, 3, 7], dtype=torch.int32, device=DEV),
            2: torch.tensor([6, 2], dtype=torch.int32, device=DEV)}[mode]
     out = torch.zeros((*x.shape[:-1], n), dtype=torch.bfloat16, device=DEV)
-    (_, ours) = _calls_with_warnings(lambda: _hopper.grouped_fp8_block_hopper_impl(
-        a.data, a.scale, bg.data, bg.scale, seg, mode, out, None,
+    cfg = _hopper.HopperConfig("wide", 128, 128, 8, 4)
+    launched, ours = _calls_with_warnings(lambda: _hopper.grouped_fp8_block_hopper_impl(
+        a.data, a.scale, bg.data, bg.scale, seg, mode, out, cfg,
         bu.data if dual else None, bu.scale if dual else None), 1)
-    assert calls == [1] and len(ours) == 1
+    assert launched == [False] and calls == [1] and len(ours) == 1
     assert "'wide' kernel failed: CompilationError" in str(ours[0].message)
+    assert not out.any()  # nothing launched
+    got = grouped_impl(a.data, a.scale, None, bg.data, bg.scale, None, bu.data if dual else None,
+                       bu.scale if dual else None, None, seg, out, torch.bfloat16, FORMAT_CODES["fp8_block"], mode,
+                       k, 128, cfg)
+    assert got is out and calls == [1]  # not retried
 
     from blockscaled.reference import grouped as ref
 

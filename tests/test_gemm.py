@@ -8,10 +8,13 @@ import torch
 import triton
 import triton.language as tl
 
-from blockscaled.config import GemmConfig, choose_gemm_config
+from blockscaled.config import GemmConfig, HopperConfig
 from blockscaled.kernels.triton._mma import FORMAT_CODES, scaled_mma
 from blockscaled.ops.gemm import gemm
 from blockscaled.ops.linear import linear
+from blockscaled.plan import CPU_INTERPRETER, H100_SXM, Problem, plan_gemm
+from blockscaled.plan.dense import fp8_candidates
+from blockscaled.plan.portable import choose_portable
 from blockscaled.reference import gemm as ref_gemm_mod
 from blockscaled.reference.quantize import quantize
 from blockscaled.testing.inputs import randn_like_activations
@@ -84,7 +87,7 @@ def test_weight_only(fmt, a_dtype, device):
 
 
 def _forced_configs(fmt, device):
-    """Every tile class the heuristic can pick, split-K, both scale modes, dequant_matmul.
+    """Every tile class of the portable kernel, split-K, both scale modes, dequant_matmul.
     block_k=16 FP8 dots (promote with a quantized A) only in the interpreter: Triton cannot
     compile an FP8 tl.dot with K < 32 for sm_90 (see test_fp8_dot_block_k_16_rejected_on_cuda)."""
     cfgs = []
@@ -206,53 +209,69 @@ def test_linear_uses_weight_rounding(device):
     assert_gemm_close(y, ref_gemm_mod.linear(x, w), "mxfp4", torch.float32)
 
 
-def test_heuristic_small_m_tiles():
-    cpu = torch.device("cpu")
-    assert choose_gemm_config("fp8_block", 1, 4096, 7168, cpu).block_m == 16
-    assert choose_gemm_config("fp8_block", 1, 4096, 7168, cpu).block_k == 128
-    assert choose_gemm_config("nvfp4", 64, 4096, 7168, cpu).promote is False
-    assert choose_gemm_config("mxfp8", 64, 4096, 7168, cpu).block_k == 32
-    assert choose_gemm_config("mxfp8", 4096, 4096, 7168, cpu).strategy == "triton"  # no dequant off Hopper
+def test_cpu_plans_use_small_interpreter_tiles():
+    """CPU tensors: the interpreter plan (small tiles; no dequant + cuBLAS off a GPU), or the
+    float64 reference without TRITON_INTERPRET."""
+
+    def cfg(fmt, m, n, k):
+        plan = plan_gemm(Problem("gemm", fmt, m, n, k, interpret=True), CPU_INTERPRETER)
+        assert plan.backend == "interpreter" and plan.kernel == "portable", plan
+        return plan.config
+
+    assert cfg("fp8_block", 1, 4096, 7168).block_m == 16
+    assert cfg("fp8_block", 1, 4096, 7168).block_k == 128
+    assert cfg("nvfp4", 64, 4096, 7168).promote is False
+    assert cfg("mxfp8", 64, 4096, 7168).block_k == 32
+    assert cfg("mxfp8", 4096, 4096, 7168).strategy == "triton"
+    ref = plan_gemm(Problem("gemm", "fp8_block", 1, 4096, 7168), CPU_INTERPRETER)
+    assert ref.backend == "reference" and ref.config is None
 
 
-def test_heuristic_hopper_rules(monkeypatch):
-    from blockscaled.config import gemm as cg
+def test_forced_configs_run_as_given_in_the_interpreter():
+    """config= is honoured on the CPU interpreter too (every strategy but "hopper", which asks
+    for the planner's Hopper tiles and has none there): the forced-config kernel tests of this
+    file, test_gemv.py and test_gemm_splitk.py rely on it."""
+    p = Problem("gemm", "fp8_block", 1, 256, 512, interpret=True)
+    for forced in (GemmConfig(16, 32, 128, 4, 2, 2, "triton", True), GemmConfig(strategy="dequant_matmul"),
+                   GemmConfig(block_m=1, block_n=16, block_k=512, num_warps=4, num_stages=1, strategy="gemv")):
+        plan = plan_gemm(p, CPU_INTERPRETER, forced)
+        assert plan.backend == "interpreter" and plan.config == forced, (forced, plan)
+    assert plan_gemm(p, CPU_INTERPRETER, GemmConfig(strategy="hopper")).kernel == "portable"
 
-    h100 = cg.DeviceInfo("cuda", 132, (9, 0), 232448)
-    monkeypatch.setattr(cg, "device_info", lambda d: h100)
-    dev = torch.device("cuda")
+
+def test_portable_rules_on_h100():
+    """The portable rules (plan/portable.py): what the planner runs on sm_90 for MX/NV formats and
+    weight-only GEMMs, and for fp8_block on other GPUs (fitted on the H100, checked here with
+    its DeviceInfo)."""
+    bf16 = torch.bfloat16
+
+    def plan(fmt, m, n, k, **kw):
+        return plan_gemm(Problem("gemm", fmt, m, n, k, **kw), H100_SXM)
+
     for fmt in ("mxfp8", "mxfp4", "nvfp4"):
-        assert cg.choose_gemm_config(fmt, 4096, 7168, 2048, dev).strategy == "dequant_matmul"
-        assert cg.choose_gemm_config(fmt, 4096, 7168, 2048, dev, a_dtype=torch.bfloat16).strategy == "dequant_matmul"
-        assert cg.choose_gemm_config(fmt, 1, 7168, 2048, dev).strategy == "triton"
-    assert cg.choose_gemm_config("fp8_block", 4096, 7168, 16384, dev).strategy == "hopper"
-    c = cg.choose_gemm_config("fp8_block", 4096, 7168, 16384, dev, allow_hopper=False)
+        assert plan(fmt, 4096, 7168, 2048).config.strategy == "dequant_matmul"
+        assert plan(fmt, 4096, 7168, 2048, a="bfloat16").config.strategy == "dequant_matmul"
+        assert plan(fmt, 1, 7168, 2048).config.strategy == "triton"
+    assert plan("nvfp4", 1, 2112, 7168).config.block_m == 16
+    c = choose_portable("fp8_block", 4096, 7168, 16384, H100_SXM, None, bf16)
     assert (c.strategy, c.block_m, c.block_n, c.block_k, c.num_warps) == ("triton", 128, 128, 128, 8)
     assert 3 <= c.num_stages <= 4
     # decode: 64-row FP8 wgmma tiles (smallest FP8 wgmma M; with swap-AB the 64 weight rows are
     # the wgmma's M and 16 activation rows its N), split-K to fill the SMs
-    c = cg.choose_gemm_config("fp8_block", 2, 2112, 7168, dev)
+    c = choose_portable("fp8_block", 2, 2112, 7168, H100_SXM, None, bf16)
     assert (c.block_m == 64 or (c.swap_ab and c.block_n >= 64)) and c.split_k > 1
-    # 32 < M <= 128 (config.gemm._fp8_rows_rule): the split that fills the last wave best; ties go
+    # 32 < M <= 128 (plan.portable._fp8_rows_rule): the split that fills the last wave best; ties go
     # to more splits while each keeps >= 12 K blocks (H100 sweep, NOTES 2026-11-22 'Portable split-K')
     for (m, n, k), split in {(64, 2112, 7168): 4, (128, 2112, 7168): 4, (64, 4096, 7168): 4,
                              (128, 4096, 7168): 2, (64, 7168, 16384): 2, (64, 7168, 2048): 1}.items():
-        c = cg.choose_gemm_config("fp8_block", m, n, k, dev, allow_hopper=False)
+        c = choose_portable("fp8_block", m, n, k, H100_SXM, None, bf16)
         assert (c.block_m, c.block_n, c.split_k) == (64, 64, split), (m, n, k, c)
-    # M = 1 with K >= 2048: the CUDA-core GEMV (config.gemm.gemv_dispatch_config), also as the
-    # fallback when the Hopper kernels cannot take the operands
-    for allow in (True, False):
-        assert cg.choose_gemm_config("fp8_block", 1, 2112, 7168, dev, allow_hopper=allow).strategy == "gemv"
-    assert cg.choose_gemm_config("fp8_block", 1, 2112, 7168, dev, a_dtype=torch.bfloat16).strategy != "gemv"
-    assert cg.choose_gemm_config("nvfp4", 1, 2112, 7168, dev).block_m == 16
-    assert cg.choose_gemm_config("fp8_block", 4096, 7168, 2048, dev, out_dtype=torch.float32,
-                                 allow_hopper=False).strategy == "triton"
-    # portable fp8_block choice at M=4096 on the DeepSeek-V3 rows (H100 measurements in config/gemm.py;
-    # used where the Hopper kernels cannot run): dequant + cuBLAS only where it measured clearly
+    assert choose_portable("fp8_block", 4096, 7168, 2048, H100_SXM, None, torch.float32).strategy == "triton"
+    # fp8_block at M=4096 on the DeepSeek-V3 rows: dequant + cuBLAS only where it measured clearly
     # faster (short K), 128x128x128 / 8 warps / 3 stages else
     for (n, k), want in {(2112, 7168): "triton", (24576, 1536): "dequant_matmul", (32768, 512): "dequant_matmul",
                          (7168, 16384): "triton", (4096, 7168): "triton", (7168, 2048): "triton"}.items():
-        c = cg.choose_gemm_config("fp8_block", 4096, n, k, dev, allow_hopper=False)
+        c = choose_portable("fp8_block", 4096, n, k, H100_SXM, None, bf16)
         assert c.strategy == want, (n, k, c)
         if want == "triton":
             assert (c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages, c.split_k) == (128, 128, 128, 8, 3, 1)
@@ -502,46 +521,31 @@ def test_errors_metric_helper():
         assert_no_nan_survivors(torch.tensor([1.0, float("nan")]))
 
 
-def test_hopper_strategy_choice_and_fallback(device):
-    """The heuristic sends fp8_block x fp8_block with M >= HOPPER_MIN_M to the sm_90 Gluon
-    kernels (only on an sm_90 device); operands they cannot take (here: no sm_90 device, a
-    bias, 1x128 weights, or K % 16 != 0) fall back to the portable kernel with the same result."""
-    from blockscaled.config import gemm as cg
+def test_hopper_plans_only_where_the_kernels_can_run(device):
+    """The planner (H100 DeviceInfo, on any machine) picks the sm_90 Gluon kernels only for
+    fp8_block x fp8_block with 128x128 weight blocks, TMA-able operands, no bias and a Gluon
+    that builds; ``GemmConfig(strategy="hopper")`` asks for the best Hopper candidate there and
+    gets a non-Hopper plan elsewhere. Operands the kernels cannot take (here: a CPU device and
+    K % 16 != 0) run the portable kernel with the same result."""
+    import dataclasses
 
-    h100 = cg.DeviceInfo("cuda", 132, (9, 0), 232448)
-    orig = cg.device_info
-    try:
-        cg.device_info = lambda dev: h100
-        assert cg.choose_gemm_config("fp8_block", cg.HOPPER_MIN_M, 24576, 1536, torch.device("cuda")).strategy == "hopper"
-        # below HOPPER_MIN_M only where the split-K wide config was measured faster
-        # (ops/_hopper.small_m_dispatch_config): M=128 24576x1536 yes, M <= 32 never, and
-        # not where neither 128-row splits (M=128 4096x2048: split 2 of 16 blocks lost) nor one
-        # wave of 64-row tiles (64 tiles: 48% of the SMs) measured faster
-        assert cg.choose_gemm_config("fp8_block", 128, 24576, 1536, torch.device("cuda")).strategy == "hopper"
-        assert cg.choose_gemm_config("fp8_block", 128, 7168, 16384, torch.device("cuda")).strategy == "hopper"
-        assert cg.choose_gemm_config("fp8_block", 32, 24576, 1536, torch.device("cuda")).strategy != "hopper"
-        assert cg.choose_gemm_config("fp8_block", 32, 2112, 7168, torch.device("cuda")).strategy != "hopper"
-        # decode shapes the skinny kernel measured faster on (ops/_hopper.skinny_dispatch_config)
-        assert cg.choose_gemm_config("fp8_block", 16, 7168, 2048, torch.device("cuda")).strategy == "hopper"
-        assert cg.choose_gemm_config("fp8_block", 1, 32768, 512, torch.device("cuda")).strategy == "hopper"
-        assert cg.choose_gemm_config("mxfp8", 16, 7168, 2048, torch.device("cuda")).strategy != "hopper"
-        assert cg.choose_gemm_config("fp8_block", 128, 4096, 2048, torch.device("cuda")).strategy != "hopper"
-        # one wave of 64-row tiles at 64 < M <= 256 (H100: 10.8 -> 9.3 us, NOTES 2026-11-23)
-        assert cg.choose_gemm_config("fp8_block", 128, 7168, 2048, torch.device("cuda")).strategy == "hopper"
-        assert cg.choose_gemm_config("fp8_block", 64, 24576, 1536, torch.device("cuda")).strategy != "hopper"
-        # few tiles below HOPPER_MIN_TILES: the wide kernel only with enough K blocks (H100, spread
-        # sweep: 512x2112x7168 27.7 us vs portable 31.8), or one wave of 64-row tiles above 256
-        # rows (512x2048x2048: 7.9 us vs portable 9.6-10.8); not at short K (512x2048x1024)
-        assert cg.choose_gemm_config("fp8_block", 512, 2112, 7168, torch.device("cuda")).strategy == "hopper"
-        assert cg.choose_gemm_config("fp8_block", 512, 2048, 2048, torch.device("cuda")).strategy == "hopper"
-        assert cg.choose_gemm_config("fp8_block", 512, 2048, 1024, torch.device("cuda")).strategy != "hopper"
-        assert cg.choose_gemm_config("mxfp8", 4096, 4096, 7168, torch.device("cuda")).strategy != "hopper"
-        assert cg.choose_gemm_config("fp8_block", 4096, 4096, 7168, torch.device("cuda"),
-                                     a_dtype=torch.bfloat16).strategy != "hopper"
-        assert cg.choose_gemm_config("fp8_block", 4096, 4096, 7168, torch.device("cuda"),
-                                     allow_hopper=False).strategy != "hopper"
-    finally:
-        cg.device_info = orig
+    hopper = GemmConfig(strategy="hopper")
+    for m in (1, 16, 64, 128, 512, 4096):
+        for n, k in ((7168, 2048), (24576, 1536), (2112, 7168), (4096, 7168)):
+            p = Problem("gemm", "fp8_block", m, n, k)
+            forced = plan_gemm(p, H100_SXM, hopper)
+            assert isinstance(forced.config, HopperConfig), (m, n, k, forced)
+            assert forced.config in fp8_candidates(p, H100_SXM, gemv=False, portable=False, dequant=False)
+            for q, kw in ((dataclasses.replace(p, b_block_rows=1), {}), (p, {"gluon_ok": False}),
+                          (dataclasses.replace(p, bias=True), {}), (dataclasses.replace(p, a="bfloat16"), {}),
+                          (dataclasses.replace(p, fmt="mxfp8", b_block_rows=1), {})):
+                for f in (None, hopper, forced.config):
+                    plan = plan_gemm(q, H100_SXM, f, **kw)
+                    assert plan.backend == "cuda" and not isinstance(plan.config, HopperConfig), (q, kw, f, plan)
+                    if q.fmt != "fp8_block" or q.weight_only:
+                        assert plan.kernel in ("portable", "dequant_matmul"), (q, f, plan)
+            fp32 = plan_gemm(dataclasses.replace(p, out_dtype="float32"), H100_SXM).config
+            assert isinstance(fp32, HopperConfig) or fp32.strategy != "dequant_matmul", (m, n, k, fp32)
     # Forced "hopper" where it cannot run: falls back, result equals the portable kernel's.
     _, a = _acts(19, 200, "fp8_block", device)  # K = 200: not a multiple of 16
     b = _weights(45, 200, "fp8_block", device)

@@ -221,11 +221,11 @@ def test_not_slower_than_dequant_matmul_m4096(fmt, nk):
     b = _w(n, k, fmt)
     ours = _time(lambda: gemm(a, b))
     base = _time(lambda: torch.matmul(dequantize(a, torch.bfloat16), dequantize(b, torch.bfloat16).t()))
-    from blockscaled.config import choose_gemm_config
+    from blockscaled import explain
 
-    cfg = choose_gemm_config(fmt, 4096, n, k, torch.device("cuda"))
+    plan = explain("gemm", a, b)
     assert ours <= 1.05 * base, (f"{fmt} N={n} K={k}: ours {ours:.3f} ms vs dequant+matmul {base:.3f} ms "
-                                 f"(CUDA-graph replays; chosen {cfg})")
+                                 f"(CUDA-graph replays; plan: {plan.describe()})")
 
 
 @pytest.mark.timing
@@ -233,14 +233,14 @@ def test_not_slower_than_dequant_matmul_m4096(fmt, nk):
 def test_eager_call_overhead(fmt):
     """The public call adds little host time over running the chosen config directly: host
     microseconds per eager call (GPU kept busy, so only the enqueue is timed) of ``gemm(a, b)``
-    vs ``gemm(a, b, config=chosen)``, which skips the heuristic. (H100 before the lean path:
-    mxfp8 2112x7168 M=4096 gemm() 0.412 ms vs forced config 0.339 ms per call.)"""
-    from blockscaled.config import choose_gemm_config
+    vs ``gemm(a, b, config=plan)`` with the Plan it runs, which skips planning. (H100 before the lean
+    path: mxfp8 2112x7168 M=4096 gemm() 0.412 ms vs forced config 0.339 ms per call.)"""
+    from blockscaled import explain
 
     n, k = 2112, 7168
     _, a = _a(4096, k, fmt)
     b = _w(n, k, fmt)
-    cfg = choose_gemm_config(fmt, 4096, n, k, torch.device("cuda"))
+    cfg = explain("gemm", a, b)
     # alternating rounds, best of each: host timings drift between rounds (this test failed once
     # on the H100 right after the 8-worker GPU suite with gemm() 178 vs forced 142 us, and passed
     # twice when rerun alone: 167 vs 159, 235 vs 210), so neither side may profit from going first
@@ -255,4 +255,5 @@ def test_eager_call_overhead(fmt):
         second[0].append(_host_us(second[1]))
     ours, forced = min(ours_ts), min(forced_ts)
     print(f"{fmt}: host per call gemm() {ours:.1f} us, forced config {forced:.1f} us")
-    assert ours <= 1.10 * forced + 5.0, f"{fmt}: gemm() {ours:.1f} us vs forced {cfg} {forced:.1f} us of host time"
+    assert ours <= 1.10 * forced + 5.0, (f"{fmt}: gemm() {ours:.1f} us vs forced {cfg.describe()} {forced:.1f} us "
+                                         f"of host time")

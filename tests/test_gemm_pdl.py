@@ -14,7 +14,6 @@ access and ``griddepcontrol.launch_dependents`` right after. Checked here:
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import subprocess
@@ -114,7 +113,7 @@ def test_switch_does_not_change_results(fmt, device, monkeypatch, spy):
 
 
 def test_default_path_unchanged(device, monkeypatch):
-    """The heuristic's path (no forced config), weight-only bf16 A included: same bits with the
+    """The planner's path (no forced config), weight-only bf16 A included: same bits with the
     switch on and off."""
     m, n, k = 3, 96, 256
     b = _weights(n, k, "fp8_block", device)
@@ -226,7 +225,7 @@ def comp(fmt, pdl, split, swap, bm, bn, bk, promote, stages=4):
     return res
 
 out = {}
-# fp8_block decode (the heuristic's M <= 32 tile: swap-AB 16x64, split-K 8), a 64x64 split-K
+# fp8_block decode (the portable M <= 32 tile: swap-AB 16x64, split-K 8), a 64x64 split-K
 # tile, an unsplit tile; mxfp8 promote (FP8 wgmma) and dequantizing (bf16 wgmma) tiles
 CASES = {"fp8_swap_sk8": (0, 8, True, 16, 64, 128, True), "fp8_64x64_sk4": (0, 4, False, 64, 64, 128, True),
          "fp8_64x64_sk1": (0, 1, False, 64, 64, 128, True), "mx8_swap_sk16": (1, 16, True, 16, 128, 32, True),
@@ -295,7 +294,7 @@ def _gpu_weights(fmt, n, k, seed=1):
 
 
 def _forced_configs(fmt, m):
-    """The heuristic (None) plus a forced fused split-K tile and a forced swap-AB split-K tile."""
+    """The planner's portable plan (None) plus a forced fused split-K tile and a forced swap-AB split-K tile."""
     bk = 128 if fmt == "fp8_block" else 32
     st = 4 if bk == 128 else 6
     split = GemmConfig(block_m=64, block_n=64, block_k=bk, num_warps=4, num_stages=st, split_k=4, promote=True)
@@ -307,10 +306,18 @@ def _need_pdl(monkeypatch):
     # the tests switch gemm_mod.PDL themselves (it is off by default)
     if not (gemm_mod._GEMM_COMPILED and gemm_mod._pdl_capable(torch.cuda.current_device())):
         pytest.skip("PDL needs a compiled kernel on sm_90+")
-    # PDL is a property of the portable kernel: keep the heuristic off the Hopper kernels, so
-    # every call below launches gemm_kernel whatever the Hopper dispatch rules become
-    monkeypatch.setattr(gemm_mod, "choose_gemm_config",
-                        functools.partial(gemm_mod.choose_gemm_config, allow_hopper=False, allow_gemv=False))
+    # PDL is a property of the portable kernel: keep the planner's default plans (config None) on
+    # it, so every call below launches gemm_kernel whatever kernel the cost model prefers
+    from blockscaled.plan.dense import plan_fp8
+
+    real = gemm_mod.plan_gemm
+
+    def portable_plan(p, dev, forced=None, *, gluon_ok=True):
+        if forced is None and dev.is_hopper and p.fmt == "fp8_block" and not p.weight_only:
+            return plan_fp8(p, dev, hopper=False, forced_strategy="triton")
+        return real(p, dev, forced, gluon_ok=False)
+
+    monkeypatch.setattr(gemm_mod, "plan_gemm", portable_plan)
 
 
 @pytest.mark.gpu
@@ -318,7 +325,7 @@ def _need_pdl(monkeypatch):
 @pytest.mark.parametrize("fmt,n,k", GPU_SHAPES, ids=lambda v: str(v))
 def test_gpu_pdl_bitwise_eager_and_graph(fmt, n, k, m, monkeypatch, spy):
     """PDL on vs off: bitwise-identical outputs, eagerly and in a CUDA graph of 20 back-to-back
-    independent calls (heuristic + forced split-K / swap-AB configs in turn, 20 different
+    independent calls (planner + forced split-K / swap-AB configs in turn, 20 different
     activations, 20 outputs; the split-K counter buffer and the allocator's workspace blocks
     are shared between consecutive launches). Every launch really uses PDL when on."""
     _need_pdl(monkeypatch)
@@ -361,7 +368,9 @@ def test_gpu_pdl_bitwise_eager_and_graph(fmt, n, k, m, monkeypatch, spy):
             _assert_bitwise(eager[i], ref_eager[i], f"eager PDL={on} call {i} cfg {plan[i]}")
             for rep, run in enumerate(graph_runs):
                 _assert_bitwise(run[i], ref_eager[i], f"graph PDL={on} replay {rep} call {i} cfg {plan[i]}")
-    for buf in [*gemm_mod._COUNTERS.values(), *gemm_mod._GRAPH_COUNTERS.values()]:
+    from blockscaled.ops import _splitk
+
+    for buf in [*_splitk._COUNTERS.values(), *_splitk._GRAPH_COUNTERS.values()]:
         assert int((buf != 0).sum()) == 0, "split-K counters not reset"
 
 
@@ -409,7 +418,7 @@ def _run_chain_both_ways(chain, x0, monkeypatch, steps=20):
 @pytest.mark.parametrize("fmt", ["fp8_block", "mxfp8"])
 def test_gpu_pdl_chain_quantize_gemm(fmt, m, monkeypatch, spy):
     """quantize(out_i) -> gemm, 20 steps alternating W1 [2112, 7168] and W2 [7168, 2112]
-    (heuristic, forced split-K and swap-AB configs in turn): with PDL every GEMM is launched
+    (planner, forced split-K and swap-AB configs in turn): with PDL every GEMM is launched
     while the quantize kernel before it may still run, so only its griddepcontrol.wait orders
     the reads of the fresh A. Bitwise equal to a step-by-step synchronised run."""
     _need_pdl(monkeypatch)
@@ -431,7 +440,7 @@ def test_gpu_pdl_chain_quantize_gemm(fmt, m, monkeypatch, spy):
 @pytest.mark.parametrize("fmt", ["fp8_block", "mxfp8"])
 def test_gpu_pdl_chain_gemm_gemm(fmt, m, monkeypatch, spy):
     """gemm -> gemm (weight-only: the bf16 output is the next call's A), 20 steps alternating
-    W1 [2112, 7168] / W2 [7168, 2112], heuristic configs (fused split-K at these M): PDL
+    W1 [2112, 7168] / W2 [7168, 2112], planner configs (fused split-K at these M): PDL
     launches back to back with a true read-after-write dependency through global memory, and
     consecutive launches sharing the split-K counters and workspace blocks. Bitwise equal to
     a synchronised run."""

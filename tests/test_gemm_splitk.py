@@ -13,9 +13,10 @@ import math
 import pytest
 import torch
 
-import blockscaled.ops.gemm as gemm_mod
-from blockscaled.config import GemmConfig
+import blockscaled.ops._splitk as splitk_mod
+from blockscaled.config import GemmConfig, HopperConfig
 from blockscaled.formats import get_format
+from blockscaled.plan import H100_SXM, Problem, plan_gemm
 from blockscaled.ops.gemm import _launch_gemm_kernel, _split_plan, gemm
 from blockscaled.reference import gemm as ref_gemm_mod
 from blockscaled.reference.quantize import quantize
@@ -48,7 +49,7 @@ def _cfg(fmt, split, a_dense=False, block_m=16, block_n=32):
 
 
 def _all_counters():
-    return [*gemm_mod._COUNTERS.values(), *gemm_mod._GRAPH_COUNTERS.values()]
+    return [*splitk_mod._COUNTERS.values(), *splitk_mod._GRAPH_COUNTERS.values()]
 
 
 def _assert_counters_zero():
@@ -179,10 +180,10 @@ def test_bitwise_repeat_and_close_to_unsplit(fmt, device):
 def test_counter_buffer_grows_and_stays_zero(device, monkeypatch):
     """More tiles than the cached buffer holds: a larger zeroed buffer replaces it (the graph
     buffer too, the old one kept alive for graphs captured earlier)."""
-    monkeypatch.setattr(gemm_mod, "_MIN_COUNTERS", 2)
-    monkeypatch.setattr(gemm_mod, "_COUNTERS", {})
-    monkeypatch.setattr(gemm_mod, "_GRAPH_COUNTERS", {})
-    monkeypatch.setattr(gemm_mod, "_RETIRED_GRAPH_COUNTERS", [])
+    monkeypatch.setattr(splitk_mod, "_MIN_COUNTERS", 2)
+    monkeypatch.setattr(splitk_mod, "_COUNTERS", {})
+    monkeypatch.setattr(splitk_mod, "_GRAPH_COUNTERS", {})
+    monkeypatch.setattr(splitk_mod, "_RETIRED_GRAPH_COUNTERS", [])
     _, a = _acts(33, 128, "mxfp8", device)
     b = _weights(70, 128, "mxfp8", device)
     ref = ref_gemm_mod.gemm(a, b)
@@ -191,59 +192,48 @@ def test_counter_buffer_grows_and_stays_zero(device, monkeypatch):
         cfg = _cfg("mxfp8", 2, block_m=bm, block_n=bn)
         y = gemm(a, b, torch.float32, config=cfg)
         assert_gemm_close(y, ref, "mxfp8", torch.float32)
-        (buf,) = gemm_mod._COUNTERS.values()
+        (buf,) = splitk_mod._COUNTERS.values()
         sizes.append(buf.numel())
         _assert_counters_zero()
     assert sizes == [4, 16]
     if device == "cuda":
-        assert len(gemm_mod._RETIRED_GRAPH_COUNTERS) == 1
+        assert len(splitk_mod._RETIRED_GRAPH_COUNTERS) == 1
 
 
-def test_heuristic_small_m_fills_the_gpu(monkeypatch):
-    """H100 rules (config/gemm.py::_choose_small_m): decode shapes get >= one program per SM
-    wherever K allows, splits keep >= _SMALL_M_MIN_CHUNKS chunks, tiles of 64/128 columns, 4-8
-    warps, and the shared memory of one CTA fits."""
-    from blockscaled.config import gemm as cg
-    from blockscaled.ops._hopper import skinny_dispatch_config
+def test_small_m_plans_run_as_planned():
+    """H100 plans (DeviceInfo, on any machine) of the decode / small-prefill shapes: the planned K
+    split is what the launchers run (no split is lowered), splits keep several K chunks each,
+    portable tiles of 64/128 columns with 4-8 warps whose shared memory fits, swap-AB only for a
+    quantized A with FP8 dots (never weight-only, never nvfp4: it cannot promote)."""
+    from blockscaled.plan import portable as pp
+    from blockscaled.plan.dense import MIN_KB_PER_SPLIT
+    from blockscaled.plan.splits import split_plan_kb
 
-    h100 = cg.DeviceInfo("cuda", 132, (9, 0), 232448)
-    monkeypatch.setattr(cg, "device_info", lambda d: h100)
-    cg._choose.cache_clear()
-    dev = torch.device("cuda")
-    try:
-        for n, k in [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]:
-            for m in (1, 16, 64, 128):
-                for fmt in ("fp8_block", "mxfp8", "nvfp4"):
-                    c = cg.choose_gemm_config(fmt, m, n, k, dev)
-                    if c.strategy == "gemv":
-                        # the CUDA-core decode GEMV (M = 1, K >= 2048; config.gemm.gemv_dispatch_config)
-                        assert fmt == "fp8_block" and c == cg.gemv_dispatch_config(m, n, k), (m, n, k, c)
+    for n, k in [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]:
+        kb = math.ceil(k / 128)
+        for m in (1, 16, 64, 128):
+            for fmt in ("fp8_block", "mxfp8", "nvfp4"):
+                for a in ("quantized", "bfloat16"):
+                    c = plan_gemm(Problem("gemm", fmt, m, n, k, a=a), H100_SXM).config
+                    if isinstance(c, HopperConfig):
+                        assert fmt == "fp8_block" and a == "quantized", c
+                        split, per = split_plan_kb(kb, c.split_k)
+                        assert split == c.split_k and (split == 1 or per >= MIN_KB_PER_SPLIT), (m, n, k, c)
                         continue
-                    if c.strategy == "hopper":
-                        # the split-K wide kernel where it measured faster (fp8_block, M > 32), or
-                        # the skinny decode kernel (ops/_hopper.skinny_dispatch_config)
-                        assert fmt == "fp8_block", c
-                        assert m > 32 or skinny_dispatch_config(m, n, k, 132) is not None, (m, n, k, c)
+                    if c.strategy in ("gemv", "dequant_matmul"):
+                        assert c.strategy == "dequant_matmul" or (fmt, a, m) == ("fp8_block", "quantized", 1), c
                         continue
                     assert c.strategy == "triton" and c.block_n in (64, 128) and c.num_warps in (4, 8), c
                     split, per = _split_plan(k, c.block_k, c.split_k)
-                    assert split == c.split_k, c  # the heuristic's split is what runs
-                    kiters = math.ceil(k / c.block_k)
+                    assert split == c.split_k, c
                     if split > 1:
-                        assert per // c.block_k >= min(cg._SMALL_M_MIN_CHUNKS, kiters), c
-                    assert cg._ctas_per_sm(c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages, fmt, 0,
-                                           c.promote, h100) >= 1
-                    if fmt == "fp8_block" and m <= 16:
-                        progs = math.ceil(m / c.block_m) * math.ceil(n / c.block_n) * split
-                        assert progs >= 132, (n, k, m, c, progs)
-        c = cg.choose_gemm_config("fp8_block", 2, 2112, 7168, dev)  # (M = 1: the GEMV)
-        assert c.split_k > 1 and (c.block_m == 64 or (c.swap_ab and c.block_m == 16 and c.block_n >= 64)), c
-        # swap-AB only where FP8 dots would pad A (quantized A, promote, M <= 32); never weight-only
-        assert not cg.choose_gemm_config("fp8_block", 64, 2112, 7168, dev).swap_ab
-        assert not cg.choose_gemm_config("fp8_block", 1, 2112, 7168, dev, a_dtype=torch.bfloat16).swap_ab
-        assert not cg.choose_gemm_config("nvfp4", 1, 2112, 7168, dev).swap_ab
-    finally:
-        cg._choose.cache_clear()
+                        assert per // c.block_k >= min(pp._SMALL_M_MIN_CHUNKS, math.ceil(k / c.block_k)), c
+                    promote = c.promote if c.promote is not None else pp.default_promote(
+                        fmt, m, None if a == "quantized" else torch.bfloat16)
+                    assert pp._ctas_per_sm(c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages, fmt,
+                                           0 if a == "quantized" else 2, promote, H100_SXM) >= 1, c
+                    if c.swap_ab:
+                        assert a == "quantized" and fmt != "nvfp4" and m <= 32, (fmt, a, m, c)
 
 
 # --------------------------------------------------------------------------- GPU
@@ -304,20 +294,20 @@ def test_cuda_graph_without_warm_counter_buffer():
     out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
     gemm(a, b, out=out, config=cfg)  # compile
     torch.cuda.synchronize()
-    saved = dict(gemm_mod._GRAPH_COUNTERS)
-    gemm_mod._GRAPH_COUNTERS.clear()
+    saved = dict(splitk_mod._GRAPH_COUNTERS)
+    splitk_mod._GRAPH_COUNTERS.clear()
     try:
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             gemm(a, b, out=out, config=cfg)
-        assert not gemm_mod._GRAPH_COUNTERS
+        assert not splitk_mod._GRAPH_COUNTERS
         for _ in range(3):
             out.fill_(float("nan"))
             g.replay()
             torch.cuda.synchronize()
             _close(out, a, b, "fp8_block")
     finally:
-        gemm_mod._GRAPH_COUNTERS.update(saved)
+        splitk_mod._GRAPH_COUNTERS.update(saved)
 
 
 @pytest.mark.gpu
@@ -363,8 +353,8 @@ def test_two_streams_concurrently():
 @pytest.mark.parametrize("m", (1, 16, 64, 128))
 @pytest.mark.parametrize("nk", [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168),
                                 (7168, 2048)], ids=lambda s: f"{s[0]}x{s[1]}")
-def test_small_m_heuristic_gpu(nk, m):
-    """The heuristic's small-M choice on the DeepSeek-V3 shapes: correct, bitwise repeatable."""
+def test_small_m_plan_gpu(nk, m):
+    """The planner's small-M plan on the DeepSeek-V3 shapes: correct, bitwise repeatable."""
     n, k = nk
     b = _weights(n, k, "fp8_block", "cuda")
     _, a = _acts(m, k, "fp8_block", "cuda")
@@ -373,34 +363,3 @@ def test_small_m_heuristic_gpu(nk, m):
     _close(out, a, b, "fp8_block")
     assert torch.equal(gemm(a, b), out)
     _assert_counters_zero()
-
-
-def test_sweep_script_grid(monkeypatch):
-    """scripts/sweep_small_m.py (run by the lead on the H100): its grid has the heuristic's row
-    and <= 12 configs per (shape, M), all valid GemmConfigs; programs / labels compute."""
-    import importlib.util
-    from pathlib import Path
-
-    from blockscaled.config import gemm as cg
-
-    h100 = cg.DeviceInfo("cuda", 132, (9, 0), 232448)
-    monkeypatch.setattr(cg, "device_info", lambda d: h100)
-    cg._choose.cache_clear()
-    path = Path(__file__).resolve().parents[1] / "scripts" / "sweep_small_m.py"
-    spec = importlib.util.spec_from_file_location("sweep_small_m", path)
-    sw = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sw)
-    try:
-        total = 0
-        for n, k in sw.SHAPES:
-            for m in sw.MS:
-                cands = sw.candidates("fp8_block", m, n, k, h100)
-                assert cands[0][0] == "heur" and 2 <= len(cands) <= 12
-                assert len({c for _, c in cands}) == len(cands)
-                for _, c in cands:
-                    assert isinstance(c, GemmConfig) and c.strategy == "triton" and c.promote
-                    assert sw.programs(c, m, n, k) >= 1 and sw.label(c)
-                total += len(cands)
-        assert total <= 12 * 24
-    finally:
-        cg._choose.cache_clear()

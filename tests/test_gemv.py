@@ -1,9 +1,10 @@
 """The CUDA-core decode GEMV (strategy "gemv", kernels/triton/gemv.py): forced configs against
 the float64 reference on the interpreter (CPU) or the GPU, with N / K / M tails, K walked in
 several chunks, both fp8_block weight-scale layouts, bias and out dtypes, NaN-poisoned outputs;
-config validation and bad-input errors; the dispatch rule (pure function); AOT build for sm_90
-(vector loads, no MMA, no spills).
-GPU-only: the dispatched DeepSeek-V3 rows through ``gemm()``, bitwise repeats, CUDA-graph replay."""
+config validation and bad-input errors; the planner's GEMV tiles and where it plans the GEMV (pure
+functions on an H100 DeviceInfo); AOT build for sm_90 (vector loads, no MMA, no spills).
+GPU-only: the planner's GEMV tiles on the DeepSeek-V3 rows through ``gemm()``, bitwise repeats,
+CUDA-graph replay."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import pytest
 import torch
 
 from _aot import PTXAS_STATS, run_compile_script
-from blockscaled.config.gemm import GEMV_MAX_M, GemmConfig, gemv_config, gemv_dispatch_config
+from blockscaled.config.gemm import GEMV_MAX_M, GemmConfig, gemv_config
 from blockscaled.ops.gemm import gemm
 from blockscaled.ops.quantize import quantize
+from blockscaled.plan import H100_SXM, Problem, plan_gemm
+from blockscaled.plan.dense import gemv_for
 from blockscaled.reference import gemm as ref_gemm
 from blockscaled.testing import fp8_block_operands
 from blockscaled.testing.tolerances import assert_gemm_close
@@ -66,7 +69,7 @@ def test_bias_and_out_dtypes(out_dtype):
     assert_gemm_close(out, ref_gemm.gemm(a, b, bias=bias), "fp8_block", out_dtype)
 
 
-def test_leading_dims_and_heuristic_config():
+def test_leading_dims_and_default_gemv_config():
     a, b = _operands(3, 50, 640, seed=5)
     a3 = quantize(a.dequantize().reshape(1, 3, 640).to(torch.bfloat16), "fp8_block")
     cfg = gemv_config(3, 50, 640)
@@ -107,16 +110,26 @@ def test_gemv_config_shapes():
     assert gemv_config(3, 100, 512, chunk_bytes=8192).block_n == 16 and gemv_config(3, 100, 512).num_warps == 8
 
 
-def test_dispatch_rule():
-    # fitted to the H100 sweep (config/gemm.gemv_dispatch_config docstring)
-    assert gemv_dispatch_config(1, 2112, 7168) == _gemv(1, 1, 8192, 8)
-    assert gemv_dispatch_config(1, 4096, 7168) == _gemv(1, 1, 8192, 8)
-    assert gemv_dispatch_config(1, 7168, 16384) == _gemv(1, 1, 16384, 4)
-    assert gemv_dispatch_config(1, 7168, 2048) == _gemv(1, 4, 2048, 4)
-    assert gemv_dispatch_config(1, 24576, 1536) is None  # measured slower than the skinny / portable kernels
-    assert gemv_dispatch_config(1, 32768, 512) is None
-    for m in (0, 2, 4, 16):
-        assert gemv_dispatch_config(m, 2112, 7168) is None  # M >= 2 measured 1.5-4x slower
+def test_planner_gemv_tiles():
+    # chunk and warps fitted to the H100 sweep (plan/dense.py::gemv_for docstring)
+    assert gemv_for(1, 2112, 7168) == _gemv(1, 1, 8192, 8)
+    assert gemv_for(1, 4096, 7168) == _gemv(1, 1, 8192, 8)
+    assert gemv_for(1, 7168, 16384) == _gemv(1, 1, 16384, 4)
+    assert gemv_for(1, 7168, 2048) == _gemv(1, 4, 2048, 4)
+
+
+def test_planner_gemv_only_for_fp8_decode():
+    """On an H100 the planner plans the GEMV (with gemv_for's tiles) only for one activation row
+    of fp8_block x fp8_block; never for M > 1, weight-only or other formats."""
+    for n, k in ((2112, 7168), (4096, 7168), (7168, 16384), (7168, 2048), (24576, 1536), (32768, 512), (300, 4100)):
+        for m in (1, 2, 4, 16):
+            for p in (Problem("gemm", "fp8_block", m, n, k), Problem("gemm", "fp8_block", m, n, k, bias=True),
+                      Problem("gemm", "fp8_block", m, n, k, tma=False, b_block_rows=1)):
+                cfg = plan_gemm(p, H100_SXM).config
+                if isinstance(cfg, GemmConfig) and cfg.strategy == "gemv":
+                    assert m == 1 and cfg == gemv_for(m, n, k), (p, cfg)
+            for p in (Problem("gemm", "fp8_block", m, n, k, a="bfloat16"), Problem("gemm", "mxfp8", m, n, k)):
+                assert plan_gemm(p, H100_SXM).kernel != "gemv", p
 
 
 def test_aot_sm90_build():
@@ -154,7 +167,7 @@ print("JSON" + json.dumps(out))
 
 # ----------------------------------------------------------------------------------------- GPU
 gpu = pytest.mark.skipif(not HAS_CUDA or torch.cuda.get_device_capability() != (9, 0),
-                         reason="needs an sm_90 (Hopper) GPU (the dispatch rule is sm_90 only)")
+                         reason="needs an sm_90 (Hopper) GPU (the GEMV's tiles are fitted there)")
 
 NK = [(2112, 7168), (4096, 7168), (7168, 16384), (7168, 2048)]
 
@@ -162,17 +175,22 @@ NK = [(2112, 7168), (4096, 7168), (7168, 16384), (7168, 2048)]
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("nk", NK, ids=lambda s: f"{s[0]}x{s[1]}")
-def test_dispatched_rows_through_gemm(nk):
-    from blockscaled.config.gemm import choose_gemm_config
+def test_planner_tiles_through_gemm(nk):
+    """The planner's GEMV tiles on the DeepSeek-V3 decode rows: correct and bitwise repeatable;
+    the default plan (whichever kernel it is) correct, and bitwise the same where it is the GEMV."""
+    import blockscaled as bs
 
     n, k = nk
     a, b = _operands(1, n, k, seed=n, device="cuda")
-    assert choose_gemm_config("fp8_block", 1, n, k, torch.device("cuda")) == gemv_dispatch_config(1, n, k)
-    out = torch.full((1, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    gemm(a, b, out=out)
+    cfg = gemv_for(1, n, k)
+    out = _run(a, b, cfg)
     assert_gemm_close(out, ref_gemm.gemm(a, b), "fp8_block", torch.bfloat16)
-    assert torch.equal(gemm(a, b), out), "not bitwise repeatable"
-    assert torch.equal(gemm(a, b, config=gemv_dispatch_config(1, n, k)), out)
+    assert torch.equal(_run(a, b, cfg), out), "not bitwise repeatable"
+    default = torch.full((1, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    gemm(a, b, out=default)
+    assert_gemm_close(default, ref_gemm.gemm(a, b), "fp8_block", torch.bfloat16)
+    if bs.explain("gemm", a, b).config == cfg:
+        assert torch.equal(default, out)
 
 
 @pytest.mark.gpu
@@ -190,7 +208,7 @@ def test_forced_chunks_gpu(chunk, warps):
 @pytest.mark.gpu
 @gpu
 def test_unaligned_k_and_row_scales_gpu():
-    # K % 16 != 0: the Hopper TMA kernels cannot take it, the GEMV can (and is dispatched at M=1)
+    # K % 16 != 0: the Hopper TMA kernels cannot take it; the planner's plan without them runs
     for wblock in ((128, 128), (1, 128)):
         a, b = _operands(1, 300, 4100, wblock, seed=7, device="cuda")
         out = torch.full((1, 300), float("nan"), device="cuda", dtype=torch.bfloat16)

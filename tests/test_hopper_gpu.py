@@ -12,15 +12,11 @@ import functools
 import pytest
 import torch
 
-from blockscaled.ops._hopper import (
-    HopperConfig,
-    HopperUnsupported,
-    choose_hopper_config,
-    choose_small_m_hopper_config,
-    gemm_fp8_block_hopper,
-    unsupported_reason,
-)
+from blockscaled.config import GemmConfig
+from blockscaled.ops._hopper import HopperConfig, HopperUnsupported, gemm_fp8_block_hopper, unsupported_reason
 from blockscaled.ops.quantize import quantize
+from blockscaled.plan import Problem, device_info, num_sms, plan_gemm
+from blockscaled.plan.dense import _rank, fp8_candidates
 from blockscaled.reference import gemm as ref_gemm
 from blockscaled.tensor import ScaledTensor
 from blockscaled.testing import fp8_block_operands
@@ -40,6 +36,21 @@ ODD_SPECS = [(v, s) for v in ("wide", "skinny") for s in ODD if v == "wide" or s
 
 
 _operands = functools.partial(fp8_block_operands, device="cuda")
+_OUT_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+
+def _planned(m, n, k, variant, out_dtype=torch.bfloat16, where=lambda c: True, required=True):
+    """The cost model's best Hopper candidate of ``variant`` (that satisfies ``where``) for this
+    shape on this GPU: the tiles gemm() runs where that variant wins. None where there is no
+    such candidate and ``required`` is False."""
+    dev = device_info(torch.device("cuda"))
+    p = Problem("gemm", "fp8_block", m, n, k, out_dtype=_OUT_NAMES[out_dtype])
+    cands = [c for c in fp8_candidates(p, dev, gemv=False, portable=False, dequant=False)
+             if c.variant == variant and where(c)]
+    if not cands and not required:
+        return None
+    assert cands, f"no {variant} candidate for {m}x{n}x{k}"
+    return _rank(p, dev, cands)[0][0][1]
 
 
 def _check(a, b, cfg, out_dtype=torch.bfloat16):
@@ -56,14 +67,14 @@ def _check(a, b, cfg, out_dtype=torch.bfloat16):
 def test_dsv3_shapes(nk, m):
     n, k = nk
     a, b = _operands(m, n, k)
-    _check(a, b, choose_hopper_config(m, n, k, "wide"))
+    _check(a, b, _planned(m, n, k, "wide"))
 
 
 @pytest.mark.parametrize("spec", ODD_SPECS, ids=lambda s: f"{s[0]}-{'x'.join(map(str, s[1]))}")
 def test_odd_shapes(spec):
     variant, (m, n, k) = spec
     a, b = _operands(m, n, k, seed=3)
-    _check(a, b, choose_hopper_config(m, n, k, variant))
+    _check(a, b, _planned(m, n, k, variant))
 
 
 # wide kernel tiles: (block_m, block_n, num_warps, stages, epilogue)
@@ -86,7 +97,7 @@ def test_wide_unaligned_output_uses_masked_store():
     a, b = _operands(300, 200, 1024)
     big = torch.full((300, 208), float("nan"), device="cuda", dtype=torch.bfloat16)
     out = big[:, 1:201]  # base address 2 bytes past an aligned one: TMA store impossible
-    gemm_fp8_block_hopper(a, b, torch.bfloat16, out, config=choose_hopper_config(300, 200, 1024, "wide"))
+    gemm_fp8_block_hopper(a, b, torch.bfloat16, out, config=_planned(300, 200, 1024, "wide"))
     assert_gemm_close(out, ref_gemm.gemm(a, b), "fp8_block", torch.bfloat16)
     assert torch.isnan(big[:, 0].float()).all() and torch.isnan(big[:, 201:].float()).all()
 
@@ -94,10 +105,9 @@ def test_wide_unaligned_output_uses_masked_store():
 @pytest.mark.parametrize("out_dtype", [torch.float16, torch.float32])
 def test_out_dtypes(out_dtype):
     a, b = _operands(200, 384, 1024)
-    es = torch.empty((), dtype=out_dtype).element_size()
-    _check(a, b, choose_hopper_config(200, 384, 1024, "wide", out_elem_bytes=es), out_dtype)
+    _check(a, b, _planned(200, 384, 1024, "wide", out_dtype), out_dtype)
     a, b = _operands(40, 384, 1024)
-    _check(a, b, choose_hopper_config(40, 384, 1024, "skinny"), out_dtype)
+    _check(a, b, _planned(40, 384, 1024, "skinny", out_dtype), out_dtype)
 
 
 def test_3d_activations_and_empty():
@@ -114,25 +124,28 @@ def test_3d_activations_and_empty():
 def test_variants_bitwise_equal_and_deterministic():
     """Same summation order in every wide tile config (per K block and 128-column half: one
     wgmma chain, then promotion) -> the same bits, whatever the tile height / width, math
-    partitions or epilogue. The wide chooser's tail split (on 132 SMs: 136 tiles of 128x128, the
-    last 4 in 8 K ranges) sums those tiles in another order, so it is compared with tail_split=1
-    here and against the reference (and itself, repeated) below."""
-    a, b = _operands(1000, 2112, 7168)
-    nsm = torch.cuda.get_device_properties(0).multi_processor_count
-    chosen = choose_hopper_config(1000, 2112, 7168, "wide", num_sms=nsm)
+    partitions or epilogue. Tail splits (the planner's candidates for this shape: on 132 SMs 136
+    tiles of 128x128, the last 4 in 14 K ranges) sum those tiles in another order, so they are
+    compared with tail_split=1 here and against the reference (and themselves, repeated) below."""
+    m, n, k = 1000, 2112, 7168
+    a, b = _operands(m, n, k)
+    dev = device_info(torch.device("cuda"))
+    planned = [c for c in fp8_candidates(Problem("gemm", "fp8_block", m, n, k), dev, gemv=False, portable=False,
+                                         dequant=False) if c.variant == "wide"]
     cfgs = [HopperConfig("wide", 128, 256, 8, 3, epilogue="tma"),
             HopperConfig("wide", 128, 128, 8, 4, epilogue="masked", split_wg=False),
             HopperConfig("wide", 64, 128, 4, 6, epilogue="tma"),
-            HopperConfig("wide", 128, 256, 8, 4, epilogue="tma1"), chosen]
+            HopperConfig("wide", 128, 256, 8, 4, epilogue="tma1"), *planned]
     outs = [gemm_fp8_block_hopper(a, b, config=dataclasses.replace(c, tail_split=1)) for c in cfgs]
     again = gemm_fp8_block_hopper(a, b, config=cfgs[0])
     for o in outs[1:]:
         assert torch.equal(o, outs[0])
     assert torch.equal(again, outs[0])
-    if chosen.tail_split > 1:  # (on 132 SMs it is)
-        tail = [gemm_fp8_block_hopper(a, b, config=chosen) for _ in range(2)]
-        assert torch.equal(tail[0], tail[1])
-        assert_gemm_close(tail[0], ref_gemm.gemm(a, b), "fp8_block", torch.bfloat16)
+    for c in planned:
+        if c.tail_split > 1:  # (on 132 SMs there are)
+            tail = [gemm_fp8_block_hopper(a, b, config=c) for _ in range(2)]
+            assert torch.equal(tail[0], tail[1]), c
+            assert_gemm_close(tail[0], ref_gemm.gemm(a, b), "fp8_block", torch.bfloat16, what=str(c))
 
 
 def test_fallback_reasons():
@@ -159,7 +172,7 @@ def test_fallback_reasons():
 # both epilogues, odd split counts, the single 8-warp math partition, 64-row tiles
 SPLITK_CFGS = [(256, 3, "tma", 3, True, 128), (128, 5, "tma", 2, True, 128), (256, 4, "masked", 4, True, 128),
                (128, 5, "masked", 7, True, 128), (256, 3, "tma", 3, False, 128), (256, 4, "tma", 3, False, 64),
-               (128, 6, "tma", 6, False, 64),  # the small-M dispatch's tile at M <= 64
+               (128, 6, "tma", 6, False, 64),  # the 64-row wide tile the planner considers at M <= 1024
                (256, 4, "tma1", 3, True, 128)]  # one shared output tile per partition (the spread tests'
 # "last" runs store through it; test_wide_split_k runs the default "spread", plain stores)
 # K: 56 / 128 K blocks; 1040 = 9 blocks (K tail; split 3 -> 3, 3, 3); 640 = 5 blocks (split 2 -> 3, 2)
@@ -172,7 +185,7 @@ def _splitk_cfg(c):
 
 
 def _counters_zero(device):
-    from blockscaled.ops.gemm import _splitk_counters
+    from blockscaled.ops._splitk import _splitk_counters
 
     torch.cuda.synchronize()
     assert int(_splitk_counters(device, 1).count_nonzero()) == 0  # the kernel left them all zero
@@ -191,12 +204,15 @@ def test_wide_split_k(cfg, nk, m):
 
 @pytest.mark.parametrize("mnk", [(128, 2112, 7168), (128, 7168, 16384), (1, 7168, 2048), (200, 520, 1040),
                                  (64, 2112, 640), (256, 4096, 7168)], ids=lambda s: "x".join(map(str, s)))
-def test_wide_split_k_chooser(mnk):
+def test_wide_split_k_planned(mnk):
+    """The planner's wide tiles at small M, bf16 and fp32 output: the best wide candidate and the
+    best split-K one (none where K has too few blocks to split, e.g. K = 640)."""
     m, n, k = mnk
     a, b = _operands(m, n, k, seed=8)
-    nsm = torch.cuda.get_device_properties(0).multi_processor_count
-    _check(a, b, choose_small_m_hopper_config(m, n, k, nsm))
-    _check(a, b, choose_small_m_hopper_config(m, n, k, nsm, 4), torch.float32)
+    for out_dtype in (torch.bfloat16, torch.float32):
+        split = _planned(m, n, k, "wide", out_dtype, where=lambda c: c.split_k > 1, required=k > 640)
+        for cfg in {_planned(m, n, k, "wide", out_dtype), split} - {None}:
+            _check(a, b, cfg, out_dtype)
 
 
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])
@@ -258,7 +274,7 @@ def test_wide_split_k_cuda_graph():
         ops.append((a, b, cfg, gemm_fp8_block_hopper(a, b, config=cfg)))  # eager (also compiles)
     _graph_replays_match_eager(ops)
     _counters_zero(ops[0][1].data.device)
-    from blockscaled.ops.gemm import _GRAPH_COUNTERS
+    from blockscaled.ops._splitk import _GRAPH_COUNTERS
 
     assert int(_GRAPH_COUNTERS[ops[0][1].data.device].count_nonzero()) == 0  # the graph's buffer too
 
@@ -316,19 +332,19 @@ def test_split_k_interleaved_with_portable_split_k():
     _counters_zero(b.data.device)
 
 
-def test_split_k_dispatch_with_unaligned_output():
-    """The dispatch's split-K config at M=128 2112x7168 (ops/_hopper.small_m_dispatch_config)
-    into an output view whose row stride is not 16-byte aligned: no TMA-store target, so the
-    epilogues fall back to masked stores (the spread reduction's always are; the last-arriver
-    reduction's, run second, switches from the TMA store) and write nothing past the view."""
+def test_planned_split_k_with_unaligned_output():
+    """The planner's best split-K wide config at M=128 2112x7168 into an output view whose row
+    stride is not 16-byte aligned: no TMA-store target, so the epilogues fall back to masked
+    stores (the spread reduction's always are; the last-arriver reduction's, run second, switches
+    from the TMA store) and write nothing past the view."""
     from blockscaled.ops import _hopper as H
     from blockscaled.ops.gemm import gemm
 
     m, n, k = 128, 2112, 7168
-    cfg = H.small_m_dispatch_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
-    assert cfg is not None and cfg.split_k > 1 and cfg.epilogue == "tma"
+    cfg = _planned(m, n, k, "wide", where=lambda c: c.split_k > 1)
+    assert cfg.epilogue == "tma"
     a, b = _operands(m, n, k, seed=15)
-    assert gemm(a, b).shape == (m, n)  # the public op dispatches there (contiguous output)
+    assert_gemm_close(gemm(a, b, config=cfg), ref_gemm.gemm(a, b), "fp8_block", torch.bfloat16)  # contiguous
     big = torch.full((m, n + 3), float("nan"), device="cuda", dtype=torch.bfloat16)
     out = big[:, :n]
     assert (out.stride(0) * 2) % 16
@@ -367,7 +383,7 @@ def test_split_k_workspace_beyond_2_31_elements():
 
 
 # ------------------------------------------------------------------ wide kernel, tail split
-# forced configs (block_n, stages, epilogue, tail_split, split_wg): the M=4096 dispatch config,
+# forced configs (block_n, stages, epilogue, tail_split, split_wg): the M=4096 N=2112 plan,
 # the masked epilogue, 128x128 tiles with many splits, the single 8-warp math partition
 TAIL_CFGS = [(256, 3, "tma", 5, True), (256, 4, "masked", 3, True), (128, 5, "tma", 14, True),
              (256, 3, "tma", 4, False), (256, 4, "tma1", 5, True)]
@@ -415,12 +431,12 @@ def test_wide_tail_split(cfg, mnk, monkeypatch):
     """Whole tiles for the full waves, split units for the last one: the launch really is a tail
     split (SPLIT, TAIL and split_from as planned), vs the float64 reference (NaN-poisoned output),
     bitwise equal on repeat, counters left zero."""
-    from blockscaled.ops._hopper import _wide_split_plan, num_sms_of
+    from blockscaled.ops._hopper import _wide_split_plan
 
     m, n, k = mnk
     a, b = _operands(m, n, k, seed=17)
     c = _tail_cfg(cfg)
-    nsm = num_sms_of(torch.device("cuda"))
+    nsm = num_sms(torch.device("cuda"))
     tiles = -(-m // 128) * -(-n // c.block_n)
     split_from, nsplit, _ = _wide_split_plan(tiles, -(-k // 128), c, nsm)
     seen = _spy_wide_launches(monkeypatch)
@@ -434,14 +450,17 @@ def test_wide_tail_split(cfg, mnk, monkeypatch):
         assert nsplit > 1 and split_from == (tiles // nsm) * nsm and grid == (nsm,)
 
 
-def test_wide_tail_split_dispatched(monkeypatch):
-    """gemm_fp8_block_hopper's default config (the one gemm() dispatches) at M=4096 N=2112
+def test_wide_tail_split_planned(monkeypatch):
+    """gemm_fp8_block_hopper's default config (the planner's best Hopper plan) at M=4096 N=2112
     K=7168 launches a tail split where this GPU's SM count leaves a short last wave."""
-    from blockscaled.ops._hopper import _wide_split_plan, choose_dispatch_config, num_sms_of
+    from blockscaled.ops._hopper import _wide_split_plan
 
-    nsm = num_sms_of(torch.device("cuda"))
-    cfg = choose_dispatch_config(4096, 2112, 7168, num_sms=nsm)
-    tiles = 32 * -(-2112 // cfg.block_n)
+    dev = torch.device("cuda")
+    nsm = num_sms(dev)
+    cfg = plan_gemm(Problem("gemm", "fp8_block", 4096, 2112, 7168), device_info(dev),
+                    GemmConfig(strategy="hopper")).config
+    assert cfg.variant == "wide", cfg
+    tiles = -(-4096 // cfg.block_m) * -(-2112 // cfg.block_n)
     split_from, nsplit, _ = _wide_split_plan(tiles, 56, cfg, nsm)
     if cfg.tail_split == 1:
         pytest.skip(f"{tiles} tiles on {nsm} SMs: no short last wave to split")
@@ -516,7 +535,7 @@ def test_wide_split_spread_needs_a_program_per_split(monkeypatch, no_reduce_env)
     import blockscaled.ops._hopper as H
 
     a, b = _operands(64, 256, 1024, seed=26)
-    monkeypatch.setattr(H, "_num_sms", lambda index: 2)
+    monkeypatch.setattr(H, "num_sms", lambda device: 2)
     cfg = H.HopperConfig("wide", 128, 128, 8, 4, split_k=4)
     with pytest.raises(H.HopperUnsupported, match="spread"):
         gemm_fp8_block_hopper(a, b, config=cfg)
@@ -533,12 +552,12 @@ def test_wide_split_spread_grid_too_large_raises(monkeypatch, no_reduce_env):
 
     a, b = _operands(128, 7168, 7168, seed=27)
     cfg = H.HopperConfig("wide", 128, 128, 8, 4, split_k=4)  # 56 tiles x 4 = 224 units
-    real = H._num_sms
-    monkeypatch.setattr(H, "_num_sms", lambda index: 200)
+    real = H.num_sms
+    monkeypatch.setattr(H, "num_sms", lambda device: 200)
     with pytest.raises(RuntimeError, match="BLOCKSCALED_SPLIT_REDUCE=last"):
         gemm_fp8_block_hopper(a, b, config=cfg)
     torch.cuda.synchronize()
-    monkeypatch.setattr(H, "_num_sms", real)
+    monkeypatch.setattr(H, "num_sms", real)
     _check(a, b, cfg)
     _counters_zero(b.data.device)
 

@@ -2,7 +2,7 @@
 split-K; kernels/hopper/skinny.py): every activation-row padding (8..64), both weight
 tile heights, ring depths and K splits forced against the float64 reference with M, N and K
 tails (outputs NaN-poisoned); out dtypes; bitwise repeatability and CUDA-graph replays of the
-split-K; the dispatch rule's shapes through ``gemm()``; M above the tile rejected."""
+split-K; the planner's skinny tiles through ``gemm()``; M above the tile rejected."""
 
 from __future__ import annotations
 
@@ -11,15 +11,12 @@ import functools
 import pytest
 import torch
 
-from blockscaled.ops._hopper import (
-    HopperConfig,
-    HopperUnsupported,
-    choose_dispatch_config,
-    gemm_fp8_block_hopper,
-    skinny_dispatch_config,
-)
+import blockscaled as bs
+from blockscaled.ops._hopper import HopperConfig, HopperUnsupported, gemm_fp8_block_hopper
 from blockscaled.ops.gemm import gemm
 from blockscaled.ops.quantize import quantize
+from blockscaled.plan import Problem, device_info
+from blockscaled.plan.dense import _rank, fp8_candidates
 from blockscaled.reference import gemm as ref_gemm
 from blockscaled.testing import fp8_block_operands
 from blockscaled.testing.tolerances import assert_gemm_close
@@ -108,17 +105,23 @@ def test_split_k_cuda_graph_replays_equal_eager():
 @pytest.mark.parametrize("mnk", [(2, 7168, 2048), (16, 7168, 2048), (32, 7168, 2048), (1, 32768, 512),
                                  (64, 32768, 512), (16, 24576, 1536), (5, 5000, 1040)],
                          ids=lambda s: "x".join(map(str, s)))
-def test_dispatch_rule_shapes_through_gemm(mnk):
-    """gemm() takes the skinny kernel on the rule's shapes (bitwise equal to the forced config); M=1 with
-    K >= 2048 goes to the GEMV first (tests/test_gemv.py)."""
+def test_planned_skinny_tiles_through_gemm(mnk):
+    """The planner's best skinny candidate on decode shapes, forced through gemm(): correct and
+    bitwise equal to the direct launch; gemm()'s own plan correct, and bitwise equal where it is
+    that config."""
     m, n, k = mnk
-    nsm = torch.cuda.get_device_properties(0).multi_processor_count
-    cfg = skinny_dispatch_config(m, n, k, nsm)
-    assert cfg is not None and choose_dispatch_config(m, n, k, 2, nsm) == cfg
+    dev = device_info(torch.device("cuda"))
+    p = Problem("gemm", "fp8_block", m, n, k)
+    cands = [c for c in fp8_candidates(p, dev, gemv=False, portable=False, dequant=False) if c.variant == "skinny"]
+    cfg = _rank(p, dev, cands)[0][0][1]
     a, b = _operands(m, n, k, seed=m)
+    want = _run(a, b, cfg)
+    assert_gemm_close(want, ref_gemm.gemm(a, b), "fp8_block", torch.bfloat16, what=str(cfg))
+    assert torch.equal(gemm(a, b, config=cfg), want)
     y = gemm(a, b)
     assert_gemm_close(y, ref_gemm.gemm(a, b), "fp8_block", torch.bfloat16)
-    assert torch.equal(y, _run(a, b, cfg))
+    if bs.explain("gemm", a, b).config == cfg:
+        assert torch.equal(y, want)
 
 
 def test_m_above_tile_rejected():

@@ -97,7 +97,7 @@ def test_grouped_and_swiglu_bf16_epilogues_round_to_nearest(fmt, device):
         w2 = bs.quantize((torch.randn(3 * 48, 128, generator=g) * 0.05).to(device), fmt)
         wg = ScaledTensor(w2.data.view(3, 48, -1), w2.scale.view(3, 48, -1), w2.format, torch.Size((3, 48, 128)),
                           w2.block, w2.rounding, global_scale=w2.global_scale)
-    # one portable config for both dtypes (the heuristic may pick other kernels per dtype on a GPU)
+    # one portable config for both dtypes (the planner may pick other kernels per dtype on a GPU)
     cfg = GemmConfig(16, 32, 128 if fmt == "fp8_block" else 64, 4, 1, promote=fmt == "fp8_block")
     y32 = grouped_gemm(a, wg, offsets=offs, out_dtype=torch.float32, config=cfg)
     y16 = grouped_gemm(a, wg, offsets=offs, out_dtype=torch.bfloat16, config=cfg)
