@@ -1,14 +1,19 @@
-"""CPU checks of the GPU check scripts (scripts/sanitize.py, sanitize.sh, compile_time.py,
-gpu_check.sh): the sanitizer driver's case list builds (configs validated, every Hopper variant and
-flag covered) without launching; its log summary parses compute-sanitizer output; the shell
-scripts parse (bash -n) and run end to end against a fake compute-sanitizer and a fake python;
-compile_time.py's parent/child plumbing works in the interpreter (--smoke)."""
+"""CPU checks of scripts/ (the GPU check, sweep and probe scripts; scripts/README.md lists them):
+every script answers --help on a machine without a GPU, none edits sys.path or imports a private
+name of the library without saying why, the README lists exactly the scripts there are; the
+sanitizer driver's case list builds (configs validated, every Hopper variant, flag and planner
+candidate covered) without launching and its log summary parses compute-sanitizer output; the
+shell scripts parse (bash -n) and run end to end against a fake compute-sanitizer and a fake
+python (gpu_check.sh's summary of the saved bench runs included); ab.py and hopper_check.py
+resolve their variants / checks for an H100 on the CPU; compile_time.py's parent/child plumbing
+works in the interpreter (--smoke)."""
 
 from __future__ import annotations
 
-import dataclasses
+import ast
 import importlib.util
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -19,10 +24,27 @@ import torch
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 SCRIPTS = os.path.join(ROOT, "scripts")
+CHECKS = os.path.join(SCRIPTS, "checks")
+SWEEPS = os.path.join(SCRIPTS, "sweeps")
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"_scripts_{name}", os.path.join(SCRIPTS, f"{name}.py"))
+def _scripts(ext: str) -> list[str]:
+    """Paths (relative to scripts/) of every ``ext`` file under scripts/."""
+    out = []
+    for d, _, files in os.walk(SCRIPTS):
+        if "__pycache__" in d:
+            continue
+        out += [os.path.relpath(os.path.join(d, f), SCRIPTS) for f in files if f.endswith(ext)]
+    return sorted(out)
+
+
+PY_SCRIPTS = _scripts(".py")
+SH_SCRIPTS = _scripts(".sh")
+
+
+def _load(rel: str):
+    name = "_scripts_" + re.sub(r"\W", "_", rel)
+    spec = importlib.util.spec_from_file_location(name, os.path.join(SCRIPTS, rel))
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # dataclasses look their module up
     spec.loader.exec_module(mod)
@@ -31,7 +53,7 @@ def _load(name: str):
 
 @pytest.fixture(scope="module")
 def san():
-    return _load("sanitize")
+    return _load("checks/sanitize.py")
 
 
 @pytest.fixture(scope="module")
@@ -42,15 +64,106 @@ def cases(san):
 #: gpu_check.sh / sanitize.sh knobs: a caller's settings (e.g. SANITIZE=1 while gpu_check.sh runs
 #: this suite on the GPU machine) must not leak into the scripts these tests run
 _KNOBS = ("SANITIZE", "COMPILE_TIME", "COMPILE_TIME_LIMIT", "SANITIZE_ONLY", "SANITIZE_SKIP", "SANITIZE_BUDGET",
-          "TOOLS", "BENCH_STEPS", "SKIP_BENCH", "SKIP_PYTEST", "PYTEST_LIMIT", "PYTEST_EXTRA", "SWIGLU_CHECK",
-          "SKIP_WARMUP", "OUT")
+          "TOOLS", "BENCH_STEPS", "SKIP_BENCH", "SKIP_PYTEST", "PYTEST_LIMIT", "PYTEST_EXTRA", "HOPPER_CHECK",
+          "HOPPER_CHECK_LIMIT", "SKIP_WARMUP", "OUT")
 
 
 def _env(**kw):
     env = {k: v for k, v in os.environ.items() if k not in _KNOBS}
-    env["PYTHONPATH"] = os.path.join(ROOT, "src") + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.update(kw)
     return env
+
+
+def _cpu_env(**kw):
+    """No GPU visible, no interpreter: what a laptop without CUDA sees."""
+    env = _env(CUDA_VISIBLE_DEVICES="", **kw)
+    env.pop("TRITON_INTERPRET", None)
+    return env
+
+
+# ------------------------------------------------------------------------- the set of scripts
+def test_the_kept_set():
+    """Few scripts, in their folders; test.sh where CI and the README call it."""
+    assert "test.sh" in SH_SCRIPTS
+    for rel in PY_SCRIPTS + SH_SCRIPTS:
+        assert rel == "test.sh" or rel.split(os.sep)[0] in ("checks", "sweeps", "probes"), rel
+    assert len(PY_SCRIPTS + SH_SCRIPTS) <= 12, "keep scripts/ small: record one-off findings in benchmarks/NOTES.md"
+
+
+def test_readme_lists_every_script():
+    text = open(os.path.join(SCRIPTS, "README.md")).read()
+    listed = re.findall(r"^\| `([^`]+)` \|", text, flags=re.M)
+    assert sorted(listed) == sorted(PY_SCRIPTS + SH_SCRIPTS), listed
+    for rel in listed:  # each row names its command
+        row = next(line for line in text.splitlines() if line.startswith(f"| `{rel}` |"))
+        assert f"scripts/{rel}" in row, row
+
+
+@pytest.mark.parametrize("rel", PY_SCRIPTS + SH_SCRIPTS)
+def test_no_sys_path_edits(rel):
+    """Scripts import the installed package; editing sys.path would hide a broken install."""
+    text = open(os.path.join(SCRIPTS, rel)).read()
+    assert not re.search(r"sys\.path\.(insert|append)|PYTHONPATH=[^\n]*\.\./src", text), rel
+
+
+def _private_uses(path: str) -> list[tuple[int, str]]:
+    """(line, what) of every private name of the library a script reaches: a module path component
+    or an imported name with a leading underscore, an attribute ``x._name`` of a name imported
+    from blockscaled, or a string naming a private blockscaled module (importlib)."""
+    tree = ast.parse(open(path).read(), path)
+    bound, out = set(), []
+
+    def private(name: str) -> bool:
+        return name.startswith("_") and not name.startswith("__")
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for al in node.names:
+                if al.name.split(".")[0] == "blockscaled":
+                    bound.add(al.asname or al.name.split(".")[0])
+                    if any(private(c) for c in al.name.split(".")):
+                        out.append((node.lineno, al.name))
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "blockscaled":
+            if any(private(c) for c in node.module.split(".")):
+                out.append((node.lineno, node.module))
+            for al in node.names:
+                bound.add(al.asname or al.name)
+                if private(al.name):
+                    out.append((node.lineno, f"{node.module}.{al.name}"))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if re.fullmatch(r"blockscaled(\.\w+)*\._\w+(\.\w+)*", node.value):
+                out.append((node.lineno, node.value))
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and private(node.attr) and isinstance(node.value, ast.Name)
+                and node.value.id in bound):
+            out.append((node.lineno, f"{node.value.id}.{node.attr}"))
+    return out
+
+
+@pytest.mark.parametrize("rel", PY_SCRIPTS)
+def test_no_private_names(rel):
+    """Public API or the explicitly internal modules only; where a private name is unavoidable, a
+    ``# private: <why>`` comment on the line or the two lines above says why."""
+    path = os.path.join(SCRIPTS, rel)
+    lines = open(path).read().splitlines()
+    for lineno, what in _private_uses(path):
+        near = " ".join(lines[max(0, lineno - 3):lineno])
+        assert re.search(r"# private: \S", near), f"{rel}:{lineno} uses {what} without a '# private: <why>' comment"
+
+
+def test_private_name_detector(tmp_path):
+    p = tmp_path / "s.py"
+    p.write_text("import blockscaled as bs\nfrom blockscaled.ops import _hopper\nfrom blockscaled.x import _y, z\n"
+                 "bs._checks\nimport importlib\nimportlib.import_module('blockscaled.ops._hopper')\nbs.gemm\n")
+    assert [ln for ln, _ in _private_uses(str(p))] == [2, 3, 6, 4]
+
+
+@pytest.mark.parametrize("rel", PY_SCRIPTS)
+def test_help_on_cpu(rel):
+    r = subprocess.run([sys.executable, os.path.join(SCRIPTS, rel), "--help"], capture_output=True, text=True,
+                       env=_cpu_env(), timeout=180, cwd="/")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith("usage:") and len(r.stdout.splitlines()) > 3, r.stdout
 
 
 # ------------------------------------------------------------------------- sanitize.py cases
@@ -74,40 +187,50 @@ def test_case_list_covers_every_op(cases):
 
 
 def test_hopper_cases_follow_the_module(san, cases):
-    """Every variant in _hopper.VARIANTS and every boolean HopperConfig field (both values)
-    appears, with at least two launchable explicit configs per variant: new variants/flags
-    added by the lead are covered without editing the driver."""
-    H = san.H
+    """Every variant in config.hopper.VARIANTS, every flag it reads (VARIANT_FLAGS: bools both
+    ways, epilogue every value) with at least two explicit tiles, every Hopper candidate the
+    planner ranks at the planner shapes, fused split-K and tail splits with both reductions:
+    new variants, flags and candidates are covered without editing the driver."""
+    HC = san.HC
     hop = [c for c in cases if c.name.startswith("hopper/")]
     assert all(c.needs_sm90 for c in hop)
-    bools = [f.name for f in dataclasses.fields(H.HopperConfig) if f.type in (bool, "bool")]
-    for v in H.VARIANTS:
-        mine = [c for c in hop if c.name.split("/")[1].split("-")[0].split("+")[0] == v]
-        valid = [c for c in mine if isinstance(c.config["config"], H.HopperConfig)]
-        explicit = [c for c in valid if "heuristic" not in c.name]
+    valid = [c for c in hop if isinstance(c.config["config"], san.HopperConfig)]
+    assert len(valid) == len(hop), [c.name for c in hop if c not in valid]
+    for v in HC.VARIANTS:
+        mine = [c for c in valid if c.config["config"].variant == v]
+        explicit = [c for c in mine if re.match(rf"hopper/{v}[+-].*-sms{san.FEW_SMS}$", c.name)]
         assert len({(c.config["config"].block_m, c.config["config"].block_n) for c in explicit}) >= 2, v
-        assert any("heuristic" in c.name for c in valid), v
-        for c in valid:
-            assert c.config["config"].variant == v
-        used = (getattr(H, "VARIANT_FLAGS", None) or {}).get(v)  # flags the variant reads (None: all)
-        for b in bools:
-            if used is not None and b not in used:
-                continue
-            assert {getattr(c.config["config"], b) for c in explicit} == {False, True}, (v, b)
+        for f in HC.VARIANT_FLAGS.get(v, ()):
+            values = {getattr(c.config["config"], f) for c in explicit}
+            want = set(HC.EPILOGUES) if f == "epilogue" else {False, True}
+            assert values == want, (v, f, values)
+        for shape in san._PLANNER_SHAPES:
+            want = {c for c in san._planner_hopper_configs(shape) if c.variant == v}
+            got = {c.config["config"] for c in mine if "-planner-" in c.name and c.config["shape"] == shape}
+            assert got == want, (v, shape)
+        assert any("-planner-" in c.name for c in mine), v
+    cfgs = [c.config["config"] for c in valid]
+    for red in ("spread", "last"):
+        assert any(c.split_k > 1 and c.split_reduce == red and c.variant == "wide" for c in cfgs), red
+        assert any(c.tail_split > 1 and c.split_reduce == red for c in cfgs), red
+    assert any(c.split_k > 1 and c.variant == "skinny" for c in cfgs)
     assert any(c.config["sms"] == san.FEW_SMS for c in hop), "persistent grids must loop over tiles somewhere"
+    grouped_hopper = [c for c in cases if c.name.startswith("grouped/") and c.needs_sm90]
+    assert {c.config["mode"] for c in grouped_hopper} == {"contig", "masked"}
+    assert {c.config["reduce"] for c in grouped_hopper if c.config["tail"] > 1} == {"spread", "last"}
 
 
 def test_select_and_shard(san, cases):
     part = [san._select(cases, None, None, f"{i}/3") for i in range(3)]
     assert sorted(c.name for p in part for c in p) == sorted(c.name for c in cases)
-    only = san._select(cases, "^hopper/", "heuristic", None)
-    assert only and all(c.name.startswith("hopper/") and "heuristic" not in c.name for c in only)
+    only = san._select(cases, "^hopper/", "planner", None)
+    assert only and all(c.name.startswith("hopper/") and "planner" not in c.name for c in only)
     with pytest.raises(SystemExit):
         san._select(cases, None, None, "3/3")
 
 
 def test_list_cli():
-    r = subprocess.run([sys.executable, os.path.join(SCRIPTS, "sanitize.py"), "--list", "--only", "hopper/|gemm/"],
+    r = subprocess.run([sys.executable, os.path.join(CHECKS, "sanitize.py"), "--list", "--only", "hopper/|gemm/"],
                        capture_output=True, text=True, env=_env(), timeout=120)
     assert r.returncode == 0, r.stderr
     assert "hopper/" in r.stdout and "gemm/" in r.stdout and "quantize/" not in r.stdout
@@ -118,18 +241,18 @@ def test_list_cli():
                     "image's numpy 2.5 breaks the triton 3.6 interpreter; the real runs are the GPU commands)")
 def test_driver_runs_one_case_in_the_interpreter():
     """The runner itself (inputs, launch, reference check, exit status) on one small case."""
-    r = subprocess.run([sys.executable, os.path.join(SCRIPTS, "sanitize.py"), "--device", "cpu",
-                        "--only", "^gemm/fp8_block-w128x128-64x64x128$|^hopper/wide-heuristic-256"],
+    r = subprocess.run([sys.executable, os.path.join(CHECKS, "sanitize.py"), "--device", "cpu",
+                        "--only", "^gemm/fp8_block-w128x128-64x64x128$|^hopper/wide-128x128-s2-sms3$"],
                        capture_output=True, text=True, env=_env(TRITON_INTERPRET="1"), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "] ok   gemm/fp8_block-w128x128-64x64x128" in r.stdout
-    assert "] skip hopper/wide-heuristic-256x256x512" in r.stdout  # needs sm_90
+    assert "] skip hopper/wide-128x128-s2-sms3" in r.stdout  # needs sm_90
     assert "1 ok, 0 failed, 1 skipped" in r.stdout
 
 
 def test_no_cuda_is_a_clear_error():
-    r = subprocess.run([sys.executable, os.path.join(SCRIPTS, "sanitize.py"), "--only", "^tensor_amax/"],
-                       capture_output=True, text=True, env=_env(CUDA_VISIBLE_DEVICES=""), timeout=120)
+    r = subprocess.run([sys.executable, os.path.join(CHECKS, "sanitize.py"), "--only", "^tensor_amax/"],
+                       capture_output=True, text=True, env=_cpu_env(), timeout=120)
     assert r.returncode == 2 and "no CUDA device" in r.stderr
 
 
@@ -187,9 +310,9 @@ def test_summarize_logs(san, tmp_path):
 
 
 # ------------------------------------------------------------------------- shell scripts
-@pytest.mark.parametrize("script", ["sanitize.sh", "gpu_check.sh"])
-def test_shell_syntax(script):
-    r = subprocess.run(["bash", "-n", os.path.join(SCRIPTS, script)], capture_output=True, text=True)
+@pytest.mark.parametrize("rel", SH_SCRIPTS)
+def test_shell_syntax(rel):
+    r = subprocess.run(["bash", "-n", os.path.join(SCRIPTS, rel)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
 
 
@@ -203,7 +326,8 @@ def _exe(path, text):
 def fakes(tmp_path):
     """A fake compute-sanitizer (runs the command after the options, then prints a summary with
     $FAKE_ERRORS errors) and a fake python (torch check passes, the driver prints one ok case,
-    --summarize goes to the real interpreter)."""
+    --summarize goes to the real interpreter; the bench saves its run as ``--save-results DIR``
+    does: DIR/<gpu>/runs.jsonl + DIR/<gpu>/latest/<suite>.md)."""
     cs = _exe(tmp_path / "compute-sanitizer", """\
         #!/usr/bin/env bash
         case "$1" in
@@ -213,7 +337,7 @@ def fakes(tmp_path):
         tool=""; prev=""
         while [ $# -gt 0 ]; do
           [ "$prev" = "--tool" ] && tool=$1
-          case "$1" in *scripts/sanitize.py) "$prev" "$@"; break;; esac
+          case "$1" in *scripts/checks/sanitize.py) "$prev" "$@"; break;; esac
           prev=$1; shift
         done
         echo "FAKE-SANITIZER ran tool=$tool"
@@ -224,12 +348,26 @@ def fakes(tmp_path):
         [ "$1" = "-c" ] && exit 0
         [ "$1" = "-" ] && {{ cat >/dev/null; exit 0; }}
         for a in "$@"; do [ "$a" = "--summarize" ] && exec "{sys.executable}" "$@"; done
-        for a in "$@"; do [ "$a" = "-m" ] && exit 0; done
+        if [ "$1" = "-m" ]; then
+          [ "$2" = "blockscaled.bench" ] || exit 0
+          suite=default; res=""; prev=""
+          for a in "$@"; do
+            [ "$prev" = "--suite" ] && suite=$a
+            [ "$prev" = "--save-results" ] && res=$a
+            prev=$a
+          done
+          [ -n "$res" ] || exit 0
+          mkdir -p "$res/fakegpu/latest"
+          echo "{{\\"suite\\": \\"$suite\\"}}" >> "$res/fakegpu/runs.jsonl"
+          echo "# fake bench summary of $suite" > "$res/fakegpu/latest/$suite.md"
+          exit 0
+        fi
         case "$1" in
-          *sanitize.py)
+          *checks/sanitize.py)
             echo "[  1/1] ok   quantize/x (0.1 s) bitwise"
             echo "# sanitize.py: 1 ok, 0 failed, 0 skipped in 0.1 s";;
           *compile_time.py) echo "fake compile_time $*";;
+          *hopper_check.py) echo "fake hopper_check $*";;
         esac
         exit 0
         """)
@@ -244,7 +382,7 @@ def test_sanitize_sh_end_to_end_with_fakes(fakes, tmp_path):
     cs, py = fakes
     out = tmp_path / "out"
     env = _env(COMPUTE_SANITIZER=cs, PYTHON=py, OUT=str(out), WARMUP_SHARDS="2")
-    r = _run_sh([os.path.join(SCRIPTS, "sanitize.sh")], env)
+    r = _run_sh([os.path.join(CHECKS, "sanitize.sh")], env)
     assert r.returncode == 0, r.stdout + r.stderr
     summary = (out / "sanitize" / "summary.txt").read_text()
     for t in ("memcheck", "racecheck", "synccheck"):
@@ -260,7 +398,7 @@ def test_sanitize_sh_end_to_end_with_fakes(fakes, tmp_path):
     # errors in one tool -> exit 1 and a FAIL line; --out instead of OUT; one tool only
     env = _env(COMPUTE_SANITIZER=cs, PYTHON=py, FAKE_ERRORS="3", TOOLS="racecheck", SKIP_WARMUP="1")
     env.pop("OUT", None)
-    r = _run_sh([os.path.join(SCRIPTS, "sanitize.sh"), "--out", str(tmp_path / "o2")], env)
+    r = _run_sh([os.path.join(CHECKS, "sanitize.sh"), "--out", str(tmp_path / "o2")], env)
     assert r.returncode == 1
     assert "racecheck: FAIL errors=3" in r.stdout and "sanitize : FAIL" in r.stdout
 
@@ -268,27 +406,115 @@ def test_sanitize_sh_end_to_end_with_fakes(fakes, tmp_path):
 def test_sanitize_sh_without_sanitizer(fakes, tmp_path):
     _, py = fakes
     env = _env(COMPUTE_SANITIZER=str(tmp_path / "missing"), PYTHON=py, OUT=str(tmp_path / "o"))
-    r = _run_sh([os.path.join(SCRIPTS, "sanitize.sh")], env)
+    r = _run_sh([os.path.join(CHECKS, "sanitize.sh")], env)
     assert r.returncode == 2 and "compute-sanitizer not found" in r.stdout
 
 
+def test_sanitize_sh_help_from_elsewhere():
+    r = subprocess.run(["bash", os.path.join(CHECKS, "sanitize.sh"), "--help"], capture_output=True, text=True,
+                       cwd="/", timeout=30)
+    assert r.returncode == 0 and "compute-sanitizer" in r.stdout and "set -u" not in r.stdout
+
+
 def test_gpu_check_optional_steps(fakes, tmp_path):
-    """SANITIZE=1 / COMPILE_TIME=1 run their steps; default behaviour (no such env) does not."""
+    """HOPPER_CHECK=1 / SANITIZE=1 / COMPILE_TIME=1 run their steps (at their new paths); default
+    behaviour (no such env) does not."""
     cs, py = fakes
     base = dict(COMPUTE_SANITIZER=cs, PYTHON=py, SKIP_PYTEST="1", SKIP_BENCH="1", SKIP_WARMUP="1")
-    r = _run_sh([os.path.join(SCRIPTS, "gpu_check.sh")], _env(OUT=str(tmp_path / "a"), **base))
+    r = _run_sh([os.path.join(CHECKS, "gpu_check.sh")], _env(OUT=str(tmp_path / "a"), **base))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "=== sanitize" not in r.stdout and "=== compile time" not in r.stdout
-    r = _run_sh([os.path.join(SCRIPTS, "gpu_check.sh")],
-                _env(OUT=str(tmp_path / "b"), SANITIZE="1", COMPILE_TIME="1", TOOLS="memcheck", **base))
+    assert "=== sanitize" not in r.stdout and "=== compile time" not in r.stdout and "=== hopper" not in r.stdout
+    r = _run_sh([os.path.join(CHECKS, "gpu_check.sh")],
+                _env(OUT=str(tmp_path / "b"), SANITIZE="1", COMPILE_TIME="1", HOPPER_CHECK="1", TOOLS="memcheck",
+                     **base))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "=== compile time" in r.stdout and "fake compile_time" in r.stdout
+    assert "fake hopper_check scripts/checks/hopper_check.py --json " + str(tmp_path / "b" / "hopper_check.json") \
+        in r.stdout
     assert "memcheck : PASS" in r.stdout and (tmp_path / "b" / "sanitize" / "summary.txt").exists()
+
+
+def test_gpu_check_bench_summary(fakes, tmp_path):
+    """The summary collects the newest run of each bench step (<gpu>/latest/<suite>.md) and the
+    archive keeps runs.jsonl."""
+    cs, py = fakes
+    out = tmp_path / "o"
+    r = _run_sh([os.path.join(CHECKS, "gpu_check.sh")],
+                _env(OUT=str(out), PYTHON=py, SKIP_PYTEST="1", BENCH_STEPS="quantize moe"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary = (out / "summary.md").read_text()
+    assert "# fake bench summary of quantize" in summary and "# fake bench summary of moe" in summary, summary
+    assert "# fake bench summary of quantize" in r.stdout
+    listing = subprocess.run(["tar", "-tzf", str(out / "results.tar.gz")], capture_output=True, text=True).stdout
+    assert "fakegpu/runs.jsonl" in listing and "fakegpu/latest/moe.md" in listing, listing
+
+
+# ------------------------------------------------------------------------- ab.py / hopper_check.py
+def _run_py(rel, *argv, timeout=180):
+    return subprocess.run([sys.executable, os.path.join(SCRIPTS, rel), *argv], capture_output=True, text=True,
+                          env=_cpu_env(), timeout=timeout, cwd="/")
+
+
+def test_ab_resolves_variants_for_an_h100():
+    r = _run_py("sweeps/ab.py", "--list", "--shapes", "4096x2112x7168,16x7168x2048",
+                "--variants", "plan,hopper,wide@block_n=128:tail_split=1,portable,dequant_matmul,cands:hopper_skinny")
+    assert r.returncode == 0, r.stdout + r.stderr
+    blocks = r.stdout.split("gemm fp8_block M=16")
+    assert "wide@block_n=128:tail_split=1" in blocks[0] and "hopper_wide 128x128" in blocks[0]
+    assert re.search(r"^  portable +portable ", blocks[0], flags=re.M)
+    assert "cand " not in blocks[0]  # no skinny candidate at M=4096
+    assert re.search(r"^  cand hopper_skinny 16x", blocks[1], flags=re.M)
+    r = _run_py("sweeps/ab.py", "--list", "--op", "grouped", "--layout", "masked", "--shapes", "128x4096x7168",
+                "--variants", "plan,wide@tail_split=2:block_n=256,portable")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "tail split 2" in r.stdout and "portable_grouped" in r.stdout
+    r = _run_py("sweeps/ab.py", "--list", "--op", "swiglu", "--shapes", "256x2048x7168", "--variants", "plan,hopper")
+    assert r.returncode == 0 and "hopper_wide" in r.stdout, r.stdout + r.stderr
+
+
+def test_ab_errors_and_no_gpu():
+    r = _run_py("sweeps/ab.py", "--shapes", "128x7168x2048", "--variants", "plan")
+    assert r.returncode == 2 and "no CUDA device" in r.stderr and "hopper_wide" in r.stdout
+    r = _run_py("sweeps/ab.py", "--list", "--shapes", "128x7168x2048", "--variants", "plan,bogus")
+    assert r.returncode != 0 and "unknown kind 'bogus'" in r.stderr
+    r = _run_py("sweeps/ab.py", "--list", "--fmt", "mxfp8", "--shapes", "128x7168x2048", "--variants", "wide")
+    assert r.returncode != 0 and "needs fp8_block" in r.stderr
+
+
+def test_ab_parsing():
+    ab = _load("sweeps/ab.py")
+    assert ab.parse_variant("wide@block_n=128:epilogue=masked:split_wg=false") == (
+        "wide", "", {"block_n": 128, "epilogue": "masked", "split_wg": False})
+    assert ab.parse_variant("cands:hopper_skinny") == ("cands", "hopper_skinny", {})
+    assert ab.parse_shapes("1x2x3,4X5X6") == [(1, 2, 3), (4, 5, 6)]
+    with pytest.raises(SystemExit):
+        ab.parse_shapes("1x2")
+    from blockscaled.config.hopper import HopperConfig
+
+    base = HopperConfig("wide", 128, 256, 8, 3, epilogue="tma")
+    # a new tile refills the ring; num_warps follows block_m; stages= is kept as given
+    assert ab._override(base, {"block_n": 128}, 2).stages > base.stages
+    assert ab._override(base, {"block_m": 64}, 2).num_warps == 4
+    assert ab._override(base, {"block_n": 128, "stages": 2}, 2).stages == 2
+
+
+def test_hopper_check_lists_its_checks_on_cpu():
+    r = _run_py("checks/hopper_check.py", "--list", "--quick")
+    assert r.returncode == 0, r.stdout + r.stderr
+    names = r.stdout.splitlines()
+    assert any(n.startswith("dense 4096x4096x7168 hopper_wide") for n in names)
+    assert any(n.startswith("dense 1x2112x7168 hopper_skinny") for n in names)
+    for group in ("grouped contiguous", "grouped masked cuda graph", "swiglu dense", "swiglu masked"):
+        assert any(n.startswith(group) for n in names), group
+    full = _run_py("checks/hopper_check.py", "--list", "--candidates", "--only", "^dense 128x2112x7168 ")
+    assert full.returncode == 0 and len(full.stdout.splitlines()) > 4, full.stdout
+    r = _run_py("checks/hopper_check.py")
+    assert r.returncode == 2 and "sm_90" in r.stderr
 
 
 # ------------------------------------------------------------------------- compile_time.py
 def test_compile_time_report_verdicts():
-    ct = _load("compile_time")
+    ct = _load("sweeps/compile_time.py")
     call = {"n": 2112, "k": 7168, "m": 1, "first_s": 3.0, "steady_s": 0.001, "new_cubins": 2, "new_launchers": 1,
             "finite": True, "config": "triton 64x64x128 w4 s4"}
     phases = {"interpreter_start": 0.1, "import_torch": 3.0, "cuda_context": 0.5, "import_triton": 0.3,
@@ -311,7 +537,7 @@ def test_compile_time_report_verdicts():
 def test_compile_time_smoke(tmp_path):
     """Parent/child plumbing end to end in the interpreter (two processes, tiny shapes)."""
     out = tmp_path / "ct.json"
-    r = subprocess.run([sys.executable, os.path.join(SCRIPTS, "compile_time.py"), "--smoke", "--out", str(out)],
+    r = subprocess.run([sys.executable, os.path.join(SWEEPS, "compile_time.py"), "--smoke", "--out", str(out)],
                        capture_output=True, text=True, env=_env(), timeout=300)
     assert "cold :" in r.stdout and "warm :" in r.stdout, r.stdout + r.stderr
     import json

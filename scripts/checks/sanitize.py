@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """One small call of every kernel variant, each checked against its reference.
 
-This is the workload ``scripts/sanitize.sh`` runs under compute-sanitizer (memcheck,
+This is the workload ``scripts/checks/sanitize.sh`` runs under compute-sanitizer (memcheck,
 racecheck, synccheck), so a clean sanitizer run also proves the results correct:
 
 * quantize: fp8_block 1x128 (EXACT / RCEIL) and 128x128 (2-D and per-expert 3-D), mxfp8
@@ -10,16 +10,18 @@ racecheck, synccheck), so a clean sanitizer run also proves the results correct:
   of every format and block shape. Quantizers bitwise vs the CPU reference.
 * portable gemm (``gemm(..., config=GemmConfig(...))``): every format, promote on/off,
   split_k 1 and > 1, weight-only bf16/fp16 activations, the dequant + cuBLAS strategy, the
-  heuristic (config=None) and the forced "hopper" strategy; linear() with the heuristic's
+  planner's plan (config=None) and the forced "hopper" strategy; linear() with the planner's
   split-K. vs the float64 reference (``assert_gemm_close``, outputs NaN-poisoned first).
-* Hopper ``gemm_fp8_block_hopper``: every variant in ``_hopper.VARIANTS`` x every combination
-  of the flag fields of ``HopperConfig`` (bools such as ``split_wg``; ``epilogue`` tma/masked;
-  a ``CONFIG_CHOICES = {field: values}`` dict in ``_hopper`` overrides) x the first two tiles
-  of ``_TILES`` the variant accepts (e.g. 128x128 and 128x256 with 2 stages), run with the SM
-  count patched to 3 so that persistent programs walk several tiles (ring phases carried
-  across tiles); plus the heuristic's config per variant at an odd, an aligned and an N=322
-  (output rows not 16-byte aligned: TMA-store epilogues fall back) shape with the real SM
-  count. New variants / flags are picked up from the module without editing this file.
+* Hopper kernels (``gemm(..., config=HopperConfig(...))``; the plan that ran must be the
+  Hopper kernel asked for): every variant in ``config.hopper.VARIANTS`` x every combination of
+  the flag fields it reads (``VARIANT_FLAGS``: bools such as ``split_wg``; ``epilogue`` over
+  ``EPILOGUES``) x the first two tiles of ``_TILES`` the variant accepts (e.g. 128x128 and
+  128x256 with 2 stages), run with the SM count patched to 3 so that persistent programs walk
+  several tiles (ring phases carried across tiles); plus every Hopper candidate of the planner
+  (``plan.dense.fp8_candidates``) at an odd, an aligned, an N=322 (output rows not 16-byte
+  aligned: TMA-store epilogues fall back) and a decode shape, with the real SM count; fused
+  split-K and tail splits with both reductions. New variants / flags are picked up from
+  ``config/hopper.py`` without editing this file.
 * grouped_gemm contiguous (all formats, an empty and a 1-row segment) and masked (with
   per-expert nvfp4 global scales), weight-only; swiglu dense / contiguous / masked;
   grouped_gemm_list (nvfp4, mxfp8, fp8_block).
@@ -27,11 +29,11 @@ racecheck, synccheck), so a clean sanitizer run also proves the results correct:
 Shapes are small with tails: M=200, N=320, K=656 (= 5*128 + 16; TMA needs K % 16 == 0),
 quantizers K=651 (odd: packed-fp4 tail), plus one aligned shape 256x256x512.
 
-    python scripts/sanitize.py                   # run all on the GPU (exit 1 if any fails)
-    python scripts/sanitize.py --list            # print the cases (no GPU needed)
-    python scripts/sanitize.py --only hopper/ --skip split_wg
-    python scripts/sanitize.py --shard 0/8       # every 8th case (parallel cache warm-up)
-    TRITON_INTERPRET=1 python scripts/sanitize.py --device cpu --only quantize/   # interpreter
+    python scripts/checks/sanitize.py                   # run all on the GPU (exit 1 if any fails)
+    python scripts/checks/sanitize.py --list            # print the cases (no GPU needed)
+    python scripts/checks/sanitize.py --only hopper/ --skip split_wg
+    python scripts/checks/sanitize.py --shard 0/8       # every 8th case (parallel cache warm-up)
+    python scripts/checks/sanitize.py --device cpu --only quantize/   # Triton interpreter
 
 Exit status: 0 all passed (skips allowed), 1 a case failed, 2 no CUDA device, 3 a case hung
 (watchdog, --case-timeout).
@@ -42,6 +44,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib
 import itertools
 import json
 import os
@@ -51,8 +54,6 @@ import threading
 import time
 import traceback
 from typing import Callable
-
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")))
 
 # ---------------------------------------------------------------------------------- shapes
 M, N, K = 200, 320, 656  # tails in M and N vs every tile; K = 5*128 + 16 (K % 16 == 0 for TMA)
@@ -87,23 +88,26 @@ class Ctx:
 # ---------------------------------------------------------------------------------- helpers
 def _imports():
     """Import lazily so that argument parsing (and TRITON_INTERPRET) comes first."""
-    global torch, R, RG, ref_gemm, H
+    global torch, R, RG, ref_gemm, HC, HopperConfig, MODE_CONTIGUOUS, MODE_MASKED
     global quantize, dequantize, silu_mul_quantize, tensor_amax, gemm, linear, grouped_gemm
     global grouped_gemm_list, swiglu, GemmConfig, assert_gemm_close, assert_scaled_equal
     global bitwise_equal, gemm_errors, randn_like_activations, INTERPRET
+    global Plan, Problem, H100_SXM, observe_plans, fp8_candidates, hopper_fill_stages, grouped_raster, launch
     import torch  # noqa: F401
 
-    from blockscaled._checks import INTERPRET  # noqa: F401
-    from blockscaled.config.gemm import GemmConfig  # noqa: F401
-    from blockscaled.ops import _hopper as H  # noqa: F401
-    from blockscaled.ops.gemm import gemm  # noqa: F401
-    from blockscaled.ops.grouped import grouped_gemm, grouped_gemm_list  # noqa: F401
-    from blockscaled.ops.linear import linear  # noqa: F401
-    from blockscaled.ops.quantize import dequantize, quantize, silu_mul_quantize, tensor_amax  # noqa: F401
-    from blockscaled.ops.swiglu import swiglu  # noqa: F401
-    import importlib
+    # what the kernels were defined with: TRITON_INTERPRET is read when blockscaled is imported
+    INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+    from blockscaled import (GemmConfig, dequantize, gemm, grouped_gemm, grouped_gemm_list, linear,  # noqa: F401
+                             quantize, silu_mul_quantize, swiglu, tensor_amax)
+    from blockscaled.config.hopper import HopperConfig  # noqa: F401
+    from blockscaled.ops.grouped import MODE_CONTIGUOUS, MODE_MASKED, launch  # noqa: F401
+    from blockscaled.plan import H100_SXM, Plan, Problem, observe_plans  # noqa: F401
+    from blockscaled.plan.dense import fp8_candidates, hopper_fill_stages  # noqa: F401
+    from blockscaled.plan.grouped import grouped_raster  # noqa: F401
 
     # submodules by name: blockscaled.reference re-exports functions named like them
+    HC = importlib.import_module("blockscaled.config.hopper")
     ref_gemm = importlib.import_module("blockscaled.reference.gemm")
     RG = importlib.import_module("blockscaled.reference.grouped")
     R = importlib.import_module("blockscaled.reference.quantize")
@@ -178,18 +182,30 @@ def _equal_or_interp_ulp(got, want, what) -> None:
 
 @contextlib.contextmanager
 def _sm_count(n: int | None):
-    """Compute the persistent Hopper grid with ``n`` SMs (None: the real count) so that each
-    program walks several tiles at small shapes. Patches ``_hopper._num_sms`` (module global
-    read by ``gemm_fp8_block_hopper_impl``); restored afterwards."""
-    if n is None or not hasattr(H, "_num_sms"):
+    """Launch the persistent Hopper grids as if the GPU had ``n`` SMs (None: the real count), so
+    that each program walks several tiles at these small shapes. The launchers size their grids
+    with the ``num_sms`` they import; no public switch sets it, so it is patched there (restored
+    afterwards)."""
+    if n is None:
         yield
         return
-    orig = H._num_sms
-    H._num_sms = lambda index: n
+    # private: the Hopper launchers' module is the only place the grid's SM count can be changed
+    hopper_launch = importlib.import_module("blockscaled.ops._hopper")
+    orig = hopper_launch.num_sms
+    hopper_launch.num_sms = lambda device: n
     try:
         yield
     finally:
-        H._num_sms = orig
+        hopper_launch.num_sms = orig
+
+
+def _ran(plans, kernel: str, what: str) -> None:
+    """The plans observed during one call must include ``kernel`` (e.g. "hopper_wide"): a forced
+    Hopper config that could not run (the planner's fallback, or Gluon not buildable here) must
+    not pass as a Hopper check."""
+    kinds = [p.kernel for p in plans]
+    if kernel not in kinds or kinds[-1] != kernel:
+        raise AssertionError(f"{what}: expected the {kernel} kernel to run, the plans were {kinds}")
 
 
 # ---------------------------------------------------------------------------------- cases
@@ -322,8 +338,8 @@ def gemm_cases() -> list[Case]:
       shape=(3, N, 650), bias=True)
     g("gemv-w1x128-1x2x128-M2", "fp8_block", C(1, 2, 128, 4, 1, strategy="gemv"), rows=1, shape=(2, N, K))
     for fmt in ("fp8_block", "mxfp8", "mxfp4", "nvfp4"):
-        g(f"heuristic-{fmt}-aligned", fmt, None, shape=ALIGNED)
-    g("heuristic-fp8_block-M1", "fp8_block", None, shape=(1, N, K))
+        g(f"plan-{fmt}-aligned", fmt, None, shape=ALIGNED)
+    g("plan-fp8_block-M1", "fp8_block", None, shape=(1, N, K))
 
     def lin(name, fmt, shape, out_dtype="bf16", bias=False, weight_only=False):
         def run(ctx):
@@ -339,48 +355,40 @@ def gemm_cases() -> list[Case]:
 
         out.append(Case(f"linear/{name}", run, dict(fmt=fmt, shape=shape, bias=bias, weight_only=weight_only)))
 
-    # M=5, K=2064: the heuristic splits K on the GPU (few tiles, >= 16 K chunks)
-    lin("fp8_block-M5-splitk-heuristic", "fp8_block", (5, 256, 2064), bias=True)
+    # M=5, K=2064: the planner splits K on the GPU (few tiles, many K blocks)
+    lin("fp8_block-M5-plan", "fp8_block", (5, 256, 2064), bias=True)
     lin("nvfp4-M5", "nvfp4", (5, 256, 2064))
     lin("mxfp4-weight-only-M5", "mxfp4", (5, 256, 2064), weight_only=True)
     return out
 
 
-#: values to try for HopperConfig fields that are neither bool nor tile geometry (a module-level
-#: ``CONFIG_CHOICES = {field: values}`` in ``_hopper`` takes precedence); other fields keep
-#: their default.
-_KNOWN_CHOICES = {"epilogue": ("tma", "masked")}  # (the library's EPILOGUES where it has one)
+#: HopperConfig fields set per tile (not varied as flags); of the others, bools run both values and
+#: ``epilogue`` every value of EPILOGUES, the rest keep their default.
 _GEOMETRY = ("variant", "block_m", "block_n", "num_warps", "stages", "group_m")
 #: (block_m, block_n, stages) candidates; each variant runs the first two it accepts.
 #: K=656 -> 6 K blocks, so 2-3 stage rings wrap several times.
-_TILES = ((128, 128, 2), (128, 256, 2))
+_TILES = ((128, 128, 2), (128, 256, 2), (16, 64, 3), (64, 128, 3))
+_SMEM_LIMIT = 232448  # H100 opt-in shared memory per block
+#: shapes of the planner cases: odd, aligned, output rows not 16-byte aligned (N=322 bf16), decode
+_PLANNER_SHAPES = ((M, N, K), ALIGNED, (M, 322, K), (5, N, K))
 
 
 def _field_choices() -> dict:
-    hooks = getattr(H, "CONFIG_CHOICES", None) or {}
     out = {}
-    for f in dataclasses.fields(H.HopperConfig):
+    for f in dataclasses.fields(HopperConfig):
         if f.name in _GEOMETRY:
             continue
-        if f.name in hooks:
-            out[f.name] = tuple(hooks[f.name])
-        elif f.type in (bool, "bool"):
+        if f.type in (bool, "bool"):
             out[f.name] = (False, True)
-        elif f.name == "epilogue" and hasattr(H, "EPILOGUES"):
-            out[f.name] = tuple(H.EPILOGUES)
-        elif f.name in _KNOWN_CHOICES:
-            out[f.name] = _KNOWN_CHOICES[f.name]
+        elif f.name == "epilogue":
+            out[f.name] = tuple(HC.EPILOGUES)
     return out
 
 
 def _fits(cfg) -> str | None:
     """Why ``cfg`` cannot launch on an H100 (shared memory), None if it can."""
-    try:
-        need = cfg.smem_bytes(4)  # fp32 output: the largest epilogue buffer
-    except Exception:  # noqa: BLE001 - older/newer signatures: let the launcher decide
-        return None
-    limit = getattr(H, "_SMEM_LIMIT", 232448)
-    return None if need <= limit else f"needs {need} B of shared memory > {limit}"
+    need = cfg.smem_bytes(4)  # fp32 output: the largest epilogue buffer
+    return None if need <= _SMEM_LIMIT else f"needs {need} B of shared memory > {_SMEM_LIMIT}"
 
 
 #: explicit-tile cases per variant: the first tile gets every flag combination while there are at
@@ -406,16 +414,23 @@ def _flag_combos(choices: dict, defaults: dict, full: bool) -> list[dict]:
     return combos
 
 
+def _planner_hopper_configs(shape) -> list:
+    """The Hopper candidates the planner ranks for an fp8_block GEMM of ``shape`` on an H100."""
+    m, n, k = shape
+    p = Problem("gemm", "fp8_block", m, n, k)
+    return [c for c in fp8_candidates(p, H100_SXM, gemv=False, portable=False, dequant=False)
+            if isinstance(c, HopperConfig)]
+
+
 def hopper_cases() -> list[Case]:
-    """Every variant in ``_hopper.VARIANTS`` x every combination of HopperConfig's flag fields
-    (bools, plus known enumerations such as ``epilogue``; see _flag_combos) x two tiles the variant accepts, run
-    with the SM count patched to 3 so that persistent programs loop over tiles; plus each
-    variant's heuristic config at an odd, an aligned, and an output-row-not-16-byte-aligned
-    shape (N=322 bf16: TMA-store epilogues must fall back) with the real SM count."""
+    """Every variant in ``config.hopper.VARIANTS`` x every combination of the flag fields it reads
+    (bools, plus ``epilogue``; see _flag_combos) x two tiles the variant accepts, run with the SM
+    count patched to 3 so that persistent programs loop over tiles; plus every Hopper candidate of
+    the planner at _PLANNER_SHAPES with the real SM count; fused split-K and tail splits."""
     out = []
     dtypes = itertools.cycle(("bf16", "fp16", "fp32"))
     choices = _field_choices()
-    defaults = {f.name: f.default for f in dataclasses.fields(H.HopperConfig)}
+    defaults = {f.name: f.default for f in dataclasses.fields(HopperConfig)}
 
     def h(name, cfg, shape, out_dtype, sms, err=None):
         def run(ctx):
@@ -426,25 +441,20 @@ def hopper_cases() -> list[Case]:
             b = _qw((n, k), "fp8_block", seed=11)
             ref = ref_gemm.gemm(a, b)
             o = _nan((m, n), _dt(out_dtype), ctx.dev)
-            with _sm_count(sms):
-                H.gemm_fp8_block_hopper(a.to(ctx.dev), b.to(ctx.dev), _dt(out_dtype), o, config=cfg)
+            with _sm_count(sms), observe_plans() as plans:
+                gemm(a.to(ctx.dev), b.to(ctx.dev), _dt(out_dtype), o, config=cfg)
+            _ran(plans, "hopper_" + cfg.variant, name)
             return _close(o, ref, "fp8_block", _dt(out_dtype), name)
 
         out.append(Case(f"hopper/{name}", run, dict(config=cfg if err is None else err, shape=shape,
                                                      out=out_dtype, sms=sms or "device"), needs_sm90=True))
 
-    for v in H.VARIANTS:
-        try:
-            base = H.choose_hopper_config(M, N, K, variant=v)
-        except Exception as e:  # noqa: BLE001 - a new variant the heuristic does not take yet
-            h(f"{v}-heuristic", None, (M, N, K), "bf16", None, f"choose_hopper_config(variant={v!r}) raised {e!r}")
-            continue
-        warps_per_row = base.num_warps / base.block_m
+    for v in HC.VARIANTS:
         tiles = []
         for bm, bn, st in _TILES:
             try:
-                cfg = dataclasses.replace(base, block_m=bm, block_n=bn, stages=st, group_m=2,
-                                          num_warps=int(warps_per_row * bm))
+                cfg = HopperConfig(v, block_m=bm, block_n=bn, num_warps=4 if v == "skinny" else bm // 16,
+                                   stages=st, group_m=2)
             except (ValueError, TypeError):
                 continue
             if _fits(cfg) is None:
@@ -452,11 +462,12 @@ def hopper_cases() -> list[Case]:
         if not tiles:
             h(f"{v}-explicit-tiles", None, (M, N, K), "bf16", FEW_SMS,
               f"no tile of {_TILES} is valid for variant {v!r}: extend sanitize.py _TILES")
-        # optional hook: ``VARIANT_FLAGS = {variant: (field, ...)}`` in _hopper lists the flag
-        # fields a variant reads; the others then stay at their default for it
-        used = (getattr(H, "VARIANT_FLAGS", None) or {}).get(v)
+        # the flag fields the variant reads (HopperConfig.VARIANT_FLAGS); the others keep their default
+        used = (getattr(HC, "VARIANT_FLAGS", None) or {}).get(v)
         mine = {f: vals for f, vals in choices.items() if used is None or f in used}
         for ti, tile in enumerate(tiles[:2]):
+            # the skinny kernel takes at most block_m activation rows
+            shape = (M, N, K) if v != "skinny" else (tile.block_m - 3, N, K)
             for flags in _flag_combos(mine, defaults, full=ti == 0):
                 tag = "".join(f"+{f}" if val is True else f"+{f}={val}" for f, val in flags.items()
                               if val is True or (not isinstance(val, bool) and val != defaults.get(f)))
@@ -466,46 +477,48 @@ def hopper_cases() -> list[Case]:
                     err = _fits(cfg)
                 except (ValueError, TypeError) as e:
                     cfg, err = None, f"invalid config for this variant: {e}"
-                h(name, cfg, (M, N, K), next(dtypes), FEW_SMS, err)
-        for shape in ((M, N, K), ALIGNED, (M, 322, K)):
-            h(f"{v}-heuristic-{'x'.join(map(str, shape))}", H.choose_hopper_config(*shape, variant=v), shape,
-              "bf16", None)
+                h(name, cfg, shape, next(dtypes), FEW_SMS, err)
+        for shape in _PLANNER_SHAPES:
+            for cfg in _planner_hopper_configs(shape):
+                if cfg.variant != v:
+                    continue
+                tag = (f"-split{cfg.split_k}" if cfg.split_k > 1 else "") + \
+                    (f"-tail{cfg.tail_split}" if cfg.tail_split > 1 else "")
+                h(f"{v}-planner-{'x'.join(map(str, shape))}-{cfg.block_m}x{cfg.block_n}-s{cfg.stages}{tag}", cfg,
+                  shape, "bf16", None)
     # the wide kernel's fused split-K (dense small M): splits 2 and 3 (K = 656: 6 K blocks -> 3+3
-    # and 2+2+2), both epilogues, with 3 SMs (programs loop over units) and the device's count
-    if hasattr(H, "choose_small_m_hopper_config"):
-        # (split_reduce: the default "spread", where units wait for each other, and "last")
-        for split, epi, sms, red in ((2, "tma", FEW_SMS, "spread"), (3, "masked", FEW_SMS, "spread"),
-                                     (3, "tma", None, "spread"), (3, "tma", FEW_SMS, "last"),
-                                     (2, "masked", None, "last")):
-            cfg = dataclasses.replace(H.choose_small_m_hopper_config(M, N, K), split_k=split, epilogue=epi,
-                                      split_reduce=red)
-            h(f"wide-split{split}-{red}-{epi}-{'sms' + str(sms) if sms else 'device'}", cfg, (M, N, K), "bf16", sms)
-        # the small-M dispatch's 64-row tiles (one math partition) with the spread reduction, M=50
-        cfg = H.HopperConfig("wide", 64, 128, 4, 4, epilogue="tma", split_k=3, split_reduce="spread")
-        h("wide-split3-spread-64x128-M50-sms3", cfg, (50, N, K), "fp16", FEW_SMS)
+    # and 2+2+2), both epilogues, with 3 SMs (programs loop over units) and the device's count;
+    # both reductions ("spread": units wait for each other, launched cooperatively; "last")
+    for split, epi, sms, red in ((2, "tma", FEW_SMS, "spread"), (3, "masked", FEW_SMS, "spread"),
+                                 (3, "tma", None, "spread"), (3, "tma", FEW_SMS, "last"),
+                                 (2, "masked", None, "last")):
+        cfg = hopper_fill_stages(HopperConfig("wide", 128, 128, 8, 2, epilogue=epi, split_k=split,
+                                              split_reduce=red), 2)
+        h(f"wide-split{split}-{red}-{epi}-{'sms' + str(sms) if sms else 'device'}", cfg, (M, N, K), "bf16", sms)
+    # 64-row tiles (one math partition) with the spread reduction, M=50
+    cfg = HopperConfig("wide", 64, 128, 4, 4, epilogue="tma", split_k=3, split_reduce="spread")
+    h("wide-split3-spread-64x128-M50-sms3", cfg, (50, N, K), "fp16", FEW_SMS)
     # the wide kernel's tail split (whole tiles, then the last partial wave's tiles in K ranges):
     # 128x256 -> 4 tiles on 3 SMs = 3 whole + 1 in 3 ranges (2+2+2 K blocks); 128x128 -> 6 tiles
     # on 4 SMs = 4 whole + 2 in 2 ranges; both epilogues
-    if "tail_split" in {f.name for f in dataclasses.fields(H.HopperConfig)}:
-        for bn, ts, epi, sms, red in ((256, 3, "tma", FEW_SMS, "spread"), (256, 3, "masked", FEW_SMS, "spread"),
-                                      (128, 2, "tma", 4, "spread"), (256, 3, "tma", FEW_SMS, "last")):
-            cfg = H.HopperConfig("wide", 128, bn, 8, 3, epilogue=epi, tail_split=ts, split_reduce=red)
-            h(f"wide-tail{ts}-{red}-128x{bn}-{epi}-sms{sms}", cfg, (M, N, K), "bf16", sms)
+    for bn, ts, epi, sms, red in ((256, 3, "tma", FEW_SMS, "spread"), (256, 3, "masked", FEW_SMS, "spread"),
+                                  (128, 2, "tma", 4, "spread"), (256, 3, "tma", FEW_SMS, "last")):
+        cfg = HopperConfig("wide", 128, bn, 8, 3, epilogue=epi, tail_split=ts, split_reduce=red)
+        h(f"wide-tail{ts}-{red}-128x{bn}-{epi}-sms{sms}", cfg, (M, N, K), "bf16", sms)
     # the one-buffer TMA epilogue ("tma1": both halves through one shared tile per math
     # partition) with 4 stages: whole tiles (several per program on 3 SMs), and a tail split
-    if "tma1" in getattr(H, "EPILOGUES", ()):
-        h("wide-tma1-128x256-s4-sms3", H.HopperConfig("wide", 128, 256, 8, 4, epilogue="tma1"), (M, N, K), "bf16",
+    if "tma1" in HC.EPILOGUES:
+        h("wide-tma1-128x256-s4-sms3", HopperConfig("wide", 128, 256, 8, 4, epilogue="tma1"), (M, N, K), "bf16",
           FEW_SMS)
-        h("wide-tail3-spread-128x256-tma1-s4-sms3", H.HopperConfig("wide", 128, 256, 8, 4, epilogue="tma1",
-                                                                   tail_split=3), (M, N, K), "bf16", FEW_SMS)
-    # the skinny decode kernel (M <= 64: not the generic M above): both weight tiles, padded
-    # activation rows 8 / 16 / 64 with row tails, splits 1 and 3 (K = 656: 2 + 2 + 2 blocks)
-    if "skinny" in H.VARIANTS:
+        h("wide-tail3-spread-128x256-tma1-s4-sms3", HopperConfig("wide", 128, 256, 8, 4, epilogue="tma1",
+                                                                 tail_split=3), (M, N, K), "bf16", FEW_SMS)
+    # the skinny decode kernel (M <= 64): both weight tiles, padded activation rows 8 / 16 / 64
+    # with row tails, splits 1 and 3 (K = 656: 2 + 2 + 2 blocks)
+    if "skinny" in HC.VARIANTS:
         for m, bm, bn, st, split, dt in ((13, 16, 64, 5, 3, "bf16"), (1, 8, 128, 2, 1, "fp32"),
                                          (50, 64, 128, 3, 3, "fp16"), (7, 8, 64, 4, 1, "bf16")):
-            cfg = H.HopperConfig("skinny", block_m=bm, block_n=bn, num_warps=4, stages=st, split_k=split)
+            cfg = HopperConfig("skinny", block_m=bm, block_n=bn, num_warps=4, stages=st, split_k=split)
             h(f"skinny-{bm}x{bn}-s{st}-split{split}-M{m}", cfg, (m, N, K), dt, None)
-        h("skinny-heuristic-M5", H.choose_hopper_config(5, N, K, variant="skinny"), (5, N, K), "bf16", None)
     return out
 
 
@@ -546,33 +559,32 @@ def grouped_cases() -> list[Case]:
 
     C = GemmConfig
     for fmt in ("fp8_block", "mxfp8", "mxfp4", "nvfp4"):
-        gg(f"contig-{fmt}-heuristic", fmt, "contig")
+        gg(f"contig-{fmt}-plan", fmt, "contig")
     gg("contig-fp8_block-64x128x128", "fp8_block", "contig", C(64, 128, 128, 4, 3, promote=True), "fp32")
     gg("contig-mxfp8-dequant-tile-128x64x128", "mxfp8", "contig", C(128, 64, 128, 8, 3, promote=False), "fp16")
-    gg("masked-fp8_block-heuristic", "fp8_block", "masked")
+    gg("masked-fp8_block-plan", "fp8_block", "masked")
     gg("masked-nvfp4-per-expert-gs", "nvfp4", "masked", per_expert_gs=True)
     gg("contig-w4a16-mxfp4-bf16act", "mxfp4", "contig", a_kind="bf16")
 
     def hg(name, mode, bm, bn, tail=1, reduce="spread", sms=None):
-        # the wide kernel's grouped tiles chosen by ops/_hopper.choose_grouped_config (128 x 128
-        # with GROUP_M 1 needs more experts x N tiles than these shapes give the heuristic);
-        # ``tail``: HopperConfig.tail_split, with ``sms`` SMs so that the grid has a partial last wave
+        # explicit grouped tiles on the wide kernel (the planner's 128 x 128 with GROUP_M 1 needs
+        # more experts x N tiles than these shapes give it); ``tail``: HopperConfig.tail_split,
+        # with ``sms`` SMs so that the grid has a partial last wave. ``ops.grouped.launch`` runs
+        # a Plan as given (the public ops take only a GemmConfig).
         def run(ctx):
-            from blockscaled.ops import _hopper as H
-
             a, seg, e = _operands("fp8_block", mode, "q", 17)
             b = R.quantize(_w((e, N, K), 18), "fp8_block", block=(128, 128))
             key = "offsets" if mode == "contig" else "masked_m"
             ref = RG.grouped_gemm(a, b, **{key: seg})
             shape = (a.shape[0], N) if mode == "contig" else (e, MAX_M, N)
             o = _nan(shape, torch.bfloat16, ctx.dev)
-            cfg = H._fill_stages(H.HopperConfig("wide", block_m=bm, block_n=bn, num_warps=4 * (bm // 64), stages=2,
-                                                group_m=H.grouped_raster(bm, bn), epilogue="masked",
-                                                tail_split=tail, split_reduce=reduce), 2)
-            a_d = a.to(ctx.dev)
-            with _sm_count(sms):
-                H.grouped_fp8_block_hopper_impl(a_d.data, a_d.scale, b.data.to(ctx.dev), b.scale.to(ctx.dev),
-                                                seg.to(ctx.dev), 1 if mode == "contig" else 2, o, cfg)
+            cfg = hopper_fill_stages(HopperConfig("wide", block_m=bm, block_n=bn, num_warps=4 * (bm // 64), stages=2,
+                                                  group_m=grouped_raster(bm, bn), epilogue="masked",
+                                                  tail_split=tail, split_reduce=reduce), 2)
+            with _sm_count(sms), observe_plans() as plans:
+                launch(a.to(ctx.dev), b.to(ctx.dev), None, None, seg.to(ctx.dev), o, torch.bfloat16,
+                       MODE_CONTIGUOUS if mode == "contig" else MODE_MASKED, Plan("grouped", "cuda", cfg))
+            _ran(plans, "hopper_wide", name)
             chk = _close if mode == "contig" else _close_masked
             return chk(o, ref, "fp8_block", torch.bfloat16, name)
 
@@ -612,7 +624,7 @@ def grouped_cases() -> list[Case]:
 
     sw("dense-fp8_block", "fp8_block", "dense")
     # the Hopper wide kernel in DUAL mode (gate | up halves), each grouping, and the portable
-    # kernel forced where the heuristic now picks Hopper
+    # kernel forced where the planner picks Hopper
     for mode in ("dense", "contig", "masked"):
         sw(f"{mode}-fp8_block-hopper", "fp8_block", mode, "fp32" if mode == "contig" else "bf16",
            C(strategy="hopper"))

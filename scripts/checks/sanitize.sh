@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# compute-sanitizer (memcheck, racecheck, synccheck) over scripts/sanitize.py: one small call of
+# compute-sanitizer (memcheck, racecheck, synccheck) over scripts/checks/sanitize.py: one small call of
 # every kernel variant, each checked against its reference (target, docs/design.md, "The bar":
 # memcheck, racecheck and synccheck clean on one run of each kernel variant).
 #
-#   OUT=/some/dir bash scripts/sanitize.sh          # or: bash scripts/sanitize.sh --out DIR
+#   OUT=/some/dir bash scripts/checks/sanitize.sh          # or: bash scripts/checks/sanitize.sh --out DIR
 #
 # Steps: (1) warm the Triton cache by running the driver WITHOUT the sanitizer, split over
 # WARMUP_SHARDS parallel processes (Triton/Gluon compile in-process on first launch; compiled
@@ -20,7 +20,7 @@
 #
 # Environment:
 #   TOOLS             tools to run, in order (default "memcheck racecheck synccheck"; initcheck works too)
-#   SANITIZE_ONLY / SANITIZE_SKIP   regex over case names (python scripts/sanitize.py --list)
+#   SANITIZE_ONLY / SANITIZE_SKIP   regex over case names (python scripts/checks/sanitize.py --list)
 #   SANITIZE_BUDGET   seconds for the whole script (default 540; tools that would start with
 #                     < 30 s left are reported "not run"); TOOL_LIMIT max seconds per tool (300)
 #   WARMUP_LIMIT (240) / WARMUP_SHARDS (8)  / SKIP_WARMUP=1 (cache already warm)
@@ -30,12 +30,13 @@
 #   COMPUTE_SANITIZER path to the binary (default: PATH, /usr/local/cuda*/bin, pip nvidia wheels)
 #   SANITIZER_ARGS    extra options for every tool; PYTHON (default python); TRITON_CACHE_DIR
 set -u
-cd "$(dirname "$0")/.."
+SELF=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
+cd "$(dirname "$0")/../.."
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT=$2; shift 2;;
     --out=*) OUT=${1#--out=}; shift;;
-    -h|--help) sed -n '2,34p' "$0"; exit 0;;
+    -h|--help) sed -n '2,31p' "$SELF"; exit 0;;
     *) echo "sanitize.sh: unknown argument $1" >&2; exit 2;;
   esac
 done
@@ -94,7 +95,7 @@ if [ -z "${SKIP_WARMUP:-}" ]; then
   WTMP=$(mktemp -d)
   pids=()
   for i in $(seq 0 $((NSH - 1))); do
-    timeout -k 10 "${WARMUP_LIMIT:-240}" "$PY" scripts/sanitize.py "${DRIVER_ARGS[@]}" --shard "$i/$NSH" \
+    timeout -k 10 "${WARMUP_LIMIT:-240}" "$PY" scripts/checks/sanitize.py "${DRIVER_ARGS[@]}" --shard "$i/$NSH" \
         > "$WTMP/w$i.log" 2>&1 &
     pids+=($!)
   done
@@ -128,10 +129,10 @@ run_tool() {  # run_tool TOOL LIMIT -> writes $LOG/TOOL.log and $LOG/.TOOL.statu
   local t=$1 limit=$2 start rc
   start=$(date +%s)
   mapfile -t opts < <(tool_opts "$t")
-  echo "# $CS ${opts[*]} ${SANITIZER_ARGS:-} $PY scripts/sanitize.py ${DRIVER_ARGS[*]}" > "$LOG/$t.log"
+  echo "# $CS ${opts[*]} ${SANITIZER_ARGS:-} $PY scripts/checks/sanitize.py ${DRIVER_ARGS[*]}" > "$LOG/$t.log"
   # shellcheck disable=SC2086
   PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout -k 15 "$limit" "$CS" "${opts[@]}" ${SANITIZER_ARGS:-} \
-      "$PY" scripts/sanitize.py "${DRIVER_ARGS[@]}" >> "$LOG/$t.log" 2>&1
+      "$PY" scripts/checks/sanitize.py "${DRIVER_ARGS[@]}" >> "$LOG/$t.log" 2>&1
   rc=$?
   echo "$rc $(( $(date +%s) - start ))" > "$LOG/.$t.status"
 }
@@ -142,7 +143,7 @@ verdict() {  # verdict TOOL -> appends the line, returns 0 pass / 1 fail
   st=()
   [ -n "${RACECHECK_STRICT:-}" ] && [ "$t" = racecheck ] && st=(--strict-warnings)
   local v
-  line=$("$PY" scripts/sanitize.py --summarize "$LOG/$t.log" --tool "$t" --rc "$rc" --seconds "$secs" ${st[@]+"${st[@]}"})
+  line=$("$PY" scripts/checks/sanitize.py --summarize "$LOG/$t.log" --tool "$t" --rc "$rc" --seconds "$secs" ${st[@]+"${st[@]}"})
   v=$?
   say "$line"
   return $v

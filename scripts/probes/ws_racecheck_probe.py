@@ -1,6 +1,10 @@
-"""Minimal Gluon warp_specialize kernels for compute-sanitizer.
+"""Minimal Gluon warp_specialize kernels for compute-sanitizer (sm_90; imports no blockscaled code).
 
-    compute-sanitizer --tool racecheck python scripts/ws_racecheck_probe.py
+    compute-sanitizer --tool racecheck python scripts/probes/ws_racecheck_probe.py
+
+Why it is kept: scripts/checks/sanitize.sh's racecheck reports hazards on the Hopper kernels at
+two places; this probe reproduces both on minimal kernels whose synchronisation is correct by
+construction, which is what tells those reports apart from a real race.
 
 probe / probe2 have no shared memory of their own: if racecheck reports hazards there, they come
 from Triton's warp-specialization machinery (the partition-switch loop and its state in shared
@@ -14,6 +18,8 @@ memory model; racecheck's reports on it (if any) are its own limitation with cp.
 barriers, and the same reports on the wide kernel's A-scale ring are that.
 probe4 is probe3 as a 2-slot ring reused 8 times (ready / empty barriers per slot, a partition
 barrier before each release), the wide kernel's ring without the TMA boxes."""
+
+import argparse
 
 import torch
 from triton.experimental import gluon
@@ -118,7 +124,12 @@ def probe4_kernel(src_ptr, out_ptr, ITERS: gl.constexpr, num_warps: gl.constexpr
                         (_copier4, (src_ptr, bufs, ready, empty, ITERS))], [1], [40])
 
 
-if __name__ == "__main__":
+def main() -> int:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        print("ws_racecheck_probe.py: needs an sm_90 GPU (Gluon warp_specialize, cp.async, mbarrier)")
+        return 2
     out = torch.zeros(2 * 132, device="cuda")
     probe_kernel[(132,)](out, num_warps=4)
     torch.cuda.synchronize()
@@ -136,3 +147,8 @@ if __name__ == "__main__":
     torch.cuda.synchronize()
     assert out3.eq(src4.view(8, 128).sum(0)).all(), out3
     print("probe ok")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -6,8 +6,8 @@ Targets (docs/design.md, "The bar"): cold start for all DeepSeek-V3 shapes under
 
 What is measured. Each measurement is a NEW Python process (spawned by this script) that
 imports torch, creates the CUDA context, imports triton and blockscaled, builds inputs, then
-makes the first ``blockscaled.ops.linear.linear(x, w)`` call (activation quantize 1x128 + GEMM;
-the heuristic picks the kernels, so several distinct kernels compile) for every DeepSeek-V3
+makes the first ``blockscaled.linear(x, w)`` call (activation quantize 1x128 + GEMM;
+the planner picks the kernels, so several distinct kernels compile) for every DeepSeek-V3
 dense shape N x K in {2112x7168, 24576x1536, 32768x512, 7168x16384, 4096x7168, 7168x2048} at
 every M in {1, 16, 64, 128, 4096} (30 calls), each followed by ``torch.cuda.synchronize()``;
 then the same 30 calls again (steady state, for comparison).
@@ -23,8 +23,8 @@ those are reported separately (a serving engine pays them anyway), as is the who
 wall-clock time (spawn to exit). New ``*.cubin`` files in the cache after each call show which
 calls compiled kernels.
 
-    python scripts/compile_time.py --out $OUT/compile_time.json        # ~1-2 min on an H100
-    python scripts/compile_time.py --smoke                             # CPU interpreter plumbing check
+    python scripts/sweeps/compile_time.py --out $OUT/compile_time.json   # ~1-2 min on an H100
+    python scripts/sweeps/compile_time.py --smoke                        # CPU interpreter plumbing check
 
 Exit status: 0 both targets met, 1 a target missed or a run failed, 2 no CUDA device.
 """
@@ -39,8 +39,6 @@ import subprocess
 import sys
 import tempfile
 import time
-
-SRC = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
 DSV3_NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
 MS = [1, 16, 64, 128, 4096]
@@ -101,12 +99,8 @@ def child(args) -> int:
 
     ph["import_triton"] = time.perf_counter() - t
     t = time.perf_counter()
-    sys.path.insert(0, SRC)
-    import blockscaled  # noqa: F401  (the package import: defines every kernel)
-    from blockscaled.config.gemm import choose_gemm_config
-    from blockscaled.formats import ScaleRounding, get_format
-    from blockscaled.ops.linear import linear
-    from blockscaled.tensor import ScaledTensor
+    import blockscaled  # the package import: defines every kernel
+    from blockscaled import ScaledTensor, ScaleRounding, get_format, linear
 
     ph["import_blockscaled"] = time.perf_counter() - t
     res["versions"] = {"torch": torch.__version__, "triton": triton.__version__, "python": sys.version.split()[0]}
@@ -152,10 +146,7 @@ def child(args) -> int:
         c["steady_s"] = time.perf_counter() - t1
     ph["steady_calls"] = time.perf_counter() - t
     for c in calls:
-        cfg = choose_gemm_config("fp8_block", c["m"], c["n"], c["k"], dev)
-        c["config"] = (cfg.strategy if cfg.strategy != "triton" else
-                       f"triton {cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}"
-                       + (f" split{cfg.split_k}" if cfg.split_k > 1 else ""))
+        c["config"] = blockscaled.explain("linear", acts[(c["m"], c["k"])], weights[(c["n"], c["k"])]).describe()
     res["calls"] = calls
     res["library_s"] = ph["import_triton"] + ph["import_blockscaled"] + ph["first_calls"]
     res["cache_after"] = dict(zip(("cubins", "launchers"), _cache_count(cache)))
@@ -168,7 +159,6 @@ def run_child(label: str, cache: str, timeout: float, smoke: bool, log_dir: str)
     os.close(fd)
     env = dict(os.environ)
     env["TRITON_CACHE_DIR"] = cache
-    env["PYTHONPATH"] = SRC + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     if smoke:
         env["TRITON_INTERPRET"] = "1"
     else:
@@ -212,11 +202,11 @@ def report(runs: list[dict]) -> tuple[str, bool]:
     ok_runs = [r for r in runs if "calls" in r]
     if ok_runs:
         out.append("per call (seconds): first call in each process; steady = second call in the cold process")
-        hdr = f"{'N':>6} {'K':>6} {'M':>5}  {'kernel choice':38s}" + "".join(
+        hdr = f"{'N':>6} {'K':>6} {'M':>5}  {'kernel (plan)':52s}" + "".join(
             f" {r['label'] + ' 1st':>10} {'+cubin':>6}" for r in ok_runs) + f" {'steady':>9}"
         out.append(hdr)
         for i, c in enumerate(ok_runs[0]["calls"]):
-            row = f"{c['n']:6d} {c['k']:6d} {c['m']:5d}  {c['config'][:38]:38s}"
+            row = f"{c['n']:6d} {c['k']:6d} {c['m']:5d}  {c['config'][:52]:52s}"
             for r in ok_runs:
                 rc = r["calls"][i]
                 row += f" {rc['first_s']:10.3f} {rc['new_cubins']:6d}"

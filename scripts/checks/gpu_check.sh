@@ -1,27 +1,32 @@
 #!/usr/bin/env bash
-# The one command the lead runs on the GPU machine:  OUT=/some/dir bash scripts/gpu_check.sh
+# The one command the lead runs on the GPU machine:  OUT=/some/dir bash scripts/checks/gpu_check.sh
 #
 # 1. prints the environment; 2. runs the whole test suite (GPU tests included) into
 # $OUT/pytest.log; 3. runs the bench (quantize, deepseek, moe, default test cases), each step
-# under its own time limit, writing json + md; 4. prints the markdown summaries to stdout.
+# under its own time limit, saving its run (<gpu>/runs.jsonl + <gpu>/latest/<suite>.md, as in
+# benchmarks/results/); 4. prints the markdown summaries to stdout.
 # A failing or timed-out step does not stop the next one (a timed-out bench still writes what it
 # measured: SIGTERM ends its sweep early). Whole script: about 9 minutes.
 # Files left in $OUT (few, because only the latest 8 come back): pytest.log, bench.log,
-# summary.md, results.tar.gz (json + md + png of every bench step, laid out as benchmarks/results/).
+# summary.md, results.tar.gz (runs.jsonl + latest/*.md + png of every bench step, laid out as
+# benchmarks/results/).
 #
 # BENCH_STEPS picks the bench steps (default "quantize deepseek moe test-cases"; also masked,
 # nvfp4-group, dual-gemm, swiglu = fp8_block SwiGLU on the DeepSeek-V3 shapes; set but empty: none).
-# SWIGLU_CHECK=1 runs scripts/swiglu_check.py (Hopper vs portable SwiGLU) after the bench steps.
 # Optional steps (off by default; each needs most of a 10-minute device call, so combine them
-# with SKIP_PYTEST=1 SKIP_BENCH=1, e.g. `SKIP_PYTEST=1 SKIP_BENCH=1 SANITIZE=1 OUT=... bash scripts/gpu_check.sh`):
-#   COMPILE_TIME=1  scripts/compile_time.py: cold / warm start of the DeepSeek-V3 fp8_block path
+# with SKIP_PYTEST=1 SKIP_BENCH=1, e.g. `SKIP_PYTEST=1 SKIP_BENCH=1 SANITIZE=1 OUT=... bash scripts/checks/gpu_check.sh`):
+#   HOPPER_CHECK=1  scripts/checks/hopper_check.py: the Hopper kernels (dense variants and planner
+#                   tiles, grouped, SwiGLU, a CUDA-graph replay) vs the float64 reference
+#                   -> $OUT/hopper_check.json (~1-3 min; limit HOPPER_CHECK_LIMIT, default 300 s)
+#   COMPILE_TIME=1  scripts/sweeps/compile_time.py: cold / warm start of the DeepSeek-V3 fp8_block path
 #                   -> $OUT/compile_time.json (~1-3 min; limit COMPILE_TIME_LIMIT, default 400 s)
-#   SANITIZE=1      scripts/sanitize.sh: compute-sanitizer memcheck / racecheck / synccheck over
-#                   scripts/sanitize.py -> $OUT/sanitize/ (5 files; budget SANITIZE_BUDGET, default
-#                   570 s minus the time already spent; TOOLS=, SANITIZE_ONLY= etc. as documented in scripts/sanitize.sh)
-# They run after pytest and before the bench, compile time first (its own empty Triton cache).
+#   SANITIZE=1      scripts/checks/sanitize.sh: compute-sanitizer memcheck / racecheck / synccheck over
+#                   scripts/checks/sanitize.py -> $OUT/sanitize/ (5 files; budget SANITIZE_BUDGET, default
+#                   570 s minus the time already spent; TOOLS=, SANITIZE_ONLY= etc. as documented in
+#                   scripts/checks/sanitize.sh)
+# They run after pytest and before the bench, in this order (compile time: its own empty Triton cache).
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:?set OUT to the output directory}
 mkdir -p "$OUT"
 PY=${PYTHON:-python}
@@ -62,16 +67,21 @@ timeout -k 10 120 "$PY" -m pytest -q $PYT_TIMEOUT -p no:cacheprovider -m timing 
 echo "pytest (timing, serial) exit $? after $(elapsed) s"; tail -5 "$OUT/pytest.log"
 fi
 
+if [ -n "${HOPPER_CHECK:-}" ]; then
+echo "=== hopper check (limit ${HOPPER_CHECK_LIMIT:-300} s, t=$(elapsed) s) -> hopper_check.json"
+timeout -k 10 ${HOPPER_CHECK_LIMIT:-300} "$PY" scripts/checks/hopper_check.py --json "$OUT/hopper_check.json" 2>&1 | tail -60
+echo "hopper_check exit ${PIPESTATUS[0]} after $(elapsed) s"
+fi
 if [ -n "${COMPILE_TIME:-}" ]; then
 echo "=== compile time (limit ${COMPILE_TIME_LIMIT:-400} s, t=$(elapsed) s) -> compile_time.json"
-timeout -k 10 ${COMPILE_TIME_LIMIT:-400} "$PY" scripts/compile_time.py --out "$OUT/compile_time.json"
+timeout -k 10 ${COMPILE_TIME_LIMIT:-400} "$PY" scripts/sweeps/compile_time.py --out "$OUT/compile_time.json"
 echo "compile_time exit $? after $(elapsed) s"
 fi
 if [ -n "${SANITIZE:-}" ]; then
 echo "=== sanitize (t=$(elapsed) s) -> sanitize/"
 # default budget: what is left of a 10-minute device call that started with this script
 SB=${SANITIZE_BUDGET:-$(( 570 - $(elapsed) ))}; [ "$SB" -lt 120 ] && SB=120
-OUT="$OUT" PYTHON="$PY" SANITIZE_BUDGET=$SB bash scripts/sanitize.sh
+OUT="$OUT" PYTHON="$PY" SANITIZE_BUDGET=$SB bash scripts/checks/sanitize.sh
 echo "sanitize exit $? after $(elapsed) s"
 fi
 
@@ -102,14 +112,18 @@ want nvfp4-group && bench nvfp4-group 45 --suite nvfp4-group --iterations 20 --w
 want dual-gemm && bench dual-gemm 45 --suite dual-gemm --iterations 20 --warmup 3
 # fp8_block SwiGLU on the DeepSeek-V3 shapes (the Hopper DUAL kernel from M = 128)
 want swiglu && bench swiglu 120 --suite deepseek --ops swiglu --formats fp8_block --iterations 20 --warmup 3
-[ -n "${SWIGLU_CHECK:-}" ] && { echo "=== swiglu_check (t=$(elapsed) s)"; timeout -k 10 200 "$PY" scripts/swiglu_check.py --json "$OUT/swiglu_check.json" 2>&1 | tail -40; }
 want test-cases && bench test-cases 55 --iterations 30 --warmup 5
 
 cp "$WORK/bench.log" "$OUT/bench.log"
+# the newest run of each suite: <gpu>/latest/<suite>.md (bench --save-results; the runs
+# themselves are lines of <gpu>/runs.jsonl)
 : > "$OUT/summary.md"
-for f in $(ls "$RES"/*/*.md 2>/dev/null); do cat "$f" >> "$OUT/summary.md"; echo >> "$OUT/summary.md"; done
+for f in "$RES"/*/latest/*.md; do
+  [ -f "$f" ] || continue
+  cat "$f" >> "$OUT/summary.md"; echo >> "$OUT/summary.md"
+done
 tar -czf "$OUT/results.tar.gz" -C "$RES" . 2>/dev/null
-echo "=== summaries (also in \$OUT/summary.md; json/md/png in \$OUT/results.tar.gz)"
+echo "=== summaries (also in \$OUT/summary.md; runs.jsonl/md/png in \$OUT/results.tar.gz)"
 cat "$OUT/summary.md"
 echo "=== bench log tail"; tail -20 "$OUT/bench.log"
 echo "done in $(elapsed) s"
