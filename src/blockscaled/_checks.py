@@ -16,6 +16,7 @@ import torch
 import triton
 
 from .config.gemm import GemmConfig
+from .config.hopper import HopperConfig
 from .formats import Format, QuantizationRangeWarning, ScaleRounding, get_format
 from .kernels.triton._interp import INTERPRETING as _KERNELS_INTERPRETED
 
@@ -308,11 +309,12 @@ def warn_quantize_range(x: torch.Tensor, q, check_range: bool | None, stacklevel
 
 
 def check_config_arg(config) -> None:
-    """``config``: None, a ``GemmConfig`` or a dict of its fields; checked before any path is
-    taken, so that the CPU reference path rejects what the kernels would reject."""
-    if config is not None and not isinstance(config, (GemmConfig, dict)):
+    """``config``: None, a ``GemmConfig`` (or a dict of its fields) or a ``HopperConfig``; checked
+    before any path is taken, so that the CPU reference path rejects what the kernels would reject."""
+    if config is not None and not isinstance(config, (GemmConfig, HopperConfig, dict)):
         raise TypeError(
-            f"config: expected a blockscaled.config.GemmConfig or a dict of its fields, got {type(config).__name__}"
+            f"config: expected a blockscaled.config.GemmConfig (or a dict of its fields) or a HopperConfig, got "
+            f"{type(config).__name__}"
         )
 
 

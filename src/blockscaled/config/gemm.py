@@ -24,7 +24,7 @@ STRATEGIES = ("triton", "dequant_matmul", "hopper", "gemv")
 #: takes: every row costs one fp32 FMA per weight byte on the CUDA cores.
 GEMV_MAX_M = 4
 #: Weight bytes one GEMV program loads at once (its chunk): the H100 streaming-read probe
-#: (scripts/stream_ceiling.py) was fastest with 32 KB per program on 4 of the 6 DeepSeek-V3 shapes.
+#: (scripts/probes/stream_ceiling.py) was fastest with 32 KB per program on 4 of the 6 DeepSeek-V3 shapes.
 GEMV_CHUNK_BYTES = 32 * 1024
 
 

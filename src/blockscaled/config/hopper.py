@@ -14,7 +14,7 @@ __all__ = ["HopperConfig", "VARIANTS", "VARIANT_FLAGS", "EPILOGUES", "SPLIT_REDU
 
 #: HopperConfig.variant values, one kernel each (ops/_hopper.py's module docstring describes them)
 VARIANTS = ("wide", "skinny")
-#: The HopperConfig flag fields each variant reads (scripts/sanitize.py runs flag combinations of
+#: The HopperConfig flag fields each variant reads (scripts/checks/sanitize.py runs flag combinations of
 #: these only; the others would repeat the same kernel).
 VARIANT_FLAGS = {"wide": ("epilogue", "split_wg"), "skinny": ()}
 #: HopperConfig.epilogue values (the wide kernel's EPI constexpr: masked 1, tma 2, tma1 3)
@@ -63,13 +63,13 @@ class HopperConfig:
         same result): "last" = the last unit of a tile to arrive reads all partials back and
         stores the tile (no unit ever waits; that serial read-back runs at one SM's L2 bandwidth);
         "spread" (default) = every unit of the tile waits for the others' partials, then sums and
-        stores 1/split of the tile. H100 (scripts/split_reduce_ab.py): 1.24-1.85x faster where every
+        stores 1/split of the tile. H100 (last vs spread A/B, NOTES 2026-11-22 seventh session): 1.24-1.85x faster where every
         tile is split 4-8 ways (M=128 2112x7168 split 7: 25.4 -> 14.7 us), 1.0-1.08x on tail splits.
         The wait needs every program of the persistent grid (<= one CTA per SM) resident at once,
         so such launches are cooperative (triton's launch_cooperative_grid: the driver
         co-schedules the whole grid, also next to other streams' kernels, or fails the launch
         with an error instead of a hang where the grid cannot fit, e.g. a server-side MPS limit or
-        a green context with fewer SMs; H100, scripts/split_reduce_ab.py --plain: the same times
+        a green context with fewer SMs; H100, cooperative vs plain launches: the same times
         as a plain launch within 0.2 us on 14 rows, CUDA graphs included). Where SMs are withheld
         for good (MPS with an active-thread percentage below 100 in the environment) or
         BLOCKSCALED_SPLIT_REDUCE=last is set, the launcher runs "last".

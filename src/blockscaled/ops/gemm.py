@@ -181,7 +181,7 @@ def _dot_dtype(promote: bool, a_dense: bool, a_dtype, interpret: bool):
 #: Programmatic Dependent Launch of ``gemm_kernel`` (sm_90+; kernels/triton/gemm.py module
 #: docstring): the kernel's CTAs become resident while the preceding kernel on the stream
 #: finishes, and its ``griddepcontrol.wait`` (before any global memory access) orders it after
-#: that kernel. OFF by default: on the H100 (scripts/pdl_ab.py, CUDA graphs of back-to-back
+#: that kernel. OFF by default: on the H100 (a PDL on/off A/B, CUDA graphs of back-to-back
 #: fp8_block decode GEMMs, two runs agreeing within 0.2 us) it saved 0.2-0.7 us on some shapes
 #: (M=1 2112x7168 9.8 -> 9.2 us) and cost as much or more on others (M=1 24576x1536 15.7 ->
 #: 16.8, M=128 7168x16384 71 -> 91 us); an L2 prefetch of the weights before the wait did not

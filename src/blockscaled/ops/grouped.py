@@ -392,7 +392,7 @@ def launch(a, b: ScaledTensor, b_gs, b2: ScaledTensor | None, seg, out, out_dtyp
     (``out is None``) or the destination-passing one. Reason for the eager path: the
     torch.library round trip dominated the host time of a call (H100 host, fp8_block E=8 m=64
     N=4096 K=7168 through the op: ~450 us of host time per call for ~92 us of GPU time, most of
-    it in torch/_library/custom_ops.py under cProfile; scripts/grouped_eager_ab.py times both).
+    it in torch/_library/custom_ops.py under cProfile; benchmarks/NOTES.md 2026-11-25, "Eager host cost of grouped calls").
     ``a``: ScaledTensor or a bf16/fp16 Tensor (weight-only).
     ``b_gs`` / ``b2_gs``: nvfp4 B global scales, 1 element or one per expert (both alike).
     ``check_op``: ``ops.errors.OP_*`` to check ``seg`` on the device after the GEMM, 0: no check."""

@@ -31,8 +31,9 @@ def plan_gemm(p: Problem, dev: DeviceInfo, forced=None, *, gluon_ok: bool = True
         if not p.interpret:
             return Plan("gemm", "reference", None, p, reasons=(
                 "CPU tensors without TRITON_INTERPRET=1: the float64 reference, rounded once to the output dtype",))
-        cfg = forced if isinstance(forced, GemmConfig) and forced.strategy == "triton" else \
-            choose_portable(p.fmt, p.m, p.n, p.k, dev, _a_dtype(p), _DTYPES[p.out_dtype])
+        if isinstance(forced, GemmConfig) and forced.strategy != "hopper":
+            return Plan("gemm", "interpreter", forced, p, reasons=("forced by config= (Triton's interpreter)",))
+        cfg = choose_portable(p.fmt, p.m, p.n, p.k, dev, _a_dtype(p), _DTYPES[p.out_dtype])
         return Plan("gemm", "interpreter", cfg, p, reasons=(
             "Triton's interpreter on the CPU: small tiles keep it fast (cost is per program and op)",))
     fp8_q = p.fmt == "fp8_block" and not p.weight_only

@@ -158,7 +158,7 @@ def choose_portable(fmt: str, m: int, n: int, k: int, info: DeviceInfo, a_dtype,
 # H100 before these rules (CUDA-graph medians, % of the memory floor, fp8_block, six shapes):
 # M=1 45-71 %, M=64 39-71 %, M=128 32-63 % with 132 programs per launch and a second reduce
 # launch. NOT MEASURED YET: the constants below are analytic first guesses; the H100 sweep
-# scripts/sweep_small_m.py times these choices against a grid around them (adjust from it).
+# scripts/sweeps/ab.py times these choices against others (variant "portable@...").
 
 #: rows up to which the small-M model applies (the measured decode / small-prefill range; from
 #: M = 256 on, FLOPs start to matter: 2112x7168 at M=256 is ~13 us of MMA at 600 TFLOP/s)
@@ -215,7 +215,7 @@ def _ctas_per_sm(block_m, block_n, block_k, num_warps, num_stages, fmt, a_dense_
 def small_m_model(fmt, m, n, k, info: DeviceInfo, a_dtype, promote, block_m, block_n, block_k, num_warps,
                   num_stages, split) -> float:
     """Modelled seconds of one small-M launch (see the comment block above); for the heuristic
-    and for scripts/sweep_small_m.py, which prints it next to the measured time."""
+    as the small-M sweep printed it next to the measured times (NOTES 2026-11-22)."""
     eb = _ELEM_BYTES[fmt]
     a_row = k * (2 if a_dtype is not None else eb)
     nk = math.ceil(k / _SCALE_K[fmt])
@@ -238,7 +238,7 @@ def small_m_model(fmt, m, n, k, info: DeviceInfo, a_dtype, promote, block_m, blo
 
 
 #: fp8_block, 32 < M <= 128: 64-row tiles, BLOCK_N 128 only above this many 64x64 tiles. H100 sweep
-#: (scripts/sweep_small_m.py, 2026-11-22, % of the memory floor, CUDA-graph medians): 24576x1536
+#: (small-M sweep, 2026-11-22, % of the memory floor, CUDA-graph medians): 24576x1536
 #: M=64 64x64 p384 74% vs 64x128 p192 69%; 32768x512 M=64 64x128 p256 65% vs 64x64 p512 56%.
 _FP8_WIDE_N_TILES = 450
 
@@ -253,7 +253,7 @@ def _fp8_rows_rule(m, n, kiters, info: DeviceInfo, promote, max_split) -> GemmCo
     its picks reached 22-69% where the best measured 35-75%): 64x64x128 tiles (64x128 when there
     are more than _FP8_WIDE_N_TILES), 4 warps, 4 stages, and the K split (at most two waves of
     programs) whose program count fills the last wave best (programs / (waves * SMs)), the most
-    splits on ties while each keeps >= _FP8_TIE_MIN_KB K blocks (scripts/splitk_sweep.py with the
+    splits on ties while each keeps >= _FP8_TIE_MIN_KB K blocks (split-K sweep with the
     grouped reduction loads, benchmarks/NOTES.md 2026-11-22, "Portable split-K: the reducing
     program's loads"; H100 us: 2112x7168 M=128 sk2 15.55 -> sk4 14.99, 4096x7168 M=64 sk2 18.76
     -> sk4 18.33, M=128 sk1 24.05 -> sk2 21.91, 7168x16384 M=64 sk1 60.03 -> sk2 52.29: all four

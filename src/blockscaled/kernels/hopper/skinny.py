@@ -18,7 +18,7 @@ __all__ = ["fp8_block_gemm_skinny_kernel"]
 # Why: at M <= 64 the GEMM is a weight stream (2112x7168: 15 MB, 5 us at 3 TB/s) and what counts
 # is bytes in flight from the first microsecond. The portable kernel (cp.async, 3 chunks of 8 KB
 # in flight per program) reached 51-87% of the memory floor at M=1 where a plain streaming read
-# of the same bytes reached 71-99% (scripts/stream_ceiling.py, H100). Here each program owns one
+# of the same bytes reached 71-99% (scripts/probes/stream_ceiling.py, H100). Here each program owns one
 # (BLOCK_N weight rows, K range) unit, keeps STAGES - 1 weight boxes of BLOCK_N x 128 bytes in
 # flight through TMA (up to ~200 KB of shared memory), and the weight tile is the wgmma's M side
 # (64 rows per instruction) with the activation rows padded only to the wgmma N (MP = 8..64, TMA

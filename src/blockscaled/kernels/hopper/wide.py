@@ -568,7 +568,7 @@ def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, sa_bufs, c_smem, read
                         # every warp's read of the slot's A scales happens-before the release
                         # below, which one elected thread performs (the producer's next cp.async
                         # into the slot waits on it); compute-sanitizer's racecheck still reports
-                        # the ring, as it does a minimal correct one (scripts/ws_racecheck_probe.py
+                        # the ring, as it does a minimal correct one (scripts/probes/ws_racecheck_probe.py
                         # probe4)
                         cta_barrier()
                     mbarrier.arrive(empty.index(s), count=1)

@@ -41,7 +41,7 @@ exited) instead of after that grid has completed and flushed its memory. Protoco
     kernel has no inter-CTA spin-wait (split-K uses one atomic per tile, no polling), so
     resident dependents cannot starve it.
 What it buys: the dependent's launch latency, CTA dispatch and index prologue overlap this
-grid's tail. Measured on the H100 (scripts/pdl_ab.py, CUDA graphs of back-to-back decode
+grid's tail. Measured on the H100 (a PDL on/off A/B, CUDA graphs of back-to-back decode
 GEMMs): +-0.2..0.7 us per call, a loss on some shapes (M=128 7168x16384 71 -> 91 us), so the
 launcher keeps it off unless ``BLOCKSCALED_PDL=1`` (ops/gemm.py). It does not hide the
 pipeline fill: the first A/B loads are issued after the wait (sm_90 SASS: ``ACQBULK`` within
