@@ -113,19 +113,19 @@ def test_dispatch_table_in_readme_is_current():
 
 
 # ------------------------------------------------------------------------------ explain, on CPU
-def _operands(m=5, n=70, k=256, e=3):
+def _operands(device="cpu", m=5, n=70, k=256, e=3):
     torch.manual_seed(0)
-    x = torch.randn(m, k, dtype=torch.bfloat16)
+    x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
     a = bs.quantize(x, "fp8_block")
-    b = bs.quantize(torch.randn(n, k, dtype=torch.bfloat16), "fp8_block", block=(128, 128))
-    be = bs.quantize(torch.randn(e, 64, k, dtype=torch.bfloat16), "fp8_block", block=(128, 128))
-    offs = torch.tensor([0, 2, 2, m], dtype=torch.int32)
+    b = bs.quantize(torch.randn(n, k, dtype=torch.bfloat16, device=device), "fp8_block", block=(128, 128))
+    be = bs.quantize(torch.randn(e, 64, k, dtype=torch.bfloat16, device=device), "fp8_block", block=(128, 128))
+    offs = torch.tensor([0, 2, 2, m], dtype=torch.int32, device=device)
     return x, a, b, be, offs
 
 
-def test_explain_every_op(path):
-    x, a, b, be, offs = _operands()
-    backend = "interpreter" if path == "kernels" else "reference"
+def test_explain_every_op(path, device):
+    x, a, b, be, offs = _operands(device)
+    backend = "reference" if path == "reference" else ("cuda" if device == "cuda" else "interpreter")
     calls = {"gemm": ((a, b), {}), "linear": ((x, b), {}), "grouped_gemm": ((a, be), {"offsets": offs}),
              "swiglu": ((a, be, be), {"offsets": offs}), "grouped_gemm_list": (([a], [b]), {}),
              "quantize": ((x, "fp8_block"), {}), "dequantize": ((a,), {})}
@@ -139,13 +139,13 @@ def test_explain_every_op(path):
         bs.explain("gemm", a, bs.quantize(torch.randn(8, 128), "fp8_block", block=(128, 128)))
 
 
-def test_explain_is_what_runs_in_the_interpreter(path, monkeypatch):
+def test_explain_is_what_runs(path, device, monkeypatch):
     if path != "kernels":
         pytest.skip("the reference path launches no kernel")
     from blockscaled.ops import gemm as gemm_mod
     from blockscaled.ops import grouped as grouped_mod
 
-    x, a, b, be, offs = _operands()
+    x, a, b, be, offs = _operands(device)
     ran = []
     real_run, real_impl = gemm_mod.run_plan, grouped_mod.grouped_impl
     monkeypatch.setattr(gemm_mod, "run_plan", lambda plan, *r, **k: (ran.append(plan), real_run(plan, *r, **k))[1])
@@ -162,16 +162,16 @@ def test_explain_is_what_runs_in_the_interpreter(path, monkeypatch):
     assert seen[0] == bs.explain("linear", x, b) and seen[1] == bs.explain("swiglu", a, be, be, offsets=offs)
 
 
-def test_log_plans_once(path, monkeypatch, caplog):
+def test_log_plans_once(path, device, monkeypatch, caplog):
     import blockscaled.plan as plan_pkg
 
     monkeypatch.setattr(plan_pkg, "LOG_PLANS", True)
     monkeypatch.setattr(plan_pkg, "_SEEN", set())
-    _, a, b, _, _ = _operands()
+    _, a, b, _, _ = _operands(device)
     if path != "kernels":
         pytest.skip("the reference path makes no kernel plan to log")
     with caplog.at_level(logging.INFO, logger="blockscaled.plan"):
         bs.gemm(a, b)
         bs.gemm(a, b)
     logged = [r for r in caplog.records if r.name == "blockscaled.plan"]
-    assert len(logged) == 1 and "portable" in logged[0].getMessage()
+    assert len(logged) == 1 and bs.explain("gemm", a, b).describe() in logged[0].getMessage()

@@ -42,12 +42,17 @@ class Calibration(dict):
         return t
 
 
-@functools.lru_cache(maxsize=None)
+def _read_files() -> tuple[tuple[str, dict], ...]:
+    return tuple((p.name, json.loads(p.read_text())) for p in sorted(DEVICES_DIR.glob("*.json")))
+
+
+#: the device files, read once at import: planning runs while torch.compile traces the grouped ops,
+#: and dynamo cannot trace file-system calls
+_FILES = _read_files()
+
+
 def _files() -> tuple[tuple[str, dict], ...]:
-    out = []
-    for p in sorted(DEVICES_DIR.glob("*.json")):
-        out.append((p.name, json.loads(p.read_text())))
-    return tuple(out)
+    return _FILES
 
 
 def measured_bandwidth(name: str) -> float | None:

@@ -155,9 +155,9 @@ def features(cfg, fmt_name: str, m: int, n: int, k: int, dev: DeviceInfo, *, a_d
     # and a B panel by the tile column's M tiles (the first reader brings it into L2, the others
     # hit it), so each unit's share is its panels divided by their readers
     if isinstance(cfg, HopperConfig) and cfg.variant == "skinny" or key == "gemv":
-        m_tiles, n_tiles = 1, tiles
+        m_tiles, n_tiles = 1, max(1, tiles)
     else:
-        m_tiles, n_tiles = _cdiv(m, cfg.block_m), _cdiv(n, cfg.block_n)
+        m_tiles, n_tiles = max(1, _cdiv(m, cfg.block_m)), max(1, _cdiv(n, cfg.block_n))
     per_kb_bytes = (rows_a * (a_dense_bytes or eb) / n_tiles + rows_b * eb / m_tiles) * 128
     l2_kb_bytes = (rows_a * (a_dense_bytes or eb) + rows_b * eb) * 128
     partial = units * cfg.block_m * cfg.block_n * 4 if splits > 1 else 0
