@@ -136,7 +136,7 @@ def test_explain_every_op(path, device):
     with pytest.raises(ValueError, match="op_name"):
         bs.explain("gemmm", a, b)
     with pytest.raises(ValueError, match="K mismatch"):  # the op's own validation runs
-        bs.explain("gemm", a, bs.quantize(torch.randn(8, 128), "fp8_block", block=(128, 128)))
+        bs.explain("gemm", a, bs.quantize(torch.randn(8, 128, device=device), "fp8_block", block=(128, 128)))
 
 
 def test_explain_is_what_runs(path, device, monkeypatch):
