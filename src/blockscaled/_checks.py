@@ -21,6 +21,8 @@ from .formats import Format, QuantizationRangeWarning, ScaleRounding, get_format
 from .kernels.triton._interp import INTERPRETING as _KERNELS_INTERPRETED
 
 FLOAT_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+#: output dtypes of every GEMM-family op (the epilogue casts fp32 accumulators to one of these)
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 #: Whether this package's Triton kernels run in Triton's interpreter. Triton decides that
 #: when a kernel is *defined* (``triton.jit`` reads TRITON_INTERPRET then), i.e. when

@@ -43,6 +43,7 @@ from ..config.hopper import (  # noqa: F401
     VARIANTS,
     HopperConfig,
 )
+from .. import _checks
 from ..config.gemm import GemmConfig
 from ..plan import Problem, device_info, plan_gemm
 from ..plan.device import num_sms
@@ -64,7 +65,7 @@ __all__ = [
     "unsupported_reason",
 ]
 
-OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+OUT_DTYPES = _checks.OUT_DTYPES
 
 # 16 bytes: TMA (cuTensorMapEncodeTiled) requires a 16-byte aligned global base address and
 # 16-byte multiple strides for all but the innermost dimension. fp8 is 1 byte per element, so

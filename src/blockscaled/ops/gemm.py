@@ -43,7 +43,7 @@ from ._explain import emit, explaining
 
 __all__ = ["gemm", "OUT_DTYPES"]
 
-OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+OUT_DTYPES = _checks.OUT_DTYPES
 _DENSE_DTYPES = (torch.bfloat16, torch.float16)
 
 

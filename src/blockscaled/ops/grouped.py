@@ -46,7 +46,7 @@ from .gemm import gemm as _dense_gemm
 
 __all__ = ["grouped_gemm", "grouped_gemm_list"]
 
-_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_OUT_DTYPES = _checks.OUT_DTYPES
 _TL_OUT = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 MODE_DENSE, MODE_CONTIGUOUS, MODE_MASKED = 0, 1, 2
