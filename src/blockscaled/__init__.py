@@ -28,6 +28,7 @@ from .ops.linear import linear
 from .ops.quantize import dequantize, quantize, silu_mul_quantize, tensor_amax
 from .ops.swiglu import swiglu
 from .tensor import ScaledTensor
+from .warmup import warmup
 
 __version__ = "0.1.0"
 
@@ -54,5 +55,6 @@ __all__ = [
     "swiglu",
     "check_errors",
     "explain",
+    "warmup",
     "layouts",
 ]

@@ -1,0 +1,125 @@
+"""``blockscaled.warmup``: compile, ahead of the first request, every kernel a set of weights can hit.
+
+Triton compiles a kernel at its first launch (seconds for the Hopper kernels): a server that
+does not warm up pays it inside its first requests. The planner knows which plan each token count
+M runs, so warm-up asks it for every M up to ``max_tokens``, keeps the distinct plans (kernel,
+config and the integer specialisations Triton compiles separately: M = 1, M % 16), and runs each
+once on zero inputs of that shape.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .formats import get_format
+from .ops.gemm import gemm_problem, make_plan
+from .ops.linear import linear
+from .tensor import ScaledTensor
+
+__all__ = ["warmup", "WarmupReport"]
+
+
+@dataclass
+class WarmupReport:
+    """What :func:`warmup` ran: one entry per distinct plan, with the token counts it covers."""
+
+    entries: list = field(default_factory=list)  # (weight label, M range, plan description, seconds)
+    seconds: float = 0.0
+
+    def __str__(self) -> str:
+        lines = [f"warm-up: {len(self.entries)} distinct plans in {self.seconds:.1f} s"]
+        for label, (lo, hi), desc, s in self.entries:
+            lines.append(f"  {label} M={lo}..{hi}: {desc} ({s * 1e3:.0f} ms)")
+        return "\n".join(lines)
+
+
+def _weights(model_or_weights):
+    """(label, ScaledTensor, weight_only, bias) of every quantized weight."""
+    if isinstance(model_or_weights, ScaledTensor):
+        return [("weight", model_or_weights, False, None)]
+    if isinstance(model_or_weights, torch.nn.Module):
+        out = []
+        for name, mod in model_or_weights.named_modules():
+            w = getattr(mod, "scaled_weight", None)
+            if isinstance(w, ScaledTensor):
+                out.append((name or "weight", w, bool(getattr(mod, "weight_only", False)), getattr(mod, "bias", None)))
+        return out
+    if isinstance(model_or_weights, (list, tuple)):
+        out = []
+        for i, w in enumerate(model_or_weights):
+            if not isinstance(w, ScaledTensor):
+                raise TypeError(f"model_or_weights[{i}]: expected a ScaledTensor, got {type(w).__name__}")
+            out.append((f"weights[{i}]", w, False, None))
+        return out
+    raise TypeError("model_or_weights: expected a torch.nn.Module holding blockscaled.nn.Linear layers, a "
+                    f"ScaledTensor or a list of them, got {type(model_or_weights).__name__}")
+
+
+def _m_grid(max_tokens: int) -> list[int]:
+    """Token counts whose plans stand for all M <= max_tokens: 1..64 each (decode: the plans change
+    often there), then every multiple of 16 and its neighbour (Triton specialises on M % 16)."""
+    ms = list(range(1, min(max_tokens, 64) + 1))
+    m = 80
+    while m <= max_tokens:
+        ms += [m, m + 1] if m + 1 <= max_tokens else [m]
+        m += 16 if m < 1024 else (64 if m < 8192 else 512)
+    return sorted(set(ms))
+
+
+def warmup(model_or_weights, max_tokens: int = 8192, *, activations: torch.dtype = torch.bfloat16,
+           progress: bool = True) -> WarmupReport:
+    """Compile every kernel that ``linear(x, w)`` can launch for token counts 1..``max_tokens``.
+
+    Args:
+        model_or_weights: a module holding ``blockscaled.nn.Linear`` layers (any module with a
+            ``scaled_weight`` ScaledTensor attribute), a ScaledTensor weight ``[N, K]``, or a list of them.
+        max_tokens: the most tokens (rows of x) a call will have.
+        activations: dtype of the activations ``x`` (bf16 / fp16).
+        progress: show a progress bar (rich) while compiling.
+
+    Returns a :class:`WarmupReport` (``str()`` lists each distinct plan and the M range it serves).
+    On CPU tensors without the Triton interpreter nothing needs compiling: the report is empty.
+
+    Example::
+
+        w = bs.quantize(W, "fp8_block", block=(128, 128))
+        print(bs.warmup(w, max_tokens=4096))     # compiles once; later bs.linear(x, w) calls launch at once
+    """
+    from rich.progress import Progress
+
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise ValueError(f"max_tokens: expected a positive int, got {max_tokens!r}")
+    report = WarmupReport()
+    t0 = time.perf_counter()
+    jobs = []
+    for label, w, weight_only, bias in _weights(model_or_weights):
+        fmt = get_format(w.format)
+        n, k = w.shape[-2], w.shape[-1]
+        groups: dict = {}
+        for m in _m_grid(max_tokens):
+            a2 = torch.empty((m, k if weight_only else fmt.packed_k(k)),
+                             dtype=activations if weight_only else fmt.data_dtype, device=w.device)
+            a_s2 = None if weight_only else torch.empty((m, fmt.scale_k(k)), dtype=fmt.scale_dtype, device=w.device)
+            plan = make_plan(gemm_problem(a2, a_s2, w.data, w.block[0], fmt, k, m, n, activations, bias), w.device)
+            if plan.backend == "reference":
+                continue
+            key = (plan, m == 1, m % 16 == 0)
+            lo, hi = groups.get(key, (m, m))
+            groups[key] = (min(lo, m), max(hi, m))
+        for (plan, _, _), (lo, hi) in groups.items():
+            jobs.append((label, w, weight_only, bias, plan, lo, hi))
+    with Progress(disable=not progress, transient=True) as bar:
+        task = bar.add_task("compiling kernels", total=len(jobs))
+        for label, w, weight_only, bias, plan, lo, hi in jobs:
+            x = torch.zeros((lo, w.shape[-1]), dtype=activations, device=w.device)
+            s = time.perf_counter()
+            linear(x, w, bias, weight_only=weight_only)
+            if w.device.type == "cuda":
+                torch.cuda.synchronize(w.device)
+            report.entries.append((label, (lo, hi), plan.describe(), time.perf_counter() - s))
+            bar.advance(task)
+    report.seconds = time.perf_counter() - t0
+    return report

@@ -1,0 +1,39 @@
+"""blockscaled.warmup: every distinct plan of token counts 1..max_tokens runs once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import blockscaled as bs
+from blockscaled.plan import observe_plans
+
+
+def test_warmup_runs_every_distinct_plan(path, device):
+    w = bs.quantize(torch.randn(64, 256, dtype=torch.bfloat16, device=device), "fp8_block", block=(128, 128))
+    report = bs.warmup(w, max_tokens=40, progress=False)
+    if path == "reference":
+        assert report.entries == []  # nothing to compile on the reference path
+        return
+    plans = {bs.explain("linear", torch.zeros(m, 256, dtype=torch.bfloat16, device=device), w).describe()
+             for m in range(1, 41)}
+    assert {desc for _, _, desc, _ in report.entries} == plans
+    covered = set()
+    for _, (lo, hi), _, _ in report.entries:
+        covered |= set(range(lo, hi + 1))
+    assert covered >= set(range(1, 41))
+    assert "distinct plans" in str(report)
+    # after warm-up a call runs a plan warm-up ran
+    with observe_plans() as seen:
+        bs.linear(torch.randn(7, 256, dtype=torch.bfloat16, device=device), w)
+    assert seen[0].describe() in plans
+
+
+def test_warmup_arguments(device):
+    w = bs.quantize(torch.randn(64, 256, dtype=torch.bfloat16, device=device), "fp8_block", block=(128, 128))
+    with pytest.raises(ValueError, match="max_tokens"):
+        bs.warmup(w, max_tokens=0)
+    with pytest.raises(TypeError, match="model_or_weights"):
+        bs.warmup("w")
+    with pytest.raises(TypeError, match=r"model_or_weights\[1\]"):
+        bs.warmup([w, torch.zeros(2)])
