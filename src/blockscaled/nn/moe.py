@@ -1,0 +1,218 @@
+"""``MoE``: a mixture-of-experts layer on the grouped kernels, routing to combine on the device.
+
+forward(x [T, H]):
+1. router: ``logits = x @ router_weight.T`` (bf16, not quantized), scores = softmax or sigmoid;
+2. top-k (:func:`route`): plain, or DeepSeek-V3 grouped top-k (``n_group`` groups scored by their
+   top-2 scores plus ``correction_bias``, the best ``topk_group`` groups kept), the weights taken
+   from the scores without the bias, optionally renormalised, times ``routed_scaling_factor``;
+3. permutation (:func:`permute`): the T x k assignments sorted by expert (a stable sort), expert
+   row counts by a scatter-add (no host sync: ``torch.bincount`` would read the maximum back), the
+   int32 ``offsets`` by a cumulative sum;
+4. experts: quantize the sorted rows, ``bs.swiglu`` (gate / up in one kernel) for SwiGLU experts,
+   or ``bs.grouped_gemm`` of the fused gate|up weight plus the gpt-oss activation
+   (``(up + 1) * gate * sigmoid(alpha * gate)`` with both clamped at ``limit``, per-expert biases);
+   quantize the intermediate, ``bs.grouped_gemm`` down (per-expert down bias for gpt-oss);
+5. combine: ``out.index_add_(0, token, y * weight)`` in fp32, cast once.
+
+Every step stays on the device: the layer can be captured in a CUDA graph. The contiguous layout
+serves prefill and decode alike here (masked decode layouts are not wired yet).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..formats import get_format
+from ..ops.grouped import grouped_gemm
+from ..ops.quantize import quantize
+from ..ops.swiglu import swiglu
+from ..tensor import ScaledTensor
+
+__all__ = ["MoE", "route", "permute"]
+
+_SCORES = ("softmax", "sigmoid")
+_ACTIVATIONS = ("silu", "gpt_oss")
+
+
+def route(logits: torch.Tensor, top_k: int, *, score: str = "softmax", n_group: int | None = None,
+          topk_group: int | None = None, correction_bias: torch.Tensor | None = None,
+          norm_topk_prob: bool = True, routed_scaling_factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k routing: ``(weights fp32 [T, k], experts int64 [T, k])`` from router ``logits [T, E]``.
+
+    ``score``: "softmax" (Mixtral, Qwen3-MoE, gpt-oss) or "sigmoid" (DeepSeek-V3). ``n_group`` /
+    ``topk_group``: DeepSeek-V3 grouped top-k (experts in ``n_group`` equal groups, a group scored by
+    the sum of its two best biased scores, experts outside the best ``topk_group`` groups dropped).
+    ``correction_bias [E]``: added to the scores for the choice only. ``norm_topk_prob``: the k
+    weights renormalised to sum 1. No host synchronisation.
+
+    Example::
+
+        w, e = route(torch.randn(4, 8), 2)        # 4 tokens, 8 experts, top-2 softmax
+    """
+    if score not in _SCORES:
+        raise ValueError(f"score: expected one of {_SCORES}, got {score!r}")
+    t, n_exp = logits.shape
+    if not 1 <= top_k <= n_exp:
+        raise ValueError(f"top_k: expected 1..{n_exp} (the number of experts), got {top_k}")
+    s = torch.softmax(logits.float(), dim=-1) if score == "softmax" else torch.sigmoid(logits.float())
+    choice = s if correction_bias is None else s + correction_bias.float()
+    if n_group is not None and n_group > 1:
+        if n_exp % n_group or topk_group is None or not 1 <= topk_group <= n_group:
+            raise ValueError(f"n_group/topk_group: {n_exp} experts need n_group dividing them and 1 <= topk_group "
+                             f"<= n_group, got n_group={n_group}, topk_group={topk_group}")
+        g = choice.view(t, n_group, n_exp // n_group)
+        group_score = g.topk(min(2, g.shape[-1]), dim=-1).values.sum(-1)
+        keep = torch.zeros_like(group_score).scatter_(1, group_score.topk(topk_group, dim=-1).indices, 1.0)
+        choice = choice.masked_fill(keep.repeat_interleave(n_exp // n_group, dim=1) == 0, float("-inf"))
+    experts = choice.topk(top_k, dim=-1).indices
+    weights = s.gather(1, experts)
+    if norm_topk_prob:
+        weights = weights / weights.sum(-1, keepdim=True).clamp_min(1e-20)
+    return weights * routed_scaling_factor, experts
+
+
+def permute(experts: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sort the ``[T, k]`` assignments by expert: ``(order int64 [T*k], token int64 [T*k],
+    offsets int32 [E+1])``; row ``i`` of the sorted layout is assignment ``order[i]`` of token
+    ``token[i]``, expert ``e`` owns rows ``offsets[e]:offsets[e+1]``. No host synchronisation."""
+    flat = experts.reshape(-1)
+    order = torch.sort(flat, stable=True).indices
+    token = order // experts.shape[1]
+    counts = torch.zeros(num_experts, dtype=torch.int32, device=flat.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+    offsets = torch.zeros(num_experts + 1, dtype=torch.int32, device=flat.device)
+    offsets[1:] = torch.cumsum(counts, 0)
+    return order, token, offsets
+
+
+class MoE(torch.nn.Module):
+    """Mixture-of-experts layer on quantized expert weights (any format of ``bs.quantize``).
+
+    Args:
+        w_gate_up: ScaledTensor ``[E, 2I, H]``: gate rows ``[0, I)`` then up rows ``[I, 2I)``
+            (``activation="silu"``), or gpt-oss's fused weight with gate and up rows interleaved
+            (``activation="gpt_oss"``; de-interleave with ``interleaved=True``).
+        w_down: ScaledTensor ``[E, H, I]``.
+        router_weight: ``[E, H]`` bf16 / fp32 (kept unquantized). router_bias: optional ``[E]``.
+        top_k, score, n_group, topk_group, correction_bias, norm_topk_prob, routed_scaling_factor:
+            routing (:func:`route`).
+        activation: "silu" (``silu(gate) * up``, one fused kernel) or "gpt_oss"
+            (``(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)``, ``g = clamp(gate, max=limit)``).
+        gate_up_bias ``[E, 2I]`` / down_bias ``[E, H]``: per-expert biases (gpt-oss).
+        act_format: the format activations are quantized to before each grouped GEMM (default:
+            the weights'; None keeps weight-only bf16 activations).
+
+    ``forward(x [T, H] bf16) -> [T, H]`` of x's dtype. Example::
+
+        moe = MoE.from_dense(w1, w3, w2, router, "fp8_block", top_k=2)   # bf16 [E, I, H] x2, [E, H, I]
+        y = moe(x)                                                      # x [T, H] bf16
+    """
+
+    def __init__(self, w_gate_up: ScaledTensor, w_down: ScaledTensor, router_weight: torch.Tensor, *, top_k: int,
+                 score: str = "softmax", n_group: int | None = None, topk_group: int | None = None,
+                 correction_bias: torch.Tensor | None = None, norm_topk_prob: bool = True,
+                 routed_scaling_factor: float = 1.0, router_bias: torch.Tensor | None = None,
+                 activation: str = "silu", interleaved: bool = False, gate_up_bias: torch.Tensor | None = None,
+                 down_bias: torch.Tensor | None = None, alpha: float = 1.702, limit: float = 7.0,
+                 act_format: str | None = "weights"):
+        super().__init__()
+        for name, w in (("w_gate_up", w_gate_up), ("w_down", w_down)):
+            if not isinstance(w, ScaledTensor) or w.ndim != 3:
+                raise TypeError(f"{name}: expected a 3-D ScaledTensor [E, N, K], got "
+                                f"{type(w).__name__} {getattr(w, 'shape', '')}")
+        e, two_i, h = w_gate_up.shape
+        if two_i % 2 or tuple(w_down.shape) != (e, h, two_i // 2):
+            raise ValueError(f"w_down: expected shape {(e, h, two_i // 2)} for w_gate_up {tuple(w_gate_up.shape)}, "
+                             f"got {tuple(w_down.shape)}")
+        if tuple(router_weight.shape) != (e, h):
+            raise ValueError(f"router_weight: expected shape {(e, h)}, got {tuple(router_weight.shape)}")
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"activation: expected one of {_ACTIVATIONS}, got {activation!r}")
+        if interleaved:
+            w_gate_up = _deinterleave(w_gate_up)
+            if gate_up_bias is not None:
+                gate_up_bias = torch.cat([gate_up_bias[:, 0::2], gate_up_bias[:, 1::2]], dim=1)
+        self.w_gate_up, self.w_down = w_gate_up, w_down
+        self.register_buffer("router_weight", router_weight)
+        self.register_buffer("router_bias", router_bias)
+        self.register_buffer("correction_bias", correction_bias)
+        self.register_buffer("gate_up_bias", gate_up_bias)
+        self.register_buffer("down_bias", down_bias)
+        i = two_i // 2
+        self.w_gate = _rows(w_gate_up, 0, i)
+        self.w_up = _rows(w_gate_up, i, two_i)
+        self.num_experts, self.hidden, self.intermediate = e, h, i
+        self.top_k, self.score, self.n_group, self.topk_group = top_k, score, n_group, topk_group
+        self.norm_topk_prob, self.routed_scaling_factor = norm_topk_prob, routed_scaling_factor
+        self.activation, self.alpha, self.limit = activation, alpha, limit
+        self.act_format = w_gate_up.format.name if act_format == "weights" else act_format
+
+    @classmethod
+    def from_dense(cls, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, router_weight: torch.Tensor,
+                   fmt: str, **kwargs) -> "MoE":
+        """Quantize bf16 / fp32 expert weights (``w_gate``, ``w_up`` ``[E, I, H]``, ``w_down``
+        ``[E, H, I]``) to ``fmt`` (fp8_block: 128x128 blocks) and build the layer."""
+        f = get_format(fmt, "fmt")
+        block = (128, 128) if f.name == "fp8_block" else None
+        gu = quantize(torch.cat([w_gate, w_up], dim=1).contiguous(), f, block=block)
+        dn = quantize(w_down.contiguous(), f, block=block)
+        return cls(gu, dn, router_weight, **kwargs)
+
+    def _act(self, rows: torch.Tensor):
+        if self.act_format is None:
+            return rows
+        f = get_format(self.act_format)
+        return quantize(rows, f, block=(1, f.block_k))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.ndim != 2 or x.shape[1] != self.hidden:
+            raise ValueError(f"x: expected [T, {self.hidden}], got {tuple(x.shape)}")
+        logits = torch.nn.functional.linear(x, self.router_weight.to(x.dtype),
+                                            None if self.router_bias is None else self.router_bias.to(x.dtype))
+        weights, experts = route(logits, self.top_k, score=self.score, n_group=self.n_group,
+                                 topk_group=self.topk_group, correction_bias=self.correction_bias,
+                                 norm_topk_prob=self.norm_topk_prob, routed_scaling_factor=self.routed_scaling_factor)
+        order, token, offsets = permute(experts, self.num_experts)
+        rows = x[token]
+        a = self._act(rows)
+        expert_of_row = experts.reshape(-1)[order]
+        if self.activation == "silu" and self.gate_up_bias is None:
+            h = swiglu(a, self.w_gate, self.w_up, offsets=offsets)
+        else:
+            gu = grouped_gemm(a, self.w_gate_up, offsets=offsets, out_dtype=torch.float32)
+            if self.gate_up_bias is not None:
+                gu = gu + self.gate_up_bias.float()[expert_of_row]
+            g, u = gu[:, :self.intermediate], gu[:, self.intermediate:]
+            if self.activation == "gpt_oss":
+                g = g.clamp(max=self.limit)
+                u = u.clamp(-self.limit, self.limit)
+                h = ((u + 1) * g * torch.sigmoid(self.alpha * g)).to(x.dtype)
+            else:
+                h = (torch.nn.functional.silu(g) * u).to(x.dtype)
+        y = grouped_gemm(self._act(h), self.w_down, offsets=offsets, out_dtype=torch.float32)
+        if self.down_bias is not None:
+            y = y + self.down_bias.float()[expert_of_row]
+        out = torch.zeros((x.shape[0], self.hidden), dtype=torch.float32, device=x.device)
+        out.index_add_(0, token, y * weights.reshape(-1)[order, None])
+        return out.to(x.dtype)
+
+
+def _rows(w: ScaledTensor, lo: int, hi: int) -> ScaledTensor:
+    """Rows ``lo:hi`` of every expert of ``w [E, N, K]`` (on a scale-block boundary for 128-row blocks)."""
+    br = w.block[0]
+    if br > 1 and (lo % br or (hi % br and hi != w.shape[1])):
+        raise ValueError(f"w_gate_up: the gate / up split at row {lo} is not on a {br}-row scale block boundary")
+    data = w.data[:, lo:hi].contiguous()
+    scale = w.scale[:, lo // br:-(-hi // br)].contiguous()
+    return ScaledTensor(data, scale, w.format, torch.Size((w.shape[0], hi - lo, w.shape[2])), w.block, w.rounding,
+                        global_scale=w.global_scale)
+
+
+def _deinterleave(w: ScaledTensor) -> ScaledTensor:
+    """gpt-oss's fused gate_up (gate on even rows, up on odd) -> gate rows then up rows (1-row
+    scale blocks only: an interleaved 128-row block mixes gate and up)."""
+    if w.block[0] != 1:
+        raise ValueError(f"w_gate_up: interleaved gate / up rows need 1-row scale blocks, got {w.block}")
+    data = torch.cat([w.data[:, 0::2], w.data[:, 1::2]], dim=1).contiguous()
+    scale = torch.cat([w.scale[:, 0::2], w.scale[:, 1::2]], dim=1).contiguous()
+    return ScaledTensor(data, scale, w.format, w.shape, w.block, w.rounding, global_scale=w.global_scale)

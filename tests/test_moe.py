@@ -1,0 +1,118 @@
+"""blockscaled.nn.moe: routing, permutation and the MoE layer against a float64 reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import blockscaled as bs
+from blockscaled.nn.moe import MoE, permute, route
+
+E, H, I, T, K = 4, 256, 128, 7, 2
+
+
+def _deq(t):
+    return (t.dequantize() if isinstance(t, bs.ScaledTensor) else t).double()
+
+
+def _ref_moe(moe: MoE, x: torch.Tensor, act=None) -> torch.Tensor:
+    """float64: the same routing and permutation, activations quantized as the layer quantizes
+    them (all sorted rows at once: nvfp4's global scale is per tensor), dequantized weights."""
+    logits = torch.nn.functional.linear(x, moe.router_weight.to(x.dtype))
+    w, ex = route(logits, moe.top_k, score=moe.score, n_group=moe.n_group, topk_group=moe.topk_group,
+                  correction_bias=moe.correction_bias, norm_topk_prob=moe.norm_topk_prob,
+                  routed_scaling_factor=moe.routed_scaling_factor)
+    order, token, _ = permute(ex, moe.num_experts)
+    e_row = ex.reshape(-1)[order]
+    a = _deq(moe._act(x[token]))
+    wg, wu, wd = (_deq(t) for t in (moe.w_gate, moe.w_up, moe.w_down))
+    g = torch.stack([a[r] @ wg[e_row[r]].T for r in range(len(order))])
+    u = torch.stack([a[r] @ wu[e_row[r]].T for r in range(len(order))])
+    h = (act(g, u, e_row) if act else torch.nn.functional.silu(g) * u).to(x.dtype)
+    ha = _deq(moe._act(h))
+    y = torch.stack([ha[r] @ wd[e_row[r]].T for r in range(len(order))])
+    if moe.down_bias is not None:
+        y = y + moe.down_bias.double()[e_row]
+    out = torch.zeros(x.shape[0], H, dtype=torch.float64, device=x.device)
+    out.index_add_(0, token, y * w.reshape(-1)[order, None].double())
+    return out
+
+
+def test_route_plain_and_grouped(device):
+    torch.manual_seed(0)
+    logits = torch.randn(5, 8, device=device)
+    w, e = route(logits, 2)
+    ref = torch.softmax(logits, -1).topk(2, -1)
+    assert torch.equal(e, ref.indices) and torch.allclose(w, ref.values / ref.values.sum(-1, keepdim=True))
+    # DeepSeek-V3 grouped top-k: experts outside the best group are never chosen
+    bias = torch.zeros(8, device=device)
+    bias[:4] = 10.0  # group 0 wins every token's choice
+    w, e = route(logits, 2, score="sigmoid", n_group=2, topk_group=1, correction_bias=bias,
+                 routed_scaling_factor=2.5)
+    assert bool((e < 4).all()) and torch.allclose(w.sum(-1), torch.full((5,), 2.5, device=device))
+    with pytest.raises(ValueError, match="top_k"):
+        route(logits, 9)
+    with pytest.raises(ValueError, match="n_group"):
+        route(logits, 2, n_group=3, topk_group=1)
+
+
+def test_permute(device):
+    ex = torch.tensor([[2, 0], [2, 1], [0, 2]], device=device)
+    order, token, offsets = permute(ex, 4)
+    assert offsets.tolist() == [0, 2, 3, 6, 6] and offsets.dtype == torch.int32
+    assert ex.reshape(-1)[order].tolist() == [0, 0, 1, 2, 2, 2]
+    assert token.tolist() == (order // 2).tolist()
+
+
+@pytest.mark.parametrize("fmt", ["fp8_block", "mxfp8", "mxfp4", "nvfp4"])
+def test_moe_matches_reference(fmt, path, device):
+    torch.manual_seed(1)
+    w1 = torch.randn(E, I, H, device=device) * 0.05
+    w3 = torch.randn(E, I, H, device=device) * 0.05
+    w2 = torch.randn(E, H, I, device=device) * 0.05
+    router = torch.randn(E, H, device=device, dtype=torch.bfloat16)
+    moe = MoE.from_dense(w1.bfloat16(), w3.bfloat16(), w2.bfloat16(), router, fmt, top_k=K)
+    x = torch.randn(T, H, device=device, dtype=torch.bfloat16)
+    y = moe(x)
+    ref = _ref_moe(moe, x)
+    assert y.shape == (T, H) and y.dtype == torch.bfloat16
+    rel = float((y.double() - ref).norm() / ref.norm())
+    assert rel < 1e-2, rel
+
+
+def test_moe_gpt_oss_activation_and_biases(path, device):
+    torch.manual_seed(2)
+    wgu = torch.randn(E, 2 * I, H, device=device).bfloat16() * 0.05
+    w2 = torch.randn(E, H, I, device=device).bfloat16() * 0.05
+    q = bs.quantize(wgu, "mxfp4")
+    moe = MoE(q, bs.quantize(w2, "mxfp4"), torch.randn(E, H, device=device, dtype=torch.bfloat16), top_k=K,
+              activation="gpt_oss", interleaved=True, gate_up_bias=torch.randn(E, 2 * I, device=device),
+              down_bias=torch.randn(E, H, device=device))
+    x = torch.randn(T, H, device=device, dtype=torch.bfloat16)
+    y = moe(x)
+    b = moe.gate_up_bias.double()  # de-interleaved by the layer: gate | up
+
+    def act(g, u, e_row):
+        g = (g + b[e_row, :I]).clamp(max=7.0)
+        u = (u + b[e_row, I:]).clamp(-7.0, 7.0)
+        return (u + 1) * g * torch.sigmoid(1.702 * g)
+
+    out = _ref_moe(moe, x, act)
+    # the layer's gate / up rows are the even / odd rows of the checkpoint's fused weight
+    assert torch.equal(moe.w_gate.dequantize(), q.dequantize()[:, 0::2])
+    rel = float((y.double() - out).norm() / out.norm())
+    assert rel < 2e-2, rel
+
+
+def test_moe_argument_errors(device):
+    q = bs.quantize(torch.randn(E, 2 * I, H, device=device).bfloat16(), "fp8_block", block=(128, 128))
+    d = bs.quantize(torch.randn(E, H, I, device=device).bfloat16(), "fp8_block", block=(128, 128))
+    r = torch.randn(E, H, device=device)
+    with pytest.raises(ValueError, match="w_down"):
+        MoE(q, q, r, top_k=2)
+    with pytest.raises(ValueError, match="router_weight"):
+        MoE(q, d, r[:, :8], top_k=2)
+    with pytest.raises(ValueError, match="interleaved"):
+        MoE(q, d, r, top_k=2, interleaved=True)
+    with pytest.raises(ValueError, match="x"):
+        MoE(q, d, r, top_k=2)(torch.randn(3, 8, device=device, dtype=torch.bfloat16))
