@@ -1,0 +1,19 @@
+"""``blockscaled.nn``: modules over the block-scaled ops.
+
+* :class:`Linear`: a ``torch.nn.Linear`` replacement whose weight is a ScaledTensor
+  (fp8_block, mxfp8, mxfp4, nvfp4), W x A or weight-only, with tensor-parallel sharding;
+* :func:`quantize_model`: swap a model's ``nn.Linear`` layers for it (LM head and MoE routers
+  kept by default) and report what was done.
+
+Example::
+
+    import blockscaled.nn as bsnn
+    bsnn.quantize_model(model, "fp8_block")          # e.g. a transformers *ForCausalLM in bf16
+    print(bsnn.quantization_report(model))
+"""
+
+from .linear import Linear, default_weight_block
+from .model import DEFAULT_EXCLUDE, QuantizationReport, quantization_report, quantize_model
+
+__all__ = ["Linear", "default_weight_block", "quantize_model", "quantization_report", "QuantizationReport",
+           "DEFAULT_EXCLUDE"]
