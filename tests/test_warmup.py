@@ -37,3 +37,14 @@ def test_warmup_arguments(device):
         bs.warmup("w")
     with pytest.raises(TypeError, match=r"model_or_weights\[1\]"):
         bs.warmup([w, torch.zeros(2)])
+
+
+def test_warmup_a_quantized_model(path, device):
+    model = torch.nn.Sequential(torch.nn.Linear(256, 128), torch.nn.ReLU(), torch.nn.Linear(128, 256))
+    model = model.to(device=device, dtype=torch.bfloat16)
+    bs.quantize_model(model, "mxfp8")
+    report = bs.warmup(model, max_tokens=4, progress=False)
+    if path == "reference":
+        assert report.entries == []
+        return
+    assert {label for label, *_ in report.entries} == {"0", "2"}

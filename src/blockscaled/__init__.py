@@ -16,7 +16,7 @@ Quick start::
 Importing the package defines the Triton kernels but launches and prints nothing.
 """
 
-from . import layouts
+from . import layouts, nn
 from .config import GemmConfig
 from .formats import (FORMATS, FP8_BLOCK, MXFP4, MXFP8, NVFP4, Format, QuantizationRangeWarning, ScaleRounding,
                       get_format)
@@ -28,6 +28,7 @@ from .ops.linear import linear
 from .ops.quantize import dequantize, quantize, silu_mul_quantize, tensor_amax
 from .ops.swiglu import swiglu
 from .tensor import ScaledTensor
+from .nn import quantize_model
 from .warmup import warmup
 
 __version__ = "0.1.0"
@@ -56,5 +57,7 @@ __all__ = [
     "check_errors",
     "explain",
     "warmup",
+    "quantize_model",
+    "nn",
     "layouts",
 ]

@@ -3,7 +3,9 @@
 * :class:`Linear`: a ``torch.nn.Linear`` replacement whose weight is a ScaledTensor
   (fp8_block, mxfp8, mxfp4, nvfp4), W x A or weight-only, with tensor-parallel sharding;
 * :func:`quantize_model`: swap a model's ``nn.Linear`` layers for it (LM head and MoE routers
-  kept by default) and report what was done.
+  kept by default) and report what was done;
+* :class:`MoE`: a mixture-of-experts layer on the grouped kernels (routing to combine on the
+  device), with :func:`route` and :func:`permute`.
 
 Example::
 
@@ -14,6 +16,7 @@ Example::
 
 from .linear import Linear, default_weight_block
 from .model import DEFAULT_EXCLUDE, QuantizationReport, quantization_report, quantize_model
+from .moe import MoE, permute, route
 
 __all__ = ["Linear", "default_weight_block", "quantize_model", "quantization_report", "QuantizationReport",
-           "DEFAULT_EXCLUDE"]
+           "DEFAULT_EXCLUDE", "MoE", "route", "permute"]
