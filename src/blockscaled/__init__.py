@@ -16,7 +16,7 @@ Quick start::
 Importing the package defines the Triton kernels but launches and prints nothing.
 """
 
-from . import layouts, nn
+from . import checkpoint, layouts, nn
 from .config import GemmConfig
 from .formats import (FORMATS, FP8_BLOCK, MXFP4, MXFP8, NVFP4, Format, QuantizationRangeWarning, ScaleRounding,
                       get_format)
@@ -59,5 +59,6 @@ __all__ = [
     "warmup",
     "quantize_model",
     "nn",
+    "checkpoint",
     "layouts",
 ]
