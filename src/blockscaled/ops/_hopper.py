@@ -46,6 +46,7 @@ from ..config.hopper import (  # noqa: F401
 from .. import _checks
 from ..config.gemm import GemmConfig
 from ..plan import Problem, device_info, plan_gemm
+from ..plan.dense import SMEM_LIMIT
 from ..plan.device import num_sms
 from ..plan.grouped import grouped_hopper_config, swiglu_hopper_config
 from ..plan.splits import split_plan_kb as _split_plan_kb
@@ -71,8 +72,7 @@ OUT_DTYPES = _checks.OUT_DTYPES
 # 16-byte multiple strides for all but the innermost dimension. fp8 is 1 byte per element, so
 # the row stride (>= K) must be a multiple of 16 elements -> K % 16 == 0 for contiguous data.
 _TMA_ALIGN = 16
-# H100 usable shared memory per block (227 KB = 232448 bytes, opt-in maximum on sm_90).
-_SMEM_LIMIT = 232448
+_SMEM_LIMIT = SMEM_LIMIT
 
 
 class HopperUnsupported(NotImplementedError):

@@ -27,6 +27,7 @@ from .. import _checks
 from ..config.gemm import GemmConfig
 from ..config.hopper import HopperConfig
 from ..plan import Plan, Problem, device_info, log_plan, plan_gemm
+from ..plan.types import DTYPE_NAMES
 from ..plan.portable import default_promote
 from ..plan.splits import split_plan as _split_plan
 from . import _hopper
@@ -393,7 +394,7 @@ def _dequant_matmul(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows, fmt: Format, 
         out2.add_(bias)
 
 
-_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+_DTYPE_NAMES = DTYPE_NAMES
 
 
 def gemm_problem(a2, a_s2, b_data, b_rows: int, fmt: Format, k: int, m: int, n: int, out_dtype, bias,

@@ -28,6 +28,7 @@ from ..config.hopper import HopperConfig
 from ..formats import FORMATS
 from .calibration import Calibration
 from .device import DeviceInfo
+from .splits import cdiv as _cdiv
 from .splits import split_plan_kb
 
 __all__ = ["tile_key", "programs_per_sm", "predict_us", "Estimate"]
@@ -37,7 +38,9 @@ _REG_FILE = 65536
 #: result is a second fp32 tile). Fitted to ptxas -v for sm_90 (fp8_block promote, 4 warps): 64x64
 #: 130 registers, 64x128 232, 128x64 220; 8 warps 128x128 225 (formula: 164, 228, 228, 228).
 _REG_BASE = 100
-#: programs per SM the skinny kernel's ring is sized for (plan/dense.py, SKINNY_PROGRAMS_PER_SM)
+#: Programs per SM the skinny kernel's ring is sized for (shared memory / 4, plan/dense.py::
+#: skinny_stages): the fastest ring on all 24 rows of an H100 sweep (rings for 1 or 2 programs per
+#: SM were 5-50% slower).
 SKINNY_PROGRAMS_PER_SM = 4
 #: resident GEMV programs per SM (4-8 warps, no shared-memory ring: the register file allows 8)
 GEMV_PROGRAMS_PER_SM = 8
@@ -95,10 +98,6 @@ class Estimate:
             return f"{self.us:.1f} us ({self.bound})"
         return (f"{self.us:.1f} us: {self.units} units of {self.kb} K blocks on {self.slots} slots "
                 f"({self.rounds:.2f} rounds), {self.bound}-bound")
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 #: Feature columns of one (config, problem) pair: everything of the model that does not depend
@@ -210,4 +209,4 @@ def predict_us(cfg, fmt_name: str, m: int, n: int, k: int, dev: DeviceInfo, cal:
     if "units" not in f:
         return Estimate(t, bound=bound)
     rounds = f["units"] / f["slots"] if f["units"] <= f["slots"] else f["rounds"]
-    return Estimate(t, f["units"] + (f["full_rounds"] and 0), f["slots"], rounds, f["kb"], bound, f["splits"])
+    return Estimate(t, f["units"], f["slots"], rounds, f["kb"], bound, f["splits"])

@@ -23,8 +23,9 @@ from dataclasses import replace
 from ..config.gemm import GemmConfig, gemv_config
 from ..config.hopper import HopperConfig
 from .calibration import load_calibration
-from .cost import predict_us, programs_per_sm
+from .cost import SKINNY_PROGRAMS_PER_SM, predict_us, programs_per_sm
 from .device import DeviceInfo
+from .splits import cdiv as _cdiv
 from .splits import split_plan_kb
 from .types import Plan, Problem
 
@@ -43,14 +44,9 @@ PORTABLE_MAX_ROUNDS = 2
 #: (5 interleaved rounds, ratio to group_m 8): 16 1.04x, 32 1.09x; at K >= 1536 no group_m beat 8.
 SHORT_K_GROUP_M = 32
 SHORT_K_MAX_KB = 4
-#: Programs per SM the skinny kernel's ring is sized for (shared memory / 4): the fastest ring on
-#: all 24 rows of an H100 sweep (rings for 1 or 2 programs per SM were 5-50% slower).
-SKINNY_PROGRAMS_PER_SM = 4
-_SMEM_LIMIT = 232448
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+#: H100 opt-in shared memory per block (227 KB), the default budget of the stage counts
+SMEM_LIMIT = 232448
+_SMEM_LIMIT = SMEM_LIMIT
 
 
 def hopper_fill_stages(cfg: HopperConfig, out_elem_bytes: int, dual: bool = False,

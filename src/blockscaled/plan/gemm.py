@@ -5,18 +5,16 @@ from __future__ import annotations
 import functools
 from dataclasses import replace
 
-import torch
-
 from ..config.gemm import GemmConfig
 from ..config.hopper import HopperConfig
 from .dense import plan_fp8
 from .device import DeviceInfo
 from .portable import choose_portable
-from .types import Plan, Problem
+from .types import DTYPES, Plan, Problem
 
 __all__ = ["plan_gemm"]
 
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_DTYPES = DTYPES
 
 
 @functools.lru_cache(maxsize=8192)

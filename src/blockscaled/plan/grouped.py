@@ -16,13 +16,13 @@ from ..config.hopper import HopperConfig
 from .dense import MIN_KB_PER_SPLIT, hopper_fill_stages
 from .device import DeviceInfo
 from .grouped_portable import check_grouped_config, choose_grouped_config
-from .splits import split_plan_kb
-from .types import Plan, Problem
+from .splits import cdiv as _cdiv
+from .types import DTYPES, Plan, Problem
 
 __all__ = ["plan_grouped", "plan_grouped_list", "grouped_hopper_config", "swiglu_hopper_config",
            "tail_split_for", "SWIGLU_HOPPER_MIN_M"]
 
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_DTYPES = DTYPES
 _MODES = {"dense": 0, "contiguous": 1, "masked": 2}
 
 #: Most K ranges a tail-split tile is cut into. H100 (tail-split sweep with the spread reduction,
@@ -37,10 +37,6 @@ TAIL_SPLIT_MIN_KB = 32
 #: 2048 / 4096): Hopper vs portable 0.90 / 0.66 / 0.84x at M=16, 0.90 / 0.85 / 0.90x at M=64,
 #: 1.06 / 1.32 / 1.26x at M=128, 1.3-1.9x above.
 SWIGLU_HOPPER_MIN_M = 128
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def tail_split_for(tiles: int, k: int, num_sms: int) -> int:
@@ -175,7 +171,3 @@ def plan_grouped_list(p: Problem, dev: DeviceInfo, forced=None) -> Plan:
     return Plan(p.op, backend, cfg, p, reasons=(
         "one launch over all groups' tiles (pointer table); portable kernel, tiles for the largest group",))
 
-
-def hopper_split_units(cfg: HopperConfig, tiles: int, nk: int) -> tuple[int, int]:
-    """(splits, K blocks per split) of a tail split for ``nk`` K blocks (for the reasons)."""
-    return split_plan_kb(nk, cfg.tail_split)

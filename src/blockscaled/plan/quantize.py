@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .device import DeviceInfo
+from .splits import cdiv as _cdiv
 from .types import Plan, Problem
 
 __all__ = ["tile_1xk", "plan_quantize", "TILE_ELEMS", "TILE_ELEMS_FP4", "MAX_TILE_K"]
@@ -23,10 +24,6 @@ MAX_TILE_K = 1024
 
 def _pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def tile_1xk(m: int, k: int, bk: int, elems: int = TILE_ELEMS, min_programs: int = 1) -> tuple[int, int]:

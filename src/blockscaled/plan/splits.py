@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-__all__ = ["split_plan", "split_plan_kb", "split_counts"]
+__all__ = ["split_plan", "split_plan_kb", "split_counts", "cdiv"]
 
 
-def _cdiv(a: int, b: int) -> int:
-    # not triton.cdiv: that is a @jit function, ~10x slower to call from the host
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for ints (not triton.cdiv: a @jit function, ~10x slower to call from the host)."""
     return -(-a // b)
+
+
+_cdiv = cdiv
 
 
 def split_plan(k: int, bk: int, split_k: int) -> tuple[int, int]:

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from ..config.gemm import GemmConfig
 from ..config.hopper import HopperConfig
 
-__all__ = ["Problem", "Plan", "OPS", "BACKENDS", "KERNELS"]
+__all__ = ["Problem", "Plan", "OPS", "BACKENDS", "KERNELS", "DTYPES", "DTYPE_NAMES"]
+
+#: Problem.a / Problem.out_dtype names <-> torch dtypes
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 #: Problem.op values
 OPS = ("gemm", "grouped", "swiglu", "grouped_list", "quantize", "dequantize")
