@@ -5,7 +5,10 @@
 * :func:`quantize_model`: swap a model's ``nn.Linear`` layers for it (LM head and MoE routers
   kept by default) and report what was done;
 * :class:`MoE`: a mixture-of-experts layer on the grouped kernels (routing to combine on the
-  device), with :func:`route` and :func:`permute`.
+  device), with :func:`route` and :func:`permute`;
+* :class:`Experts`: the experts part alone, with transformers' experts interface
+  (``forward(hidden_states, top_k_index, top_k_weights)``): ``quantize_model`` puts it in place of
+  the fused experts modules of Mixtral, Qwen2/3-MoE, DeepSeek-V3, OLMoE and gpt-oss models.
 
 Example::
 
@@ -16,7 +19,8 @@ Example::
 
 from .linear import Linear, default_weight_block
 from .model import DEFAULT_EXCLUDE, QuantizationReport, quantization_report, quantize_model
+from .experts import Experts, hf_experts_layout
 from .moe import MoE, permute, route
 
 __all__ = ["Linear", "default_weight_block", "quantize_model", "quantization_report", "QuantizationReport",
-           "DEFAULT_EXCLUDE", "MoE", "route", "permute"]
+           "DEFAULT_EXCLUDE", "MoE", "route", "permute", "Experts", "hf_experts_layout"]

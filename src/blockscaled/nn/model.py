@@ -10,6 +10,8 @@ import torch
 
 from .._checks import check_flag
 from ..formats import Format, ScaleRounding, get_format
+from ..tensor import ScaledTensor
+from .experts import Experts, hf_experts_layout
 from .linear import Linear, default_weight_block
 
 __all__ = ["quantize_model", "QuantizationReport", "DEFAULT_EXCLUDE", "quantization_report"]
@@ -42,9 +44,12 @@ class QuantizationReport:
             excluded by a pattern, not included, K not a multiple of the format's K block, a
             subclass of ``nn.Linear`` (whose users may read ``.weight`` directly), or already a
             ``blockscaled.nn.Linear`` (a second call).
-        experts: ``{name: [parameter names]}`` of modules holding 3-D (fused MoE expert)
-            weights, left in their float dtype (not supported by ``quantize_model`` yet).
-        bytes_before / bytes_after: weight (and bias) bytes of the replaced layers.
+        quantized_experts: qualified names of fused MoE experts modules (transformers'
+            ``MixtralExperts``, ``Qwen3MoeExperts``, ``DeepseekV3Experts``, ``GptOssExperts``, ...)
+            replaced by :class:`blockscaled.nn.Experts`.
+        experts: ``{name: reason}`` of modules holding 3-D (fused expert) weights that were left
+            in their float dtype (not a recognised layout, excluded, K not a multiple of the block).
+        bytes_before / bytes_after: weight (and bias) bytes of the replaced layers and experts.
 
     Example::
 
@@ -56,18 +61,20 @@ class QuantizationReport:
     weight_only: bool
     quantized: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
-    experts: dict[str, list[str]] = field(default_factory=dict)
+    quantized_experts: list[str] = field(default_factory=list)
+    experts: dict[str, str] = field(default_factory=dict)
     bytes_before: int = 0
     bytes_after: int = 0
 
     def __str__(self) -> str:
         mode = "weight-only" if self.weight_only else "W x A"
-        lines = [f"blockscaled {self.format} ({mode}): {len(self.quantized)} Linear layers quantized "
+        lines = [f"blockscaled {self.format} ({mode}): {len(self.quantized)} Linear layers and "
+                 f"{len(self.quantized_experts)} experts modules quantized "
                  f"({self.bytes_before / 2**20:.2f} MiB -> {self.bytes_after / 2**20:.2f} MiB)"]
         for name, why in self.skipped.items():
             lines.append(f"  kept {name}: {why}")
-        for name, params in self.experts.items():
-            lines.append(f"  kept experts {name} ({', '.join(params)}): fused MoE experts are not quantized")
+        for name, why in self.experts.items():
+            lines.append(f"  kept experts {name}: {why}")
         return "\n".join(lines)
 
 
@@ -95,6 +102,44 @@ def _patterns(name: str, value) -> tuple[str, ...] | None:
 
 def _matches(qualname: str, patterns: tuple[str, ...]) -> str | None:
     return next((p for p in patterns if fnmatchcase(qualname, p)), None)
+
+
+def child_format(m: torch.nn.Module) -> str:
+    return m.format.name if isinstance(m, Linear) else m.w_gate.format.name
+
+
+def _experts_bytes(q: Experts) -> int:
+    ts = [q.w_gate, q.w_up, q.w_down, q.gate_bias, q.up_bias, q.down_bias]
+    if q.w_gate_up is not None:  # w_gate / w_up are copies of its rows
+        ts[:2] = [q.w_gate_up]
+    n = 0
+    for t in ts:
+        if t is None:
+            continue
+        if isinstance(t, ScaledTensor):
+            n += t.data.numel() * t.data.element_size() + t.scale.numel() * t.scale.element_size()
+        else:
+            n += t.numel() * t.element_size()
+    return n
+
+
+def _experts_reason(mod: torch.nn.Module, name: str, f: Format, inc, exc) -> str | None:
+    """None if ``mod`` (a module with 3-D parameters) is to be replaced by Experts, else why not."""
+    layout = hf_experts_layout(mod)
+    if layout is None:
+        params = ", ".join(n for n, p in mod.named_parameters(recurse=False) if p.ndim >= 3)
+        return f"{type(mod).__name__} ({params}): not a recognised experts layout"
+    if inc is not None and _matches(name, inc) is None:
+        return "not matched by include"
+    pat = _matches(name, exc)
+    if pat is not None:
+        return f"excluded by pattern {pat!r}"
+    gu, dn = mod.gate_up_proj, mod.down_proj
+    h, i = (gu.shape[1], dn.shape[1]) if layout == "gpt_oss" else (gu.shape[2], dn.shape[2])
+    for what, k in (("hidden", h), ("intermediate", i)):
+        if k % f.block_k:
+            return f"{what} size {k} is not a multiple of {f.name}'s {f.block_k}-element block"
+    return None
 
 
 def _linear_bytes(m: torch.nn.Module) -> int:
@@ -126,8 +171,15 @@ def quantize_model(model: torch.nn.Module, fmt: str | Format, *, include=None, e
     Only modules whose type is exactly ``torch.nn.Linear`` are replaced: subclasses (e.g.
     ``nn.MultiheadAttention``'s ``out_proj``) may read ``.weight`` directly. Layers whose K
     (``in_features``) is not a multiple of the format's K block (128 fp8_block, 32 MX, 16
-    nvfp4) are kept: their last block would be partial. Modules holding 3-D weights (fused MoE
-    experts, e.g. transformers' ``MixtralExperts``) are kept in float and listed.
+    nvfp4) are kept: their last block would be partial.
+
+    Fused MoE experts modules of transformers models (``MixtralExperts``, ``Qwen2MoeExperts``,
+    ``Qwen3MoeExperts``, ``DeepseekV3Experts``, ``OlmoeExperts``: SiLU, gate rows then up rows;
+    ``GptOssExperts``: interleaved gate / up, biases, clamped activation; see
+    :func:`blockscaled.nn.hf_experts_layout`) matched by ``include`` / ``exclude`` like a layer
+    are replaced by :class:`blockscaled.nn.Experts`, which takes the same
+    ``(hidden_states, top_k_index, top_k_weights)`` call: the model's router stays as it is (in
+    float). Other modules holding 3-D weights are kept in float and listed with the reason.
 
     Returns the (same or copied) model, with a :class:`QuantizationReport` attached (read it
     with :func:`quantization_report`). Activations reaching the new layers must be bf16/fp16.
@@ -154,14 +206,23 @@ def quantize_model(model: torch.nn.Module, fmt: str | Format, *, include=None, e
     report = QuantizationReport(format=f.name, weight_only=weight_only)
     # Collect first: replacing children while named_modules() walks them would skip some.
     todo: list[tuple[torch.nn.Module, str, str, torch.nn.Linear]] = []
+    experts_todo: list[tuple[torch.nn.Module, str, str, torch.nn.Module]] = []
     for qualname, mod in model.named_modules():
         fused = [n for n, p in mod.named_parameters(recurse=False) if p.ndim >= 3]
-        if fused:
-            report.experts[qualname] = fused
+        if fused and not qualname:
+            report.experts[""] = f"3-D parameters {', '.join(fused)} of the root module"
         for child_name, child in mod.named_children():
             name = f"{qualname}.{child_name}" if qualname else child_name
-            if isinstance(child, Linear):
-                report.skipped[name] = f"already a blockscaled.nn.Linear ({child.format.name})"
+            if isinstance(child, (Linear, Experts)):
+                what = "Linear" if isinstance(child, Linear) else "Experts"
+                report.skipped[name] = f"already a blockscaled.nn.{what} ({child_format(child)})"
+                continue
+            if any(p.ndim >= 3 for p in child.parameters(recurse=False)):
+                why = _experts_reason(child, name, f, inc, exc)
+                if why is None:
+                    experts_todo.append((mod, child_name, name, child))
+                else:
+                    report.experts[name] = why
                 continue
             if not isinstance(child, torch.nn.Linear):
                 continue
@@ -187,5 +248,11 @@ def quantize_model(model: torch.nn.Module, fmt: str | Format, *, include=None, e
         report.bytes_after += _linear_bytes(q)
         setattr(parent, child_name, q)
         report.quantized.append(name)
+    for parent, child_name, name, child in experts_todo:
+        q = Experts.from_hf(child, f, weight_only=weight_only)
+        report.bytes_before += _linear_bytes(child)
+        report.bytes_after += _experts_bytes(q)
+        setattr(parent, child_name, q)
+        report.quantized_experts.append(name)
     setattr(model, _REPORT_ATTR, report)
     return model

@@ -8,10 +8,11 @@ forward(x [T, H]):
 3. permutation (:func:`permute`): the T x k assignments sorted by expert (a stable sort), expert
    row counts by a scatter-add (no host sync: ``torch.bincount`` would read the maximum back), the
    int32 ``offsets`` by a cumulative sum;
-4. experts: quantize the sorted rows, ``bs.swiglu`` (gate / up in one kernel) for SwiGLU experts,
-   or ``bs.grouped_gemm`` of the fused gate|up weight plus the gpt-oss activation
-   (``(up + 1) * gate * sigmoid(alpha * gate)`` with both clamped at ``limit``, per-expert biases);
-   quantize the intermediate, ``bs.grouped_gemm`` down (per-expert down bias for gpt-oss);
+4. experts (:class:`blockscaled.nn.Experts`, which also holds steps 3 and 5): quantize the sorted
+   rows, ``bs.swiglu`` (gate / up in one kernel) for SwiGLU experts, or ``bs.grouped_gemm`` of the
+   fused gate|up weight plus the gpt-oss activation (``(up + 1) * gate * sigmoid(alpha * gate)``
+   with both clamped at ``limit``, per-expert biases); quantize the intermediate,
+   ``bs.grouped_gemm`` down (per-expert down bias for gpt-oss);
 5. combine: ``out.index_add_(0, token, y * weight)`` in fp32, cast once.
 
 Every step stays on the device: the layer can be captured in a CUDA graph. The contiguous layout
@@ -23,10 +24,9 @@ from __future__ import annotations
 import torch
 
 from ..formats import get_format
-from ..ops.grouped import grouped_gemm
 from ..ops.quantize import quantize
-from ..ops.swiglu import swiglu
 from ..tensor import ScaledTensor
+from .experts import Experts, _deinterleave, _rows, permute
 
 __all__ = ["MoE", "route", "permute"]
 
@@ -71,20 +71,6 @@ def route(logits: torch.Tensor, top_k: int, *, score: str = "softmax", n_group: 
     return weights * routed_scaling_factor, experts
 
 
-def permute(experts: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sort the ``[T, k]`` assignments by expert: ``(order int64 [T*k], token int64 [T*k],
-    offsets int32 [E+1])``; row ``i`` of the sorted layout is assignment ``order[i]`` of token
-    ``token[i]``, expert ``e`` owns rows ``offsets[e]:offsets[e+1]``. No host synchronisation."""
-    flat = experts.reshape(-1)
-    order = torch.sort(flat, stable=True).indices
-    token = order // experts.shape[1]
-    counts = torch.zeros(num_experts, dtype=torch.int32, device=flat.device)
-    counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
-    offsets = torch.zeros(num_experts + 1, dtype=torch.int32, device=flat.device)
-    offsets[1:] = torch.cumsum(counts, 0)
-    return order, token, offsets
-
-
 class MoE(torch.nn.Module):
     """Mixture-of-experts layer on quantized expert weights (any format of ``bs.quantize``).
 
@@ -126,26 +112,37 @@ class MoE(torch.nn.Module):
                              f"got {tuple(w_down.shape)}")
         if tuple(router_weight.shape) != (e, h):
             raise ValueError(f"router_weight: expected shape {(e, h)}, got {tuple(router_weight.shape)}")
-        if activation not in _ACTIVATIONS:
-            raise ValueError(f"activation: expected one of {_ACTIVATIONS}, got {activation!r}")
         if interleaved:
             w_gate_up = _deinterleave(w_gate_up)
             if gate_up_bias is not None:
                 gate_up_bias = torch.cat([gate_up_bias[:, 0::2], gate_up_bias[:, 1::2]], dim=1)
-        self.w_gate_up, self.w_down = w_gate_up, w_down
+        i = two_i // 2
+        self.experts = Experts(_rows(w_gate_up, 0, i), _rows(w_gate_up, i, two_i), w_down, w_gate_up=w_gate_up,
+                               activation=activation,
+                               gate_bias=None if gate_up_bias is None else gate_up_bias[:, :i],
+                               up_bias=None if gate_up_bias is None else gate_up_bias[:, i:],
+                               down_bias=down_bias, alpha=alpha, limit=limit, act_format=act_format)
         self.register_buffer("router_weight", router_weight)
         self.register_buffer("router_bias", router_bias)
         self.register_buffer("correction_bias", correction_bias)
-        self.register_buffer("gate_up_bias", gate_up_bias)
-        self.register_buffer("down_bias", down_bias)
-        i = two_i // 2
-        self.w_gate = _rows(w_gate_up, 0, i)
-        self.w_up = _rows(w_gate_up, i, two_i)
         self.num_experts, self.hidden, self.intermediate = e, h, i
         self.top_k, self.score, self.n_group, self.topk_group = top_k, score, n_group, topk_group
         self.norm_topk_prob, self.routed_scaling_factor = norm_topk_prob, routed_scaling_factor
-        self.activation, self.alpha, self.limit = activation, alpha, limit
-        self.act_format = w_gate_up.format.name if act_format == "weights" else act_format
+
+    # the expert weights and settings live on ``self.experts``; read-only views for callers
+    w_gate_up = property(lambda self: self.experts.w_gate_up)
+    w_gate = property(lambda self: self.experts.w_gate)
+    w_up = property(lambda self: self.experts.w_up)
+    w_down = property(lambda self: self.experts.w_down)
+    down_bias = property(lambda self: self.experts.down_bias)
+    activation = property(lambda self: self.experts.activation)
+    act_format = property(lambda self: self.experts.act_format)
+
+    @property
+    def gate_up_bias(self):
+        """``[E, 2I]`` gate biases then up biases (de-interleaved), or None."""
+        g, u = self.experts.gate_bias, self.experts.up_bias
+        return None if g is None else torch.cat([g, u], dim=1)
 
     @classmethod
     def from_dense(cls, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, router_weight: torch.Tensor,
@@ -159,10 +156,7 @@ class MoE(torch.nn.Module):
         return cls(gu, dn, router_weight, **kwargs)
 
     def _act(self, rows: torch.Tensor):
-        if self.act_format is None:
-            return rows
-        f = get_format(self.act_format)
-        return quantize(rows, f, block=(1, f.block_k))
+        return self.experts._act(rows)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.ndim != 2 or x.shape[1] != self.hidden:
@@ -172,47 +166,4 @@ class MoE(torch.nn.Module):
         weights, experts = route(logits, self.top_k, score=self.score, n_group=self.n_group,
                                  topk_group=self.topk_group, correction_bias=self.correction_bias,
                                  norm_topk_prob=self.norm_topk_prob, routed_scaling_factor=self.routed_scaling_factor)
-        order, token, offsets = permute(experts, self.num_experts)
-        rows = x[token]
-        a = self._act(rows)
-        expert_of_row = experts.reshape(-1)[order]
-        if self.activation == "silu" and self.gate_up_bias is None:
-            h = swiglu(a, self.w_gate, self.w_up, offsets=offsets)
-        else:
-            gu = grouped_gemm(a, self.w_gate_up, offsets=offsets, out_dtype=torch.float32)
-            if self.gate_up_bias is not None:
-                gu = gu + self.gate_up_bias.float()[expert_of_row]
-            g, u = gu[:, :self.intermediate], gu[:, self.intermediate:]
-            if self.activation == "gpt_oss":
-                g = g.clamp(max=self.limit)
-                u = u.clamp(-self.limit, self.limit)
-                h = ((u + 1) * g * torch.sigmoid(self.alpha * g)).to(x.dtype)
-            else:
-                h = (torch.nn.functional.silu(g) * u).to(x.dtype)
-        y = grouped_gemm(self._act(h), self.w_down, offsets=offsets, out_dtype=torch.float32)
-        if self.down_bias is not None:
-            y = y + self.down_bias.float()[expert_of_row]
-        out = torch.zeros((x.shape[0], self.hidden), dtype=torch.float32, device=x.device)
-        out.index_add_(0, token, y * weights.reshape(-1)[order, None])
-        return out.to(x.dtype)
-
-
-def _rows(w: ScaledTensor, lo: int, hi: int) -> ScaledTensor:
-    """Rows ``lo:hi`` of every expert of ``w [E, N, K]`` (on a scale-block boundary for 128-row blocks)."""
-    br = w.block[0]
-    if br > 1 and (lo % br or (hi % br and hi != w.shape[1])):
-        raise ValueError(f"w_gate_up: the gate / up split at row {lo} is not on a {br}-row scale block boundary")
-    data = w.data[:, lo:hi].contiguous()
-    scale = w.scale[:, lo // br:-(-hi // br)].contiguous()
-    return ScaledTensor(data, scale, w.format, torch.Size((w.shape[0], hi - lo, w.shape[2])), w.block, w.rounding,
-                        global_scale=w.global_scale)
-
-
-def _deinterleave(w: ScaledTensor) -> ScaledTensor:
-    """gpt-oss's fused gate_up (gate on even rows, up on odd) -> gate rows then up rows (1-row
-    scale blocks only: an interleaved 128-row block mixes gate and up)."""
-    if w.block[0] != 1:
-        raise ValueError(f"w_gate_up: interleaved gate / up rows need 1-row scale blocks, got {w.block}")
-    data = torch.cat([w.data[:, 0::2], w.data[:, 1::2]], dim=1).contiguous()
-    scale = torch.cat([w.scale[:, 0::2], w.scale[:, 1::2]], dim=1).contiguous()
-    return ScaledTensor(data, scale, w.format, w.shape, w.block, w.rounding, global_scale=w.global_scale)
+        return self.experts(x, experts, weights)

@@ -1,0 +1,269 @@
+"""``Experts``: fused MoE experts on quantized weights, with transformers' experts interface.
+
+``forward(hidden_states [T, H], top_k_index [T, k], top_k_weights [T, k]) -> [T, H]`` is the
+call every transformers 5 experts module takes after its router (``MixtralExperts``,
+``Qwen2MoeExperts``, ``Qwen3MoeExperts``, ``DeepseekV3Experts``, ``OlmoeExperts``,
+``GptOssExperts``, ...), so :func:`blockscaled.nn.quantize_model` swaps the experts module and
+leaves the model's own router (softmax / sigmoid, grouped top-k, correction bias, scaling) as it
+is. :class:`blockscaled.nn.MoE` uses the same module behind its own router.
+
+The forward, all on the device (no host synchronisation, CUDA-graph capturable):
+1. permutation (:func:`permute`): the ``T x k`` assignments sorted by expert, int32 offsets;
+2. the sorted rows quantized to the activation format (or kept bf16/fp16: weight-only);
+3. SwiGLU experts: ``bs.swiglu`` (gate and up in one grouped kernel); gpt-oss experts: one
+   grouped GEMM of the gate|up weight (two where the gate / up split is not on a scale-block
+   boundary), per-expert biases, ``(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)``
+   with ``g = clamp(gate, max=limit)``;
+4. the intermediate quantized, the grouped down GEMM (plus the per-expert down bias);
+5. combine: ``out.index_add_(0, token, y * weight)`` in fp32, cast once to the input dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..formats import get_format
+from ..ops.grouped import grouped_gemm
+from ..ops.quantize import quantize
+from ..ops.swiglu import swiglu
+from ..tensor import ScaledTensor
+
+__all__ = ["Experts", "permute", "hf_experts_layout"]
+
+_ACTIVATIONS = ("silu", "gpt_oss")
+
+
+def permute(experts: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sort the ``[T, k]`` assignments by expert: ``(order int64 [T*k], token int64 [T*k],
+    offsets int32 [E+1])``; row ``i`` of the sorted layout is assignment ``order[i]`` of token
+    ``token[i]``, expert ``e`` owns rows ``offsets[e]:offsets[e+1]``. Expert counts come from a
+    scatter-add (``torch.bincount`` would read the maximum back to the host): no host
+    synchronisation.
+
+    Example::
+
+        order, token, offsets = permute(torch.tensor([[2, 0], [2, 1]]), 4)   # offsets [0, 1, 2, 4, 4]
+    """
+    flat = experts.reshape(-1)
+    order = torch.sort(flat, stable=True).indices
+    token = order // max(1, experts.shape[1])
+    counts = torch.zeros(num_experts, dtype=torch.int32, device=flat.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+    offsets = torch.zeros(num_experts + 1, dtype=torch.int32, device=flat.device)
+    offsets[1:] = torch.cumsum(counts, 0)
+    return order, token, offsets
+
+
+def _rows(w: ScaledTensor, lo: int, hi: int, name: str = "w_gate_up") -> ScaledTensor:
+    """Rows ``lo:hi`` of every expert of ``w [E, N, K]`` (on a scale-block boundary for 128-row blocks)."""
+    br = w.block[0]
+    if br > 1 and (lo % br or (hi % br and hi != w.shape[1])):
+        raise ValueError(f"{name}: the gate / up split at row {lo} is not on a {br}-row scale block boundary")
+    data = w.data[:, lo:hi].contiguous()
+    scale = w.scale[:, lo // br:-(-hi // br)].contiguous()
+    return ScaledTensor(data, scale, w.format, torch.Size((w.shape[0], hi - lo, w.shape[2])), w.block, w.rounding,
+                        global_scale=w.global_scale)
+
+
+def _deinterleave(w: ScaledTensor) -> ScaledTensor:
+    """gpt-oss's fused gate_up (gate on even rows, up on odd) -> gate rows then up rows (1-row
+    scale blocks only: an interleaved 128-row block mixes gate and up)."""
+    if w.block[0] != 1:
+        raise ValueError(f"w_gate_up: interleaved gate / up rows need 1-row scale blocks, got {w.block}")
+    data = torch.cat([w.data[:, 0::2], w.data[:, 1::2]], dim=1).contiguous()
+    scale = torch.cat([w.scale[:, 0::2], w.scale[:, 1::2]], dim=1).contiguous()
+    return ScaledTensor(data, scale, w.format, w.shape, w.block, w.rounding, global_scale=w.global_scale)
+
+
+def _check3(name: str, w) -> None:
+    if not isinstance(w, ScaledTensor) or w.ndim != 3:
+        raise TypeError(f"{name}: expected a 3-D ScaledTensor [E, N, K], got {type(w).__name__} "
+                        f"{tuple(getattr(w, 'shape', ()))}")
+
+
+class Experts(torch.nn.Module):
+    """The experts of an MoE layer on quantized weights (any format of ``bs.quantize``).
+
+    Args:
+        w_gate, w_up: ScaledTensors ``[E, I, H]``; w_down: ScaledTensor ``[E, H, I]``.
+        w_gate_up: optional ScaledTensor ``[E, 2I, H]`` (gate rows then up rows) holding the same
+            values: the gpt-oss activation then takes one grouped GEMM instead of two.
+        activation: "silu" (``silu(gate) * up``, one fused kernel) or "gpt_oss"
+            (``(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)``, ``g = clamp(gate, max=limit)``).
+        gate_bias / up_bias ``[E, I]``, down_bias ``[E, H]``: per-expert biases (gpt-oss).
+        act_format: the format activations are quantized to before each grouped GEMM (default
+            "weights": the weights' format; None keeps bf16/fp16 activations, weight-only).
+
+    ``forward(hidden_states [T, H], top_k_index int [T, k], top_k_weights [T, k]) -> [T, H]`` of
+    hidden_states' dtype (bf16 / fp16); indices must lie in ``[0, E)``. Example::
+
+        ex = Experts.from_dense(torch.randn(4, 512, 256).bfloat16() * 0.05,   # gate|up [E, 2I, H]
+                                torch.randn(4, 256, 256).bfloat16() * 0.05,   # down [E, H, I]
+                                "mxfp4")
+        idx = torch.tensor([[0, 3], [1, 3]]); w = torch.full((2, 2), 0.5)
+        y = ex(torch.randn(2, 256, dtype=torch.bfloat16), idx, w)             # [2, 256]
+    """
+
+    def __init__(self, w_gate: ScaledTensor, w_up: ScaledTensor, w_down: ScaledTensor, *,
+                 w_gate_up: ScaledTensor | None = None, activation: str = "silu",
+                 gate_bias: torch.Tensor | None = None, up_bias: torch.Tensor | None = None,
+                 down_bias: torch.Tensor | None = None, alpha: float = 1.702, limit: float = 7.0,
+                 act_format: str | None = "weights"):
+        super().__init__()
+        for name, w in (("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down)):
+            _check3(name, w)
+        e, i, h = w_gate.shape
+        if tuple(w_up.shape) != (e, i, h):
+            raise ValueError(f"w_up: expected shape {(e, i, h)} like w_gate, got {tuple(w_up.shape)}")
+        if tuple(w_down.shape) != (e, h, i):
+            raise ValueError(f"w_down: expected shape {(e, h, i)} for w_gate {(e, i, h)}, got {tuple(w_down.shape)}")
+        if w_gate_up is not None:
+            _check3("w_gate_up", w_gate_up)
+            if tuple(w_gate_up.shape) != (e, 2 * i, h):
+                raise ValueError(f"w_gate_up: expected shape {(e, 2 * i, h)}, got {tuple(w_gate_up.shape)}")
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"activation: expected one of {_ACTIVATIONS}, got {activation!r}")
+        for name, b, shape in (("gate_bias", gate_bias, (e, i)), ("up_bias", up_bias, (e, i)),
+                               ("down_bias", down_bias, (e, h))):
+            if b is not None and tuple(b.shape) != shape:
+                raise ValueError(f"{name}: expected shape {shape}, got {tuple(b.shape)}")
+        self.w_gate, self.w_up, self.w_down, self.w_gate_up = w_gate, w_up, w_down, w_gate_up
+        self.register_buffer("gate_bias", gate_bias)
+        self.register_buffer("up_bias", up_bias)
+        self.register_buffer("down_bias", down_bias)
+        self.num_experts, self.hidden, self.intermediate = e, h, i
+        self.activation, self.alpha, self.limit = activation, float(alpha), float(limit)
+        self.act_format = w_gate.format.name if act_format == "weights" else act_format
+        if self.act_format is not None:
+            get_format(self.act_format, "act_format")
+
+    @classmethod
+    def from_dense(cls, w_gate_up: torch.Tensor, w_down: torch.Tensor, fmt, *, interleaved: bool = False,
+                   gate_up_bias: torch.Tensor | None = None, **kwargs) -> "Experts":
+        """Quantize float expert weights (``w_gate_up [E, 2I, H]``: gate rows then up rows, or
+        gate / up interleaved with ``interleaved=True``; ``w_down [E, H, I]``) to ``fmt``
+        (fp8_block: 128x128 blocks) and build the module. ``gate_up_bias [E, 2I]`` follows the
+        same row order; other keyword arguments go to the constructor."""
+        f = get_format(fmt, "fmt")
+        block = (128, 128) if f.name == "fp8_block" else None
+        if w_gate_up.ndim != 3 or w_gate_up.shape[1] % 2:
+            raise ValueError(f"w_gate_up: expected [E, 2I, H], got {tuple(w_gate_up.shape)}")
+        if interleaved:
+            w_gate_up = torch.cat([w_gate_up[:, 0::2], w_gate_up[:, 1::2]], dim=1)
+            if gate_up_bias is not None:
+                gate_up_bias = torch.cat([gate_up_bias[:, 0::2], gate_up_bias[:, 1::2]], dim=1)
+        i = w_gate_up.shape[1] // 2
+        br = 128 if block else 1
+        if i % br == 0:
+            # one tensor (nvfp4: one global scale for gate and up, as the fused kernels need)
+            gu = quantize(w_gate_up.contiguous(), f, block=block)
+            w_gate, w_up = _rows(gu, 0, i), _rows(gu, i, 2 * i)
+        else:
+            # the split falls inside a 128-row scale block: gate and up quantized apart
+            gu = None
+            w_gate = quantize(w_gate_up[:, :i].contiguous(), f, block=block)
+            w_up = quantize(w_gate_up[:, i:].contiguous(), f, block=block)
+        w_dn = quantize(w_down.contiguous(), f, block=block)
+        if gate_up_bias is not None:
+            kwargs.update(gate_bias=gate_up_bias[:, :i], up_bias=gate_up_bias[:, i:])
+        return cls(w_gate, w_up, w_dn, w_gate_up=gu, **kwargs)
+
+    @classmethod
+    def from_hf(cls, module: torch.nn.Module, fmt, *, weight_only: bool = False) -> "Experts":
+        """Quantize a transformers experts module (see :func:`hf_experts_layout` for the ones
+        recognised) to ``fmt``; ``weight_only`` keeps the activations bf16/fp16."""
+        layout = hf_experts_layout(module)
+        if layout is None:
+            raise ValueError(f"module: {type(module).__name__} is not a recognised transformers experts module "
+                             f"(3-D gate_up_proj / down_proj with a SiLU or gpt-oss activation)")
+        gu, dn = module.gate_up_proj.detach(), module.down_proj.detach()
+        kw = dict(act_format=None if weight_only else "weights")
+        if layout == "gpt_oss":  # [E, H, 2I] interleaved columns, [E, I, H], biases, alpha / limit
+            gub = getattr(module, "gate_up_proj_bias", None)
+            dnb = getattr(module, "down_proj_bias", None)
+            return cls.from_dense(gu.transpose(1, 2), dn.transpose(1, 2), fmt, interleaved=True,
+                                  gate_up_bias=None if gub is None else gub.detach().float(),
+                                  down_bias=None if dnb is None else dnb.detach().float(),
+                                  activation="gpt_oss", alpha=float(module.alpha), limit=float(module.limit), **kw)
+        return cls.from_dense(gu, dn, fmt, **kw)
+
+    def _act(self, rows: torch.Tensor):
+        if self.act_format is None:
+            return rows
+        f = get_format(self.act_format)
+        return quantize(rows, f, block=(1, f.block_k))
+
+    def _gate_up(self, a, offsets):
+        if self.w_gate_up is not None:
+            gu = grouped_gemm(a, self.w_gate_up, offsets=offsets, out_dtype=torch.float32)
+            return gu[:, :self.intermediate], gu[:, self.intermediate:]
+        return (grouped_gemm(a, self.w_gate, offsets=offsets, out_dtype=torch.float32),
+                grouped_gemm(a, self.w_up, offsets=offsets, out_dtype=torch.float32))
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        x = hidden_states
+        if x.ndim != 2 or x.shape[1] != self.hidden:
+            raise ValueError(f"hidden_states: expected [T, {self.hidden}], got {tuple(x.shape)}")
+        if top_k_index.ndim != 2 or top_k_index.shape[0] != x.shape[0]:
+            raise ValueError(f"top_k_index: expected [{x.shape[0]}, k], got {tuple(top_k_index.shape)}")
+        if tuple(top_k_weights.shape) != tuple(top_k_index.shape):
+            raise ValueError(f"top_k_weights: expected shape {tuple(top_k_index.shape)} like top_k_index, "
+                             f"got {tuple(top_k_weights.shape)}")
+        order, token, offsets = permute(top_k_index, self.num_experts)
+        a = self._act(x[token])
+        expert_of_row = top_k_index.reshape(-1)[order]
+        biased = self.gate_bias is not None or self.up_bias is not None
+        if self.activation == "silu" and not biased:
+            h = swiglu(a, self.w_gate, self.w_up, offsets=offsets)
+        else:
+            g, u = self._gate_up(a, offsets)
+            if self.gate_bias is not None:
+                g = g + self.gate_bias.float()[expert_of_row]
+            if self.up_bias is not None:
+                u = u + self.up_bias.float()[expert_of_row]
+            if self.activation == "gpt_oss":
+                g = g.clamp(max=self.limit)
+                u = u.clamp(-self.limit, self.limit)
+                h = ((u + 1) * g * torch.sigmoid(self.alpha * g)).to(x.dtype)
+            else:
+                h = (torch.nn.functional.silu(g) * u).to(x.dtype)
+        y = grouped_gemm(self._act(h), self.w_down, offsets=offsets, out_dtype=torch.float32)
+        if self.down_bias is not None:
+            y = y + self.down_bias.float()[expert_of_row]
+        out = torch.zeros((x.shape[0], self.hidden), dtype=torch.float32, device=x.device)
+        out.index_add_(0, token, y * top_k_weights.float().reshape(-1)[order, None])
+        return out.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        mode = "weight-only" if self.act_format is None else f"activations {self.act_format}"
+        return (f"experts={self.num_experts}, hidden={self.hidden}, intermediate={self.intermediate}, "
+                f"format={self.w_gate.format.name}, {mode}, activation={self.activation}")
+
+
+def hf_experts_layout(module: torch.nn.Module) -> str | None:
+    """How a transformers experts module stores its weights: "gpt_oss" (``GptOssExperts``:
+    ``gate_up_proj [E, H, 2I]`` with gate / up interleaved along the last axis, ``down_proj
+    [E, I, H]``, biases, ``alpha`` / ``limit``), "silu" (``MixtralExperts``, ``Qwen2MoeExperts``,
+    ``Qwen3MoeExperts``, ``DeepseekV3Experts``, ``OlmoeExperts`` and the like: ``gate_up_proj
+    [E, 2I, H]`` gate rows then up rows, ``down_proj [E, H, I]``, a SiLU ``act_fn``), or None
+    (anything else: left alone by ``quantize_model``)."""
+    gu = getattr(module, "gate_up_proj", None)
+    dn = getattr(module, "down_proj", None)
+    if not (isinstance(gu, torch.Tensor) and isinstance(dn, torch.Tensor) and gu.ndim == 3 and dn.ndim == 3):
+        return None
+    e = gu.shape[0]
+    if hasattr(module, "alpha") and hasattr(module, "limit") and getattr(module, "is_transposed", True):
+        h, two_i = gu.shape[1], gu.shape[2]
+        if two_i % 2 == 0 and tuple(dn.shape) == (e, two_i // 2, h):
+            return "gpt_oss"
+        return None
+    act = getattr(module, "act_fn", None)
+    if not isinstance(act, (torch.nn.SiLU,)) and type(act).__name__ not in ("SiLUActivation", "SiLU"):
+        return None
+    if getattr(module, "is_transposed", False):
+        return None
+    two_i, h = gu.shape[1], gu.shape[2]
+    if two_i % 2 == 0 and tuple(dn.shape) == (e, h, two_i // 2):
+        return "silu"
+    return None
