@@ -8,7 +8,9 @@
   device), with :func:`route` and :func:`permute`;
 * :class:`Experts`: the experts part alone, with transformers' experts interface
   (``forward(hidden_states, top_k_index, top_k_weights)``): ``quantize_model`` puts it in place of
-  the fused experts modules of Mixtral, Qwen2/3-MoE, DeepSeek-V3, OLMoE and gpt-oss models.
+  the fused experts modules of Mixtral, Qwen2/3-MoE, DeepSeek-V3, OLMoE and gpt-oss models;
+* :func:`load_quantized`: a pre-quantized checkpoint (DeepSeek-V3 / FineGrainedFP8, ModelOpt
+  NVFP4, compressed-tensors, gpt-oss MXFP4) straight into a model built from its config.
 
 Example::
 
@@ -18,9 +20,10 @@ Example::
 """
 
 from .linear import Linear, default_weight_block
+from .load import load_quantized
 from .model import DEFAULT_EXCLUDE, QuantizationReport, quantization_report, quantize_model
 from .experts import Experts, hf_experts_layout
 from .moe import MoE, permute, route
 
 __all__ = ["Linear", "default_weight_block", "quantize_model", "quantization_report", "QuantizationReport",
-           "DEFAULT_EXCLUDE", "MoE", "route", "permute", "Experts", "hf_experts_layout"]
+           "DEFAULT_EXCLUDE", "MoE", "route", "permute", "Experts", "hf_experts_layout", "load_quantized"]

@@ -142,6 +142,10 @@ def _experts_reason(mod: torch.nn.Module, name: str, f: Format, inc, exc) -> str
     return None
 
 
+def _set_report(model: torch.nn.Module, report: QuantizationReport) -> None:
+    setattr(model, _REPORT_ATTR, report)
+
+
 def _linear_bytes(m: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in (*m.parameters(recurse=False), *m.buffers(recurse=False)))
 
@@ -254,5 +258,5 @@ def quantize_model(model: torch.nn.Module, fmt: str | Format, *, include=None, e
         report.bytes_after += _experts_bytes(q)
         setattr(parent, child_name, q)
         report.quantized_experts.append(name)
-    setattr(model, _REPORT_ATTR, report)
+    _set_report(model, report)
     return model
