@@ -48,3 +48,24 @@ def test_warmup_a_quantized_model(path, device):
         assert report.entries == []
         return
     assert {label for label, *_ in report.entries} == {"0", "2"}
+
+
+def test_warmup_experts(path, device):
+    """Experts modules: every distinct pair of grouped plans of row counts 1..max_tokens x top_k runs."""
+    ex = bs.nn.Experts.from_dense(torch.randn(4, 64, 64, device=device).bfloat16() * 0.05,
+                                  torch.randn(4, 64, 32, device=device).bfloat16() * 0.05, "mxfp8")
+    model = torch.nn.ModuleDict({"experts": ex})
+    model.top_k = 2
+    report = bs.warmup(model, max_tokens=3, progress=False)  # rows 1..6 (the interpreter is slow)
+    if path == "reference":
+        assert report.entries == []
+        return
+    covered = set()
+    for label, (lo, hi), desc, _ in report.entries:
+        assert label == "experts" and "|" in desc  # gate/up and down plans
+        covered |= set(range(lo, hi + 1))
+    assert covered >= set(range(1, 7))  # rows = tokens x top_k
+    descs = {" | ".join(p.describe() for p in ex.plans(r)) for r in range(1, 7)}
+    assert {d for _, _, d, _ in report.entries} == descs
+    with pytest.raises(ValueError, match="top_k"):
+        bs.warmup(model, max_tokens=2, top_k=0)

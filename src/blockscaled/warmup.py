@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .formats import get_format
+from .nn.experts import Experts
 from .ops.gemm import gemm_problem, make_plan
 from .ops.linear import linear
 from .tensor import ScaledTensor
@@ -26,7 +27,9 @@ __all__ = ["warmup", "WarmupReport"]
 class WarmupReport:
     """What :func:`warmup` ran: one entry per distinct plan, with the token counts it covers."""
 
-    entries: list = field(default_factory=list)  # (weight label, M range, plan description, seconds)
+    #: (weight or experts label, M range (rows: tokens for Linear, tokens x top_k for Experts),
+    #: plan description, seconds)
+    entries: list = field(default_factory=list)
     seconds: float = 0.0
 
     def __str__(self) -> str:
@@ -58,6 +61,28 @@ def _weights(model_or_weights):
                     f"ScaledTensor or a list of them, got {type(model_or_weights).__name__}")
 
 
+def _experts(model_or_weights) -> list[tuple[str, Experts]]:
+    if not isinstance(model_or_weights, torch.nn.Module):
+        return []
+    return [(name or "experts", m) for name, m in model_or_weights.named_modules() if isinstance(m, Experts)]
+
+
+def _top_k(model: torch.nn.Module, top_k: int | None) -> int:
+    """Experts per token: the argument, else the model's ``config.num_experts_per_tok``
+    (transformers), else the largest ``top_k`` of its modules (blockscaled.nn.MoE, transformers'
+    MoE blocks), else 1."""
+    if top_k is not None:
+        if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
+            raise ValueError(f"top_k: expected a positive int or None, got {top_k!r}")
+        return top_k
+    k = getattr(getattr(model, "config", None), "num_experts_per_tok", None)
+    if isinstance(k, int) and k > 0:
+        return k
+    ks = [getattr(m, "top_k", None) for m in model.modules()]
+    ks = [k for k in ks if isinstance(k, int) and not isinstance(k, bool) and k > 0]
+    return max(ks, default=1)
+
+
 def _m_grid(max_tokens: int) -> list[int]:
     """Token counts whose plans stand for all M <= max_tokens: 1..64 each (decode: the plans change
     often there), then every multiple of 16 and its neighbour (Triton specialises on M % 16)."""
@@ -70,15 +95,19 @@ def _m_grid(max_tokens: int) -> list[int]:
 
 
 def warmup(model_or_weights, max_tokens: int = 8192, *, activations: torch.dtype = torch.bfloat16,
-           progress: bool = True) -> WarmupReport:
+           progress: bool = True, top_k: int | None = None) -> WarmupReport:
     """Compile every kernel that ``linear(x, w)`` can launch for token counts 1..``max_tokens``.
 
     Args:
         model_or_weights: a module holding ``blockscaled.nn.Linear`` layers (any module with a
-            ``scaled_weight`` ScaledTensor attribute), a ScaledTensor weight ``[N, K]``, or a list of them.
+            ``scaled_weight`` ScaledTensor attribute) and / or ``blockscaled.nn.Experts`` modules
+            (their grouped GEMMs are planned for every row count tokens x top_k), a ScaledTensor
+            weight ``[N, K]``, or a list of them.
         max_tokens: the most tokens (rows of x) a call will have.
         activations: dtype of the activations ``x`` (bf16 / fp16).
         progress: show a progress bar (rich) while compiling.
+        top_k: experts per token of the model's MoE layers (default: ``config.num_experts_per_tok``
+            or the MoE modules' ``top_k``, else 1).
 
     Returns a :class:`WarmupReport` (``str()`` lists each distinct plan and the M range it serves).
     On CPU tensors without the Triton interpreter nothing needs compiling: the report is empty.
@@ -111,8 +140,22 @@ def warmup(model_or_weights, max_tokens: int = 8192, *, activations: torch.dtype
             groups[key] = (min(lo, m), max(hi, m))
         for (plan, _, _), (lo, hi) in groups.items():
             jobs.append((label, w, weight_only, bias, plan, lo, hi))
+    ex_jobs = []
+    experts = _experts(model_or_weights)
+    k = _top_k(model_or_weights, top_k) if experts else 1
+    for label, ex in experts:
+        groups = {}
+        for r in _m_grid(max_tokens * k):
+            plans = ex.plans(r, activations)
+            if any(p.backend == "reference" for p in plans):
+                break
+            key = (tuple(p.describe() for p in plans), r == 1, r % 16 == 0)
+            lo, hi = groups.get(key, (r, r))
+            groups[key] = (min(lo, r), max(hi, r))
+        for (descs, _, _), (lo, hi) in groups.items():
+            ex_jobs.append((label, ex, " | ".join(descs), lo, hi))
     with Progress(disable=not progress, transient=True) as bar:
-        task = bar.add_task("compiling kernels", total=len(jobs))
+        task = bar.add_task("compiling kernels", total=len(jobs) + len(ex_jobs))
         for label, w, weight_only, bias, plan, lo, hi in jobs:
             x = torch.zeros((lo, w.shape[-1]), dtype=activations, device=w.device)
             s = time.perf_counter()
@@ -120,6 +163,16 @@ def warmup(model_or_weights, max_tokens: int = 8192, *, activations: torch.dtype
             if w.device.type == "cuda":
                 torch.cuda.synchronize(w.device)
             report.entries.append((label, (lo, hi), plan.describe(), time.perf_counter() - s))
+            bar.advance(task)
+        for label, ex, desc, lo, hi in ex_jobs:
+            dev = ex.w_gate.data.device
+            x = torch.zeros((lo, ex.hidden), dtype=activations, device=dev)
+            idx = (torch.arange(lo, device=dev) % ex.num_experts).reshape(lo, 1)
+            s = time.perf_counter()
+            ex(x, idx, torch.ones((lo, 1), device=dev))
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            report.entries.append((label, (lo, hi), desc, time.perf_counter() - s))
             bar.advance(task)
     report.seconds = time.perf_counter() - t0
     return report

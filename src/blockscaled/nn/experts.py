@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from ..formats import get_format
+from ..ops.explain import explain
 from ..ops.grouped import grouped_gemm
 from ..ops.quantize import quantize
 from ..ops.swiglu import swiglu
@@ -234,6 +235,24 @@ class Experts(torch.nn.Module):
         out = torch.zeros((x.shape[0], self.hidden), dtype=torch.float32, device=x.device)
         out.index_add_(0, token, y * top_k_weights.float().reshape(-1)[order, None])
         return out.to(x.dtype)
+
+    def plans(self, rows: int, dtype: torch.dtype = torch.bfloat16) -> tuple:
+        """The plans (``blockscaled.explain``) of this module's grouped calls for ``rows`` sorted
+        rows (tokens x top-k) spread over the experts: what a forward of that size launches.
+        Used by :func:`blockscaled.warmup`; the activations are quantized zeros."""
+        dev = self.w_gate.data.device
+        idx = (torch.arange(rows, device=dev) % self.num_experts).reshape(rows, 1)
+        _, _, offsets = permute(idx, self.num_experts)
+        a = self._act(torch.zeros((rows, self.hidden), dtype=dtype, device=dev))
+        if self.activation == "silu" and self.gate_bias is None and self.up_bias is None:
+            first = [explain("swiglu", a, self.w_gate, self.w_up, offsets=offsets)]
+        elif self.w_gate_up is not None:
+            first = [explain("grouped_gemm", a, self.w_gate_up, offsets=offsets, out_dtype=torch.float32)]
+        else:
+            first = [explain("grouped_gemm", a, w, offsets=offsets, out_dtype=torch.float32)
+                     for w in (self.w_gate, self.w_up)]
+        h = self._act(torch.zeros((rows, self.intermediate), dtype=dtype, device=dev))
+        return (*first, explain("grouped_gemm", h, self.w_down, offsets=offsets, out_dtype=torch.float32))
 
     def extra_repr(self) -> str:
         mode = "weight-only" if self.act_format is None else f"activations {self.act_format}"
