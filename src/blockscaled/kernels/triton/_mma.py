@@ -181,9 +181,11 @@ def scale_bf16(s, FMT: tl.constexpr):
     E8M0 (mxfp8 / mxfp4): ``2**(e-127)`` exactly: bits ``e << 7`` for e in 1..254, 2**-127 is bf16's
     subnormal 0x0040 (e = 0), e = 255 is NaN; every E8M0 value is a bf16 value. A product
     ``element * 2**(e-127)`` is exact in bf16 unless it is below 2**-126 and not a multiple of
-    2**-133 (bf16 subnormals): never for e2m1 (multiples of 2**-128), for e4m3 only with e < 8
-    and an e4m3 subnormal element (rounded to nearest even there, as the fp32 -> bf16 cast of the
-    earlier fp32 dequantization did: the fp32 product is exact and one rounding gives the same).
+    2**-133 (bf16's subnormal step): never for e2m1 (multiples of 2**-128); for e4m3 (multiples of
+    2**(E-10), E its exponent field, 2**-9 for subnormals) only where ``E + e < 4`` (normal) or
+    ``e < 3`` (subnormal), i.e. with E8M0 codes 0..2 (scales <= 2**-125). Those round to nearest
+    even, as the fp32 -> bf16 cast of the earlier fp32 dequantization did (exact fp32 product, one
+    rounding): tests/test_mx_bf16.py::test_mxfp8_lowest_scales_round_like_bf16_operands.
     nvfp4 (e4m3 scale s, 2**-9 <= |s| <= 448 or 0): ``s * 2**(126 - NVFP4_BF16_SHIFT)``, a normal
     bf16 below 2**127, so that one multiply of an :func:`fp4_bf16` pattern gives
     ``e2m1 * s * 2**-8`` exactly (>= 2**-18: normal; <= 6 significant bits); without the shift the
