@@ -200,6 +200,16 @@ def scale_bf16(s, FMT: tl.constexpr):
 
 
 @triton.jit
+def _mul_bf16(x, y):
+    """``x * y`` for bf16 tensors of one shape, as packed ``fma.rn.bf16x2(x, y, -0.0)`` (sm_80+; exact
+    products are what the callers multiply, so the rounding mode does not matter; -0.0 keeps the
+    sign of zero products). Triton's own ``*`` emitted scalar ``mul.bf16`` on the MMA operand
+    layout, which ptxas paired into HMUL2 with a half-swapping PRMT before and after each one."""
+    return tl.inline_asm_elementwise("{ .reg .b32 nz; mov.b32 nz, 0x80008000; fma.rn.bf16x2 $0, $1, $2, nz; }",
+                                     "=r,r,r", [x, y], dtype=tl.bfloat16, is_pure=True, pack=2)
+
+
+@triton.jit
 def _interleave(lo, hi):
     """[R, H] x 2 -> [R, 2H] with ``out[:, 2j] = lo[:, j]``, ``out[:, 2j + 1] = hi[:, j]``."""
     R: tl.constexpr = lo.shape[0]
@@ -279,7 +289,7 @@ def _load_bf16_values(ptr, row_off, mask_r, k0, offs_kb, stride_k, K, FMT: tl.co
     if FMT == FMT_MXFP4 or FMT == FMT_NVFP4:
         v = fp4_bf16(_load_fp4_bytes(ptr, row_off, mask_r, k0, stride_k, K, BLOCK_K, EVEN_K))
         if FMT == FMT_MXFP4:
-            v = v * tl.full([1, 1], BF16_2POW126, tl.int16).to(tl.bfloat16, bitcast=True)
+            v = _mul_bf16(v, tl.full(v.shape, BF16_2POW126, tl.int16).to(tl.bfloat16, bitcast=True))
     else:
         v = _load_values(ptr, row_off, mask_r, k0, offs_kb, stride_k, K, FMT, EVEN_K, BLOCK_K)
         v = v.to(tl.float32).to(tl.bfloat16)
@@ -313,11 +323,14 @@ def _load_tile(
         v = _load_bf16_values(ptr, row_off, mask_r, k0, offs_kb, stride_k, K, FMT, EVEN_K, BLOCK_K)
         if BLOCK_K <= SCALE_K:
             s_raw = tl.load(s_ptr + s_row_off + (k0 // SCALE_K) * stride_sk, mask=mask_r, other=0.0)
-            tile = v * scale_bf16(s_raw, FMT)[:, None]
+            tile = _mul_bf16(v, tl.broadcast_to(scale_bf16(s_raw, FMT)[:, None], v.shape))
         else:
             s_bf = _load_block_scales(s_ptr, s_row_off, mask_r, k0, stride_sk, K, FMT, SCALE_K,
                                       BLOCK_K // SCALE_K, EVEN_K, True)
-            tile = _apply_block_scale(v, s_bf, SCALE_K)
+            R: tl.constexpr = v.shape[0]
+            NS: tl.constexpr = BLOCK_K // SCALE_K
+            s_full = tl.broadcast_to(s_bf[:, :, None], (R, NS, SCALE_K)).reshape([R, BLOCK_K])
+            tile = _mul_bf16(v, s_full)
     else:
         sc = tl.full(mask_r.shape, 1.0, tl.float32)
         if BLOCK_K <= SCALE_K:
