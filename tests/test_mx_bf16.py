@@ -310,3 +310,42 @@ def test_nan_codes_propagate(fmt, device):
             assert torch.equal(out.isnan(), ref.isnan().cpu()), cfg
             fin = ~ref.isnan()
             assert_gemm_close(out[:, fin.all(0)], ref[:, fin.all(0)], fmt, torch.float32, what=str(cfg))
+
+
+# ----------------------------------------------------------------------------- planner
+def test_mx_bf16_rules_on_h100():
+    """plan.portable's MX/NV bf16 rules (MX_BF16_*): promote=False bf16 tiles for 8 < M <= 512 in both
+    modes (weight-only gets the same tiles, swap-AB included), block_m fitted to M, the K split within
+    MX_BF16_PROGRAMS_PER_SM x SMs programs with >= MX_BF16_MIN_CHUNKS chunks per split; not for fp16
+    activations (promote), M <= 8, fp8_block or GPUs before sm_90; explain() says which rule ran."""
+    import dataclasses
+    import math
+
+    from blockscaled.plan import H100_SXM, Problem, plan_gemm
+    from blockscaled.plan import portable as pp
+    from blockscaled.plan.splits import split_plan
+
+    for fmt in MX_NV:
+        for a in ("quantized", "bfloat16"):
+            for m in (9, 16, 32, 64, 128):
+                for n, k in ((2880, 2880), (7168, 16384), (28672, 8192)):
+                    plan = plan_gemm(Problem("gemm", fmt, m, n, k, a=a), H100_SXM)
+                    c = plan.config
+                    if c.strategy == "dequant_matmul":
+                        continue
+                    swap, cap, bn, bk, warps, stages = pp.mx_bf16_tile(fmt, m, a == "bfloat16")
+                    assert (c.promote, c.swap_ab, c.block_n, c.block_k, c.num_warps, c.num_stages) == (
+                        False, swap, bn, bk, warps, stages), (fmt, a, m, c)
+                    assert c.block_m == min(cap, max(16, 1 << (m - 1).bit_length())), c
+                    tiles = math.ceil(m / c.block_m) * math.ceil(n / c.block_n)
+                    assert tiles * c.split_k <= pp.MX_BF16_PROGRAMS_PER_SM * H100_SXM.sm_count or c.split_k == 1, c
+                    launched, per = split_plan(k, c.block_k, c.split_k)
+                    assert launched == c.split_k and (launched == 1 or per // c.block_k >= pp.MX_BF16_MIN_CHUNKS), c
+                    assert "bf16 in registers" in str(plan) and "bf16-dequant" in plan.describe(), str(plan)
+    assert plan_gemm(Problem("gemm", "mxfp4", 16, 7168, 2048, a="float16"), H100_SXM).config.promote is not False
+    assert not pp.mx_bf16_applies("mxfp4", 8, H100_SXM, None)
+    assert not pp.mx_bf16_applies("fp8_block", 16, H100_SXM, None)
+    assert not pp.mx_bf16_applies("mxfp4", 16, dataclasses.replace(H100_SXM, capability=(8, 0)), None)
+    # the plans before the rules stay reachable (scripts/sweeps/mx_tiles.py times them)
+    old = pp.choose_portable("nvfp4", 64, 7168, 16384, H100_SXM, None, torch.bfloat16, mx_bf16=False)
+    assert not old.swap_ab and old.block_m == 64
