@@ -346,6 +346,9 @@ MX_BF16_TILES: dict[tuple[str, str, int], tuple[bool, int, int, int, int, int]] 
 #: fewest K chunks per split (a split shorter than the ring spends most of its time filling it).
 #: NOT MEASURED YET: 4, as _SMALL_M_MIN_CHUNKS.
 MX_BF16_MIN_CHUNKS = 4
+#: K splits the rules use: each is a separate compile (SPLIT_K is a constexpr), so the set is short
+#: (as plan.dense.SPLITS). A choice, not measured.
+MX_BF16_SPLITS = (1, 2, 4, 8, 16)
 #: programs per SM the K split aims for (tiles x split <= this x SMs). NOT MEASURED YET: 2, the
 #: resident CTAs per SM that ptxas's register counts allow (sm_90, tests/test_mx_tiles_aot.py:
 #: 152-255 registers x 128 threads -> 2-3 CTAs of the 4-warp tiles); the sweep times 1, 2 and 4.
@@ -373,7 +376,7 @@ def mx_bf16_tile(fmt: str, m: int, weight_only: bool) -> tuple[bool, int, int, i
 
 def mx_bf16_split(m: int, n: int, k: int, sm_count: int, block_m: int, block_n: int, block_k: int,
                   programs_per_sm: int | None = None) -> int:
-    """K split of a bf16 tile: the most splits (launched counts, plan.splits.split_counts) with
+    """K split of a bf16 tile: the most splits (launched counts from MX_BF16_SPLITS) with
     tiles x split <= programs_per_sm (default MX_BF16_PROGRAMS_PER_SM) x SMs, each split keeping
     >= MX_BF16_MIN_CHUNKS chunks of block_k."""
     per_sm = MX_BF16_PROGRAMS_PER_SM if programs_per_sm is None else programs_per_sm
@@ -381,7 +384,7 @@ def mx_bf16_split(m: int, n: int, k: int, sm_count: int, block_m: int, block_n: 
     tiles = math.ceil(m / block_m) * math.ceil(n / block_n)
     best = 1
     for split in _split_counts(kiters, max(1, min(_SMALL_M_MAX_SPLIT, kiters // MX_BF16_MIN_CHUNKS))):
-        if tiles * split <= per_sm * sm_count:
+        if split in MX_BF16_SPLITS and tiles * split <= per_sm * sm_count:
             best = split
     return best
 
