@@ -336,7 +336,7 @@ def test_mx_bf16_rules_on_h100():
                     swap, cap, bn, bk, warps, stages = pp.mx_bf16_tile(fmt, m, a == "bfloat16")
                     assert (c.promote, c.swap_ab, c.block_n, c.block_k, c.num_warps, c.num_stages) == (
                         False, swap, bn, bk, warps, stages), (fmt, a, m, c)
-                    assert c.block_m == min(cap, max(16, 1 << (m - 1).bit_length())), c
+                    assert c.block_m == (min(cap, max(16, 1 << (m - 1).bit_length())) if swap else cap), c
                     tiles = math.ceil(m / c.block_m) * math.ceil(n / c.block_n)
                     assert tiles * c.split_k <= pp.MX_BF16_PROGRAMS_PER_SM * H100_SXM.sm_count or c.split_k == 1, c
                     launched, per = split_plan(k, c.block_k, c.split_k)

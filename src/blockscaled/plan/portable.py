@@ -332,8 +332,8 @@ MX_BF16_M_MIN = 8
 #: rows up to which they apply (the sweep measures M = 16, 64, 256, 2048)
 MX_BF16_M_MAX = 512
 #: (format, mode, rows up to) -> tile class ``(swap_ab, block_m cap, block_n, block_k, num_warps,
-#: num_stages)``; mode "wxa" (quantized A) or "wo" (bf16 A, weight-only); block_m = the power of
-#: two >= M, at least 16, at most the cap. NOT MEASURED YET (analytic): swap-AB 16 / 32-row tiles
+#: num_stages)``; mode "wxa" (quantized A) or "wo" (bf16 A, weight-only); swap-AB tiles take
+#: block_m = the power of two >= M, at least 16, at most the cap, others the cap. NOT MEASURED YET (analytic): swap-AB 16 / 32-row tiles
 #: up to M = 32 (no padded rows; the weight is the wgmma's register operand), 64x128 at M <= 64
 #: (the fewest instructions per weight element among the AOT-counted tiles: 4.6-7.3 PTX), 128x128
 #: with 8 warps above (one warpgroup per 64 rows).
@@ -392,10 +392,12 @@ def mx_bf16_split(m: int, n: int, k: int, sm_count: int, block_m: int, block_n: 
 def mx_bf16_config(fmt: str, m: int, n: int, k: int, info: DeviceInfo, weight_only: bool, tile=None,
                    programs_per_sm: int | None = None) -> GemmConfig:
     """The bf16-dequantizing portable config of an MX/NV GEMM: ``tile`` (a MX_BF16_TILES value;
-    default: the table's for ``m``) with block_m fitted to M (the power of two >= M, >= 16, <= the
-    cap) and the K split of :func:`mx_bf16_split`; promote=False (the bf16 path)."""
+    default: the table's for ``m``; swap-AB tiles get block_m = the power of two >= M, >= 16, <= the
+    cap, other tiles the cap) and the K split of :func:`mx_bf16_split`; promote=False (the bf16 path)."""
     swap, bm_cap, bn, bk, warps, stages = tile or mx_bf16_tile(fmt, m, weight_only)
-    bm = min(bm_cap, max(16, 1 << max(0, (m - 1).bit_length())))
+    # swap-AB: the activation rows are the wgmma's N side (any multiple of 8): fit them to M; other
+    # tiles keep their rows (the wgmma's M side, 64 per warpgroup)
+    bm = min(bm_cap, max(16, 1 << max(0, (m - 1).bit_length()))) if swap else bm_cap
     split = mx_bf16_split(m, n, k, info.sm_count, bm, bn, bk, programs_per_sm)
     return GemmConfig(bm, bn, bk, warps, stages, split, "triton", False, 8, swap)
 
