@@ -2,14 +2,14 @@
 
 The dense GEMM kernel is compiled ahead of time (``triton.compile(..., target=GPUTarget("cuda", 90,
 32))``, ``tt.divisibility=16`` on pointers / strides / K as at launch) for mxfp8 / mxfp4 / nvfp4,
-W x A and weight-only (bf16 A), on the two tile classes the planner uses at 16 <= M <= 512: swap-AB
-16x128x128 (weight rows on the wgmma's M side, the dequantized weight its register operand) and
-64x128x128. Per compiled kernel:
+W x A and weight-only (bf16 A), on the tile classes the planner uses at 16 <= M <= 512: swap-AB
+16x128x128 (weight rows on the wgmma's M side, the dequantized weight its register operand),
+64x128x128 and 128x128x128 with 8 warps. Per compiled kernel:
 
 * PTX instructions of the K loop per weight element (the loop body: the largest block between a
   label and its backward branch that holds the MMA; divided by BLOCK_N * BLOCK_K / threads) stay
   under a limit: the in-register bf16 dequantization (kernels/triton/_mma.py: fp4 bit patterns,
-  packed bf16 scale multiplies, vector scale loads) took them from 15.8-32.2 to 4.6-7.9 (table
+  packed bf16 scale multiplies, vector scale loads) took them from 15.8-32.3 to 4.6-10.7 (table
   below, triton 3.6); a regression past the limit fails;
 * the dots are bf16 wgmma (not mma.sync), swap-AB with the weight in registers (``wgmma ... {regs},
   desc``), no register spills (ptxas -v), and the scale loads go through cp.async (pipelined) like
@@ -24,6 +24,10 @@ PTX / weight element, triton 3.6 (before = the fp32 decode + fp32 multiply + cvt
     64x128x128 w4        mxfp8        8.07 -> 6.52               5.67 -> 4.61
                          mxfp4       23.58 -> 6.55              15.96 -> 4.88
                          nvfp4       23.60 -> 7.34              15.78 -> 4.87
+    128x128x128 w8 s3    mxfp8       11.27 -> 9.28               6.45 -> 5.53
+                         mxfp4       32.03 -> 9.09              16.94 -> 6.05
+                         nvfp4       32.30 -> 10.67             16.80 -> 5.97
+    (W x A counts include the activation tile's decode: equal to the weight's at 128 rows)
     (the old plans' 64x64x128 w4 at M = 64: nvfp4 W x A 32.17 -> 10.52, weight-only 16.56 -> 5.73)
 
 Compiled in a subprocess without TRITON_INTERPRET (conftest sets it for this process).
@@ -95,7 +99,8 @@ print("JSON" + json.dumps(out))
 '''
 
 #: tile name -> (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, swap_ab)
-TILES = {"swap16x128": (16, 128, 128, 4, 4, True), "64x128": (64, 128, 128, 4, 4, False)}
+TILES = {"swap16x128": (16, 128, 128, 4, 4, True), "64x128": (64, 128, 128, 4, 4, False),
+         "128x128w8": (128, 128, 128, 8, 3, False)}
 
 #: PTX instructions per weight element in the K loop, triton 3.6 (module docstring): measured
 #: values plus ~15 %. Other triton releases emit other (not measured here) code: they get the
@@ -107,6 +112,9 @@ LIMITS_36 = {
     ("mxfp8", "wxa", "64x128"): 7.5, ("mxfp8", "wo", "64x128"): 5.3,
     ("mxfp4", "wxa", "64x128"): 7.6, ("mxfp4", "wo", "64x128"): 5.6,
     ("nvfp4", "wxa", "64x128"): 8.5, ("nvfp4", "wo", "64x128"): 5.6,
+    ("mxfp8", "wxa", "128x128w8"): 10.7, ("mxfp8", "wo", "128x128w8"): 6.4,
+    ("mxfp4", "wxa", "128x128w8"): 10.5, ("mxfp4", "wo", "128x128w8"): 7.0,
+    ("nvfp4", "wxa", "128x128w8"): 12.3, ("nvfp4", "wo", "128x128w8"): 6.9,
 }
 _TRITON_MINOR = tuple(int(x) for x in re.match(r"(\d+)\.(\d+)", triton.__version__).groups())
 _ALLOWANCE = 1.0 if _TRITON_MINOR == (3, 6) else 2.0

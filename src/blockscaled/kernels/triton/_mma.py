@@ -23,24 +23,27 @@ Two ways to apply the scales (constexpr ``PROMOTE``)
   weight-only: raw B values cast to A's dtype, exact in fp16/bf16), then
   ``acc += part * a_scale[:, None] * b_scale[None, :]`` in fp32. Needs the chunk inside one
   scale block: ``SCALE_K % BLOCK_K == 0``. This is DeepSeek's "promotion" recipe.
-* ``PROMOTE=False`` (dequantize in registers): each tile is decoded to fp32, multiplied by
-  its per-element scale and cast to ``DOT_DTYPE`` (bf16 on GPUs), then one dot per
-  ``BLOCK_K`` (any power of two >= 16, independent of the scale block). Loads: data as one
+* ``PROMOTE=False`` (dequantize in registers): each tile is dequantized to ``DOT_DTYPE`` (bf16
+  on GPUs), then one dot per ``BLOCK_K`` (any power of two >= 16, independent of the scale
+  block). Compiled bf16 path (``BLOCK_K >= 32`` for fp4, mxfp8 any): straight to bf16 bit
+  patterns and packed bf16 multiplies (:func:`fp4_bf16`, :func:`scale_bf16`, :func:`_mul_bf16`;
+  nvfp4 operands carry 2**-NVFP4_BF16_SHIFT, multiplied back on the accumulator after the loop);
+  the interpreter (and 16-wide fp4 chunks) decode to fp32, multiply by the scale and cast. Loads: data as one
   vector load per byte ([R, BK] fp8, [R, BK // 2] packed fp4 split into nibbles and
   interleaved), scales as [R, BK // SCALE_K] broadcast by a reshape (one scale load per block,
   not per element), so Triton pipelines both through cp.async; tests/test_mma_perf_aot.py
   checks the sm_90 PTX (H100: per-element gathers made mxfp8 9x and nvfp4 24x slower than
-  fp8_block at M=256 N=512 K=1024). For MX/NV formats this is
+  fp8_block at M=256 N=512 K=1024); tests/test_mx_tiles_aot.py counts the bf16 path's K-loop
+  instructions per weight element (4.6-7.9 PTX, from 15.8-32.2). For MX/NV formats this is
   exact in bf16: e4m3/e2m1 times a power of two (E8M0) or times an e4m3 scale has at most
   6 significant bits (< 8 of bf16) and bf16 has fp32's exponent range. NOT exact for
   fp8_block (fp32 scales), so fp8_block must use PROMOTE.
 
-Choice for fp4 (not measured here, see config/): the default is PROMOTE=False, bf16 dot with
-BLOCK_K=64/128: FP8 wgmma needs K >= 32 per instruction, so nvfp4 (16-element blocks) cannot
-promote through an FP8 dot at all, and mxfp4 promotion per 32 K pays a full accumulator FMA
-pass per 32 K. On the H100, MXFP8 per-32 promotion measured >= bf16 upcast at M <= 128 (112 vs 87
-TFLOP/s at M=128; docs/design.md, "Measurements older than NOTES.md"), so the heuristic may pick
-PROMOTE for mxfp8 / mxfp4 at small M.
+Choice (the planner's, plan/portable.py): nvfp4 cannot promote through an FP8 dot (FP8 wgmma needs
+K >= 32 per instruction, nvfp4 blocks are 16) and MX promotion per 32 K pays a full accumulator FMA
+pass per 32 K; MXFP8 per-32 promotion measured >= the earlier fp32-decode bf16 path at M <= 128
+(112 vs 87 TFLOP/s at M=128; docs/design.md, "Measurements older than NOTES.md"), which the bf16
+path above replaces at 8 < M <= 512 on sm_90 (plan.portable.MX_BF16_*, not measured yet).
 
 Interpreter: triton 3.6's interpreter returns garbage for bf16 ``tl.dot`` (and bf16
 elementwise math), so launchers pass ``DOT_DTYPE=tl.float32`` there; the products are
