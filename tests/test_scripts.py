@@ -525,6 +525,43 @@ def test_mx_tiles_lists_candidates_on_cpu():
     assert r.returncode == 2 and "no CUDA device" in r.stderr
 
 
+def test_mx_tiles_row_runs_in_the_interpreter(monkeypatch):
+    """One small row end to end on the CPU (Triton interpreter, timings faked): every candidate kind
+    runs and passes the GPU-side check's logic, a bad candidate is reported, the summary and the
+    rules block build from the row."""
+    import types
+
+    import blockscaled.bench.timing as timing
+    from blockscaled.plan import H100_SXM
+
+    mt = _load("sweeps/mx_tiles.py")
+    monkeypatch.setattr(mt, "DEVICE", "cpu")
+    monkeypatch.setattr(mt, "TILE_CLASSES", {16: ((True, 16, 64, 64, 4, 2), (False, 64, 64, 128, 4, 2))})
+    monkeypatch.setattr(mt, "PPS_MS", ())
+    calls = []
+
+    def fake_time_op(fn, sets, **kw):
+        calls.append(len(sets))
+        return types.SimpleNamespace(median_ms=0.01 * len(calls))
+
+    monkeypatch.setattr(timing, "time_op", fake_time_op)
+    args = types.SimpleNamespace(max_sets=2, iterations=1)
+    res = mt.run_row("mxfp4", "wo", 16, 64, 128, H100_SXM, args, compile_errors={})
+    kinds = {c["kind"] for c in res["cands"]}
+    assert kinds == {"plan", "before", "dequant", "bf16", "tile"}, res
+    assert all(c.get("ok") and "us" in c for c in res["cands"]), res["cands"]
+    assert res["cands"][0]["ran"].startswith("portable") and calls
+    best, plan, before, dq, b16 = mt.summarize_row(res)
+    assert best["label"] == "plan" and b16 is not None and "vs bf16" in mt.row_line(res)
+    # a compile failure recorded by the warm-up is reported and never timed
+    tiles = [c for c in mt.candidates("mxfp4", "wo", 16, 64, 128, H100_SXM) if c[1] == "tile"]
+    key = mt.compile_key("mxfp4", "wo", 128, tiles[0][2])
+    res2 = mt.run_row("mxfp4", "wo", 16, 64, 128, H100_SXM, args, compile_errors={key: "OutOfResources: smem"})
+    bad = next(c for c in res2["cands"] if c["label"] == tiles[0][0])
+    assert bad["error"].startswith("OutOfResources") and "FAILED" in mt.row_line(res2)
+    assert mt.rules([res, res2])[0].startswith("# --- rules")
+
+
 def test_mx_tiles_rules_from_rows():
     """The rules block turns measured rows into MX_BF16_* lines: the tile class with the best geomean
     per (format, mode, M), the programs-per-SM target, the dequantize + cuBLAS crossover."""

@@ -63,6 +63,15 @@ TILE_CLASSES = {
 PPS_VARIANTS = (1, 4)
 PPS_MS = (16, 64)
 QUICK = {"ms": (16, 64), "shapes": ((2880, 2880), (28672, 8192), (7168, 16384))}
+#: where rows run ("cpu": the Triton interpreter, for the script's own tests)
+DEVICE = "cuda"
+
+
+def _sync():
+    import torch
+
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
 
 
 def tile_label(t) -> str:
@@ -89,10 +98,13 @@ def candidates(fmt, mode, m, n, k, dev):
     from blockscaled.plan import portable as pp
 
     wo = mode == "wo"
-    out = [("plan", "plan", None, []), ]
+    out = [("plan", "plan", None, [])]
     before = pp.choose_portable(fmt, m, n, k, dev, torch.bfloat16 if wo else None, torch.bfloat16, mx_bf16=False)
-    out.append(("before", "before", before, []))
-    out.append(("dequant", "dequant", bs.GemmConfig(strategy="dequant_matmul"), []))
+    if before.strategy == "dequant_matmul":  # the same run as "dequant"
+        out.append(("dequant", "dequant", bs.GemmConfig(strategy="dequant_matmul"), ["before"]))
+    else:
+        out.append(("before", "before", before, []))
+        out.append(("dequant", "dequant", bs.GemmConfig(strategy="dequant_matmul"), []))
     out.append(("bf16", "bf16", None, []))
     seen = {}
     classes = TILE_CLASSES.get(m) or TILE_CLASSES[min(TILE_CLASSES, key=lambda r: abs(r - m))]
@@ -169,9 +181,9 @@ def make_sets(fmt, mode, m, n, k, max_sets):
     import blockscaled as bs
     from blockscaled.bench.timing import rotation_count
 
-    g = torch.Generator(device="cuda").manual_seed(m * 7 + n + k)
-    w = (torch.randn(n, k, device="cuda", generator=g) * 0.05).to(torch.bfloat16)
-    x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+    g = torch.Generator(device=DEVICE).manual_seed(m * 7 + n + k)
+    w = (torch.randn(n, k, device=DEVICE, generator=g) * 0.05).to(torch.bfloat16)
+    x = torch.randn(m, k, device=DEVICE, generator=g).to(torch.bfloat16)
     b = bs.quantize(w, fmt)
     a = x if mode == "wo" else bs.quantize(x, fmt)
     del w
@@ -241,7 +253,7 @@ def run_row(fmt, mode, m, n, k, dev, args, compile_errors):
         try:
             with observe_plans() as plans:
                 y = fn(*tsets[0])
-            torch.cuda.synchronize()
+            _sync()
             c["ran"] = plans[-1].describe() if plans else "cuBLAS bf16"
             c["ok"], c["rel_fro"], c["norm_max"] = check(y, ref, fmt)
             del y
@@ -249,16 +261,17 @@ def run_row(fmt, mode, m, n, k, dev, args, compile_errors):
             c["us"] = t.median_ms * 1e3
         except Exception as e:
             c["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-            torch.cuda.synchronize()
+            _sync()
     del sets, sets16, ref
-    torch.cuda.empty_cache()
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
     return res
 
 
 def summarize_row(r):
     """Best candidate (checked, timed) of the row, and the reference columns."""
     ok = [c for c in r["cands"] if c.get("ok") and "us" in c]
-    by = {c["label"]: c for c in r["cands"]}
+    by = {label: c for c in r["cands"] for label in [c["label"]] + c.get("aliases", [])}
     best = min(ok, key=lambda c: c["us"]) if ok else None
     us = lambda lab: by.get(lab, {}).get("us") if by.get(lab, {}).get("ok") else None  # noqa: E731
     return best, us("plan"), us("before"), us("dequant"), us("bf16")
@@ -271,7 +284,8 @@ def row_line(r) -> str:
     head = f"{r['fmt']:<6} {r['mode']:<3} M={r['m']:<5} {r['n']}x{r['k']:<6}"
     if best is None:
         return f"{head} no candidate passed ({', '.join(fails)})"
-    return (f"{head} {best['label']:<28} {best['us']:8.1f} us {100 * r['floor_us'] / best['us']:4.0f}% | plan {f(plan)} "
+    pct = 100 * r["floor_us"] / best["us"]
+    return (f"{head} {best['label']:<28} {best['us']:8.1f} us {pct:4.0f}% | plan {f(plan)} "
             f"before {f(before)} dequant {f(dq)} bf16 {f(b16)} | vs bf16 {(b16 or math.nan) / best['us']:5.2f}x "
             f"vs plan {(plan or math.nan) / best['us']:5.2f}x" + (f" | FAILED: {', '.join(fails)}" if fails else ""))
 
@@ -364,7 +378,7 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES), help="NxK,...")
     p.add_argument("--ms", default=",".join(map(str, MS)))
     p.add_argument("--quick", action="store_true", help="M = 16, 64 on 2880x2880, 28672x8192, 7168x16384")
-    p.add_argument("--iterations", type=int, default=8, help="graph replays timed per candidate")
+    p.add_argument("--iterations", type=int, default=6, help="graph replays timed per candidate")
     p.add_argument("--max-sets", type=int, default=48, help="at most this many rotated operand copies")
     p.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1), help="compile processes")
     p.add_argument("--budget-s", type=float, default=270.0, help="no new row after this many seconds")

@@ -333,10 +333,10 @@ MX_BF16_M_MIN = 8
 MX_BF16_M_MAX = 512
 #: (format, mode, rows up to) -> tile class ``(swap_ab, block_m cap, block_n, block_k, num_warps,
 #: num_stages)``; mode "wxa" (quantized A) or "wo" (bf16 A, weight-only); swap-AB tiles take
-#: block_m = the power of two >= M, at least 16, at most the cap, others the cap. NOT MEASURED YET (analytic): swap-AB 16 / 32-row tiles
-#: up to M = 32 (no padded rows; the weight is the wgmma's register operand), 64x128 at M <= 64
-#: (the fewest instructions per weight element among the AOT-counted tiles: 4.6-7.3 PTX), 128x128
-#: with 8 warps above (one warpgroup per 64 rows).
+#: block_m = the power of two >= M, at least 16, at most the cap, others the cap. NOT MEASURED YET
+#: (analytic): swap-AB 16 / 32-row tiles up to M = 32 (no padded rows; the weight is the wgmma's
+#: register operand), 64x128 at M <= 64 (the fewest instructions per weight element among the
+#: AOT-counted tiles: 4.6-7.3 PTX), 128x128 with 8 warps above (one warpgroup per 64 rows).
 MX_BF16_TILES: dict[tuple[str, str, int], tuple[bool, int, int, int, int, int]] = {
     (fmt, mode, rows): tile
     for fmt in ("mxfp8", "mxfp4", "nvfp4") for mode in ("wxa", "wo")
