@@ -50,13 +50,16 @@ MS = (16, 64, 256, 2048)
 #: measured M -> tile classes (plan.portable.MX_BF16_TILES values: swap_ab, block_m cap, block_n,
 #: block_k, num_warps, num_stages). Swap-AB tiles for decode (the weight is the wgmma's 64-row
 #: register operand), 64- and 128-row tiles above; block_k 64..256 (bf16 dot chunks independent of
-#: the scale block); 8 warps where the tile has 2 x 64 weight rows per warpgroup pair.
+#: the scale block). Every class compiles spill-free for sm_90 (ptxas -v, triton 3.6; the 4-warp
+#: 16x128x256 and 64x128x256 tiles spilled 4-172 bytes, so block_k 256 comes with 64 weight rows
+#: per warpgroup: 16x64x256 / 4 warps, 16x128x256 and 64x128x256 / 8 warps), except 128x256x64 with
+#: a K split (its reduction: 240 bytes), which the rules give only M = 2048 rows (unsplit).
 TILE_CLASSES = {
-    16: ((True, 16, 128, 128, 4, 4), (True, 16, 64, 128, 4, 4), (True, 16, 128, 256, 4, 3),
-         (False, 64, 128, 128, 4, 4)),
+    16: ((True, 16, 128, 128, 4, 4), (True, 16, 64, 128, 4, 4), (True, 16, 64, 256, 4, 3),
+         (True, 16, 128, 256, 8, 3), (False, 64, 128, 128, 4, 4)),
     64: ((False, 64, 128, 128, 4, 4), (True, 64, 128, 128, 4, 4), (False, 64, 64, 128, 4, 4),
-         (False, 64, 128, 256, 4, 3)),
-    256: ((False, 128, 128, 128, 8, 3), (False, 64, 128, 128, 4, 4), (False, 128, 256, 64, 8, 3)),
+         (False, 64, 128, 256, 8, 3)),
+    256: ((False, 128, 128, 128, 8, 3), (False, 64, 128, 128, 4, 4), (False, 128, 128, 64, 8, 4)),
     2048: ((False, 128, 128, 128, 8, 3), (False, 128, 256, 64, 8, 3)),
 }
 #: programs-per-SM targets timed besides the default for the first tile class of these M
