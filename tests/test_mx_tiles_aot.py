@@ -104,7 +104,7 @@ TILES = {"swap16x128": (16, 128, 128, 4, 4, True), "64x128": (64, 128, 128, 4, 4
 
 #: PTX instructions per weight element in the K loop, triton 3.6 (module docstring): measured
 #: values plus ~15 %. Other triton releases emit other (not measured here) code: they get the
-#: 2x allowance below, still far under the 15.8-32.2 of the fp32 decode.
+#: 2x allowance below, still far under the 15.8-32.3 of the fp32 decode.
 LIMITS_36 = {
     ("mxfp8", "wxa", "swap16x128"): 6.5, ("mxfp8", "wo", "swap16x128"): 6.7,
     ("mxfp4", "wxa", "swap16x128"): 6.0, ("mxfp4", "wo", "swap16x128"): 6.2,

@@ -322,7 +322,7 @@ def _choose_small_m(fmt, m, n, k, info: DeviceInfo, a_dtype, promote, block_m, b
 # (kernels/triton/_mma.py: fp4 bit patterns, packed bf16 scale multiplies) and runs bf16 wgmma;
 # swap-AB tiles make the weight the wgmma's 64-row M side and its register operand, so 16-32
 # activation rows are not padded to 64. sm_90 PTX per weight element of the K loop fell from
-# 15.8-32.2 to 4.6-7.9 (tests/test_mx_tiles_aot.py). The constants below are NOT MEASURED YET:
+# 15.8-32.3 to 4.6-10.7 (tests/test_mx_tiles_aot.py). The constants below are NOT MEASURED YET:
 # analytic first choices; scripts/sweeps/mx_tiles.py times them (and the plans before them,
 # dequantize + cuBLAS, cuBLAS on bf16 weights) on the H100 and prints the measured table to set
 # here (its "rules" block: one line per constant, named after the sweep row it comes from).

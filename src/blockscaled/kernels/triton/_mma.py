@@ -34,7 +34,7 @@ Two ways to apply the scales (constexpr ``PROMOTE``)
   not per element), so Triton pipelines both through cp.async; tests/test_mma_perf_aot.py
   checks the sm_90 PTX (H100: per-element gathers made mxfp8 9x and nvfp4 24x slower than
   fp8_block at M=256 N=512 K=1024); tests/test_mx_tiles_aot.py counts the bf16 path's K-loop
-  instructions per weight element (4.6-7.9 PTX, from 15.8-32.2). For MX/NV formats this is
+  instructions per weight element (4.6-10.7 PTX, from 15.8-32.3). For MX/NV formats this is
   exact in bf16: e4m3/e2m1 times a power of two (E8M0) or times an e4m3 scale has at most
   6 significant bits (< 8 of bf16) and bf16 has fp32's exponent range. NOT exact for
   fp8_block (fp32 scales), so fp8_block must use PROMOTE.
