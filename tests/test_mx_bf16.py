@@ -171,8 +171,11 @@ def test_tiles_match_reference(fmt, weight_only, device):
         b = ScaledTensor(d, b.scale, b.format, b.shape, b.block, b.rounding, global_scale=b.global_scale)
     bias = torch.randn(n, generator=torch.Generator().manual_seed(7)).to(device)
     ref = ref_gemm_mod.gemm(a, b, bias=bias)
-    for cfg in _configs(weight_only):
-        for out_dtype in (torch.float32, torch.bfloat16):
+    cfgs = _configs(weight_only)
+    if device == "cpu":  # the interpreter runs the fp32 decode: the tile plumbing (swap, split, plain) only
+        cfgs = [cfgs[0], cfgs[1], cfgs[5]]
+    for i, cfg in enumerate(cfgs):
+        for out_dtype in (torch.float32, torch.bfloat16)[:2 if device != "cpu" or i == 0 else 1]:
             out = torch.full((m, n), float("nan"), dtype=out_dtype, device=device)
             gemm(a, b, out_dtype, out=out, config=cfg, bias=bias)
             assert_gemm_close(out, ref, fmt, out_dtype, what=f"{'wo' if weight_only else 'wxa'} {cfg}")
