@@ -86,7 +86,7 @@ def test_swap_ab_errors(device):
     x, a = _acts(4, 256, "fp8_block", device)
     b = _weights(256, 256, "fp8_block", device)
     cfg = GemmConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=2, promote=True, swap_ab=True)
-    with pytest.raises(ValueError, match="config.swap_ab: needs a quantized A"):
+    with pytest.raises(ValueError, match=r"config.swap_ab: a dense \(weight-only\) A swaps only with promote=False"):
         gemm(x, b, config=cfg)
     with pytest.raises(ValueError, match=r"config.block_n: swap_ab with 128-row weight scale blocks"):
         gemm(a, b, config=cfg.replace(block_n=256))
@@ -203,8 +203,9 @@ def test_counter_buffer_grows_and_stays_zero(device, monkeypatch):
 def test_small_m_plans_run_as_planned():
     """H100 plans (DeviceInfo, on any machine) of the decode / small-prefill shapes: the planned K
     split is what the launchers run (no split is lowered), splits keep several K chunks each,
-    portable tiles of 64/128 columns with 4-8 warps whose shared memory fits, swap-AB only for a
-    quantized A with FP8 dots (never weight-only, never nvfp4: it cannot promote)."""
+    portable tiles of 64/128 columns with 4-8 warps whose shared memory fits, swap-AB at M <= 32 only
+    for FP8 dots with a quantized A (never nvfp4: it cannot promote) and for the MX/NV bf16 tiles
+    (promote=False, weight-only included: the bf16-dequantized weight is the wgmma's register operand)."""
     from blockscaled.plan import portable as pp
     from blockscaled.plan.dense import MIN_KB_PER_SPLIT
     from blockscaled.plan.splits import split_plan_kb
@@ -232,8 +233,11 @@ def test_small_m_plans_run_as_planned():
                         fmt, m, None if a == "quantized" else torch.bfloat16)
                     assert pp._ctas_per_sm(c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages, fmt,
                                            0 if a == "quantized" else 2, promote, H100_SXM) >= 1, c
-                    if c.swap_ab:
-                        assert a == "quantized" and fmt != "nvfp4" and m <= 32, (fmt, a, m, c)
+                    if c.swap_ab and fmt == "fp8_block":
+                        assert a == "quantized" and m <= 32, (fmt, a, m, c)
+                    elif c.swap_ab:  # MX FP8 dots (quantized A), or the MX/NV bf16 tiles (MX_BF16_TILES)
+                        assert m <= 32 and (c.promote is False or (a == "quantized" and fmt != "nvfp4")), (
+                            fmt, a, m, c)
 
 
 # --------------------------------------------------------------------------- GPU

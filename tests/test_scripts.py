@@ -512,6 +512,86 @@ def test_hopper_check_lists_its_checks_on_cpu():
     assert r.returncode == 2 and "sm_90" in r.stderr
 
 
+# ------------------------------------------------------------------------- mx_tiles.py
+def test_mx_tiles_lists_candidates_on_cpu():
+    r = _run_py("sweeps/mx_tiles.py", "--list", "--formats", "nvfp4", "--modes", "wo", "--shapes", "7168x16384",
+                "--ms", "16,256")
+    assert r.returncode == 0, r.stdout + r.stderr
+    blocks = r.stdout.split("nvfp4 wo M=256")
+    for label in ("plan", "before", "dequant", "bf16", "swap16x128x128w4s4/pps2", "swap16x128x128w4s4/pps4"):
+        assert re.search(rf"^  {re.escape(label)} ", blocks[0], flags=re.M), label
+    assert "swap_ab=True" in blocks[0] and "128x128x128w8s3/pps2" in blocks[1]
+    r = _run_py("sweeps/mx_tiles.py", "--quick", "--formats", "mxfp4")
+    assert r.returncode == 2 and "no CUDA device" in r.stderr
+
+
+def test_mx_tiles_row_runs_in_the_interpreter(monkeypatch):
+    """One small row end to end on the CPU (Triton interpreter, timings faked): every candidate kind
+    runs and passes the GPU-side check's logic, a bad candidate is reported, the summary and the
+    rules block build from the row."""
+    import types
+
+    import blockscaled.bench.timing as timing
+    from blockscaled.plan import H100_SXM
+
+    mt = _load("sweeps/mx_tiles.py")
+    monkeypatch.setattr(mt, "DEVICE", "cpu")
+    monkeypatch.setattr(mt, "TILE_CLASSES", {16: ((True, 16, 64, 64, 4, 2), (False, 64, 64, 128, 4, 2))})
+    monkeypatch.setattr(mt, "PPS_MS", ())
+    calls = []
+
+    def fake_time_op(fn, sets, **kw):
+        calls.append(len(sets))
+        return types.SimpleNamespace(median_ms=0.01 * len(calls))
+
+    monkeypatch.setattr(timing, "time_op", fake_time_op)
+    args = types.SimpleNamespace(max_sets=2, iterations=1)
+    res = mt.run_row("mxfp4", "wo", 16, 64, 128, H100_SXM, args, compile_errors={})
+    kinds = {c["kind"] for c in res["cands"]}
+    assert kinds == {"plan", "before", "dequant", "bf16", "tile"}, res
+    assert all(c.get("ok") and "us" in c for c in res["cands"]), res["cands"]
+    assert res["cands"][0]["ran"].startswith("portable") and calls
+    best, plan, before, dq, b16 = mt.summarize_row(res)
+    assert best["label"] == "plan" and b16 is not None and "vs bf16" in mt.row_line(res)
+    # a compile failure recorded by the warm-up is reported and never timed
+    tiles = [c for c in mt.candidates("mxfp4", "wo", 16, 64, 128, H100_SXM) if c[1] == "tile"]
+    key = mt.compile_key("mxfp4", "wo", 128, tiles[0][2])
+    res2 = mt.run_row("mxfp4", "wo", 16, 64, 128, H100_SXM, args, compile_errors={key: "OutOfResources: smem"})
+    bad = next(c for c in res2["cands"] if c["label"] == tiles[0][0])
+    assert bad["error"].startswith("OutOfResources") and "FAILED" in mt.row_line(res2)
+    assert mt.rules([res, res2])[0].startswith("# --- rules")
+
+
+def test_mx_tiles_rules_from_rows():
+    """The rules block turns measured rows into MX_BF16_* lines: the tile class with the best geomean
+    per (format, mode, M), the programs-per-SM target, the dequantize + cuBLAS crossover."""
+    mt = _load("sweeps/mx_tiles.py")
+    from blockscaled.plan import portable as pp
+
+    pps = pp.MX_BF16_PROGRAMS_PER_SM
+    a, b = (mt.tile_label(t) for t in mt.TILE_CLASSES[16][:2])
+    rows = []
+    for m, tile_us, dq in ((16, (10.0, 12.0), 50.0), (64, (30.0, 31.0), 60.0), (2048, (900.0, 950.0), 700.0)):
+        for n, k in ((2880, 2880), (7168, 16384)):
+            cands = [{"label": f"{a}/pps{pps}", "aliases": [f"{a}/pps1"], "kind": "tile", "ok": True, "us": tile_us[1]},
+                     {"label": f"{b}/pps{pps}", "aliases": [], "kind": "tile", "ok": True, "us": tile_us[0]},
+                     {"label": f"{a}/pps4", "aliases": [], "kind": "tile", "ok": True, "us": tile_us[0] * 0.9},
+                     {"label": "dequant", "kind": "dequant", "ok": True, "us": dq},
+                     {"label": "broken", "kind": "tile", "error": "OutOfResources"}]
+            if m != 16:
+                cands = [dict(c, label=c["label"].replace(a, mt.tile_label(mt.TILE_CLASSES[m][0])).replace(
+                    b, mt.tile_label(mt.TILE_CLASSES[m][1])), aliases=[]) for c in cands if "pps4" not in c["label"]]
+            rows.append({"fmt": "mxfp4", "mode": "wo", "m": m, "n": n, "k": k, "floor_us": 5.0, "cands": cands})
+    text = "\n".join(mt.rules(rows))
+    assert f"('mxfp4', 'wo', 16): {mt.TILE_CLASSES[16][1]!r}," in text, text
+    assert f"('mxfp4', 'wo', 64): {mt.TILE_CLASSES[64][1]!r}," in text, text
+    assert "('mxfp4', 'wo', 2048)" not in text  # above MX_BF16_M_MAX: not a tile rule
+    assert "MX_BF16_PROGRAMS_PER_SM = 4" in text, text
+    assert "MX_BF16_DEQUANT_M[('mxfp4', 'wo')] = 2048" in text, text
+    best, plan, *_ = mt.summarize_row(rows[0])
+    assert best["us"] == 9.0 and plan is None and "FAILED: broken" in mt.row_line(rows[0])
+
+
 # ------------------------------------------------------------------------- compile_time.py
 def test_compile_time_report_verdicts():
     ct = _load("sweeps/compile_time.py")

@@ -327,6 +327,13 @@ def gemm_cases() -> list[Case]:
     g("nvfp4-64x64x128", "nvfp4", C(64, 64, 128, 4, 3, promote=False))
     g("nvfp4-32x64x64-splitk2-bias", "nvfp4", C(32, 64, 64, 4, 2, split_k=2, promote=False), "fp32", bias=True)
     g("w4a16-mxfp4-bf16act", "mxfp4", C(64, 64, 128, 4, 3, promote=False), a_kind="bf16")
+    # the MX/NV bf16 tiles (plan.portable.MX_BF16_TILES): swap-AB with the weight as the wgmma's
+    # register operand, weight-only and quantized A, fused split-K
+    g("w4a16-nvfp4-bf16act-swap-16x128x128-splitk2", "nvfp4",
+      C(16, 128, 128, 4, 4, split_k=2, promote=False, swap_ab=True), a_kind="bf16", shape=(16, N, K))
+    g("mxfp4-swap-16x64x128", "mxfp4", C(16, 64, 128, 4, 4, promote=False, swap_ab=True), "fp32", shape=(16, N, K))
+    g("mxfp8-swap-32x128x128-splitk2-bias", "mxfp8", C(32, 128, 128, 4, 4, split_k=2, promote=False, swap_ab=True),
+      bias=True, shape=(32, N, K))
     g("w8a16-fp8_block-fp16act", "fp8_block", C(64, 64, 128, 4, 3, promote=True), "fp16", a_kind="fp16")
     g("w4a16-nvfp4-fp16act-promote-bk16", "nvfp4", C(64, 64, 16, 4, 3, promote=True), "fp16", a_kind="fp16")
     g("dequant_matmul-nvfp4", "nvfp4", C(strategy="dequant_matmul"))

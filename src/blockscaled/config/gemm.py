@@ -66,8 +66,9 @@ class GemmConfig:
     group_m: rows of tiles walked together (L2 reuse of B).
     swap_ab: dense GEMM only: compute each tile as ``(B_tile @ A_tile.T).T`` so the weight
         rows (block_n >= 64) fill the MMA's M dimension and block_m may be 16 (decode without
-        padding A to the 64-row FP8 wgmma); quantized A only; with 128x128 weight blocks
-        block_n must divide 128. The grouped kernels ignore it.
+        padding A to the 64-row wgmma); a quantized A, or a dense (weight-only) A with
+        promote=False (the bf16-dequantized weight is then the wgmma's register operand); with
+        128x128 weight blocks block_n must divide 128. The grouped kernels ignore it.
     """
 
     block_m: int = 128

@@ -155,9 +155,10 @@ def _check_config(cfg: GemmConfig, fmt: Format, a_dense: bool, a_dtype, promote:
             f"config.block_k: promote=True with a quantized {fmt.name} A runs FP8 tensor-core dots, which "
             f"need block_k >= 32 on CUDA (FP8 MMA consumes K = 32 per instruction), got {cfg.block_k}"
         )
-    if cfg.swap_ab and a_dense:
-        raise ValueError("config.swap_ab: needs a quantized A (the weight-only kernel keeps dense A as the MMA's "
-                         "first operand)")
+    if cfg.swap_ab and a_dense and promote:
+        raise ValueError("config.swap_ab: a dense (weight-only) A swaps only with promote=False (the weight is "
+                         "dequantized to bf16 and becomes the MMA's first operand; the promote path keeps dense A "
+                         "first)")
     if not promote and a_dense and a_dtype == torch.float16:
         raise ValueError("config.promote: fp16 activations need promote=True (dequantized weights may "
                          "leave fp16's range)")

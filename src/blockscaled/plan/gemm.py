@@ -9,7 +9,7 @@ from ..config.gemm import GemmConfig
 from ..config.hopper import HopperConfig
 from .dense import plan_fp8
 from .device import DeviceInfo
-from .portable import choose_portable
+from .portable import choose_portable, mx_bf16_applies
 from .types import DTYPES, Plan, Problem
 
 __all__ = ["plan_gemm"]
@@ -51,9 +51,16 @@ def plan_gemm(p: Problem, dev: DeviceInfo, forced=None, *, gluon_ok: bool = True
             strat = None
         return plan_fp8(p, dev, hopper=hopper_ok, forced_strategy=strat)
     cfg = choose_portable(p.fmt, p.m, p.n, p.k, dev, _a_dtype(p), _DTYPES[p.out_dtype])
-    why = ("dequantize both operands to bf16, then cuBLAS: the roofline model predicts it faster "
-           "than the portable kernel (plan/portable.py)" if cfg.strategy == "dequant_matmul" else
-           "portable Triton kernel, tiles and K split from the portable rules (plan/portable.py)")
+    if cfg.strategy == "dequant_matmul":
+        why = ("dequantize both operands to bf16, then cuBLAS: the roofline model (or the measured MX_BF16_DEQUANT_M "
+               "crossover) predicts it faster than the portable kernel (plan/portable.py)")
+    elif mx_bf16_applies(p.fmt, p.m, dev, _a_dtype(p)):
+        why = ("portable Triton kernel with the MX/NV tiles dequantized to bf16 in registers (bf16 wgmma; swap-AB: "
+               "the weight is the wgmma's register operand): plan/portable.py MX_BF16_TILES for this M, K split "
+               "for MX_BF16_PROGRAMS_PER_SM programs per SM (constants not measured yet: "
+               "scripts/sweeps/mx_tiles.py)")
+    else:
+        why = "portable Triton kernel, tiles and K split from the portable rules (plan/portable.py)"
     scope = ("sm_90" if dev.is_hopper else f"sm_{dev.capability[0]}{dev.capability[1]} (portable kernels only)")
     return Plan("gemm", "cuda", cfg, p, reasons=(f"{p.fmt}{' weight-only' if p.weight_only else ''} on {scope}", why))
 

@@ -22,7 +22,8 @@ from ..formats import FORMATS
 from .device import DeviceInfo
 from .splits import split_counts as _split_counts
 
-__all__ = ["choose_portable", "default_promote", "small_m_model"]
+__all__ = ["choose_portable", "default_promote", "small_m_model", "mx_bf16_applies", "mx_bf16_config",
+           "mx_bf16_tile", "mx_bf16_split", "MX_BF16_TILES"]
 
 #: elements sharing one scale along K, bytes per element of packed data, bytes per scale
 _SCALE_K = {f.name: f.block_k for f in FORMATS.values()}
@@ -96,10 +97,16 @@ def _stages(block_m, block_n, block_k, fmt, a_dense_bytes, promote, smem) -> int
 
 
 @functools.lru_cache(maxsize=4096)
-def choose_portable(fmt: str, m: int, n: int, k: int, info: DeviceInfo, a_dtype, out_dtype) -> GemmConfig:
+def choose_portable(fmt: str, m: int, n: int, k: int, info: DeviceInfo, a_dtype, out_dtype, *,
+                    mx_bf16: bool = True) -> GemmConfig:
     """The portable kernel's configuration (or dequantize + cuBLAS) for ``[m, k] @ [n, k].T`` in
     ``fmt`` (``a_dtype``: the dense activation dtype of a weight-only GEMM, else None). Pure and
-    cached."""
+    cached. ``mx_bf16=False``: without the MX/NV bf16-tile rules (:func:`mx_bf16_config`), i.e. the
+    plans before them (scripts/sweeps/mx_tiles.py times both)."""
+    if mx_bf16 and mx_bf16_applies(fmt, m, info, a_dtype):
+        if _mx_bf16_dequant(fmt, m, n, k, info, a_dtype, out_dtype):
+            return GemmConfig(strategy="dequant_matmul")
+        return mx_bf16_config(fmt, m, n, k, info, a_dtype is not None)
     if _use_dequant_matmul(fmt, m, n, k, info, a_dtype, out_dtype):
         return GemmConfig(strategy="dequant_matmul")
 
@@ -307,6 +314,101 @@ def _choose_small_m(fmt, m, n, k, info: DeviceInfo, a_dtype, promote, block_m, b
                     best = (t, bm, swap, block_n, warps, stages, split)
     _, bm, swap, block_n, warps, stages, split = best
     return GemmConfig(bm, block_n, block_k, warps, stages, split, "triton", promote, 8, swap)
+
+
+# ---------------------------------------------------------------------------- MX/NV bf16 tiles
+# MX/NV GEMMs (quantized or bf16 activations) at MX_BF16_M_MIN < M <= MX_BF16_M_MAX on sm_90: the
+# portable kernel dequantizes the weight (and a quantized A) straight to bf16 in registers
+# (kernels/triton/_mma.py: fp4 bit patterns, packed bf16 scale multiplies) and runs bf16 wgmma;
+# swap-AB tiles make the weight the wgmma's 64-row M side and its register operand, so 16-32
+# activation rows are not padded to 64. sm_90 PTX per weight element of the K loop fell from
+# 15.8-32.3 to 4.6-10.7 (tests/test_mx_tiles_aot.py). The constants below are NOT MEASURED YET:
+# analytic first choices; scripts/sweeps/mx_tiles.py times them (and the plans before them,
+# dequantize + cuBLAS, cuBLAS on bf16 weights) on the H100 and prints the measured table to set
+# here (its "rules" block: one line per constant, named after the sweep row it comes from).
+
+#: rows above which the rules apply (M <= 8: the decode GEMV's rules)
+MX_BF16_M_MIN = 8
+#: rows up to which they apply (the sweep measures M = 16, 64, 256, 2048)
+MX_BF16_M_MAX = 512
+#: (format, mode, rows up to) -> tile class ``(swap_ab, block_m cap, block_n, block_k, num_warps,
+#: num_stages)``; mode "wxa" (quantized A) or "wo" (bf16 A, weight-only); swap-AB tiles take
+#: block_m = the power of two >= M, at least 16, at most the cap, others the cap. NOT MEASURED YET
+#: (analytic): swap-AB 16 / 32-row tiles up to M = 32 (no padded rows; the weight is the wgmma's
+#: register operand), 64x128 at M <= 64 (the fewest instructions per weight element among the
+#: AOT-counted tiles: 4.6-7.3 PTX), 128x128 with 8 warps above (one warpgroup per 64 rows).
+MX_BF16_TILES: dict[tuple[str, str, int], tuple[bool, int, int, int, int, int]] = {
+    (fmt, mode, rows): tile
+    for fmt in ("mxfp8", "mxfp4", "nvfp4") for mode in ("wxa", "wo")
+    for rows, tile in ((32, (True, 32, 128, 128, 4, 4)), (64, (False, 64, 128, 128, 4, 4)),
+                       (MX_BF16_M_MAX, (False, 128, 128, 128, 8, 3)))
+}
+#: fewest K chunks per split (a split shorter than the ring spends most of its time filling it).
+#: NOT MEASURED YET: 4, as _SMALL_M_MIN_CHUNKS.
+MX_BF16_MIN_CHUNKS = 4
+#: K splits the rules use: each is a separate compile (SPLIT_K is a constexpr), so the set is short
+#: (as plan.dense.SPLITS). A choice, not measured.
+MX_BF16_SPLITS = (1, 2, 4, 8, 16)
+#: programs per SM the K split aims for (tiles x split <= this x SMs). NOT MEASURED YET: 2, the
+#: resident CTAs per SM that ptxas's register counts allow (sm_90, tests/test_mx_tiles_aot.py:
+#: 152-255 registers x 128 threads -> 2-3 CTAs of the 4-warp tiles); the sweep times 1, 2 and 4.
+MX_BF16_PROGRAMS_PER_SM = 2
+#: (format, mode) -> M from which dequantize + cuBLAS runs instead (measured crossovers, from the
+#: sweep's "dequant" rows). Empty = NOT MEASURED YET: the roofline of _use_dequant_matmul decides,
+#: with _TRITON_MX_FLOPS (the kernel before the bf16 tiles) as the portable kernel's rate.
+MX_BF16_DEQUANT_M: dict[tuple[str, str], int] = {}
+
+
+def mx_bf16_applies(fmt: str, m: int, info: DeviceInfo, a_dtype) -> bool:
+    """Whether :func:`mx_bf16_config` plans this call: an MX/NV format on a CUDA sm_90+ GPU, quantized
+    or bf16 activations (fp16 ones need the promote path), MX_BF16_M_MIN < M <= MX_BF16_M_MAX."""
+    return (fmt in ("mxfp8", "mxfp4", "nvfp4") and info.kind == "cuda" and info.capability >= (9, 0)
+            and a_dtype in (None, torch.bfloat16) and MX_BF16_M_MIN < m <= MX_BF16_M_MAX)
+
+
+def mx_bf16_tile(fmt: str, m: int, weight_only: bool) -> tuple[bool, int, int, int, int, int]:
+    """The MX_BF16_TILES entry of the smallest bucket holding ``m`` (rows up to)."""
+    mode = "wo" if weight_only else "wxa"
+    buckets = sorted(r for (f, md, r) in MX_BF16_TILES if f == fmt and md == mode)
+    rows = next((r for r in buckets if m <= r), buckets[-1])
+    return MX_BF16_TILES[(fmt, mode, rows)]
+
+
+def mx_bf16_split(m: int, n: int, k: int, sm_count: int, block_m: int, block_n: int, block_k: int,
+                  programs_per_sm: int | None = None) -> int:
+    """K split of a bf16 tile: the most splits (launched counts from MX_BF16_SPLITS) with
+    tiles x split <= programs_per_sm (default MX_BF16_PROGRAMS_PER_SM) x SMs, each split keeping
+    >= MX_BF16_MIN_CHUNKS chunks of block_k."""
+    per_sm = MX_BF16_PROGRAMS_PER_SM if programs_per_sm is None else programs_per_sm
+    kiters = max(1, math.ceil(k / block_k))
+    tiles = math.ceil(m / block_m) * math.ceil(n / block_n)
+    best = 1
+    for split in _split_counts(kiters, max(1, min(_SMALL_M_MAX_SPLIT, kiters // MX_BF16_MIN_CHUNKS))):
+        if split in MX_BF16_SPLITS and tiles * split <= per_sm * sm_count:
+            best = split
+    return best
+
+
+def mx_bf16_config(fmt: str, m: int, n: int, k: int, info: DeviceInfo, weight_only: bool, tile=None,
+                   programs_per_sm: int | None = None) -> GemmConfig:
+    """The bf16-dequantizing portable config of an MX/NV GEMM: ``tile`` (a MX_BF16_TILES value;
+    default: the table's for ``m``; swap-AB tiles get block_m = the power of two >= M, >= 16, <= the
+    cap, other tiles the cap) and the K split of :func:`mx_bf16_split`; promote=False (the bf16 path)."""
+    swap, bm_cap, bn, bk, warps, stages = tile or mx_bf16_tile(fmt, m, weight_only)
+    # swap-AB: the activation rows are the wgmma's N side (any multiple of 8): fit them to M; other
+    # tiles keep their rows (the wgmma's M side, 64 per warpgroup)
+    bm = min(bm_cap, max(16, 1 << max(0, (m - 1).bit_length()))) if swap else bm_cap
+    split = mx_bf16_split(m, n, k, info.sm_count, bm, bn, bk, programs_per_sm)
+    return GemmConfig(bm, bn, bk, warps, stages, split, "triton", False, 8, swap)
+
+
+def _mx_bf16_dequant(fmt, m, n, k, info: DeviceInfo, a_dtype, out_dtype) -> bool:
+    """dequantize + cuBLAS for an MX/NV call the bf16 rules cover: from the measured crossover
+    (MX_BF16_DEQUANT_M) where there is one, else the roofline."""
+    at = MX_BF16_DEQUANT_M.get((fmt, "wo" if a_dtype is not None else "wxa"))
+    if at is not None:
+        return m >= at
+    return _use_dequant_matmul(fmt, m, n, k, info, a_dtype, out_dtype)
 
 
 def _use_dequant_matmul(fmt, m, n, k, info: DeviceInfo, a_dtype, out_dtype) -> bool:

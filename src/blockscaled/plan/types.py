@@ -90,7 +90,8 @@ def _config_desc(cfg) -> str:
         return "dequantize to bf16 + torch.matmul"
     if cfg.strategy == "gemv":
         return f"{cfg.block_n} rows x {cfg.block_k // 128} K blocks per program, {cfg.num_warps} warps"
-    s = f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}{' swap-AB' if cfg.swap_ab else ''} {cfg.num_warps} warps {cfg.num_stages} stages"
+    s = (f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}{' swap-AB' if cfg.swap_ab else ''}"
+         f"{' bf16-dequant' if cfg.promote is False else ''} {cfg.num_warps} warps {cfg.num_stages} stages")
     if cfg.split_k > 1:
         s += f", split-K {cfg.split_k}"
     return s

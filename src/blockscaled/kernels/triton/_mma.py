@@ -23,24 +23,27 @@ Two ways to apply the scales (constexpr ``PROMOTE``)
   weight-only: raw B values cast to A's dtype, exact in fp16/bf16), then
   ``acc += part * a_scale[:, None] * b_scale[None, :]`` in fp32. Needs the chunk inside one
   scale block: ``SCALE_K % BLOCK_K == 0``. This is DeepSeek's "promotion" recipe.
-* ``PROMOTE=False`` (dequantize in registers): each tile is decoded to fp32, multiplied by
-  its per-element scale and cast to ``DOT_DTYPE`` (bf16 on GPUs), then one dot per
-  ``BLOCK_K`` (any power of two >= 16, independent of the scale block). Loads: data as one
+* ``PROMOTE=False`` (dequantize in registers): each tile is dequantized to ``DOT_DTYPE`` (bf16
+  on GPUs), then one dot per ``BLOCK_K`` (any power of two >= 16, independent of the scale
+  block). Compiled bf16 path (``BLOCK_K >= 32`` for fp4, mxfp8 any): straight to bf16 bit
+  patterns and packed bf16 multiplies (:func:`fp4_bf16`, :func:`scale_bf16`, :func:`_mul_bf16`;
+  nvfp4 operands carry 2**-NVFP4_BF16_SHIFT, multiplied back on the accumulator after the loop);
+  the interpreter (and 16-wide fp4 chunks) decode to fp32, multiply by the scale and cast. Loads: data as one
   vector load per byte ([R, BK] fp8, [R, BK // 2] packed fp4 split into nibbles and
   interleaved), scales as [R, BK // SCALE_K] broadcast by a reshape (one scale load per block,
   not per element), so Triton pipelines both through cp.async; tests/test_mma_perf_aot.py
   checks the sm_90 PTX (H100: per-element gathers made mxfp8 9x and nvfp4 24x slower than
-  fp8_block at M=256 N=512 K=1024). For MX/NV formats this is
+  fp8_block at M=256 N=512 K=1024); tests/test_mx_tiles_aot.py counts the bf16 path's K-loop
+  instructions per weight element (4.6-10.7 PTX, from 15.8-32.3). For MX/NV formats this is
   exact in bf16: e4m3/e2m1 times a power of two (E8M0) or times an e4m3 scale has at most
   6 significant bits (< 8 of bf16) and bf16 has fp32's exponent range. NOT exact for
   fp8_block (fp32 scales), so fp8_block must use PROMOTE.
 
-Choice for fp4 (not measured here, see config/): the default is PROMOTE=False, bf16 dot with
-BLOCK_K=64/128: FP8 wgmma needs K >= 32 per instruction, so nvfp4 (16-element blocks) cannot
-promote through an FP8 dot at all, and mxfp4 promotion per 32 K pays a full accumulator FMA
-pass per 32 K. On the H100, MXFP8 per-32 promotion measured >= bf16 upcast at M <= 128 (112 vs 87
-TFLOP/s at M=128; docs/design.md, "Measurements older than NOTES.md"), so the heuristic may pick
-PROMOTE for mxfp8 / mxfp4 at small M.
+Choice (the planner's, plan/portable.py): nvfp4 cannot promote through an FP8 dot (FP8 wgmma needs
+K >= 32 per instruction, nvfp4 blocks are 16) and MX promotion per 32 K pays a full accumulator FMA
+pass per 32 K; MXFP8 per-32 promotion measured >= the earlier fp32-decode bf16 path at M <= 128
+(112 vs 87 TFLOP/s at M=128; docs/design.md, "Measurements older than NOTES.md"), which the bf16
+path above replaces at 8 < M <= 512 on sm_90 (plan.portable.MX_BF16_*, not measured yet).
 
 Interpreter: triton 3.6's interpreter returns garbage for bf16 ``tl.dot`` (and bf16
 elementwise math), so launchers pass ``DOT_DTYPE=tl.float32`` there; the products are
@@ -111,14 +114,15 @@ def decode_scale(s, FMT: tl.constexpr):
 
 
 @triton.jit
-def _load_fp4_codes(ptr, row_off, mask_r, k0, stride_k, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
-    """Packed fp4 tile at K indices ``[k0, k0 + BLOCK_K)`` as int32 e2m1 codes [R, BLOCK_K]. Masked -> 0.
+def _load_fp4_bytes(ptr, row_off, mask_r, k0, stride_k, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """Packed fp4 tile at K indices ``[k0, k0 + BLOCK_K)`` as its bytes [R, BLOCK_K // 2] (uint8,
+    element ``2j`` in the low nibble of byte ``j``). Masked -> 0; odd K: the last byte's high
+    nibble (element K, padding) is cleared, whatever it holds.
 
-    One load per byte (``[R, BLOCK_K // 2]``, K contiguous so it vectorizes / is cp.async
-    pipelined), nibbles split with shifts and interleaved (low nibble = even element). The
-    former per-element gather (byte ``k // 2`` + variable shift) issued scalar byte loads that
-    were never pipelined (measured in tests/test_mma_perf_aot.py).
-    ``k0`` is even (a multiple of BLOCK_K), so byte ``k0 // 2 + j`` holds both elements."""
+    One load per byte, K contiguous, so it vectorizes / is cp.async pipelined (the former
+    per-element gather, byte ``k // 2`` + variable shift, issued scalar byte loads that were
+    never pipelined: measured in tests/test_mma_perf_aot.py). ``k0`` is even (a multiple of
+    BLOCK_K), so byte ``k0 // 2 + j`` holds both elements."""
     offs_b = k0 // 2 + tl.arange(0, BLOCK_K // 2)
     if EVEN_K:
         mask = mask_r[:, None]
@@ -128,12 +132,84 @@ def _load_fp4_codes(ptr, row_off, mask_r, k0, stride_k, K, BLOCK_K: tl.constexpr
         # stay vectorized / cp.async-pipelined (``offs_b * 2 < K`` made them byte loads).
         mask = mask_r[:, None] & (offs_b < K - K // 2)[None, :]
     byte = tl.load(ptr + row_off[:, None] + offs_b[None, :] * stride_k, mask=mask, other=0)
-    lo = byte & 15
-    hi = byte >> 4
     if not EVEN_K:
-        # odd K: the last byte's high nibble is padding (element K), whatever it holds
-        hi = tl.where((offs_b * 2 + 1 < K)[None, :], hi, 0)
-    return _interleave(lo, hi).to(tl.int32)
+        byte = tl.where((offs_b * 2 + 1 < K)[None, :], byte, byte & 15)
+    return byte
+
+
+@triton.jit
+def _load_fp4_codes(ptr, row_off, mask_r, k0, stride_k, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """Packed fp4 tile at K indices ``[k0, k0 + BLOCK_K)`` as int32 e2m1 codes [R, BLOCK_K]
+    (:func:`_load_fp4_bytes` with the nibbles split by shifts and interleaved, low nibble = even
+    element). Masked -> 0."""
+    byte = _load_fp4_bytes(ptr, row_off, mask_r, k0, stride_k, K, BLOCK_K, EVEN_K)
+    return _interleave(byte & 15, byte >> 4).to(tl.int32)
+
+
+#: bf16 bits of 2**126 (:func:`fp4_bf16` patterns are e2m1 * 2**-126)
+BF16_2POW126 = tl.constexpr(0x7E80)
+#: nvfp4 tiles dequantized by :func:`scale_bf16` carry a factor 2**-NVFP4_BF16_SHIFT (one bf16
+#: multiply instead of two, see there); scaled_mma multiplies its accumulator back (exact)
+NVFP4_BF16_SHIFT = tl.constexpr(8)
+_NVFP4_BF16_FACTOR = tl.constexpr(2.0 ** (126 - 8))  # 2**(126 - NVFP4_BF16_SHIFT)
+
+
+@triton.jit
+def fp4_bf16(byte):
+    """Packed e2m1 bytes [R, H] (uint8, element ``2j`` in the low nibble of byte ``j``) -> bf16
+    [R, 2H] holding ``e2m1 * 2**-126``, from integer ops only (GPU code: the interpreter cannot
+    do bf16 arithmetic on the result).
+
+    Magnitude bits ``e1 e0 m`` of a nibble placed at bf16 bits 8..6 (exponent field ``e1 e0``,
+    mantissa MSB ``m``) and its sign at bit 15 are exactly ``e2m1 * 2**-126`` for all 16 codes:
+    ``E = e1e0 >= 1`` gives ``2**(E - 127) * (1 + m/2) = 2**(E-1) * (1 + m/2) * 2**-126``, and
+    ``E = 0`` is bf16's subnormal ``m * 2**-127 = (m/2) * 2**-126`` (e2m1 0.5 and +-0). One
+    32-bit word per byte holds both elements (low half = even element), the layout of a bf16x2
+    MMA operand register: ``b * 0x40040 = b << 6 | b << 18`` puts the low nibble's magnitude at
+    bits 6..8 and the high nibble's at 22..24, ``b * 0x1001000 = b << 12 | b << 24`` the signs at
+    bits 15 and 31 (neither product carries: the shifted copies do not overlap).
+    Multiplying by 2**126 (:data:`BF16_2POW126`) gives the e2m1 values; :func:`scale_bf16` for the
+    block scales."""
+    b = byte.to(tl.uint32)
+    w = ((b * 0x40040) & 0x01C001C0) | ((b * 0x1001000) & 0x80008000)
+    lo = w.to(tl.uint16)
+    hi = (w >> 16).to(tl.uint16)
+    return _interleave(lo, hi).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def scale_bf16(s, FMT: tl.constexpr):
+    """Stored MX/NV block scales -> the bf16 factor of the in-register bf16 dequantization (GPU code).
+
+    E8M0 (mxfp8 / mxfp4): ``2**(e-127)`` exactly: bits ``e << 7`` for e in 1..254, 2**-127 is bf16's
+    subnormal 0x0040 (e = 0), e = 255 is NaN; every E8M0 value is a bf16 value. A product
+    ``element * 2**(e-127)`` is exact in bf16 unless it is below 2**-126 and not a multiple of
+    2**-133 (bf16's subnormal step): never for e2m1 (multiples of 2**-128); for e4m3 (multiples of
+    2**(E-10), E its exponent field, 2**-9 for subnormals) only where ``E + e < 4`` (normal) or
+    ``e < 3`` (subnormal), i.e. with E8M0 codes 0..2 (scales <= 2**-125). Those round to nearest
+    even, as the fp32 -> bf16 cast of the earlier fp32 dequantization did (exact fp32 product, one
+    rounding): tests/test_mx_bf16.py::test_mxfp8_lowest_scales_round_like_bf16_operands.
+    nvfp4 (e4m3 scale s, 2**-9 <= |s| <= 448 or 0): ``s * 2**(126 - NVFP4_BF16_SHIFT)``, a normal
+    bf16 below 2**127, so that one multiply of an :func:`fp4_bf16` pattern gives
+    ``e2m1 * s * 2**-8`` exactly (>= 2**-18: normal; <= 6 significant bits); without the shift the
+    factor ``s * 2**126`` would overflow bf16 for s >= 4."""
+    if FMT == FMT_NVFP4:
+        r = (e4m3_to_f32(s) * _NVFP4_BF16_FACTOR).to(tl.bfloat16)
+    else:
+        e = s.to(tl.int32)
+        bits = tl.where(e == 0, 0x0040, tl.where(e == 255, 0x7FC0, e << 7))
+        r = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    return r
+
+
+@triton.jit
+def _mul_bf16(x, y):
+    """``x * y`` for bf16 tensors of one shape, as packed ``fma.rn.bf16x2(x, y, -0.0)`` (sm_80+; exact
+    products are what the callers multiply, so the rounding mode does not matter; -0.0 keeps the
+    sign of zero products). Triton's own ``*`` emitted scalar ``mul.bf16`` on the MMA operand
+    layout, which ptxas paired into HMUL2 with a half-swapping PRMT before and after each one."""
+    return tl.inline_asm_elementwise("{ .reg .b32 nz; mov.b32 nz, 0x80008000; fma.rn.bf16x2 $0, $1, $2, nz; }",
+                                     "=r,r,r", [x, y], dtype=tl.bfloat16, is_pure=True, pack=2)
 
 
 @triton.jit
@@ -185,17 +261,42 @@ def _load_values(ptr, row_off, mask_r, k0, offs_kb, stride_k, K, FMT: tl.constex
 
 @triton.jit
 def _load_block_scales(s_ptr, s_row_off, mask_r, k0, stride_sk, K, FMT: tl.constexpr, SCALE_K: tl.constexpr,
-                       NS: tl.constexpr, EVEN_K: tl.constexpr):
-    """fp32 scales [R, NS] of the NS scale blocks starting at block ``k0 // SCALE_K``.
+                       NS: tl.constexpr, EVEN_K: tl.constexpr, BF16: tl.constexpr = False):
+    """Scales [R, NS] of the NS scale blocks starting at block ``k0 // SCALE_K``: fp32
+    (:func:`decode_scale`) or, with BF16, the bf16 factors of :func:`scale_bf16`.
     Blocks at or past K are masked: they read 0 (E8M0 0 -> 2**-127, e4m3 0 -> 0; never the E8M0
     NaN code 255), and multiply only masked (zero) elements."""
-    offs_s = k0 // SCALE_K + tl.arange(0, NS)
+    # k0 is a multiple of BLOCK_K = NS * SCALE_K (scaled_mma's contract): the NS scales of a row
+    # are one aligned vector (what lets Triton vectorize the load and pipeline it with cp.async)
+    offs_s = tl.max_contiguous(tl.multiple_of(k0 // SCALE_K + tl.arange(0, NS), NS), NS)
     if EVEN_K:
         mask = mask_r[:, None]
     else:
         mask = mask_r[:, None] & (offs_s * SCALE_K < K)[None, :]
     s = tl.load(s_ptr + s_row_off[:, None] + offs_s[None, :] * stride_sk, mask=mask, other=0.0)
-    return decode_scale(s, FMT)
+    if BF16:
+        r = scale_bf16(s, FMT)
+    else:
+        r = decode_scale(s, FMT)
+    return r
+
+
+@triton.jit
+def _load_bf16_values(ptr, row_off, mask_r, k0, offs_kb, stride_k, K, FMT: tl.constexpr, EVEN_K: tl.constexpr,
+                      BLOCK_K: tl.constexpr):
+    """A quantized [R, BK] tile at K indices ``k0 + offs_kb`` as bf16 element values for the
+    in-register bf16 dequantization (GPU code, BLOCK_K >= 32 for fp4): e4m3 -> fp32 -> bf16 (the
+    hardware conversions; exact, NaN kept); e2m1 -> :func:`fp4_bf16` patterns (``e2m1 * 2**-126``),
+    times 2**126 for mxfp4 (exact: the e2m1 values; nvfp4 folds 2**126 into its scale factor,
+    :func:`scale_bf16`). Masked -> 0."""
+    if FMT == FMT_MXFP4 or FMT == FMT_NVFP4:
+        v = fp4_bf16(_load_fp4_bytes(ptr, row_off, mask_r, k0, stride_k, K, BLOCK_K, EVEN_K))
+        if FMT == FMT_MXFP4:
+            v = _mul_bf16(v, tl.full(v.shape, BF16_2POW126, tl.int16).to(tl.bfloat16, bitcast=True))
+    else:
+        v = _load_values(ptr, row_off, mask_r, k0, offs_kb, stride_k, K, FMT, EVEN_K, BLOCK_K)
+        v = v.to(tl.float32).to(tl.bfloat16)
+    return v
 
 
 @triton.jit
@@ -219,6 +320,20 @@ def _load_tile(
         s = tl.load(s_ptr + s_row_off + (k0 // SCALE_K) * stride_sk, mask=mask_r, other=0.0)
         sc = decode_scale(s, FMT)
         tile = upcast(v, DOT_DTYPE)
+    elif (not INTERPRETING) and DOT_DTYPE == tl.bfloat16 and (FMT == FMT_MXFP8 or BLOCK_K >= 32):
+        # in-register dequantization straight to bf16 (scale_bf16: every product exact)
+        sc = tl.full(mask_r.shape, 1.0, tl.float32)
+        v = _load_bf16_values(ptr, row_off, mask_r, k0, offs_kb, stride_k, K, FMT, EVEN_K, BLOCK_K)
+        if BLOCK_K <= SCALE_K:
+            s_raw = tl.load(s_ptr + s_row_off + (k0 // SCALE_K) * stride_sk, mask=mask_r, other=0.0)
+            tile = _mul_bf16(v, tl.broadcast_to(scale_bf16(s_raw, FMT)[:, None], v.shape))
+        else:
+            s_bf = _load_block_scales(s_ptr, s_row_off, mask_r, k0, stride_sk, K, FMT, SCALE_K,
+                                      BLOCK_K // SCALE_K, EVEN_K, True)
+            R: tl.constexpr = v.shape[0]
+            NS: tl.constexpr = BLOCK_K // SCALE_K
+            s_full = tl.broadcast_to(s_bf[:, :, None], (R, NS, SCALE_K)).reshape([R, BLOCK_K])
+            tile = _mul_bf16(v, s_full)
     else:
         sc = tl.full(mask_r.shape, 1.0, tl.float32)
         if BLOCK_K <= SCALE_K:
@@ -253,13 +368,17 @@ def scaled_mma(
     columns with ``mask_m`` / ``mask_n`` False and ``k >= k_hi`` read as zero.
     ``EVEN_K``: caller guarantees ``(k_hi - k_lo) % BLOCK_K == 0`` (drops the K mask).
     """
-    SCALE_K: tl.constexpr = 128 if B_FMT == FMT_FP8_BLOCK else (16 if B_FMT == FMT_NVFP4 else 32)
+    # the quantized operand's format (B's; A's when B is the dense one: swap-AB weight-only tiles)
+    Q_FMT: tl.constexpr = A_FMT if B_FMT == FMT_DENSE else B_FMT
+    SCALE_K: tl.constexpr = 128 if Q_FMT == FMT_FP8_BLOCK else (16 if Q_FMT == FMT_NVFP4 else 32)
     if PROMOTE:
         tl.static_assert(SCALE_K % BLOCK_K == 0, "PROMOTE needs BLOCK_K dividing the scale block")
     else:
-        tl.static_assert(B_FMT != FMT_FP8_BLOCK, "fp8_block needs PROMOTE (fp32 scales are not exact in bf16)")
-    if A_FMT != FMT_DENSE:
+        tl.static_assert(Q_FMT != FMT_FP8_BLOCK, "fp8_block needs PROMOTE (fp32 scales are not exact in bf16)")
+    tl.static_assert(Q_FMT != FMT_DENSE, "one operand must be quantized")
+    if A_FMT != FMT_DENSE and B_FMT != FMT_DENSE:
         tl.static_assert(A_FMT == B_FMT, "A and B formats differ")
+    tl.static_assert(not DUAL or B_FMT != FMT_DENSE, "DUAL needs quantized B operands")
 
     a_row = offs_m.to(tl.int64) * stride_am
     a_srow = offs_m.to(tl.int64) * stride_asm
@@ -278,6 +397,8 @@ def scaled_mma(
             part = tl.dot(a, tl.trans(b))
             if A_FMT == FMT_DENSE:
                 acc += part * sb[None, :]
+            elif B_FMT == FMT_DENSE:
+                acc += part * sa[:, None]
             else:
                 acc += part * sa[:, None] * sb[None, :]
         else:
@@ -293,6 +414,14 @@ def scaled_mma(
                     acc2 += part2 * sa[:, None] * sb2[None, :]
             else:
                 acc2 = tl.dot(a, tl.trans(b2), acc2)
+    # nvfp4 operands dequantized by scale_bf16 carry 2**-NVFP4_BF16_SHIFT each: multiply it back
+    # (a power of two: exact in fp32)
+    NV_BF16: tl.constexpr = (not INTERPRETING) and (not PROMOTE) and DOT_DTYPE == tl.bfloat16 and BLOCK_K >= 32
+    SHIFT: tl.constexpr = NVFP4_BF16_SHIFT * ((A_FMT == FMT_NVFP4) + (B_FMT == FMT_NVFP4)) if NV_BF16 else 0
+    if SHIFT > 0:
+        acc = acc * (2.0 ** SHIFT)
+        if DUAL:
+            acc2 = acc2 * (2.0 ** SHIFT)
     if DUAL:
         return acc, acc2
     else:

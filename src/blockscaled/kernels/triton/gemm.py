@@ -152,7 +152,8 @@ def gemm_kernel(
         gdc_launch_dependents()
 
     if SWAP_AB:
-        tl.static_assert(A_FMT == B_FMT, "SWAP_AB needs a quantized A")
+        tl.static_assert(A_FMT == B_FMT or (A_FMT == FMT_DENSE and not PROMOTE),
+                         "SWAP_AB needs a quantized A, or a dense A with PROMOTE=False")
         if B_SCALE_ROWS == 1:
             w_s_ptr = b_s_ptr
             stride_wsn = stride_bsn
