@@ -16,10 +16,11 @@ from pathlib import Path
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
-def run_compile_script(script: str, timeout: int = 900) -> dict:
-    """Run ``script`` with ``src/`` on the path and no interpreter; return the JSON object of
-    its last stdout line (a leading ``JSON`` marker is allowed)."""
+def run_compile_script(script: str, timeout: int = 900, extra_env: dict | None = None) -> dict:
+    """Run ``script`` with ``src/`` on the path and no interpreter (plus ``extra_env``); return the
+    JSON object of its last stdout line (a leading ``JSON`` marker is allowed)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(extra_env or {})
     env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
     r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, r.stderr[-4000:]

@@ -66,3 +66,28 @@ def path(request, monkeypatch, device):
     elif device == "cpu" and not checks.INTERPRET:
         pytest.skip("needs TRITON_INTERPRET=1 (tests/conftest.py sets it without a GPU)")
     return request.param
+
+
+@pytest.fixture
+def mx_kernels(monkeypatch):
+    """Switch the experimental MX/NV planner rules on for one test (blockscaled._experimental: the
+    decode GEMV at M <= 8, the bf16 tiles at 8 < M <= 512), with the plan caches cleared before and
+    after. Only the planner's choices: the compiled kernels' bf16 decode is a module constant set
+    at import (AOT tests set BLOCKSCALED_MX_KERNELS in their compile subprocess)."""
+    from blockscaled.plan import gemm as plan_gemm_mod
+    from blockscaled.plan import portable
+
+    def clear():
+        plan_gemm_mod.plan_gemm.cache_clear()
+        portable.choose_portable.cache_clear()
+
+    clear()
+    monkeypatch.setattr(portable, "MX_BF16_ENABLED", True)
+    try:
+        from blockscaled.plan import mx_gemv
+    except ImportError:  # before the decode GEMV
+        mx_gemv = None
+    if mx_gemv is not None:
+        monkeypatch.setattr(mx_gemv, "MX_GEMV_ENABLED", True)
+    yield
+    clear()

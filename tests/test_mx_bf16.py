@@ -316,7 +316,20 @@ def test_nan_codes_propagate(fmt, device):
 
 
 # ----------------------------------------------------------------------------- planner
-def test_mx_bf16_rules_on_h100():
+def test_mx_bf16_rules_off_by_default():
+    """Until the bf16 kernels have run on a GPU the planner keeps the earlier MX/NV plans
+    (blockscaled._experimental)."""
+    from blockscaled.plan import H100_SXM
+    from blockscaled.plan import portable as pp
+
+    if pp.MX_BF16_ENABLED:
+        pytest.skip("BLOCKSCALED_MX_KERNELS switches the bf16 rules on in this process")
+    assert not pp.mx_bf16_applies("mxfp4", 16, H100_SXM, None)
+    cfg = pp.choose_portable("nvfp4", 64, 7168, 16384, H100_SXM, None, torch.bfloat16)
+    assert cfg == pp.choose_portable("nvfp4", 64, 7168, 16384, H100_SXM, None, torch.bfloat16, mx_bf16=False)
+
+
+def test_mx_bf16_rules_on_h100(mx_kernels):
     """plan.portable's MX/NV bf16 rules (MX_BF16_*): promote=False bf16 tiles for 8 < M <= 512 in both
     modes (weight-only gets the same tiles, swap-AB included), block_m fitted to M, the K split within
     MX_BF16_PROGRAMS_PER_SM x SMs programs with >= MX_BF16_MIN_CHUNKS chunks per split; not for fp16

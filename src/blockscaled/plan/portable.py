@@ -17,6 +17,7 @@ import math
 
 import torch
 
+from .._experimental import mx_kernel_enabled
 from ..config.gemm import GemmConfig
 from ..formats import FORMATS
 from .device import DeviceInfo
@@ -329,6 +330,8 @@ def _choose_small_m(fmt, m, n, k, info: DeviceInfo, a_dtype, promote, block_m, b
 
 #: rows above which the rules apply (M <= 8: the decode GEMV's rules)
 MX_BF16_M_MIN = 8
+#: whether the rules below apply at all (blockscaled._experimental, "bf16"); tests patch it
+MX_BF16_ENABLED = mx_kernel_enabled("bf16")
 #: rows up to which they apply (the sweep measures M = 16, 64, 256, 2048)
 MX_BF16_M_MAX = 512
 #: (format, mode, rows up to) -> tile class ``(swap_ab, block_m cap, block_n, block_k, num_warps,
@@ -361,7 +364,11 @@ MX_BF16_DEQUANT_M: dict[tuple[str, str], int] = {}
 
 def mx_bf16_applies(fmt: str, m: int, info: DeviceInfo, a_dtype) -> bool:
     """Whether :func:`mx_bf16_config` plans this call: an MX/NV format on a CUDA sm_90+ GPU, quantized
-    or bf16 activations (fp16 ones need the promote path), MX_BF16_M_MIN < M <= MX_BF16_M_MAX."""
+    or bf16 activations (fp16 ones need the promote path), MX_BF16_M_MIN < M <= MX_BF16_M_MAX, and
+    the bf16 kernels switched on (``BLOCKSCALED_MX_KERNELS``: blockscaled._experimental; off until
+    they have run on a GPU)."""
+    if not MX_BF16_ENABLED:
+        return False
     return (fmt in ("mxfp8", "mxfp4", "nvfp4") and info.kind == "cuda" and info.capability >= (9, 0)
             and a_dtype in (None, torch.bfloat16) and MX_BF16_M_MIN < m <= MX_BF16_M_MAX)
 

@@ -68,6 +68,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..._experimental import mx_kernel_enabled
 from ._interp import INTERPRETING, cast_out, e4m3_to_f32, upcast  # noqa: F401 (re-exported)
 
 # Operand format codes (pass as tl.constexpr). Host code maps Format.name -> code with
@@ -77,6 +78,12 @@ FMT_MXFP8 = tl.constexpr(1)
 FMT_MXFP4 = tl.constexpr(2)
 FMT_NVFP4 = tl.constexpr(3)
 FMT_DENSE = tl.constexpr(4)  # A only: bf16 / fp16 activations (weight-only GEMM)
+
+#: The in-register dequantization straight to bf16 (_load_bf16_values, scale_bf16, _mul_bf16) on
+#: compiled kernels: off unless BLOCKSCALED_MX_KERNELS switches "bf16" on (blockscaled._experimental:
+#: not yet run on a GPU); otherwise the fp32 decode, multiply and cast. The interpreter always
+#: takes the fp32 path (it cannot do bf16 arithmetic).
+MX_BF16_DECODE = tl.constexpr(mx_kernel_enabled("bf16") and not INTERPRETING.value)
 
 FORMAT_CODES = {"fp8_block": 0, "mxfp8": 1, "mxfp4": 2, "nvfp4": 3, "dense": 4}
 #: elements sharing one scale along K, per format code
@@ -320,7 +327,7 @@ def _load_tile(
         s = tl.load(s_ptr + s_row_off + (k0 // SCALE_K) * stride_sk, mask=mask_r, other=0.0)
         sc = decode_scale(s, FMT)
         tile = upcast(v, DOT_DTYPE)
-    elif (not INTERPRETING) and DOT_DTYPE == tl.bfloat16 and (FMT == FMT_MXFP8 or BLOCK_K >= 32):
+    elif MX_BF16_DECODE and DOT_DTYPE == tl.bfloat16 and (FMT == FMT_MXFP8 or BLOCK_K >= 32):
         # in-register dequantization straight to bf16 (scale_bf16: every product exact)
         sc = tl.full(mask_r.shape, 1.0, tl.float32)
         v = _load_bf16_values(ptr, row_off, mask_r, k0, offs_kb, stride_k, K, FMT, EVEN_K, BLOCK_K)
@@ -416,7 +423,7 @@ def scaled_mma(
                 acc2 = tl.dot(a, tl.trans(b2), acc2)
     # nvfp4 operands dequantized by scale_bf16 carry 2**-NVFP4_BF16_SHIFT each: multiply it back
     # (a power of two: exact in fp32)
-    NV_BF16: tl.constexpr = (not INTERPRETING) and (not PROMOTE) and DOT_DTYPE == tl.bfloat16 and BLOCK_K >= 32
+    NV_BF16: tl.constexpr = MX_BF16_DECODE and (not PROMOTE) and DOT_DTYPE == tl.bfloat16 and BLOCK_K >= 32
     SHIFT: tl.constexpr = NVFP4_BF16_SHIFT * ((A_FMT == FMT_NVFP4) + (B_FMT == FMT_NVFP4)) if NV_BF16 else 0
     if SHIFT > 0:
         acc = acc * (2.0 ** SHIFT)
