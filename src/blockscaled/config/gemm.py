@@ -20,9 +20,10 @@ __all__ = ["GemmConfig", "STRATEGIES", "GEMV_MAX_M", "gemv_config"]
 STRATEGIES = ("triton", "dequant_matmul", "hopper", "gemv")
 
 
-#: Most activation rows the CUDA-core decode GEMV (strategy "gemv", kernels/triton/gemv.py)
-#: takes: every row costs one fp32 FMA per weight byte on the CUDA cores.
-GEMV_MAX_M = 4
+#: Most activation rows one program of the CUDA-core decode GEMVs (strategy "gemv",
+#: kernels/triton/gemv.py and mx_gemv.py) takes (block_m): every row costs one fp32 FMA per
+#: weight element on the CUDA cores, and mx_gemv.py unrolls its rows into 8 accumulators.
+GEMV_MAX_M = 8
 #: Weight bytes one GEMV program loads at once (its chunk): the H100 streaming-read probe
 #: (scripts/probes/stream_ceiling.py) was fastest with 32 KB per program on 4 of the 6 DeepSeek-V3 shapes.
 GEMV_CHUNK_BYTES = 32 * 1024
