@@ -24,7 +24,7 @@ import triton.language as tl
 from triton.runtime.jit import JITFunction
 
 from .. import _checks
-from ..config.gemm import GemmConfig
+from ..config.gemm import GemmConfig, gemv_slice_elems
 from ..config.hopper import HopperConfig
 from ..plan import Plan, Problem, device_info, log_plan, plan_gemm
 from ..plan.types import DTYPE_NAMES
@@ -200,6 +200,11 @@ _PDL_ON = {"PDL": True, "launch_pdl": True}
 _PDL_OFF: dict = {}
 
 
+def _nvidia() -> bool:
+    """An NVIDIA build of torch (ROCm reports device type "cuda" too): the kernels may use PTX."""
+    return torch.version.hip is None
+
+
 @functools.lru_cache(maxsize=None)
 def _pdl_capable(index: int) -> bool:
     """griddepcontrol / programmatic stream serialization exist on NVIDIA sm_90+ (not ROCm,
@@ -288,6 +293,9 @@ def _launch_mx_gemv(a2, a_s2, a_gs, b_data, b_scale, b_gs, out2, bias, fmt: Form
                     cfg: GemmConfig) -> None:
     """kernels/triton/mx_gemv.py::mx_gemv_kernel with ``cfg``'s tiles (grid: weight-row blocks x
     activation-row blocks). nvfp4 global scales as gemm_kernel takes them (0-d device tensors)."""
+    if cfg.block_n > 8:
+        raise ValueError(f"config.block_n: the {fmt.name} GEMV holds a slice of every weight row of a program in "
+                         f"each thread's registers and takes at most 8 rows, got {cfg.block_n}")
     gs_b = b_gs if b_gs is not None else b_scale  # not read unless nvfp4
     gs_a = a_gs if a_gs is not None else gs_b  # not read unless nvfp4 with quantized A
     a_s = a_s2 if a_s2 is not None else b_scale  # dense A: never read
@@ -297,7 +305,8 @@ def _launch_mx_gemv(a2, a_s2, a_gs, b_data, b_scale, b_gs, out2, bias, fmt: Form
         a2.stride(0), a_s.stride(0), a_s.stride(-1), b_data.stride(0), b_scale.stride(0), b_scale.stride(1),
         out2.stride(0),
         FMT=FORMAT_CODES[fmt.name], A_DENSE=a_s2 is None, HAS_BIAS=bias is not None, EVEN_K=k % 32 == 0,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=1,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SLICE=gemv_slice_elems(cfg.block_m),
+        PTX=_nvidia(), num_warps=cfg.num_warps, num_stages=1,
     )
 
 

@@ -1,0 +1,82 @@
+"""Where the MX / NV decode GEMV runs (kernels/triton/mx_gemv.py) and with which tiles.
+
+At decode sizes (M <= 8 activation rows) a dense GEMM with mxfp8 / mxfp4 / nvfp4 weights is a
+stream of the packed weights: the floor is their bytes (and scales) at the copy bandwidth, 1.5 us
+for mxfp4 2880x2880. The portable tensor-core kernel reached 2-20 % of it on the H100 (tiny K
+chunks, K split), so the planner sends these calls to the CUDA-core GEMV instead, for both modes
+(weight-only bf16 / fp16 activations and W x A with quantized activations).
+
+The tiles follow the fp8_block GEMV's measurements (kernels/triton/gemv.py docstring;
+benchmarks/NOTES.md 2026-11-22, "Decode GEMV"): decode speed is set by how many bytes each SM
+keeps in flight, best with many short programs that each load their whole chunk (8-16 KB) at
+once. Here one thread owns one slice (``config.gemm.gemv_slice_elems``: 32 / 16 / 8 K
+elements) of each of the program's rows, so a chunk is ``32 * warps`` slices x ``block_n`` rows.
+
+NOT MEASURED YET: the M threshold and every constant below are first guesses from that reasoning;
+``scripts/sweeps/mx_decode.py`` times the GEMV under a grid of its tiles against the portable
+kernel and cuBLAS bf16 on the H100 to set them.
+"""
+
+from __future__ import annotations
+
+from ..config.gemm import GEMV_MAX_M, GemmConfig, gemv_slice_elems
+from .device import DeviceInfo
+from .splits import cdiv
+
+__all__ = ["MX_GEMV_FORMATS", "MX_GEMV_MAX_M", "MX_GEMV_CHUNK_BYTES", "MX_GEMV_MAX_WARPS", "MX_GEMV_MAX_ROWS",
+           "MX_GEMV_MIN_PROGRAMS_PER_SM", "use_mx_gemv", "mx_gemv_config"]
+
+MX_GEMV_FORMATS = ("mxfp8", "mxfp4", "nvfp4")
+#: Most activation rows the planner sends to the GEMV. NOT MEASURED YET. Each row costs one fp32
+#: FMA per weight element on the CUDA cores; AOT sm_90 SASS of the mxfp4 loop (8 weight rows, 4
+#: warps): ~10 instructions per weight byte at M = 1 (decode ~5.8, FMAs 2), ~12 at 2, ~16 at 4,
+#: ~24 at 8, against ~10 the H100 issues per byte at 3 TB/s (132 SMs x 128 lanes x ~1.75 GHz):
+#: ~100 / 80 / 60 / 40 % of the floor at best for fp4 (mxfp8 ~3.5 per byte at M = 1, one FMA per
+#: byte per row: near the floor up to 8), vs the 2-20 % the portable kernel reached.
+MX_GEMV_MAX_M = GEMV_MAX_M
+#: Weight bytes one program loads per chunk (block_n rows x block_k elements). NOT MEASURED YET:
+#: the fp8_block GEMV's sweep chose 8-16 KB (32 KB lost: registers, activation re-reads).
+MX_GEMV_CHUNK_BYTES = 16 * 1024
+#: Most warps per program (one slice per thread per chunk). NOT MEASURED YET: at 8 warps a
+#: program of 8 mxfp4 rows (161 registers per thread) leaves one program per SM, whose math
+#: then waits for its loads; 4 warps fit 3.
+MX_GEMV_MAX_WARPS = 4
+#: Most weight rows per program: the kernel keeps a slice of each in every thread's registers
+#: (16 rows of 32-element fp4 slices spilled in the sm_90 AOT build).
+MX_GEMV_MAX_ROWS = 8
+#: Fewest programs per SM before a program takes more rows ("many short programs"). NOT MEASURED YET.
+MX_GEMV_MIN_PROGRAMS_PER_SM = 2
+
+
+def use_mx_gemv(fmt: str, m: int, k: int) -> bool:
+    """The planner's rule: MX / NV weights, 1 <= M <= MX_GEMV_MAX_M, K > 0 (CUDA only; the
+    caller checks the device)."""
+    return fmt in MX_GEMV_FORMATS and 1 <= m <= MX_GEMV_MAX_M and k > 0
+
+
+def _pow2_at_least(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+def mx_gemv_config(fmt: str, m: int, n: int, k: int, dev: DeviceInfo) -> GemmConfig:
+    """The GEMV's tiles for ``[m, k] @ [n, k].T`` with ``fmt`` weights on ``dev``:
+
+    * block_m: M rounded up to a power of two (<= MX_GEMV_MAX_M; larger M runs more row programs);
+    * block_k: one slice per thread, as many threads as the row has slices (power of two, 1 to
+      MX_GEMV_MAX_WARPS warps), so short K loads the whole row at once and long K walks it in
+      chunks of ``32 * MX_GEMV_MAX_WARPS`` slices;
+    * block_n: the most rows (power of two <= MX_GEMV_MAX_ROWS) whose chunk fits
+      MX_GEMV_CHUNK_BYTES while the launch keeps >= MX_GEMV_MIN_PROGRAMS_PER_SM programs per SM.
+    """
+    bm = min(MX_GEMV_MAX_M, _pow2_at_least(max(1, m)))
+    eps = gemv_slice_elems(bm)
+    elem_bytes = 1.0 if fmt == "mxfp8" else 0.5
+    slices = max(1, cdiv(k, eps))
+    g = min(max(_pow2_at_least(slices), 32), 32 * MX_GEMV_MAX_WARPS)
+    block_k = g * eps
+    row_bytes = min(k, block_k) * elem_bytes  # bytes of one row in one chunk
+    bn = 1
+    while (2 * bn <= MX_GEMV_MAX_ROWS and 2 * bn * row_bytes <= MX_GEMV_CHUNK_BYTES
+           and cdiv(n, 2 * bn) >= MX_GEMV_MIN_PROGRAMS_PER_SM * dev.sm_count):
+        bn *= 2
+    return GemmConfig(block_m=bm, block_n=bn, block_k=block_k, num_warps=g // 32, num_stages=1, strategy="gemv")
