@@ -24,7 +24,7 @@ from .device import DeviceInfo
 from .splits import cdiv
 
 __all__ = ["MX_GEMV_FORMATS", "MX_GEMV_MAX_M", "MX_GEMV_CHUNK_BYTES", "MX_GEMV_MAX_WARPS", "MX_GEMV_MAX_ROWS",
-           "MX_GEMV_MIN_PROGRAMS_PER_SM", "use_mx_gemv", "mx_gemv_config"]
+           "MX_GEMV_MIN_PROGRAMS_PER_SM", "MX_GEMV_ODD_K_ROWS", "use_mx_gemv", "mx_gemv_config"]
 
 MX_GEMV_FORMATS = ("mxfp8", "mxfp4", "nvfp4")
 #: Most activation rows the planner sends to the GEMV. NOT MEASURED YET. Each row costs one fp32
@@ -46,6 +46,10 @@ MX_GEMV_MAX_WARPS = 4
 MX_GEMV_MAX_ROWS = 8
 #: Fewest programs per SM before a program takes more rows ("many short programs"). NOT MEASURED YET.
 MX_GEMV_MIN_PROGRAMS_PER_SM = 2
+#: Most weight rows per program where K % 32 != 0: the kernel then masks every element (byte loads,
+#: a predicate per byte), and 4-8 rows spilled 12-3040 bytes in the sm_90 AOT build (2 rows: none,
+#: 8 bytes for mxfp4 W x A at 2 activation rows).
+MX_GEMV_ODD_K_ROWS = 2
 
 
 def use_mx_gemv(fmt: str, m: int, k: int) -> bool:
@@ -65,8 +69,9 @@ def mx_gemv_config(fmt: str, m: int, n: int, k: int, dev: DeviceInfo) -> GemmCon
     * block_k: one slice per thread, as many threads as the row has slices (power of two, 1 to
       MX_GEMV_MAX_WARPS warps), so short K loads the whole row at once and long K walks it in
       chunks of ``32 * MX_GEMV_MAX_WARPS`` slices;
-    * block_n: the most rows (power of two <= MX_GEMV_MAX_ROWS) whose chunk fits
-      MX_GEMV_CHUNK_BYTES while the launch keeps >= MX_GEMV_MIN_PROGRAMS_PER_SM programs per SM.
+    * block_n: the most rows (power of two <= MX_GEMV_MAX_ROWS; <= MX_GEMV_ODD_K_ROWS where
+      K % 32 != 0) whose chunk fits MX_GEMV_CHUNK_BYTES while the launch keeps >=
+      MX_GEMV_MIN_PROGRAMS_PER_SM programs per SM.
     """
     bm = min(MX_GEMV_MAX_M, _pow2_at_least(max(1, m)))
     eps = gemv_slice_elems(bm)
@@ -76,7 +81,8 @@ def mx_gemv_config(fmt: str, m: int, n: int, k: int, dev: DeviceInfo) -> GemmCon
     block_k = g * eps
     row_bytes = min(k, block_k) * elem_bytes  # bytes of one row in one chunk
     bn = 1
-    while (2 * bn <= MX_GEMV_MAX_ROWS and 2 * bn * row_bytes <= MX_GEMV_CHUNK_BYTES
+    max_rows = MX_GEMV_MAX_ROWS if k % 32 == 0 else MX_GEMV_ODD_K_ROWS
+    while (2 * bn <= max_rows and 2 * bn * row_bytes <= MX_GEMV_CHUNK_BYTES
            and cdiv(n, 2 * bn) >= MX_GEMV_MIN_PROGRAMS_PER_SM * dev.sm_count):
         bn *= 2
     return GemmConfig(block_m=bm, block_n=bn, block_k=block_k, num_warps=g // 32, num_stages=1, strategy="gemv")
