@@ -234,7 +234,8 @@ def test_planner_runs_the_gemv_at_small_m():
                             assert "mx_gemv.py" in str(plan) and "not measured yet" in str(plan)
                         else:
                             assert plan.kernel != "gemv", plan
-                    assert plan_gemm(Problem("gemm", fmt, m, n, k, a=a, interpret=True), CPU_INTERPRETER).kernel == "portable"
+                    interp = Problem("gemm", fmt, m, n, k, a=a, interpret=True)
+                    assert plan_gemm(interp, CPU_INTERPRETER).kernel == "portable"
         for extra in ({"bias": True}, {"out_dtype": "float32"}, {"out_dtype": "float16"}):
             assert plan_gemm(Problem("gemm", fmt, 1, 4096, 4096, **extra), H100_SXM).kernel == "gemv"
     # K = 0: nothing to stream, the previous rule

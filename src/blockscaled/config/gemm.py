@@ -73,8 +73,8 @@ class GemmConfig:
     strategy: "triton", "gemv", "hopper" or "dequant_matmul" (see module docstring). "gemv"
         reads only block_m (activation rows per program, a power of two <= GEMV_MAX_M), block_n
         (weight rows per program, a power of two <= 128; <= 8 for the MX / NV GEMV, which holds a
-        slice of every row in each thread's registers), block_k (K elements per weight-chunk load, a power of two >= 128) and
-        num_warps; split_k must be 1.
+        slice of every row in each thread's registers), block_k (K elements per weight-chunk
+        load, a power of two >= 128) and num_warps; split_k must be 1.
     promote: apply scales per K chunk after an FP8 / raw-value dot (True) or dequantize
         tiles to bf16 in registers (False); None = the format's default.
     group_m: rows of tiles walked together (L2 reuse of B).
