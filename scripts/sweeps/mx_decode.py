@@ -11,8 +11,8 @@ W x A (activations quantized in the weight's format beforehand, ``wxa``). Varian
   plan       ``bs.gemm(a, w)``: the planner (the GEMV at M <= plan.mx_gemv.MX_GEMV_MAX_M)
   portable   the previous plan, forced: ``config=`` choose_portable's GemmConfig (plan/portable.py)
   gemv       M above the GEMV threshold: the GEMV forced with plan.mx_gemv.mx_gemv_config's tiles
-  grid       on the grid rows (--grid-shapes x --grid-ms): the GEMV with block_n / warps / chunk
-             varied around the planner's tiles (labels ``g<block_m>x<block_n>/<block_k>/w<warps>``)
+  grid       on the grid rows (--grid-shapes x --grid-ms): the GEMV with block_n, warps or the chunk
+             varied, one at a time, around the planner's tiles (``g<block_m>x<block_n>/<block_k>/w<warps>``)
   bf16       cuBLAS bf16 on the pre-dequantized weight (``torch.matmul(x, W.T)``), once per shape and M
 Every variant's first output (NaN-poisoned) is checked against the float64 reference
 (``testing.tolerances.assert_gemm_close``; a failure is reported in the row, the sweep goes on).
@@ -42,8 +42,8 @@ SHAPES = ((2880, 2880), (5760, 2880), (8192, 8192), (28672, 8192), (4096, 14336)
 MS = (1, 2, 4, 8, 16)
 FORMATS = ("mxfp8", "mxfp4", "nvfp4")
 MODES = ("wo", "wxa")
-GRID_SHAPES = ((2880, 2880), (8192, 8192), (28672, 8192), (5120, 17920))
-GRID_MS = (1, 4)
+GRID_SHAPES = ((2880, 2880), (8192, 8192), (5120, 17920))
+GRID_MS = (1, 2, 4, 8)
 QUICK = {"shapes": ((2880, 2880), (8192, 8192), (28672, 8192)), "ms": (1, 4, 16), "grid_shapes": ((2880, 2880),
          (28672, 8192)), "grid_ms": (1,)}
 #: the eager host-cost probe: (format, N, K) at M = 1
@@ -78,18 +78,17 @@ def _tag(cfg) -> str:
 
 
 def grid_configs(base, quick: bool) -> list:
-    """GEMV tiles around ``base`` (the planner's): block_n halved / doubled (1..8), 2 / 4 / 8 warps
-    with one slice per thread, and two slices per thread at the base warps (a chunk twice as long)."""
+    """GEMV tiles around ``base`` (the planner's), one field at a time: block_n halved / doubled
+    (1..8); half / twice the warps with one slice per thread (block_k follows); two slices per
+    thread (a chunk twice as long). ``quick``: the block_n pair only."""
     from blockscaled.config import GemmConfig
     from blockscaled.config.gemm import gemv_slice_elems
 
     eps = gemv_slice_elems(base.block_m)
-    out = []
-    bns = sorted({max(1, base.block_n // 2), base.block_n, min(8, base.block_n * 2)})
-    for bn in bns:
-        for warps in ((base.num_warps,) if quick else (2, 4, 8)):
-            out.append(dataclasses.replace(base, block_n=bn, num_warps=warps, block_k=32 * warps * eps))
+    out = [dataclasses.replace(base, block_n=bn) for bn in (base.block_n // 2, base.block_n * 2) if 1 <= bn <= 8]
     if not quick:
+        out += [dataclasses.replace(base, num_warps=w, block_k=32 * w * eps)
+                for w in (base.num_warps // 2, base.num_warps * 2) if 1 <= w <= 8]
         out.append(dataclasses.replace(base, block_k=2 * base.block_k))
     seen, uniq = set(), []
     for c in out:
@@ -363,11 +362,11 @@ def host_cost(args, dev) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="3 shapes, M in {1, 4, 16}, a 3-tile grid at M = 1")
+    p.add_argument("--quick", action="store_true", help="3 shapes, M in {1, 4, 16}, a 2-tile grid at M = 1")
     p.add_argument("--shapes", default=None, help="NxK,... (default: the seven issue shapes)")
     p.add_argument("--ms", default=None, help="comma list of M (default 1,2,4,8,16)")
     p.add_argument("--grid-shapes", default=None, help="NxK,... that also time the GEMV tile grid")
-    p.add_argument("--grid-ms", default=None, help="comma list of M that time the grid (default 1,4)")
+    p.add_argument("--grid-ms", default=None, help="comma list of M that time the grid (default 1,2,4,8)")
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 2; --quick 1)")
     p.add_argument("--iterations", type=int, default=10, help="graph replays timed per round and variant")
     p.add_argument("--jobs", type=int, default=min(14, os.cpu_count() or 1), help="compile worker processes")
