@@ -536,7 +536,9 @@ def test_hopper_plans_only_where_the_kernels_can_run(device):
                     plan = plan_gemm(q, H100_SXM, f, **kw)
                     assert plan.backend == "cuda" and not isinstance(plan.config, HopperConfig), (q, kw, f, plan)
                     if q.fmt != "fp8_block" or q.weight_only:
-                        assert plan.kernel in ("portable", "dequant_matmul"), (q, f, plan)
+                        # (MX / NV at M <= 8: the decode GEMV, tests/test_mx_gemv.py)
+                        gemv = ("gemv",) if q.fmt != "fp8_block" and q.m <= 8 else ()
+                        assert plan.kernel in ("portable", "dequant_matmul") + gemv, (q, f, plan)
             fp32 = plan_gemm(dataclasses.replace(p, out_dtype="float32"), H100_SXM).config
             assert isinstance(fp32, HopperConfig) or fp32.strategy != "dequant_matmul", (m, n, k, fp32)
     # Forced "hopper" where it cannot run: falls back, result equals the portable kernel's.

@@ -11,8 +11,8 @@ W x A (activations quantized in the weight's format beforehand, ``wxa``). Varian
   plan       ``bs.gemm(a, w)``: the planner (the GEMV at M <= plan.mx_gemv.MX_GEMV_MAX_M)
   portable   the previous plan, forced: ``config=`` choose_portable's GemmConfig (plan/portable.py)
   gemv       M above the GEMV threshold: the GEMV forced with plan.mx_gemv.mx_gemv_config's tiles
-  grid       on the grid rows (--grid-shapes x --grid-ms): the GEMV with block_n, warps or the chunk
-             varied, one at a time, around the planner's tiles (``g<block_m>x<block_n>/<block_k>/w<warps>``)
+  grid       on the grid rows (--grid-shapes x --grid-ms): the GEMV with block_n, warps, the chunk or
+             block_m varied, one at a time, around the planner's tiles (``g<block_m>x<block_n>/<block_k>/w<warps>``)
   bf16       cuBLAS bf16 on the pre-dequantized weight (``torch.matmul(x, W.T)``), once per shape and M
 Every variant's first output (NaN-poisoned) is checked against the float64 reference
 (``testing.tolerances.assert_gemm_close``; a failure is reported in the row, the sweep goes on).
@@ -80,7 +80,8 @@ def _tag(cfg) -> str:
 def grid_configs(base, quick: bool) -> list:
     """GEMV tiles around ``base`` (the planner's), one field at a time: block_n halved / doubled
     (1..8); half / twice the warps with one slice per thread (block_k follows); two slices per
-    thread (a chunk twice as long). ``quick``: the block_n pair only."""
+    thread (a chunk twice as long); half the activation rows per program (block_m > 1: two
+    programs per weight block with longer slices). ``quick``: the block_n pair only."""
     from blockscaled.config import GemmConfig
     from blockscaled.config.gemm import gemv_slice_elems
 
@@ -90,6 +91,9 @@ def grid_configs(base, quick: bool) -> list:
         out += [dataclasses.replace(base, num_warps=w, block_k=32 * w * eps)
                 for w in (base.num_warps // 2, base.num_warps * 2) if 1 <= w <= 8]
         out.append(dataclasses.replace(base, block_k=2 * base.block_k))
+        if base.block_m > 1:  # half the activation rows per program (longer slices; weights re-read from L2)
+            bm = base.block_m // 2
+            out.append(dataclasses.replace(base, block_m=bm, block_k=32 * base.num_warps * gemv_slice_elems(bm)))
     seen, uniq = set(), []
     for c in out:
         if c not in seen and c != base:

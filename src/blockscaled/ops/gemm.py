@@ -291,15 +291,15 @@ def _launch_gemv(a2, a_s2, b_data, b_scale, b_rows, out2, bias, fmt: Format, m, 
 
 def _launch_mx_gemv(a2, a_s2, a_gs, b_data, b_scale, b_gs, out2, bias, fmt: Format, m, n, k,
                     cfg: GemmConfig) -> None:
-    """kernels/triton/mx_gemv.py::mx_gemv_kernel with ``cfg``'s tiles (grid: weight-row blocks x
-    activation-row blocks). nvfp4 global scales as gemm_kernel takes them (0-d device tensors)."""
+    """kernels/triton/mx_gemv.py::mx_gemv_kernel with ``cfg``'s tiles (one program per weight-row
+    block x activation-row block). nvfp4 global scales as gemm_kernel takes them (0-d tensors)."""
     if cfg.block_n > 8:
         raise ValueError(f"config.block_n: the {fmt.name} GEMV holds a slice of every weight row of a program in "
                          f"each thread's registers and takes at most 8 rows, got {cfg.block_n}")
     gs_b = b_gs if b_gs is not None else b_scale  # not read unless nvfp4
     gs_a = a_gs if a_gs is not None else gs_b  # not read unless nvfp4 with quantized A
     a_s = a_s2 if a_s2 is not None else b_scale  # dense A: never read
-    mx_gemv_kernel[(_cdiv(n, cfg.block_n), _cdiv(m, cfg.block_m))](
+    mx_gemv_kernel[(_cdiv(n, cfg.block_n) * _cdiv(m, cfg.block_m),)](
         a2, a_s, b_data, b_scale, gs_a, gs_b, bias if bias is not None else out2, out2,
         m, n, k,
         a2.stride(0), a_s.stride(0), a_s.stride(-1), b_data.stride(0), b_scale.stride(0), b_scale.stride(1),

@@ -277,17 +277,21 @@ def mx_gemv_kernel(
     ``[M, K]``; else A is quantized like B with scales ``[M, ceil(K/SK)]``. ``gs_a_ptr`` /
     ``gs_b_ptr``: nvfp4 fp32 global scales (0-d; read only for nvfp4, gs_a only with a quantized
     A). Bias: fp32-added before the cast; c: bf16 / fp16 / fp32, unit N stride.
-    Grid: (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M)). BLOCK_M in {1, 2, 4, 8}; BLOCK_N (<= 8) weight rows;
-    BLOCK_K K elements per chunk, a power-of-two multiple of SLICE (32, 16 or 8: K elements per
-    thread and row). EVEN_K: K % 32 == 0 (whole slices: vector loads). PTX: inline PTX allowed."""
+    Grid: (cdiv(N, BLOCK_N) * cdiv(M, BLOCK_M),), activation-row blocks fastest. BLOCK_M in
+    {1, 2, 4, 8} activation rows, BLOCK_N (<= 8) weight rows, BLOCK_K K elements per chunk, a
+    power-of-two multiple of SLICE (32, 16 or 8: K elements per thread and row). EVEN_K: K % 32 == 0 (whole slices: vector loads). PTX: inline PTX allowed."""
     tl.static_assert(BLOCK_M == 1 or BLOCK_M == 2 or BLOCK_M == 4 or BLOCK_M == 8, "BLOCK_M: 1, 2, 4 or 8")
     tl.static_assert(BLOCK_K % SLICE == 0, "BLOCK_K must be a multiple of SLICE")
     FP4: tl.constexpr = FMT != FMT_MXFP8
     SK: tl.constexpr = 16 if FMT == FMT_NVFP4 else 32
     G: tl.constexpr = BLOCK_K // SLICE
     NSB: tl.constexpr = SLICE // SK if SLICE > SK else 1  # scale blocks per slice
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
+    # activation-row blocks fastest: the programs that share weight rows run next to each other,
+    # so all but the first read the weights from L2
+    num_m = tl.cdiv(M, BLOCK_M)
+    pid = tl.program_id(0)
+    pid_m = pid % num_m
+    pid_n = pid // num_m
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     sl = tl.arange(0, G)
