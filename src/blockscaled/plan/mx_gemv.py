@@ -24,15 +24,16 @@ from .device import DeviceInfo
 from .splits import cdiv
 
 __all__ = ["MX_GEMV_FORMATS", "MX_GEMV_MAX_M", "MX_GEMV_CHUNK_BYTES", "MX_GEMV_MAX_WARPS", "MX_GEMV_MAX_ROWS",
-           "MX_GEMV_MIN_PROGRAMS_PER_SM", "MX_GEMV_ODD_K_ROWS", "use_mx_gemv", "mx_gemv_config"]
+           "MX_GEMV_MAX_ROWS_AT_8", "MX_GEMV_MIN_PROGRAMS_PER_SM", "MX_GEMV_ODD_K_ROWS", "use_mx_gemv", "mx_gemv_config"]
 
 MX_GEMV_FORMATS = ("mxfp8", "mxfp4", "nvfp4")
 #: Most activation rows the planner sends to the GEMV. NOT MEASURED YET. Each row costs one fp32
-#: FMA per weight element on the CUDA cores; AOT sm_90 SASS of the mxfp4 loop (8 weight rows, 4
-#: warps): ~10 instructions per weight byte at M = 1 (decode ~5.8, FMAs 2), ~12 at 2, ~16 at 4,
-#: ~24 at 8, against ~10 the H100 issues per byte at 3 TB/s (132 SMs x 128 lanes x ~1.75 GHz):
-#: ~100 / 80 / 60 / 40 % of the floor at best for fp4 (mxfp8 ~3.5 per byte at M = 1, one FMA per
-#: byte per row: near the floor up to 8), vs the 2-20 % the portable kernel reached.
+#: FMA per weight element on the CUDA cores; AOT sm_90 SASS of the K loop with the planner's
+#: tiles (tests/test_aot_mx_gemv.py), instructions per weight byte: mxfp4 / nvfp4 10-11 at M = 1
+#: (decode ~5.8, FMAs 2), 13-14 at 2, 19-23 at 4, 39-54 at 8; mxfp8 3.8 / 5.3 / 8.4 / 18-21;
+#: the H100 issues ~10 per byte of a 3 TB/s stream (132 SMs x 128 lanes x ~1.75 GHz), so fp4 is
+#: at best ~100 / 75 / 50 / 20-25 % of the floor at M = 1 / 2 / 4 / 8 (mxfp8 near it up to 4),
+#: vs the 2-20 % the portable kernel reached.
 MX_GEMV_MAX_M = GEMV_MAX_M
 #: Weight bytes one program loads per chunk (block_n rows x block_k elements). NOT MEASURED YET:
 #: the fp8_block GEMV's sweep chose 8-16 KB (32 KB lost: registers, activation re-reads).
@@ -42,8 +43,10 @@ MX_GEMV_CHUNK_BYTES = 16 * 1024
 #: then waits for its loads; 4 warps fit 3.
 MX_GEMV_MAX_WARPS = 4
 #: Most weight rows per program: the kernel keeps a slice of each in every thread's registers
-#: (16 rows of 32-element fp4 slices spilled in the sm_90 AOT build).
+#: (16 rows of 32-element fp4 slices spilled in the sm_90 AOT build); 4 with 8 activation rows
+#: (8 x 8 took all 255 registers and spilled 52-232 bytes).
 MX_GEMV_MAX_ROWS = 8
+MX_GEMV_MAX_ROWS_AT_8 = 4
 #: Fewest programs per SM before a program takes more rows ("many short programs"). NOT MEASURED YET.
 MX_GEMV_MIN_PROGRAMS_PER_SM = 2
 #: Most weight rows per program where K % 32 != 0: the kernel then masks every element (byte loads,
@@ -69,8 +72,8 @@ def mx_gemv_config(fmt: str, m: int, n: int, k: int, dev: DeviceInfo) -> GemmCon
     * block_k: one slice per thread, as many threads as the row has slices (power of two, 1 to
       MX_GEMV_MAX_WARPS warps), so short K loads the whole row at once and long K walks it in
       chunks of ``32 * MX_GEMV_MAX_WARPS`` slices;
-    * block_n: the most rows (power of two <= MX_GEMV_MAX_ROWS; <= MX_GEMV_ODD_K_ROWS where
-      K % 32 != 0) whose chunk fits MX_GEMV_CHUNK_BYTES while the launch keeps >=
+    * block_n: the most rows (power of two <= MX_GEMV_MAX_ROWS, MX_GEMV_MAX_ROWS_AT_8 at 8
+      activation rows, MX_GEMV_ODD_K_ROWS where K % 32 != 0) whose chunk fits MX_GEMV_CHUNK_BYTES while the launch keeps >=
       MX_GEMV_MIN_PROGRAMS_PER_SM programs per SM.
     """
     bm = min(MX_GEMV_MAX_M, _pow2_at_least(max(1, m)))
@@ -81,7 +84,9 @@ def mx_gemv_config(fmt: str, m: int, n: int, k: int, dev: DeviceInfo) -> GemmCon
     block_k = g * eps
     row_bytes = min(k, block_k) * elem_bytes  # bytes of one row in one chunk
     bn = 1
-    max_rows = MX_GEMV_MAX_ROWS if k % 32 == 0 else MX_GEMV_ODD_K_ROWS
+    max_rows = MX_GEMV_MAX_ROWS if bm < 8 else MX_GEMV_MAX_ROWS_AT_8
+    if k % 32:
+        max_rows = min(max_rows, MX_GEMV_ODD_K_ROWS)
     while (2 * bn <= max_rows and 2 * bn * row_bytes <= MX_GEMV_CHUNK_BYTES
            and cdiv(n, 2 * bn) >= MX_GEMV_MIN_PROGRAMS_PER_SM * dev.sm_count):
         bn *= 2
