@@ -251,8 +251,9 @@ def test_portable_rules_on_h100():
     for fmt in ("mxfp8", "mxfp4", "nvfp4"):
         assert plan(fmt, 4096, 7168, 2048).config.strategy == "dequant_matmul"
         assert plan(fmt, 4096, 7168, 2048, a="bfloat16").config.strategy == "dequant_matmul"
-        assert plan(fmt, 1, 7168, 2048).config.strategy == "triton"
-    assert plan("nvfp4", 1, 2112, 7168).config.block_m == 16
+        # (M <= 8 runs the MX / NV decode GEMV: tests/test_mx_gemv.py)
+        assert plan(fmt, 16, 7168, 2048).config.strategy == "triton"
+    assert plan("nvfp4", 16, 2112, 7168).config.block_m == 16
     c = choose_portable("fp8_block", 4096, 7168, 16384, H100_SXM, None, bf16)
     assert (c.strategy, c.block_m, c.block_n, c.block_k, c.num_warps) == ("triton", 128, 128, 128, 8)
     assert 3 <= c.num_stages <= 4
@@ -535,7 +536,9 @@ def test_hopper_plans_only_where_the_kernels_can_run(device):
                     plan = plan_gemm(q, H100_SXM, f, **kw)
                     assert plan.backend == "cuda" and not isinstance(plan.config, HopperConfig), (q, kw, f, plan)
                     if q.fmt != "fp8_block" or q.weight_only:
-                        assert plan.kernel in ("portable", "dequant_matmul"), (q, f, plan)
+                        # (MX / NV at M <= 8: the decode GEMV, tests/test_mx_gemv.py)
+                        gemv = ("gemv",) if q.fmt != "fp8_block" and q.m <= 8 else ()
+                        assert plan.kernel in ("portable", "dequant_matmul") + gemv, (q, f, plan)
             fp32 = plan_gemm(dataclasses.replace(p, out_dtype="float32"), H100_SXM).config
             assert isinstance(fp32, HopperConfig) or fp32.strategy != "dequant_matmul", (m, n, k, fp32)
     # Forced "hopper" where it cannot run: falls back, result equals the portable kernel's.

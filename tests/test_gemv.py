@@ -93,12 +93,11 @@ def test_config_validation():
 
 
 def test_wrong_format_rejected():
+    # dense (weight-only) A with fp8_block weights: no GEMV (MX / NV weights take the
+    # kernels/triton/mx_gemv.py GEMV in both modes: tests/test_mx_gemv.py)
     x = torch.randn(1, 256, device=DEVICE, dtype=torch.bfloat16)
-    w = quantize(torch.randn(64, 256, device=DEVICE, dtype=torch.bfloat16), "mxfp8")
-    with pytest.raises(ValueError, match="gemv"):
-        gemm(quantize(x, "mxfp8"), w, config=_gemv(1, 4, 256))
     wb = quantize(torch.randn(64, 256, device=DEVICE, dtype=torch.bfloat16), "fp8_block", block=(128, 128))
-    with pytest.raises(ValueError, match="gemv"):  # weight-only (dense A)
+    with pytest.raises(ValueError, match="gemv"):
         gemm(x, wb, config=_gemv(1, 4, 256))
 
 
@@ -119,8 +118,9 @@ def test_planner_gemv_tiles():
 
 
 def test_planner_gemv_only_for_fp8_decode():
-    """On an H100 the planner plans the GEMV (with gemv_for's tiles) only for one activation row
-    of fp8_block x fp8_block; never for M > 1, weight-only or other formats."""
+    """On an H100 the planner plans the fp8_block GEMV (with gemv_for's tiles) only for one
+    activation row of fp8_block x fp8_block; never for M > 1 or weight-only (MX / NV formats
+    have their own GEMV rule: tests/test_mx_gemv.py)."""
     for n, k in ((2112, 7168), (4096, 7168), (7168, 16384), (7168, 2048), (24576, 1536), (32768, 512), (300, 4100)):
         for m in (1, 2, 4, 16):
             for p in (Problem("gemm", "fp8_block", m, n, k), Problem("gemm", "fp8_block", m, n, k, bias=True),
@@ -128,8 +128,8 @@ def test_planner_gemv_only_for_fp8_decode():
                 cfg = plan_gemm(p, H100_SXM).config
                 if isinstance(cfg, GemmConfig) and cfg.strategy == "gemv":
                     assert m == 1 and cfg == gemv_for(m, n, k), (p, cfg)
-            for p in (Problem("gemm", "fp8_block", m, n, k, a="bfloat16"), Problem("gemm", "mxfp8", m, n, k)):
-                assert plan_gemm(p, H100_SXM).kernel != "gemv", p
+            p = Problem("gemm", "fp8_block", m, n, k, a="bfloat16")
+            assert plan_gemm(p, H100_SXM).kernel != "gemv", p
 
 
 def test_aot_sm90_build():

@@ -224,7 +224,7 @@ import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 import blockscaled.kernels.triton._interp as I
 import blockscaled.kernels.triton._mma as M
-from blockscaled.kernels.triton import gemm as G, gemv as V, grouped as R, quantize as Q
+from blockscaled.kernels.triton import gemm as G, gemv as V, grouped as R, quantize as Q, mx_gemv as X
 
 if sys.argv[1] == "plain":
     # the helpers replaced by the plain casts they must compile to on a GPU
@@ -240,7 +240,7 @@ if sys.argv[1] == "plain":
     def upcast(v, DTYPE: tl.constexpr):
         return v.to(DTYPE)
 
-    for mod in (I, M, G, V, R, Q):
+    for mod in (I, M, G, V, R, Q, X):
         for name, fn in (("cast_out", cast_out), ("e4m3_to_f32", e4m3_to_f32), ("upcast", upcast)):
             if hasattr(mod, name):
                 setattr(mod, name, fn)
@@ -271,6 +271,11 @@ for fmt, promote, dot in ((0, True, tl.float8e4nv), (3, False, tl.bfloat16), (1,
 sig = {n: "i32" for n in V.gemv_kernel.arg_names}
 sig.update(a_ptr="*fp8e4nv", a_s_ptr="*fp32", b_ptr="*fp8e4nv", b_s_ptr="*fp32", bias_ptr="*fp32", c_ptr="*bf16")
 comp("gemv", V.gemv_kernel, sig, dict(B_SCALE_ROWS=128, HAS_BIAS=False, BLOCK_M=1, BLOCK_N=4, CHUNK_KB=16), num_warps=4)
+sig = {n: "i32" for n in X.mx_gemv_kernel.arg_names}
+sig.update(a_ptr="*fp8e4nv", a_s_ptr="*u8", b_ptr="*fp8e4nv", b_s_ptr="*u8", gs_a_ptr="*fp32", gs_b_ptr="*fp32",
+           bias_ptr="*fp32", c_ptr="*bf16")
+comp("mx_gemv", X.mx_gemv_kernel, sig, dict(FMT=1, A_DENSE=False, HAS_BIAS=False, EVEN_K=True, BLOCK_M=2, BLOCK_N=4,
+     BLOCK_K=1024, SLICE=32, PTX=True), num_warps=1)
 sig = {n: "i32" for n in R.grouped_gemm_kernel.arg_names}
 sig.update(a_ptr="*fp8e4nv", b_ptr="*fp8e4nv", b2_ptr="*fp8e4nv", as_ptr="*fp32", bs_ptr="*fp32", b2s_ptr="*fp32",
            c_ptr="*bf16", gsa_ptr="*fp32", gsb_ptr="*fp32", gsb2_ptr="*fp32", seg_ptr="*i32")
@@ -306,7 +311,7 @@ def test_interpreter_workarounds_leave_gpu_ptx_unchanged(tmp_path):
     ours = _run_script(script, "ours")
     plain = _run_script(script, "plain")
     assert ours.pop("interpreting") is False and plain.pop("interpreting") is False
-    assert ours.keys() == plain.keys() and len(ours) == 7
+    assert ours.keys() == plain.keys() and len(ours) == 8
     for name in ours:
         assert "cvt.rn.bf16" in ours[name] or "cvt.rn.bf16x2" in ours[name], name
         assert ours[name] == plain[name], f"{name}: the interpreter workarounds changed the GPU code"

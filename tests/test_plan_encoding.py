@@ -88,6 +88,22 @@ def test_every_dense_plan_roundtrips():
     assert any(c.variant == "skinny" and c.split_k > 1 for c in hop)
 
 
+def test_mx_gemv_plans_roundtrip():
+    """The MX / NV decode GEMV plans (strategy "gemv" with mxfp8 / mxfp4 / nvfp4 weights, M <= 8,
+    both modes, odd K): every field comes back, and the configs differ from each other where the
+    tiles differ (block_m, block_n, chunk, warps)."""
+    plans = set()
+    for dev, fmt, a, m, n, k in itertools.product(DEVICES[:2], ("mxfp8", "mxfp4", "nvfp4"), A_KINDS,
+                                                  range(1, 9), (7, 2880, 28672), (45, 2880, 8192, 17920)):
+        plan = plan_gemm(Problem("gemm", fmt, m, n, k, a=a), dev)
+        assert plan.kernel == "gemv", plan
+        plans.add(plan)
+    _roundtrip_plans(plans)
+    cfgs = {p.config for p in plans}
+    assert {c.block_m for c in cfgs} == {1, 2, 4, 8} and len({c.block_n for c in cfgs}) > 2
+    assert len({c.block_k for c in cfgs}) > 2 and len({c.num_warps for c in cfgs}) > 1
+
+
 def test_every_fp8_candidate_roundtrips():
     """Every candidate the cost model ranks (plan.dense.fp8_candidates), chosen or not, encodes:
     a forced config or a recalibrated model may run any of them."""

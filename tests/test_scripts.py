@@ -592,6 +592,44 @@ def test_mx_tiles_rules_from_rows():
     assert best["us"] == 9.0 and plan is None and "FAILED: broken" in mt.row_line(rows[0])
 
 
+# ------------------------------------------------------------------------- mx_decode.py
+def test_mx_decode_lists_its_cases_for_an_h100():
+    r = _run_py("sweeps/mx_decode.py", "--list", "--quick")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "54 cases" in r.stdout, r.stdout[-300:]
+    blocks = r.stdout.split("\nmx")
+    m1 = next(b for b in blocks if b.startswith("fp4 wo  2880x2880 M=1 "))
+    assert re.search(r"^  plan +gemv 8 weight rows", m1, flags=re.M) and re.search(r"^  portable +portable ", m1, flags=re.M)
+    assert re.search(r"^  g1x4/4096/w4 +gemv 4 weight rows", m1, flags=re.M)  # the grid
+    m16 = next(b for b in blocks if b.startswith("fp4 wxa 28672x8192 M=16 "))
+    assert re.search(r"^  plan +portable ", m16, flags=re.M) and re.search(r"^  gemv +gemv ", m16, flags=re.M)
+    r = _run_py("sweeps/mx_decode.py", "--shapes", "2880x2880", "--ms", "1")
+    assert r.returncode == 2 and "no CUDA device" in r.stderr
+
+
+def test_mx_decode_grid_tiles():
+    mx = _load("sweeps/mx_decode.py")
+    from blockscaled.plan import H100_SXM
+    from blockscaled.plan.mx_gemv import mx_gemv_config
+
+    base = mx_gemv_config("mxfp4", 1, 2880, 2880, H100_SXM)
+    full, quick = mx.grid_configs(base, False), mx.grid_configs(base, True)
+    assert base not in full and len(set(full)) == len(full) and set(quick) <= set(full)
+    assert [(c.block_n, c.num_warps, c.block_k) for c in full] == [(4, 4, 4096), (8, 2, 2048), (8, 8, 8192),
+                                                                  (8, 4, 8192)]
+    assert quick == full[:1]
+    assert mx.parse_shapes("2880x2880,5120X17920") == ((2880, 2880), (5120, 17920))
+
+
+def test_mx_decode_smoke_run():
+    """The whole measuring path (operands, checks against the reference, timing, host cost) on the
+    CPU through Triton's interpreter, one tiny shape."""
+    r = _run_py("sweeps/mx_decode.py", "--smoke", timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "smoke run done: 2 cases, 0 failed variants" in r.stdout
+    assert "bs.linear(x, w, weight_only=True)" in r.stdout
+
+
 # ------------------------------------------------------------------------- compile_time.py
 def test_compile_time_report_verdicts():
     ct = _load("sweeps/compile_time.py")

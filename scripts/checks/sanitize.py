@@ -344,6 +344,18 @@ def gemm_cases() -> list[Case]:
     g("gemv-w128x128-4x8x256-M3-K650-bias", "fp8_block", C(4, 8, 256, 8, 1, strategy="gemv"), "fp32",
       shape=(3, N, 650), bias=True)
     g("gemv-w1x128-1x2x128-M2", "fp8_block", C(1, 2, 128, 4, 1, strategy="gemv"), rows=1, shape=(2, N, K))
+    # the MX / NV decode GEMV (kernels/triton/mx_gemv.py): both modes, 32 / 16 / 8-element slices,
+    # K in several chunks with a partial one, odd K (element masks), rows past M, bias, nvfp4 scales
+    g("mx_gemv-mxfp4-wxa-1x8x1024-M1", "mxfp4", C(1, 8, 1024, 1, 1, strategy="gemv"), shape=(1, N, 2080))
+    g("mx_gemv-mxfp4-bf16act-2x4x512-M2-K650", "mxfp4", C(2, 4, 512, 1, 1, strategy="gemv"), a_kind="bf16",
+      shape=(2, N, 650))
+    g("mx_gemv-nvfp4-wxa-4x2x512-M3-bias", "nvfp4", C(4, 2, 512, 1, 1, strategy="gemv"), "fp32", shape=(3, N, K),
+      bias=True)
+    g("mx_gemv-nvfp4-bf16act-1x4x1024-M1", "nvfp4", C(1, 4, 1024, 1, 1, strategy="gemv"), a_kind="bf16",
+      shape=(1, N, 2080))
+    g("mx_gemv-nvfp4-fp16act-8x8x256-M5", "nvfp4", C(8, 8, 256, 1, 1, strategy="gemv"), "fp16", a_kind="fp16",
+      shape=(5, N, K))
+    g("mx_gemv-mxfp8-wxa-8x4x256-M8-K650", "mxfp8", C(8, 4, 256, 1, 1, strategy="gemv"), shape=(8, N, 650))
     for fmt in ("fp8_block", "mxfp8", "mxfp4", "nvfp4"):
         g(f"plan-{fmt}-aligned", fmt, None, shape=ALIGNED)
     g("plan-fp8_block-M1", "fp8_block", None, shape=(1, N, K))

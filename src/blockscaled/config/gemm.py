@@ -5,7 +5,8 @@ describes and checks one. Tests and tuning force any configuration with ``gemm(.
 config=GemmConfig(...))``.
 
 Strategies: ``"triton"`` (the portable block-scaled kernel, kernels/triton/gemm.py), ``"gemv"``
-(the CUDA-core decode GEMV for fp8_block with quantized A, kernels/triton/gemv.py), ``"hopper"``
+(the CUDA-core decode GEMVs: fp8_block with quantized A, kernels/triton/gemv.py; mxfp8 / mxfp4 /
+nvfp4 weights with dense or quantized A, kernels/triton/mx_gemv.py), ``"hopper"``
 (forced only: "the best Hopper tiles", which the planner turns into a :class:`HopperConfig`),
 ``"dequant_matmul"`` (dequantize both operands to bf16 with our Triton kernel, then cuBLAS).
 """
@@ -15,17 +16,29 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-__all__ = ["GemmConfig", "STRATEGIES", "GEMV_MAX_M", "gemv_config"]
+__all__ = ["GemmConfig", "STRATEGIES", "GEMV_MAX_M", "gemv_config", "gemv_slice_elems"]
 
 STRATEGIES = ("triton", "dequant_matmul", "hopper", "gemv")
 
 
-#: Most activation rows the CUDA-core decode GEMV (strategy "gemv", kernels/triton/gemv.py)
-#: takes: every row costs one fp32 FMA per weight byte on the CUDA cores.
-GEMV_MAX_M = 4
+#: Most activation rows one program of the CUDA-core decode GEMVs (strategy "gemv",
+#: kernels/triton/gemv.py and mx_gemv.py) takes (block_m): every row costs one fp32 FMA per
+#: weight element on the CUDA cores, and mx_gemv.py unrolls its rows into 8 accumulators.
+GEMV_MAX_M = 8
 #: Weight bytes one GEMV program loads at once (its chunk): the H100 streaming-read probe
 #: (scripts/probes/stream_ceiling.py) was fastest with 32 KB per program on 4 of the 6 DeepSeek-V3 shapes.
 GEMV_CHUNK_BYTES = 32 * 1024
+
+
+def gemv_slice_elems(block_m: int) -> int:
+    """K elements of one weight row that one thread of the MX / NV GEMV (kernels/triton/mx_gemv.py)
+    owns per chunk (its "slice"; the launcher passes it as the kernel's SLICE): 32 for 1-2
+    activation rows (16 packed fp4 bytes = one 128-bit load), 16 for 4, 8 for 8. Each thread keeps
+    its slice's activation values of every row and its decoded weight values in registers while
+    it multiplies them, ~``block_m x slice`` fp32 registers; sm_90 ptxas (AOT, mxfp4, 8 weight
+    rows, 4 warps): 1 row x 32 161 registers, 2 x 32 240, 4 x 16 124 (4 rows), 8 x 8 114-255 (4-8
+    rows), no spills; 8 x 32 would hold 256 activation values alone."""
+    return 32 if block_m <= 2 else (16 if block_m <= 4 else 8)
 
 
 def gemv_config(m: int, n: int, k: int, chunk_bytes: int = GEMV_CHUNK_BYTES, num_warps: int | None = None) -> "GemmConfig":
@@ -58,9 +71,10 @@ class GemmConfig:
         Each split covers a multiple of block_k; the launcher lowers the count so that no
         split is empty (ops/gemm.py::_split_plan).
     strategy: "triton", "gemv", "hopper" or "dequant_matmul" (see module docstring). "gemv"
-        reads only block_m (activation rows per program, <= GEMV_MAX_M), block_n (weight rows per
-        program, a power of two <= 128), block_k (K elements per weight-chunk load, a power of two
-        >= 128) and num_warps; split_k must be 1.
+        reads only block_m (activation rows per program, a power of two <= GEMV_MAX_M), block_n
+        (weight rows per program, a power of two <= 128; <= 8 for the MX / NV GEMV, which holds a
+        slice of every row in each thread's registers), block_k (K elements per weight-chunk
+        load, a power of two >= 128) and num_warps; split_k must be 1.
     promote: apply scales per K chunk after an FP8 / raw-value dot (True) or dequantize
         tiles to bf16 in registers (False); None = the format's default.
     group_m: rows of tiles walked together (L2 reuse of B).

@@ -24,7 +24,7 @@ import triton.language as tl
 from triton.runtime.jit import JITFunction
 
 from .. import _checks
-from ..config.gemm import GemmConfig
+from ..config.gemm import GemmConfig, gemv_slice_elems
 from ..config.hopper import HopperConfig
 from ..plan import Plan, Problem, device_info, log_plan, plan_gemm
 from ..plan.types import DTYPE_NAMES
@@ -36,6 +36,7 @@ from ..formats import Format
 from ..kernels.triton._mma import FORMAT_CODES
 from ..kernels.triton.gemm import gemm_kernel
 from ..kernels.triton.gemv import gemv_kernel
+from ..kernels.triton.mx_gemv import mx_gemv_kernel
 from ..reference.gemm import gemm as _ref_gemm
 from ..tensor import ScaledTensor
 from . import _autograd
@@ -200,6 +201,11 @@ _PDL_ON = {"PDL": True, "launch_pdl": True}
 _PDL_OFF: dict = {}
 
 
+def _nvidia() -> bool:
+    """An NVIDIA build of torch (ROCm reports device type "cuda" too): the kernels may use PTX."""
+    return torch.version.hip is None
+
+
 @functools.lru_cache(maxsize=None)
 def _pdl_capable(index: int) -> bool:
     """griddepcontrol / programmatic stream serialization exist on NVIDIA sm_90+ (not ROCm,
@@ -259,11 +265,17 @@ def _launch_gemm_kernel(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows, out2, bia
     )
 
 
-def _launch_gemv(a2, a_s2, b_data, b_scale, b_rows, out2, bias, fmt: Format, m, n, k, cfg: GemmConfig) -> None:
-    """The CUDA-core decode GEMV (kernels/triton/gemv.py): fp8_block with quantized A only."""
-    if fmt.name != "fp8_block" or a_s2 is None:
-        raise ValueError(f"config.strategy: 'gemv' takes fp8_block x fp8_block (quantized A), got "
-                         f"{'dense' if a_s2 is None else fmt.name} x {fmt.name}")
+def _launch_gemv(a2, a_s2, b_data, b_scale, b_rows, out2, bias, fmt: Format, m, n, k, cfg: GemmConfig,
+                 a_gs=None, b_gs=None) -> None:
+    """The CUDA-core decode GEMVs: kernels/triton/gemv.py (fp8_block x fp8_block, quantized A
+    only) or kernels/triton/mx_gemv.py (mxfp8 / mxfp4 / nvfp4 weights, dense or quantized A;
+    ``a_gs`` / ``b_gs``: the nvfp4 global scales, 0-d fp32)."""
+    if fmt.name != "fp8_block":
+        _launch_mx_gemv(a2, a_s2, a_gs, b_data, b_scale, b_gs, out2, bias, fmt, m, n, k, cfg)
+        return
+    if a_s2 is None:
+        raise ValueError("config.strategy: 'gemv' takes fp8_block x fp8_block (quantized A) or mxfp8 / mxfp4 / "
+                         "nvfp4 weights, got dense x fp8_block")
     if b_rows != 1 and b_rows % cfg.block_n:
         raise ValueError(f"config.block_n: 'gemv' needs block_n dividing the {b_rows}-row weight-scale block "
                          f"(one scale row per program), got {cfg.block_n}")
@@ -275,6 +287,27 @@ def _launch_gemv(a2, a_s2, b_data, b_scale, b_rows, out2, bias, fmt: Format, m, 
         B_SCALE_ROWS=b_rows, HAS_BIAS=bias is not None,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CHUNK_KB=cfg.block_k // 128, num_warps=cfg.num_warps,
         num_stages=1,
+    )
+
+
+def _launch_mx_gemv(a2, a_s2, a_gs, b_data, b_scale, b_gs, out2, bias, fmt: Format, m, n, k,
+                    cfg: GemmConfig) -> None:
+    """kernels/triton/mx_gemv.py::mx_gemv_kernel with ``cfg``'s tiles (one program per weight-row
+    block x activation-row block). nvfp4 global scales as gemm_kernel takes them (0-d tensors)."""
+    if cfg.block_n > 8:
+        raise ValueError(f"config.block_n: the {fmt.name} GEMV holds a slice of every weight row of a program in "
+                         f"each thread's registers and takes at most 8 rows, got {cfg.block_n}")
+    gs_b = b_gs if b_gs is not None else b_scale  # not read unless nvfp4
+    gs_a = a_gs if a_gs is not None else gs_b  # not read unless nvfp4 with quantized A
+    a_s = a_s2 if a_s2 is not None else b_scale  # dense A: never read
+    mx_gemv_kernel[(_cdiv(n, cfg.block_n) * _cdiv(m, cfg.block_m),)](
+        a2, a_s, b_data, b_scale, gs_a, gs_b, bias if bias is not None else out2, out2,
+        m, n, k,
+        a2.stride(0), a_s.stride(0), a_s.stride(-1), b_data.stride(0), b_scale.stride(0), b_scale.stride(1),
+        out2.stride(0),
+        FMT=FORMAT_CODES[fmt.name], A_DENSE=a_s2 is None, HAS_BIAS=bias is not None, EVEN_K=k % 32 == 0,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SLICE=gemv_slice_elems(cfg.block_m),
+        PTX=_nvidia(), num_warps=cfg.num_warps, num_stages=1,
     )
 
 
@@ -448,7 +481,7 @@ def run_plan(plan: Plan, a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows: int, fmt
         plan = make_plan(gemm_problem(a2, a_s2, b_data, b_rows, fmt, k, m, n, out_dtype, bias, out2), out2.device)
         cfg = plan.config
     if cfg.strategy == "gemv":
-        _launch_gemv(a2, a_s2, b_data, b_scale, b_rows, out2, bias, fmt, m, n, k, cfg)
+        _launch_gemv(a2, a_s2, b_data, b_scale, b_rows, out2, bias, fmt, m, n, k, cfg, a_gs, b_gs)
         return
     if cfg.strategy == "dequant_matmul":
         _dequant_matmul(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows, fmt, k, out2, bias, out_dtype)

@@ -89,7 +89,8 @@ def _config_desc(cfg) -> str:
     if cfg.strategy == "dequant_matmul":
         return "dequantize to bf16 + torch.matmul"
     if cfg.strategy == "gemv":
-        return f"{cfg.block_n} rows x {cfg.block_k // 128} K blocks per program, {cfg.num_warps} warps"
+        rows = f", {cfg.block_m} activation rows" if cfg.block_m > 1 else ""
+        return f"{cfg.block_n} weight rows x {cfg.block_k} K per chunk{rows}, {cfg.num_warps} warps"
     s = (f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}{' swap-AB' if cfg.swap_ab else ''}"
          f"{' bf16-dequant' if cfg.promote is False else ''} {cfg.num_warps} warps {cfg.num_stages} stages")
     if cfg.split_k > 1:

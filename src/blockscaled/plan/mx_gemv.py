@@ -1,0 +1,100 @@
+"""Where the MX / NV decode GEMV runs (kernels/triton/mx_gemv.py) and with which tiles.
+
+At decode sizes (M <= 8 activation rows) a dense GEMM with mxfp8 / mxfp4 / nvfp4 weights is a
+stream of the packed weights: the floor is their bytes (and scales) at the copy bandwidth, 1.5 us
+for mxfp4 2880x2880. The portable tensor-core kernel reached 2-20 % of it on the H100 (tiny K
+chunks, K split), so the planner sends these calls to the CUDA-core GEMV instead, for both modes
+(weight-only bf16 / fp16 activations and W x A with quantized activations).
+
+The tiles follow the fp8_block GEMV's measurements (kernels/triton/gemv.py docstring;
+benchmarks/NOTES.md 2026-11-22, "Decode GEMV"): decode speed is set by how many bytes each SM
+keeps in flight, best with many short programs that each load their whole chunk (8-16 KB) at
+once. Here one thread owns one slice (``config.gemm.gemv_slice_elems``: 32 / 16 / 8 K
+elements) of each of the program's rows, so a chunk is ``32 * warps`` slices x ``block_n`` rows.
+
+NOT MEASURED YET: the M threshold and every constant below are first guesses from that reasoning;
+``scripts/sweeps/mx_decode.py`` times the GEMV under a grid of its tiles against the portable
+kernel and cuBLAS bf16 on the H100 to set them.
+"""
+
+from __future__ import annotations
+
+from .._experimental import mx_kernel_enabled
+from ..config.gemm import GEMV_MAX_M, GemmConfig, gemv_slice_elems
+from .device import DeviceInfo
+from .splits import cdiv
+
+__all__ = ["MX_GEMV_FORMATS", "MX_GEMV_MAX_M", "MX_GEMV_CHUNK_BYTES", "MX_GEMV_MAX_WARPS", "MX_GEMV_MAX_ROWS",
+           "MX_GEMV_MAX_ROWS_AT_8", "MX_GEMV_MIN_PROGRAMS_PER_SM", "MX_GEMV_ODD_K_ROWS", "use_mx_gemv", "mx_gemv_config"]
+
+MX_GEMV_FORMATS = ("mxfp8", "mxfp4", "nvfp4")
+#: Most activation rows the planner sends to the GEMV. NOT MEASURED YET. Each row costs one fp32
+#: FMA per weight element on the CUDA cores; AOT sm_90 SASS of the K loop with the planner's
+#: tiles (tests/test_aot_mx_gemv.py), instructions per weight byte: mxfp4 / nvfp4 10-11 at M = 1
+#: (decode ~5.8, FMAs 2), 13-14 at 2, 19-23 at 4, 39-54 at 8; mxfp8 3.8 / 5.3 / 8.4 / 18-21;
+#: the H100 issues ~10 per byte of a 3 TB/s stream (132 SMs x 128 lanes x ~1.75 GHz), so fp4 is
+#: at best ~100 / 75 / 50 / 20-25 % of the floor at M = 1 / 2 / 4 / 8 (mxfp8 near it up to 4),
+#: vs the 2-20 % the portable kernel reached.
+MX_GEMV_MAX_M = GEMV_MAX_M
+#: Weight bytes one program loads per chunk (block_n rows x block_k elements). NOT MEASURED YET:
+#: the fp8_block GEMV's sweep chose 8-16 KB (32 KB lost: registers, activation re-reads).
+MX_GEMV_CHUNK_BYTES = 16 * 1024
+#: Most warps per program (one slice per thread per chunk). NOT MEASURED YET: at 8 warps a
+#: program of 8 mxfp4 rows (161 registers per thread) leaves one program per SM, whose math
+#: then waits for its loads; 4 warps fit 3.
+MX_GEMV_MAX_WARPS = 4
+#: Most weight rows per program: the kernel keeps a slice of each in every thread's registers
+#: (16 rows of 32-element fp4 slices spilled in the sm_90 AOT build); 4 with 8 activation rows
+#: (8 x 8 took all 255 registers and spilled 52-232 bytes).
+MX_GEMV_MAX_ROWS = 8
+MX_GEMV_MAX_ROWS_AT_8 = 4
+#: Fewest programs per SM before a program takes more rows ("many short programs"). NOT MEASURED YET.
+MX_GEMV_MIN_PROGRAMS_PER_SM = 2
+#: Most weight rows per program where K % 32 != 0: the kernel then masks every element (byte loads,
+#: a predicate per byte), and 4-8 rows spilled 12-3040 bytes in the sm_90 AOT build (2 rows: none,
+#: 8 bytes for mxfp4 W x A at 2 activation rows).
+MX_GEMV_ODD_K_ROWS = 2
+
+
+#: whether the planner uses the GEMV at all: off until it has run on a GPU (blockscaled._experimental,
+#: ``BLOCKSCALED_MX_KERNELS=gemv``; its fp4 decode is inline PTX checked only by an emulation); tests
+#: patch it
+MX_GEMV_ENABLED = mx_kernel_enabled("gemv")
+
+
+def use_mx_gemv(fmt: str, m: int, k: int) -> bool:
+    """The planner's rule: the GEMV switched on (MX_GEMV_ENABLED), MX / NV weights,
+    1 <= M <= MX_GEMV_MAX_M, K > 0 (CUDA only; the caller checks the device)."""
+    return MX_GEMV_ENABLED and fmt in MX_GEMV_FORMATS and 1 <= m <= MX_GEMV_MAX_M and k > 0
+
+
+def _pow2_at_least(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+def mx_gemv_config(fmt: str, m: int, n: int, k: int, dev: DeviceInfo) -> GemmConfig:
+    """The GEMV's tiles for ``[m, k] @ [n, k].T`` with ``fmt`` weights on ``dev``:
+
+    * block_m: M rounded up to a power of two (<= MX_GEMV_MAX_M; larger M runs more row programs);
+    * block_k: one slice per thread, as many threads as the row has slices (power of two, 1 to
+      MX_GEMV_MAX_WARPS warps), so short K loads the whole row at once and long K walks it in
+      chunks of ``32 * MX_GEMV_MAX_WARPS`` slices;
+    * block_n: the most rows (power of two <= MX_GEMV_MAX_ROWS, MX_GEMV_MAX_ROWS_AT_8 at 8
+      activation rows, MX_GEMV_ODD_K_ROWS where K % 32 != 0) whose chunk fits MX_GEMV_CHUNK_BYTES while the launch keeps >=
+      MX_GEMV_MIN_PROGRAMS_PER_SM programs per SM.
+    """
+    bm = min(MX_GEMV_MAX_M, _pow2_at_least(max(1, m)))
+    eps = gemv_slice_elems(bm)
+    elem_bytes = 1.0 if fmt == "mxfp8" else 0.5
+    slices = max(1, cdiv(k, eps))
+    g = min(max(_pow2_at_least(slices), 32), 32 * MX_GEMV_MAX_WARPS)
+    block_k = g * eps
+    row_bytes = min(k, block_k) * elem_bytes  # bytes of one row in one chunk
+    bn = 1
+    max_rows = MX_GEMV_MAX_ROWS if bm < 8 else MX_GEMV_MAX_ROWS_AT_8
+    if k % 32:
+        max_rows = min(max_rows, MX_GEMV_ODD_K_ROWS)
+    while (2 * bn <= max_rows and 2 * bn * row_bytes <= MX_GEMV_CHUNK_BYTES
+           and cdiv(n, 2 * bn) >= MX_GEMV_MIN_PROGRAMS_PER_SM * dev.sm_count):
+        bn *= 2
+    return GemmConfig(block_m=bm, block_n=bn, block_k=block_k, num_warps=g // 32, num_stages=1, strategy="gemv")
