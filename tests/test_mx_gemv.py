@@ -216,7 +216,18 @@ def test_fp4_ptx_decode_every_byte():
 
 
 # ------------------------------------------------------------------------------ the planner
-def test_planner_runs_the_gemv_at_small_m():
+def test_gemv_off_by_default():
+    """Until the GEMV has run on a GPU the planner keeps the portable plans (blockscaled._experimental)."""
+    from blockscaled.plan import H100_SXM, Problem, plan_gemm
+    from blockscaled.plan import mx_gemv
+
+    if mx_gemv.MX_GEMV_ENABLED:
+        pytest.skip("BLOCKSCALED_MX_KERNELS switches the GEMV on in this process")
+    assert not mx_gemv.use_mx_gemv("mxfp4", 1, 2880)
+    assert plan_gemm(Problem("gemm", "mxfp4", 1, 2880, 2880), H100_SXM).kernel != "gemv"
+
+
+def test_planner_runs_the_gemv_at_small_m(mx_kernels):
     """On an H100 (and any CUDA GPU) the MX / NV dense GEMM takes the GEMV for 1 <= M <=
     MX_GEMV_MAX_M in both modes, with mx_gemv_config's tiles; above it the previous rules; the CPU
     interpreter keeps the portable kernel. Every plan round-trips through the custom-op encoding."""

@@ -88,7 +88,7 @@ def test_every_dense_plan_roundtrips():
     assert any(c.variant == "skinny" and c.split_k > 1 for c in hop)
 
 
-def test_mx_gemv_plans_roundtrip():
+def test_mx_gemv_plans_roundtrip(mx_kernels):
     """The MX / NV decode GEMV plans (strategy "gemv" with mxfp8 / mxfp4 / nvfp4 weights, M <= 8,
     both modes, odd K): every field comes back, and the configs differ from each other where the
     tiles differ (block_m, block_n, chunk, warps)."""

@@ -67,7 +67,7 @@ def test_forced_configs():
 
 
 @pytest.mark.parametrize("fmt", ["mxfp8", "mxfp4", "nvfp4"])
-def test_other_formats_and_devices(fmt):
+def test_other_formats_and_devices(fmt, mx_kernels):
     for m in (1, 64, 4096):
         plan = plan_gemm(Problem("gemm", fmt, m, 4096, 4096), H100_SXM)
         # M <= 8: the MX / NV decode GEMV (tests/test_mx_gemv.py)

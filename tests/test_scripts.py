@@ -87,7 +87,9 @@ def test_the_kept_set():
     assert "test.sh" in SH_SCRIPTS
     for rel in PY_SCRIPTS + SH_SCRIPTS:
         assert rel == "test.sh" or rel.split(os.sep)[0] in ("checks", "sweeps", "probes"), rel
-    assert len(PY_SCRIPTS + SH_SCRIPTS) <= 12, "keep scripts/ small: record one-off findings in benchmarks/NOTES.md"
+    # 12 before the MX/NV kernels; their two GPU sweeps (mx_decode, mx_tiles) set planner constants
+    # and stay until those are measured, and host_cost.py measures the eager host path
+    assert len(PY_SCRIPTS + SH_SCRIPTS) <= 15, "keep scripts/ small: record one-off findings in benchmarks/NOTES.md"
 
 
 def test_readme_lists_every_script():
@@ -450,9 +452,9 @@ def test_gpu_check_bench_summary(fakes, tmp_path):
 
 
 # ------------------------------------------------------------------------- ab.py / hopper_check.py
-def _run_py(rel, *argv, timeout=180):
+def _run_py(rel, *argv, timeout=180, extra_env=None):
     return subprocess.run([sys.executable, os.path.join(SCRIPTS, rel), *argv], capture_output=True, text=True,
-                          env=_cpu_env(), timeout=timeout, cwd="/")
+                          env={**_cpu_env(), **(extra_env or {})}, timeout=timeout, cwd="/")
 
 
 def test_ab_resolves_variants_for_an_h100():
@@ -594,7 +596,8 @@ def test_mx_tiles_rules_from_rows():
 
 # ------------------------------------------------------------------------- mx_decode.py
 def test_mx_decode_lists_its_cases_for_an_h100():
-    r = _run_py("sweeps/mx_decode.py", "--list", "--quick")
+    # the GEMV is the planner's choice only with the experimental switch (blockscaled._experimental)
+    r = _run_py("sweeps/mx_decode.py", "--list", "--quick", extra_env={"BLOCKSCALED_MX_KERNELS": "gemv"})
     assert r.returncode == 0, r.stdout + r.stderr
     assert "54 cases" in r.stdout, r.stdout[-300:]
     blocks = r.stdout.split("\nmx")
