@@ -22,8 +22,7 @@ def _quantize_activations(x2: torch.Tensor, fmt: Format, rounding: ScaleRounding
     """The one call into ops/quantize.py's internal quantize (no validation, no custom-op
     dispatch): 1 x block_k blocks with the weight's rounding; nvfp4 computes the activations'
     global scale on the device. Returns (data, scale, gs or None)."""
-    data, scale, gs = _quant._quantize_impl(x2, fmt, (1, fmt.block_k), rounding, None)
-    return data, scale, (gs if fmt.has_global_scale else None)
+    return _quant.quantize_1xk(x2, fmt, rounding, None)
 
 
 def linear_impl(x2: torch.Tensor, w_data, w_scale, w_gs, w_rows: int, fmt: Format, k: int,
