@@ -9,6 +9,7 @@ Examples::
     blockscaled bench --suite deepseek --output ds.json --plot ds.png
     blockscaled bench --suite moe --iterations 30 --save-results benchmarks/results
     python -m blockscaled.bench --suite quantize
+    blockscaled bench --suite mx --iterations 15 --warmup 2   # issue 18's MX/NV suite and its targets
 
 Without a CUDA GPU it runs the correctness part of the chosen suites through the Triton
 interpreter (which needs numpy): no timings, no GPU facts, no plot, no profiler trace. Cases

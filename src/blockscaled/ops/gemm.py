@@ -31,7 +31,7 @@ from ..plan.types import DTYPE_NAMES
 from ..plan.portable import default_promote
 from ..plan.splits import split_plan as _split_plan
 from . import _hopper
-from ._splitk import _splitk_counters
+from ._splitk import splitk_scratch
 from ..formats import Format
 from ..kernels.triton._mma import FORMAT_CODES
 from ..kernels.triton.gemm import gemm_kernel
@@ -240,10 +240,9 @@ def _launch_gemm_kernel(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows, out2, bia
     ws = cnt = None
     scs = 0
     if split > 1:
-        # fp32 partials [split, M, N]; written and read back by the same launch
-        ws = torch.empty((split, m, n), dtype=torch.float32, device=out2.device)
+        # fp32 partials [split, M, N] (split stride M * N); written and read back by the same launch
         scs = m * n
-        cnt = _splitk_counters(out2.device, tiles)
+        ws, cnt = splitk_scratch(out2.device, tiles, split * scs)
     if PDL and _use_pdl(out2.device):
         kw = {**kw, **_PDL_ON}
     # (every operand is 2-D here: stride() gives the (row, column) pair the kernel takes)
@@ -616,10 +615,13 @@ def gemm(a, b: ScaledTensor, out_dtype: torch.dtype = torch.bfloat16, out: torch
     if m == 0 or n == 0:
         return out if out is not None else torch.empty((*lead, n), dtype=out_dtype, device=b.device)
     if config is not None or _eager_ok(a2, b.data):
+        # (2-D in, 2-D out: no view op, each ~1-3 us of host time)
         if out is None:
-            out = torch.empty((*lead, n), dtype=out_dtype, device=b.device)
-        gemm_impl(a2, a_s2, a_gs, b.data, b.scale, b.global_scale, b.block[0], fmt, k, out.view(m, n), bias,
-                  config, out_dtype)
+            out2 = torch.empty((m, n), dtype=out_dtype, device=b.device)
+            out = out2 if len(lead) == 1 else out2.view(*lead, n)
+        else:
+            out2 = out if out.ndim == 2 else out.view(m, n)
+        gemm_impl(a2, a_s2, a_gs, b.data, b.scale, b.global_scale, b.block[0], fmt, k, out2, bias, config, out_dtype)
         return out
     # Local: import cycle ops.gemm -> ops._custom_ops -> ops.gemm.
     from . import _custom_ops
