@@ -151,6 +151,34 @@ def test_runner_moe_rows(monkeypatch):
     assert rows["weight-only"]["bytes"] == 7 * 64 * 2 + w + 7 * 40 * 2
 
 
+def test_runner_with_baselines_on_cpu(monkeypatch):
+    """The MX baselines (their CUDA requirement lifted: torch runs them on the CPU too): cuBLAS
+    bf16 next to the weight-only row, the expert loop and torch._grouped_mm next to the MoE rows,
+    each checked against the same float64 reference, all paired with ours in the tables."""
+    from blockscaled.bench import baselines as B
+
+    for cls in (B.CublasBf16Weight, B.ExpertLoopBf16, B.GroupedMmBf16):
+        monkeypatch.setattr(cls, "check", lambda self, case, fmt: None)
+    runner, _ = _fake_runner(monkeypatch)
+    runner.cfg.baselines = B.BASELINE_NAMES
+    runner.run_case(suites.Case("mx", "mx", 2, 40, 64, label="toy"), "mxfp4")
+    ms = (3, 0, 2)
+    runner.run_case(suites.Case("mx", "mx-moe", 5, 40, 64, ms=ms, label="toy top-1 T=5"), "mxfp4")
+    got = [(r["kind"], r["op"], r["impl"], r["check"]) for r in runner.rows]
+    assert got == [("mx", "weight-only", "blockscaled", "ok"), ("mx", "bf16", "cublas-bf16", "ok"),
+                   ("mx", "gemm", "blockscaled", "ok"), ("mx", "linear", "blockscaled", "ok"),
+                   ("mx-moe", "weight-only", "blockscaled", "ok"), ("mx-moe", "bf16-moe", "bf16-loop", "ok"),
+                   ("mx-moe", "bf16-moe", "grouped-mm-bf16", "ok"), ("mx-moe", "grouped", "blockscaled", "ok")]
+    base = [r for r in runner.rows if r["impl"] != "blockscaled"]
+    assert all(r["eager_ms"] == 0.030 for r in base)
+    assert base[0]["bytes"] == 2 * 64 * 2 + 40 * 64 * 2 + 2 * 40 * 2  # bf16 x, bf16 W, bf16 out
+    assert base[1]["bytes"] == 5 * 64 * 2 + 2 * 40 * 64 * 2 + 5 * 40 * 2  # two experts with rows
+    head, body = mx.table(runner.rows, "mx")
+    assert [b[head.index("vs cublas-bf16")] for b in body] == ["1.00x"] * 3  # the fake timer: same times
+    head, body = mx.table(runner.rows, "mx-moe")
+    assert [b[head.index("verdict")] for b in body] == ["MISS", "MISS"]  # 1.00x < 2x the loop
+
+
 def test_non_mx_cases_keep_their_timing():
     """Other suites are timed as before: no eager wall clock, no adaptive graphs."""
     from blockscaled.bench.runner import RunConfig, Runner
