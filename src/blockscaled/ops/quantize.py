@@ -134,7 +134,7 @@ def _launch_1xk(x2, f: Format, rounding: ScaleRounding, gs_ptr, gs_out, gs_mode,
     m = x2.shape[0]
     dev = x2.device
     n_part = gs_ptr.numel() if gs_mode == 2 else 1
-    key = (f.name, m, k, rounding, gs_mode, silu, inter, n_part, dev)
+    key = (f.name, m, k, rounding, gs_mode, silu, inter, n_part, dev, GPU_HW_CVT)  # (the switch may be flipped)
     consts = _LAUNCH_1XK.get(key)
     if consts is None:
         consts = _launch_1xk_consts(key)
@@ -160,7 +160,7 @@ _LAUNCH_1XK: dict[tuple, tuple] = {}
 
 
 def _launch_1xk_consts(key: tuple) -> tuple:
-    fmt_name, m, k, rounding, gs_mode, silu, inter, n_part, dev = key
+    fmt_name, m, k, rounding, gs_mode, silu, inter, n_part, dev, hw_cvt = key
     f = get_format(fmt_name)
     bk = f.block_k
     grid = None
@@ -169,7 +169,7 @@ def _launch_1xk_consts(key: tuple) -> tuple:
         grid = (_cdiv(m, rows) * _cdiv(k, groups * bk),)
         gpu = dev.type == "cuda"
         kw = dict(FMT=_FMT_CODE[f.name], ROUND=_ROUND_CODE[rounding], BK=bk, ROWS=rows, GROUPS=groups,
-                  GS_MODE=gs_mode, SILU=silu, INTER=inter, GPU=gpu, HW_CVT=GPU_HW_CVT and gpu,
+                  GS_MODE=gs_mode, SILU=silu, INTER=inter, GPU=gpu, HW_CVT=hw_cvt and gpu,
                   PART_BLOCK=_pow2(n_part), num_warps=_NUM_WARPS, enable_fp_fusion=False)
     else:
         kw = None
