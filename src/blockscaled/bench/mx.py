@@ -47,6 +47,8 @@ OURS = "blockscaled"
 
 # --------------------------------------------------------------------------- running
 def _clone_q(q):
+    # Local: bench/runner imports this module (the runner's helper; a module-level import would
+    # close a cycle)
     from .runner import _clone_q as clone
 
     return clone(q)
@@ -118,7 +120,7 @@ def run_dense(r, case, fmt: str, ops, seed: int) -> None:
 
 def run_moe(r, case, fmt: str, ops, seed: int) -> None:
     """One ``mx-moe`` case (contiguous, ``case.ms`` rows per expert) in one format."""
-    from .runner import _index_q
+    from .runner import _index_q  # Local: bench/runner imports this module (cycle)
 
     ms, e, n, k = case.ms, case.experts, case.n, case.k
     rows = sum(ms)

@@ -26,7 +26,7 @@ from ..reference.quantize import dequantize as deq
 from ..reference.quantize import quantize as ref_quantize
 from ..testing.compare import bitwise_equal
 from ..testing.tolerances import gemm_tolerance
-from . import counting
+from . import counting, mx
 from .baselines import GemmInputs, GroupedInputs, SwigluInputs, baselines_for
 from .env import environment, has_cuda
 from .suites import ALLOWED_OPS, DEFAULT_OPS, Case
@@ -400,12 +400,8 @@ class Runner:
         if case.kind in ("gemm", "quantize"):
             self._run_dense(case, fmt, ops, seed)
         elif case.kind == "mx":
-            from . import mx
-
             mx.run_dense(self, case, fmt, ops, seed)
         elif case.kind == "mx-moe":
-            from . import mx
-
             mx.run_moe(self, case, fmt, ops, seed)
         elif case.kind in ("grouped", "masked"):
             self._run_grouped(case, fmt, ops, seed)
