@@ -153,3 +153,27 @@ def test_grouped_plan_memo(device, monkeypatch):
     bs.grouped_gemm(a8, w8, offsets=offs)
     assert len(asked) == 3
     assert y.shape == (5, 40)
+
+
+@pytest.mark.parametrize("fmt,block", [("mxfp4", None), ("nvfp4", None), ("fp8_block", (128, 128))])
+def test_quantize_eager_path_matches_the_op(fmt, block, device, monkeypatch):
+    """bs.quantize's eager path (the implementation called directly, the ScaledTensor built
+    without re-validation) gives bit-identical fields to the custom op's path, and a valid
+    ScaledTensor (the constructor's checks pass on its fields)."""
+    if device == "cpu" and not bs._checks.INTERPRET:
+        pytest.skip("needs the interpreter on CPU")
+    x = (torch.randn(3, 2, 160, generator=torch.Generator().manual_seed(3)) * 2).to(torch.bfloat16).to(device)
+    if block is not None:
+        x = x.reshape(6, 160)
+    fast = bs.quantize(x, fmt, block=block)
+    monkeypatch.setattr(gemm_mod, "EAGER_FAST_PATH", False)
+    slow = bs.quantize(x, fmt, block=block)
+    for name in ("data", "scale"):
+        assert torch.equal(getattr(fast, name).view(torch.uint8), getattr(slow, name).view(torch.uint8)), name
+    assert (fast.shape, fast.block, fast.rounding, fast.format) == (slow.shape, slow.block, slow.rounding, slow.format)
+    assert type(fast.shape) is torch.Size and type(fast.block) is tuple
+    if fmt == "nvfp4":
+        assert torch.equal(fast.global_scale, slow.global_scale)
+    from blockscaled.tensor import ScaledTensor
+
+    ScaledTensor(fast.data, fast.scale, fast.format, fast.shape, fast.block, fast.rounding, fast.global_scale)

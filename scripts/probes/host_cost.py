@@ -10,6 +10,7 @@ Issue 18: "a decode-size call should cost a few microseconds of Python, not tens
   gemm       ``bs.gemm(qa, w)``              W x A, activations quantized beforehand
   linear-wo  ``bs.linear(x, w, weight_only=True)``  bf16 activations
   linear     ``bs.linear(x, w)``             W x A with the activation quantizer (E2E)
+  quantize   ``bs.quantize(x, fmt)``         the activations alone (W x A callers' other call)
 
 it prints (us per call):
 
@@ -42,7 +43,7 @@ import time
 
 FORMATS = ("fp8_block", "mxfp8", "mxfp4", "nvfp4")
 SHAPES = ((2880, 2880), (8192, 8192))
-CALLS = ("gemm", "linear-wo", "linear")
+CALLS = ("gemm", "linear-wo", "linear", "quantize")
 
 
 def parse_args(argv=None):
@@ -67,8 +68,9 @@ def _inputs(bs, torch, fmt, n, k, dev):
 
 
 def _calls(bs, x, qa, w):
+    fmt = w.format.name
     return {"gemm": (lambda: bs.gemm(qa, w)), "linear-wo": (lambda: bs.linear(x, w, weight_only=True)),
-            "linear": (lambda: bs.linear(x, w))}
+            "linear": (lambda: bs.linear(x, w)), "quantize": (lambda: bs.quantize(x, fmt, check_range=False))}
 
 
 def _profile(fn, calls: int = 3000) -> str:

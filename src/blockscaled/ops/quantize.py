@@ -252,12 +252,38 @@ def quantize(
         q = _ref.quantize(xq, f, block=block, rounding=rounding, global_scale=global_scale, check_range=False)
     else:
         gs = None if global_scale is None else as_global_scale(global_scale, x.device)
-        data, scale, gs_out = torch.ops.blockscaled.quantize(xq, f.name, block[0], rounding.value, gs)
-        if f.has_global_scale and gs is None:
-            gs = gs_out
-        q = ScaledTensor(data, scale, f, torch.Size(x.shape), block, rounding, global_scale=gs)
+        if _eager_ok(xq):
+            # eager: the implementation itself, as gemm / linear / grouped do (the torch.library
+            # round trip was ~60% of an eager quantize call's host time, ~70 us on this
+            # repository's CPU benchmark); fields made here, so no re-validation either
+            if block[0] == 1:
+                data, scale, gs_out = quantize_1xk(xq, f, rounding, gs)
+            else:
+                data, scale, gs_out = _quantize_impl(xq, f, block, rounding, gs)
+            if f.has_global_scale and gs is None:
+                gs = gs_out
+            q = ScaledTensor._trusted(data, scale, f, x.shape, block, rounding, gs)
+        else:
+            data, scale, gs_out = torch.ops.blockscaled.quantize(xq, f.name, block[0], rounding.value, gs)
+            if f.has_global_scale and gs is None:
+                gs = gs_out
+            q = ScaledTensor(data, scale, f, torch.Size(x.shape), block, rounding, global_scale=gs)
     warn_quantize_range(xq, q, check_range)
     return attach_source(q, x)
+
+
+_EAGER_OK: list = []
+
+
+def _eager_ok(x: torch.Tensor) -> bool:
+    """``ops.gemm._eager_ok`` (its EAGER_FAST_PATH switch included), looked up once."""
+    if torch.compiler.is_compiling():  # (first: torch.compile never traces the lookup below)
+        return False
+    if not _EAGER_OK:
+        from .gemm import _eager_ok as ok  # Local: ops.gemm imports this module (cycle)
+
+        _EAGER_OK.append(ok)
+    return _EAGER_OK[0](x)
 
 
 def _quantize_plan(op: str, x: torch.Tensor, f: Format, block, k: int | None = None):
