@@ -65,9 +65,10 @@ splitk_counters = _splitk_counters
 #: Why: torch.empty was ~5 us of the ~40 us host path of an eager M=1 MX/NV call (this
 #: repository's CPU stub benchmark, scripts/probes/host_cost.py --stub).
 _WORKSPACES: dict[tuple[torch.device, int], torch.Tensor] = {}
-#: 16 MB: every M = 1 workspace of the bench's shapes (N <= 57344, split <= 16: 3.7 MB) and most
-#: M = 16 ones; a choice, not measured
-_WS_CACHE_MAX = 16 << 20
+#: 4 MB: every M = 1 workspace of the bench's shapes (N <= 57344, split <= 16: 3.7 MB), larger M
+#: allocate per launch (their GPU time hides it); at most 4 MB per stream that ran a split-K call
+#: (torch's stream pool hands out 32 per device and priority); a choice, not measured
+_WS_CACHE_MAX = 4 << 20
 
 
 def splitk_scratch(device: torch.device, tiles: int, ws_numel: int) -> tuple[torch.Tensor, torch.Tensor]:
