@@ -557,14 +557,11 @@ def grouped_plan(op: str, a, b: ScaledTensor, fmt: str, rows_per_expert: float, 
     a_row_stride = a_t.stride(-2) if a_t.ndim >= 2 and a_t.numel() else 0
     total = rows if rows is not None else (a_t.shape[0] * (a_t.shape[1] if mode == MODE_MASKED else 1))
     key = None
-    if config is None and (a_dtype is not None or fmt != "fp8_block"):
-        # the Hopper kernel's answer is fixed here (weight-only / not fp8_block): a function of the
-        # key alone, so the plan is too (see _PLANS)
+    if config is None and (a_dtype is not None or fmt != "fp8_block"):  # no Hopper kernel: see _PLANS
         key = (plan_grouped, op, fmt, total, n, k, a_dtype, out_dtype, b.block[0], mode, experts, rows_per_expert,
                b2 is not None, dev, a_row_stride, dev.type == "cpu" and _checks.INTERPRET)
-        plan = _PLANS.get(key)
-        if plan is not None:
-            return plan
+        if key in _PLANS:
+            return _PLANS[key]
     why = hopper_reason(a, b, out_dtype, mode, b2=b2) if dev.type == "cuda" else "needs a CUDA device"
     p = Problem(op, fmt, total, n, k, "quantized" if a_dtype is None else _DTYPE_NAMES[a_dtype],
                 _DTYPE_NAMES[out_dtype], False, b.block[0], _GROUPING_NAMES[mode], experts, float(rows_per_expert),
@@ -578,11 +575,9 @@ def grouped_plan(op: str, a, b: ScaledTensor, fmt: str, rows_per_expert: float, 
     return plan
 
 
-#: The planner's answers for grouped / SwiGLU calls the Hopper kernel cannot take (weight-only or
-#: not fp8_block): building the Problem, asking the Hopper rules and planning took ~30% of the
-#: ~100 us host path of an eager gpt-oss decode call (E=32, 4 rows, weight-only mxfp4; stubbed
-#: launches, this repository's CPU benchmark). The key holds every value the plan is made of, and
-#: the planner function itself (a replaced planner, e.g. a test's, is asked again).
+#: Plans of calls the Hopper kernel cannot take (weight-only, not fp8_block), under every value
+#: they are made of and the planner function (a replaced one is asked again): planning was ~30% of
+#: the ~100 us host path of an eager gpt-oss decode call (E=32, 4 rows; CPU stub benchmark, NOTES).
 _PLANS: dict[tuple, Plan] = {}
 
 
