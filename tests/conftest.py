@@ -77,9 +77,12 @@ def mx_kernels(monkeypatch):
     from blockscaled.plan import gemm as plan_gemm_mod
     from blockscaled.plan import portable
 
+    from blockscaled.ops import gemm as ops_gemm
+
     def clear():
         plan_gemm_mod.plan_gemm.cache_clear()
         portable.choose_portable.cache_clear()
+        ops_gemm._PLANS.clear()  # the eager path's plan memo (keyed by shapes, not by these switches)
 
     clear()
     monkeypatch.setattr(portable, "MX_BF16_ENABLED", True)

@@ -340,6 +340,89 @@ class DeepGemmGrouped(Baseline):
         return out
 
 
+# --------------------------------------------------------------------------- MX suite (bench/mx.py)
+def _bf16_weight(inp) -> torch.Tensor:
+    """``inp.qb`` dequantized to bf16 once per input bundle (the MX suite's baselines share it:
+    gpt-oss-120b's gate_up experts are 4.2 GB in bf16)."""
+    w = getattr(inp, "_w_bf16", None)
+    if w is None:
+        w = dequantize(inp.qb, dtype=torch.bfloat16)
+        inp._w_bf16 = w
+    return w
+
+
+class CublasBf16Weight(Baseline):
+    """cuBLAS bf16 on the weight dequantized ahead of time (``x_bf16 @ W_bf16.T``): the W16A16 model
+    every row of the MX suite is compared with (the same call for weight-only, W x A and E2E)."""
+
+    name = "cublas-bf16"
+    op = "bf16"
+    kinds = ("mx",)
+
+    def check(self, case, fmt):
+        if not torch.cuda.is_available():
+            raise Unavailable("needs CUDA")
+
+    def prepare(self, inp):
+        return inp.x, _bf16_weight(inp)
+
+    def run(self, x, w):
+        return torch.matmul(x, w.t())
+
+
+class ExpertLoopBf16(Baseline):
+    """The MoE fallback of engines without a grouped kernel: one cuBLAS bf16 GEMM per expert that
+    has rows (host-known counts), bf16 activations, weights dequantized ahead of time, each
+    written into its rows of one output; timed eagerly and as a CUDA graph, best of both."""
+
+    name = "bf16-loop"
+    op = "bf16-moe"
+    kinds = ("mx-moe",)
+    best_of_eager_and_graph = True
+
+    def check(self, case, fmt):
+        if not torch.cuda.is_available():
+            raise Unavailable("needs CUDA")
+
+    def prepare(self, inp):
+        w = _bf16_weight(inp)
+        out = torch.empty((inp.x.shape[0], w.shape[1]), dtype=torch.bfloat16, device=inp.x.device)
+        segs, start = [], 0
+        for e, m in enumerate(inp.ms):
+            if m:
+                segs.append((inp.x[start:start + m], w[e], out[start:start + m]))
+            start += m
+        return segs, out
+
+    def run(self, segs, out):
+        for a, w, o in segs:
+            torch.mm(a, w.t(), out=o)
+        return out
+
+
+class GroupedMmBf16(Baseline):
+    """``torch._grouped_mm`` (one CUTLASS launch, segment ends read on the device) of the bf16
+    activations and the weights dequantized to bf16 ahead of time."""
+
+    name = "grouped-mm-bf16"
+    op = "bf16-moe"
+    kinds = ("mx-moe",)
+
+    def check(self, case, fmt):
+        if not hasattr(torch, "_grouped_mm"):
+            raise Unavailable("torch._grouped_mm missing in this torch")
+        if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] not in (9, 10):
+            raise Unavailable("torch._grouped_mm's bf16 kernel needs sm_90 / sm_100")
+        if case.k % 8 or case.n % 8:
+            raise Unavailable(f"needs K, N multiples of 8 (K={case.k}, N={case.n})")
+
+    def prepare(self, inp):
+        return inp.x, _bf16_weight(inp).transpose(-2, -1), inp.offsets[1:].to(torch.int32).contiguous()
+
+    def run(self, x, wt, ends):
+        return torch._grouped_mm(x, wt, offs=ends)
+
+
 # --------------------------------------------------------------------------- quantize
 class TorchReferenceQuantize(Baseline):
     """The pure-torch reference quantizer run eagerly on the GPU (what users had before)."""
@@ -357,9 +440,10 @@ class TorchReferenceQuantize(Baseline):
 
 #: names accepted by --baselines (deepgemm covers both dense and grouped)
 BASELINE_NAMES = ("cublas-bf16", "cublas-fp8", "cublas-fp8-block", "triton-dot-scaled", "deepgemm",
-                  "torch-loop", "scaled-grouped-mm", "torch-ref")
+                  "torch-loop", "scaled-grouped-mm", "torch-ref", "bf16-loop", "grouped-mm-bf16")
 _ALL: list[Baseline] = [CublasBf16(), CublasFp8Tensorwise(), CublasFp8Block(), TritonDotScaled(), DeepGemmDense(),
-                        TorchExpertLoop(), ScaledGroupedMM(), DeepGemmGrouped(), TorchReferenceQuantize()]
+                        TorchExpertLoop(), ScaledGroupedMM(), DeepGemmGrouped(), TorchReferenceQuantize(),
+                        CublasBf16Weight(), ExpertLoopBf16(), GroupedMmBf16()]
 
 
 def baselines_for(op: str, names: tuple[str, ...]) -> list[Baseline]:

@@ -9,6 +9,7 @@ Examples::
     blockscaled bench --suite deepseek --output ds.json --plot ds.png
     blockscaled bench --suite moe --iterations 30 --save-results benchmarks/results
     python -m blockscaled.bench --suite quantize
+    blockscaled bench --suite mx --iterations 15 --warmup 2   # issue 18's MX/NV suite and its targets
 
 Without a CUDA GPU it runs the correctness part of the chosen suites through the Triton
 interpreter (which needs numpy): no timings, no GPU facts, no plot, no profiler trace. Cases
@@ -38,8 +39,8 @@ from .runner import RunConfig, Runner, measure_roofline
 __all__ = ["main", "build_parser", "parse_args", "select_cases"]
 
 TEST_CASE_NAMES = ("small", "medium", "large")
-SUITE_NAMES = ("deepseek", "moe", "masked", "nvfp4-group", "dual-gemm", "quantize")
-OP_NAMES = ("quantize", "gemm", "linear", "grouped", "swiglu")
+SUITE_NAMES = ("deepseek", "moe", "masked", "nvfp4-group", "dual-gemm", "quantize", "mx")
+OP_NAMES = ("quantize", "gemm", "linear", "grouped", "swiglu", "weight-only")
 FORMAT_NAMES = ("fp8_block", "mxfp8", "mxfp4", "nvfp4")
 DTYPES = ("bfloat16", "float16", "float32")
 
@@ -302,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs = []
     for suite, cases in plan:
         fmts = a.formats or suites.DEFAULT_FORMATS.get(suite, suites.DEFAULT_FORMATS["test-cases"])
-        jobs += [(suite, c, f) for c in cases for f in fmts]
+        jobs += [(suite, c, f) for c in cases for f in fmts if not c.formats or f in c.formats]
     # SIGTERM (e.g. `timeout`) ends the sweep early but still reports and writes what was measured.
     def _term(signum, frame):
         raise KeyboardInterrupt

@@ -13,6 +13,7 @@ import math
 import statistics
 from pathlib import Path
 
+from . import mx as _mx
 from .env import gpu_slug
 
 __all__ = [
@@ -126,7 +127,7 @@ def _summary_table_data(rows, timing: bool):
     body = []
     for s in summary_rows(rows):
         q, mn, e2 = s.get("quant"), s.get("main"), s.get("e2e")
-        if s["kind"] == "quantize":
+        if s["kind"] == "quantize" or s["kind"] in _mx.KINDS:  # the MX suite has tables of its own
             continue
         body.append([
             s["case"], s["format"], _cell(q, "median_ms"), s.get("main_op") or "-",
@@ -290,11 +291,25 @@ def print_report(result: dict, console=None) -> None:
         head, body, foot = _ab_table_data(pairs)
         show(f"A/B vs {base}", head, body, caption=foot)
     show("The bar (docs/design.md)", ["criterion", "measured", "target", "verdict"], bar_checks(rows))
+    if timing:
+        for kind, title in _MX_TITLES:
+            show(title, *_mx.table(rows, kind), caption=_mx_caption(rows))
     errs = [r for r in rows if r.get("status") == "error"]
     for r in errs:
         console.print(f"[red]error[/red] {r['impl']} {r['op']} {r['format']} {r['case']}: {r['note']}")
     for n in result.get("notes", []):
         console.print(f"[dim]note: {n}[/dim]")
+
+
+_MX_TITLES = (("mx", "MX suite: dense (issue 18 targets)"), ("mx-moe", "MX suite: MoE (issue 18 targets)"))
+
+
+def _mx_caption(rows) -> str:
+    c = _mx.verdict_counts(rows)
+    return (f"targets: {c['PASS']} PASS, {c['MISS']} MISS, {c['FAIL']} FAIL (check or error), {c['-']} without a "
+            "target or a measurement; ratios: baseline graph time / ours (> 1: blockscaled faster); eager: wall "
+            "clock per back-to-back call; % floor: quantized weight + activation + output bytes at the copy "
+            "bandwidth measured in this run")
 
 
 def _md_table(head, body) -> str:
@@ -324,6 +339,11 @@ def markdown_report(result: dict, title: str = "blockscaled bench") -> str:
     bar = bar_checks(rows)
     if bar:
         parts += ["## The bar (docs/design.md)", "", _md_table(["criterion", "measured", "target", "verdict"], bar), ""]
+    if timing:
+        for kind, title in _MX_TITLES:
+            h, b = _mx.table(rows, kind)
+            if b:
+                parts += [f"## {title}", "", _md_table(h, b), "", f"**{_mx_caption(rows)}**", ""]
     errs = [r for r in rows if r.get("status") == "error"]
     if errs:
         parts += ["## Errors", ""] + [f"- {r['impl']} {r['op']} {r['format']} {r['case']}: {r['note']}" for r in errs] + [""]

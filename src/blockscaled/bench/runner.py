@@ -26,11 +26,11 @@ from ..reference.quantize import dequantize as deq
 from ..reference.quantize import quantize as ref_quantize
 from ..testing.compare import bitwise_equal
 from ..testing.tolerances import gemm_tolerance
-from . import counting
+from . import counting, mx
 from .baselines import GemmInputs, GroupedInputs, SwigluInputs, baselines_for
 from .env import environment, has_cuda
 from .suites import ALLOWED_OPS, DEFAULT_OPS, Case
-from .timing import combine_rounds, rotation_count, time_op
+from .timing import combine_rounds, rotation_count, time_eager_wall, time_op
 
 __all__ = ["RunConfig", "Runner", "measure_roofline", "rel_error", "OP_SOURCES"]
 
@@ -143,6 +143,10 @@ class Runner:
         self._noted: set[str] = set()
         self._trace_events: list = []
         self._pending: list = []  # timing jobs of the current case (_measure -> _time_pending)
+        #: the current case's timing profile (run_case sets it): also time eager wall clock per
+        #: call (time_eager_wall), and let graphs of slow calls hold one call per input copy
+        self._eager = False
+        self._adaptive = False
         self.device = "cuda" if has_cuda() else "cpu"
         self.env = environment()
 
@@ -237,12 +241,17 @@ class Runner:
             return None
         iterations = iterations or self.cfg.iterations
         t = time_op(fn, arg_sets, warmup=self.cfg.warmup, iterations=iterations, use_graph=self.cfg.use_graph,
-                    budget_ms=budget_ms)
+                    budget_ms=budget_ms, adaptive_reps=self._adaptive)
         if best_of_eager and t.method == "graph":
             te = time_op(fn, arg_sets, warmup=2, iterations=iterations, use_graph=False, budget_ms=budget_ms)
             if te.median_ms < t.median_ms:
                 t = te
         return t
+
+    def _time_eager(self, fn, arg_sets, iterations, budget_ms):
+        """Eager wall clock per call (:func:`~blockscaled.bench.timing.time_eager_wall`)."""
+        return time_eager_wall(fn, arg_sets, warmup=max(1, min(self.cfg.warmup, 5)), iterations=iterations,
+                               budget_ms=budget_ms)
 
     def _error_row(self, row: dict, fmt: str, e: Exception) -> None:
         """Mark ``row`` failed with the exception's first line, log it, let the device settle."""
@@ -263,19 +272,25 @@ class Runner:
         rounds = max(1, self.cfg.rounds)
         per_round = max(5, -(-self.cfg.iterations // rounds)) if rounds > 1 else self.cfg.iterations
         results: list[list] = [[] for _ in jobs]
+        eager: list[list] = [[] for _ in jobs]
         try:
             for r in range(rounds):
                 order = range(len(jobs)) if r % 2 == 0 else reversed(range(len(jobs)))
                 for j in order:
-                    row, fn, arg_sets, count, fmt, best_of_eager, first_ms = jobs[j]
+                    row, fn, arg_sets, count, fmt, best_of_eager, first_ms, wall = jobs[j]
                     if row["status"] != "ok":
                         continue
                     try:
                         results[j].append(self._time(fn, arg_sets, best_of_eager, per_round, 2000.0 / rounds))
+                        if wall:
+                            eager[j].append(self._time_eager(fn, arg_sets, per_round, 2000.0 / rounds))
                     except Exception as e:  # keep going: one failing op must not stop a sweep
                         self._error_row(row, fmt, e)
         finally:
-            for (row, fn, arg_sets, count, fmt, best_of_eager, first_ms), ts in zip(jobs, results):
+            for (row, fn, arg_sets, count, fmt, best_of_eager, first_ms, wall), ts, es in zip(jobs, results, eager):
+                te = combine_rounds(es, first_ms) if row["status"] == "ok" else None
+                if te is not None:  # the eager wall clock per call, beside the graph timing
+                    row.update(eager_ms=te.median_ms, eager_p20_ms=te.p20_ms, eager_p80_ms=te.p80_ms)
                 timing = combine_rounds(ts, first_ms) if row["status"] == "ok" else None
                 if timing is None:
                     row["first_call_ms"] = first_ms
@@ -338,7 +353,7 @@ class Runner:
         except Exception as e:  # keep going: one failing op must not stop a sweep
             self._error_row(row, fmt, e)
         if row["status"] == "ok" and self.cfg.timing:
-            self._pending.append((row, fn, arg_sets, count, fmt, best_of_eager, first_ms))
+            self._pending.append((row, fn, arg_sets, count, fmt, best_of_eager, first_ms, self._eager))
         else:  # untimed (CPU: the interpreter's wall clock says nothing about a GPU, so none is kept)
             self.rows.append(self._finish_row(row, count, None, fmt))
 
@@ -355,7 +370,7 @@ class Runner:
 
         return check
 
-    def _baselines(self, case, fmt, op, inputs: list, count):
+    def _baselines(self, case, fmt, op, inputs: list, count, check=None):
         for b in baselines_for(op, self.cfg.baselines):
             why = b.unavailable(case, fmt)
             if why is not None:
@@ -367,7 +382,7 @@ class Runner:
             except Exception as e:
                 self.note(f"baseline {b.name} skipped for {op}/{fmt}: prepare failed: {type(e).__name__}: {str(e)[:100]}")
                 continue
-            self._measure(case, fmt, op, b.name, b.run, sets, count, best_of_eager=b.best_of_eager_and_graph)
+            self._measure(case, fmt, op, b.name, b.run, sets, count, check, best_of_eager=b.best_of_eager_and_graph)
 
     # ------------------------------------------------------------------ cases
     def ops_for(self, case: Case) -> tuple[str, ...]:
@@ -380,8 +395,14 @@ class Runner:
         ops = self.ops_for(case)
         if not ops:
             return
+        # MX suite cases (bench/mx.py): eager wall clock timed too, slow calls graphed one per copy
+        self._eager = self._adaptive = case.kind in ("mx", "mx-moe")
         if case.kind in ("gemm", "quantize"):
             self._run_dense(case, fmt, ops, seed)
+        elif case.kind == "mx":
+            mx.run_dense(self, case, fmt, ops, seed)
+        elif case.kind == "mx-moe":
+            mx.run_moe(self, case, fmt, ops, seed)
         elif case.kind in ("grouped", "masked"):
             self._run_grouped(case, fmt, ops, seed)
         elif case.kind == "swiglu":

@@ -6,6 +6,11 @@ Kinds of case:
   ``masked``   MoE masked: A ``[E, max_m, K]``, ``ms[e]`` valid rows (op: grouped)
   ``swiglu``   dual GEMM ``silu(A Wg^T) * (A Wu^T)`` (op: swiglu)
   ``quantize`` quantizer only, input ``[M, K]`` (op: quantize)
+  ``mx``       dense MX/NV ``[M,K] x [N,K]^T`` in three modes (ops: weight-only = bf16 x with
+               ``linear(weight_only=True)``, gemm = W x A on quantized A, linear = E2E with the
+               activation quantizer), vs cuBLAS bf16 on the dequantized weight (bench/mx.py)
+  ``mx-moe``   MoE contiguous with skewed routing, bf16 (weight-only) or quantized activations
+               (ops: weight-only, grouped), vs a per-expert bf16 cuBLAS loop and torch._grouped_mm
 
 Sources:
   deepseek     DeepSeek-V3 dense N,K (the six shapes of docs/design.md, "Measurements older than
@@ -20,6 +25,9 @@ Sources:
   quantize     16384x7168 bf16 (the quantizer target of docs/design.md, "The bar": >= 2500 GB/s)
                plus a few engine shapes.
   small/medium/large  an MXFP8 profiling script's test cases.
+  mx           issue 18's MX/NV suite (:func:`_mx`): gpt-oss and Llama 3 8B / 70B linears x M in
+               {1, 16, 64, 256, 2048, 8192} (``mx`` cases), gpt-oss-120b / -20b MoE (mxfp4) and
+               Qwen3-30B-A3B MoE (nvfp4) at the same token counts (``mx-moe`` cases).
 """
 
 from __future__ import annotations
@@ -38,6 +46,10 @@ __all__ = [
     "tiny",
     "dedupe",
     "for_interpreter",
+    "MX_LINEARS",
+    "MX_MOE",
+    "MX_M",
+    "skewed_routing",
     "DEFAULT_FORMATS",
     "DEFAULT_OPS",
 ]
@@ -58,6 +70,8 @@ class Case:
     #: the name of the case the user asked for, when this one runs in its place (a CPU run
     #: through the interpreter, see :func:`for_interpreter`); "" on a GPU. Not part of equality.
     requested: str = field(default="", compare=False)
+    #: the formats this case runs (within --formats / the suite's defaults); () = all of them
+    formats: tuple[str, ...] = ()
 
     @property
     def experts(self) -> int:
@@ -65,7 +79,7 @@ class Case:
 
     @property
     def name(self) -> str:
-        if self.kind in ("grouped", "masked"):
+        if self.kind in ("grouped", "masked", "mx-moe"):
             ms = set(self.ms)
             mdesc = f"m={self.ms[0]}" if len(ms) == 1 else f"m={min(self.ms)}..{max(self.ms)}"
             base = f"E={self.experts} {mdesc} N={self.n} K={self.k}"
@@ -144,6 +158,54 @@ TEST_CASES: dict[str, tuple[tuple[int, int, int], ...]] = {
 }
 
 
+# Issue 18's MX/NV suite. Dense linears (family, layer, N, K): gpt-oss (both sizes: hidden 2880,
+# the per-expert gate_up N = 5760 and down 2880 x 2880 run as dense GEMMs), Llama 3 8B and 70B
+# (two projections each: a short-N one and a long-K / wide one). Token counts: decode to prefill.
+MX_LINEARS = (
+    ("gpt-oss", "gate_up", 5760, 2880), ("gpt-oss", "down", 2880, 2880),
+    ("llama3-8b", "qkv", 6144, 4096), ("llama3-8b", "down", 4096, 14336),
+    ("llama3-70b", "o", 8192, 8192), ("llama3-70b", "gate_up", 57344, 8192),
+)
+MX_M = (1, 16, 64, 256, 2048, 8192)
+#: MoE layers (model, layer, experts, top-k, N, K, weight format): gpt-oss-120b (128 experts) and
+#: -20b (32), top-4, MXFP4 experts as released; Qwen3-30B-A3B (128 experts, top-8, expert
+#: intermediate 768, hidden 2048) as NVIDIA's NVFP4 checkpoint quantizes it.
+MX_MOE = (
+    ("gpt-oss-120b", "gate_up", 128, 4, 5760, 2880, "mxfp4"), ("gpt-oss-120b", "down", 128, 4, 2880, 2880, "mxfp4"),
+    ("gpt-oss-20b", "gate_up", 32, 4, 5760, 2880, "mxfp4"), ("gpt-oss-20b", "down", 32, 4, 2880, 2880, "mxfp4"),
+    ("qwen3-30b-a3b", "gate_up", 128, 8, 1536, 2048, "nvfp4"), ("qwen3-30b-a3b", "down", 128, 8, 2048, 768, "nvfp4"),
+)
+#: Zipf exponent of the expert popularity of the skewed routing (expert of rank r drawn with weight
+#: r**-alpha): with 128 experts the most popular one gets ~18% of the draws, the median one ~0.4%.
+ROUTING_ZIPF = 1.0
+
+
+def skewed_routing(tokens: int, experts: int, top_k: int, seed: int) -> tuple[int, ...]:
+    """Rows per expert of ``tokens`` tokens routed to ``top_k`` distinct experts each, drawn
+    (Gumbel top-k, torch's CPU generator seeded with ``seed``: the same counts on every machine)
+    from a Zipf(:data:`ROUTING_ZIPF`) popularity over a seeded permutation of the experts.
+    Sums to ``tokens * top_k``; every count <= ``tokens``; popular experts hold many rows, many
+    others none at decode sizes."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    rank = torch.randperm(experts, generator=g).double() + 1.0
+    logits = -ROUTING_ZIPF * torch.log(rank)
+    u = torch.rand(tokens, experts, generator=g, dtype=torch.float64).clamp_(1e-12, 1 - 1e-12)
+    choice = (logits - torch.log(-torch.log(u))).topk(top_k, dim=1).indices
+    return tuple(int(c) for c in torch.bincount(choice.reshape(-1), minlength=experts))
+
+
+def _mx() -> list[Case]:
+    out = [Case("mx", "mx", m, n, k, label=f"{fam} {layer}") for m in MX_M for fam, layer, n, k in MX_LINEARS]
+    for i, (model, layer, e, top_k, n, k, fmt) in enumerate(MX_MOE):
+        for t in MX_M:
+            ms = skewed_routing(t, e, top_k, seed=1000 * i + t)
+            out.append(Case("mx", "mx-moe", sum(ms), n, k, ms=ms, label=f"{model} {layer} top-{top_k} T={t}",
+                            formats=(fmt,)))
+    return out
+
+
 def test_case_suite(names: list[str]) -> list[Case]:
     out = []
     for name in names:
@@ -162,6 +224,7 @@ SUITES = {
     "nvfp4-group": _nvfp4_group,
     "dual-gemm": _dual_gemm,
     "quantize": _quantize,
+    "mx": _mx,
 }
 
 #: formats run when --formats is not given
@@ -172,6 +235,7 @@ DEFAULT_FORMATS = {
     "nvfp4-group": ("nvfp4",),
     "dual-gemm": ("nvfp4",),
     "quantize": ("fp8_block", "mxfp8", "mxfp4", "nvfp4"),
+    "mx": ("mxfp8", "mxfp4", "nvfp4"),
     "test-cases": ("fp8_block", "mxfp8", "mxfp4", "nvfp4"),
 }
 
@@ -182,6 +246,8 @@ DEFAULT_OPS = {
     "masked": ("grouped",),
     "swiglu": ("swiglu",),
     "quantize": ("quantize",),
+    "mx": ("weight-only", "gemm", "linear"),
+    "mx-moe": ("weight-only", "grouped"),
 }
 
 #: ops a case kind can run at all
@@ -191,6 +257,8 @@ ALLOWED_OPS = {
     "masked": ("grouped",),
     "swiglu": ("swiglu",),
     "quantize": ("quantize",),
+    "mx": ("weight-only", "gemm", "linear"),
+    "mx-moe": ("weight-only", "grouped"),
 }
 
 
@@ -206,7 +274,7 @@ def dedupe(cases: list[Case]) -> list[Case]:
     index: dict[tuple, int] = {}
     out: list[Case] = []
     for c in cases:
-        key = (c.kind, c.m, c.n, c.k, c.ms)
+        key = (c.kind, c.m, c.n, c.k, c.ms, c.formats)
         if key not in index:
             index[key] = len(out)
             out.append(c)
@@ -226,9 +294,14 @@ def tiny(case: Case) -> Case:
     n = (case.n if case.n <= 64 else 32 + case.n % 33) if case.n else 0
     k = case.k if case.k <= 192 else 96 + case.k % 97
     ms = tuple(min(x, 4) for x in case.ms[:3])
+    if case.kind == "mx-moe":
+        # one skewed decode and one prefill stand-in per layer (the routing's own draws would
+        # give every token count a stand-in of its own, each minutes of interpreter in all):
+        # an empty expert, one row, a partial tile
+        ms = (1, 0, 3) if case.m <= 64 * 8 else (4, 2, 5)
     if case.kind == "masked":
         m = max(ms) if ms else 1
-    elif case.kind == "grouped":
+    elif case.kind in ("grouped", "mx-moe"):
         m = sum(ms)
     return replace(case, m=m, n=n, k=k, ms=ms)
 

@@ -11,6 +11,9 @@ Method (docs/design.md, "Measuring"):
     kernels. If capture fails (an op that syncs or allocates unsafely), CUDA events around
     each eager call are used instead and the row says ``method=events``.
   * reported: median, p20 and p80 over the replays / calls, and min.
+
+:func:`time_eager_wall` times what an eager caller pays instead: the wall clock of back-to-back
+calls (host work and launches included, no graph), one synchronisation per sample.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import torch
 
 from .env import l2_bytes
 
-__all__ = ["Timing", "time_op", "rotation_count", "quantiles", "combine_rounds"]
+__all__ = ["Timing", "time_op", "time_eager_wall", "rotation_count", "quantiles", "combine_rounds"]
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,11 @@ def _cap(iterations: int, sample_ms: float, budget_ms: float) -> int:
     return max(min(5, iterations), min(iterations, int(budget_ms / sample_ms)))
 
 
+#: graph length (ms of calls) above which ``adaptive_reps`` captures one call per input copy:
+#: samples stay >= ~1 ms either way (CUDA-event resolution ~0.5 us), not measured beyond that
+ADAPTIVE_GRAPH_MS = 2.0
+
+
 def _sync():
     torch.cuda.synchronize()
 
@@ -100,6 +108,7 @@ def time_op(
     use_graph: bool = True,
     reps_per_graph: int | None = None,
     budget_ms: float = 2000.0,
+    adaptive_reps: bool = False,
 ) -> Timing:
     """Time ``fn(*arg_sets[i % len(arg_sets)])`` on the current CUDA device (see module doc).
 
@@ -107,7 +116,9 @@ def time_op(
     ``iterations``: number of timed samples (graph replays or eager calls); lowered (to no
     fewer than 5) when the samples would take more than ``budget_ms`` in total, so that a slow
     baseline (e.g. the eager torch reference quantizer on 300M elements) cannot eat a sweep's
-    time budget."""
+    time budget. ``adaptive_reps`` (with ``reps_per_graph`` None): a graph holds one call per
+    input copy instead of at least 10 when 10 calls would take over ``ADAPTIVE_GRAPH_MS``
+    (per-call time from the warm-up), so that a 10 ms call costs ~1/10 of the samples' time."""
     if not torch.cuda.is_available():
         raise RuntimeError("timings need CUDA")
     n_sets = len(arg_sets)
@@ -122,6 +133,8 @@ def time_op(
     _sync()
     per_call_ms = (time.perf_counter() - t0) * 1e3 / warmup if warmup else first_ms
     iterations = _cap(iterations, per_call_ms, budget_ms)
+    if adaptive_reps and reps_per_graph is None and per_call_ms * max(n_sets, 10) > ADAPTIVE_GRAPH_MS:
+        reps_per_graph = n_sets
 
     if use_graph:
         try:
@@ -188,3 +201,39 @@ def _time_graph(fn, arg_sets, iterations, reps_per_graph, first_ms, budget_ms) -
     del g
     med, p20, p80, mn = quantiles(times)
     return Timing(med, p20, p80, mn, first_ms, iterations, "graph", n_sets)
+
+
+def time_eager_wall(fn: Callable, arg_sets: Sequence[tuple], *, warmup: int = 3, iterations: int = 20,
+                    budget_ms: float = 2000.0, sample_ms: float = 1.0) -> Timing:
+    """Eager per-call wall time of ``fn`` on the current CUDA device: each sample runs ``inner``
+    back-to-back calls (inputs rotated as in :func:`time_op`) and synchronises once; the time
+    per call is the sample's wall clock / ``inner``, with ``inner`` chosen from the warm-up so
+    that a sample lasts >= ``sample_ms`` (at most 200 calls). Host-bound calls (decode sizes)
+    measure the host path, GPU-bound ones the kernels with launch overheads hidden behind them:
+    what a model running eagerly pays per call. ``method`` is ``"eager"``."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("timings need CUDA")
+    n_sets = len(arg_sets)
+    _sync()
+    t0 = time.perf_counter()
+    fn(*arg_sets[0])
+    _sync()
+    first_ms = (time.perf_counter() - t0) * 1e3
+    t0 = time.perf_counter()
+    for i in range(warmup):
+        fn(*arg_sets[i % n_sets])
+    _sync()
+    per_call_ms = (time.perf_counter() - t0) * 1e3 / warmup if warmup else first_ms
+    inner = max(1, min(200, int(sample_ms / max(per_call_ms, 1e-4))))
+    iterations = _cap(iterations, per_call_ms * inner, budget_ms)
+    times = []
+    j = 0
+    for _ in range(iterations):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn(*arg_sets[j % n_sets])
+            j += 1
+        _sync()
+        times.append((time.perf_counter() - t0) * 1e3 / inner)
+    med, p20, p80, mn = quantiles(times)
+    return Timing(med, p20, p80, mn, first_ms, iterations, "eager", n_sets)

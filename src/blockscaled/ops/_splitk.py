@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["splitk_counters"]
+__all__ = ["splitk_counters", "splitk_scratch"]
 
 #: Split-K tile counters (int32, all zero between launches: the kernel's last program per tile
 #: resets its counter). Concurrency rule: kernels sharing a counter buffer must not run at the
@@ -57,3 +57,35 @@ def _splitk_counters(device: torch.device, n: int) -> torch.Tensor:
 
 
 splitk_counters = _splitk_counters
+
+#: Flat fp32 split-K workspaces of eager portable launches, one per (device, stream), reused by
+#: every launch there: a launch writes and reads back its partials itself, and launches on one
+#: stream are ordered (the rule of _COUNTERS). Not used while a stream captures a graph (the
+#: graph's own allocation then, as before) nor above _WS_CACHE_MAX bytes (memory kept for good).
+#: Why: torch.empty was ~5 us of the ~40 us host path of an eager M=1 MX/NV call (this
+#: repository's CPU stub benchmark, scripts/probes/host_cost.py --stub).
+_WORKSPACES: dict[tuple[torch.device, int], torch.Tensor] = {}
+#: 4 MB: every M = 1 workspace of the bench's shapes (N <= 57344, split <= 16: 3.7 MB), larger M
+#: allocate per launch (their GPU time hides it); at most 4 MB per stream that ran a split-K call
+#: (torch's stream pool hands out 32 per device and priority); a choice, not measured
+_WS_CACHE_MAX = 4 << 20
+
+
+def splitk_scratch(device: torch.device, tiles: int, ws_numel: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a flat fp32 workspace of >= ``ws_numel`` elements, the int32 tile counters of
+    :func:`_splitk_counters` for ``tiles`` tiles) for one split-K launch of the portable kernel
+    (its ``ws_ptr`` takes a base pointer and the split stride: no view of the buffer needed)."""
+    if device.type != "cuda":
+        key = (device, 0)
+    elif torch.cuda.is_current_stream_capturing():
+        return torch.empty(ws_numel, dtype=torch.float32, device=device), _splitk_counters(device, tiles)
+    else:
+        key = (device, torch.cuda.current_stream(device).cuda_stream)
+    if ws_numel * 4 > _WS_CACHE_MAX:
+        ws = torch.empty(ws_numel, dtype=torch.float32, device=device)
+    else:
+        ws = _WORKSPACES.get(key)
+        if ws is None or ws.numel() < ws_numel:
+            # the old buffer (if any) is freed in stream order: later work on this stream only
+            ws = _WORKSPACES[key] = torch.empty(max(ws_numel, 1 << 16), dtype=torch.float32, device=device)
+    return ws, _splitk_counters(device, tiles)

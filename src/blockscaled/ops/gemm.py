@@ -31,7 +31,7 @@ from ..plan.types import DTYPE_NAMES
 from ..plan.portable import default_promote
 from ..plan.splits import split_plan as _split_plan
 from . import _hopper
-from ._splitk import _splitk_counters
+from ._splitk import splitk_scratch
 from ..formats import Format
 from ..kernels.triton._mma import FORMAT_CODES
 from ..kernels.triton.gemm import gemm_kernel
@@ -88,7 +88,7 @@ def validate_gemm_args(a, b, out_dtype, out):
         raise ValueError(f"b.block: expected (1 or 128, {fmt.block_k}) for {fmt.name}, got {b.block}")
     if isinstance(a, ScaledTensor):
         a_dense = False
-        if a.format != fmt:
+        if a.format is not fmt and a.format != fmt:  # (``is``: the dataclass == compares every field)
             raise ValueError(
                 f"a.format: expected the format of b ({fmt.name}), got {a.format.name} "
                 f"(both operands must use one format)"
@@ -198,7 +198,6 @@ PDL = os.environ.get("BLOCKSCALED_PDL", "0").strip() == "1"
 _GEMM_COMPILED = isinstance(gemm_kernel, JITFunction)
 #: extra launch keywords, built once (the launch sits on the host hot path)
 _PDL_ON = {"PDL": True, "launch_pdl": True}
-_PDL_OFF: dict = {}
 
 
 def _nvidia() -> bool:
@@ -233,36 +232,65 @@ def _launch_gemm_kernel(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows, out2, bia
     leave empty splits, which _split_plan never makes). With programmatic dependent launch
     where ``_use_pdl`` allows it (see ``PDL``)."""
     a_dense = a_s2 is None
+    # keyed by the config object's id (hashing the dataclass costs more than the rest of the
+    # key; the planner's memoised plans hand the same object back), checked by identity
+    key = (id(cfg), fmt.name, m, n, k, promote, interpret, split, k_per_split, a2.dtype if a_dense else None,
+           b_rows, bias is not None)
+    hit = _GEMM_LAUNCH.get(key)
+    if hit is not None and hit[0] is cfg:
+        grid, tiles, kw = hit[1]
+    else:
+        grid, tiles, kw = _gemm_launch_consts(key, cfg)
+    gs_b = b_gs if b_gs is not None else b_scale  # not read unless nvfp4
+    gs_a = a_gs if a_gs is not None else gs_b
+    a_s = a_s2 if a_s2 is not None else b_scale  # dense A: never read
+    ws = cnt = None
+    scs = 0
+    if split > 1:
+        # fp32 partials [split, M, N] (split stride M * N); written and read back by the same launch
+        scs = m * n
+        ws, cnt = splitk_scratch(out2.device, tiles, split * scs)
+    if PDL and _use_pdl(out2.device):
+        kw = {**kw, **_PDL_ON}
+    # (every operand is 2-D here: stride() gives the (row, column) pair the kernel takes)
+    gemm_kernel[grid](
+        a2, a_s, b_data, b_scale, gs_a, gs_b, bias if bias is not None else out2, out2,
+        m, n, k, k_per_split, *a2.stride(), *a_s.stride(), *b_data.stride(), *b_scale.stride(), scs, *out2.stride(),
+        ws_ptr=ws, cnt_ptr=cnt, **kw,
+    )
+
+
+#: gemm_kernel's launch constants (grid, tile count, constexpr and option keywords) per call
+#: shape and config: computed once, then one dict lookup per launch (host time per eager decode
+#: call, benchmarks/NOTES.md "Eager host cost of MX/NV calls"). Bounded by _MEMO_MAX entries.
+_GEMM_LAUNCH: dict[tuple, tuple] = {}
+#: entries kept per host-path memo before it is cleared (shapes of a model: a few hundred)
+_MEMO_MAX = 4096
+
+
+def _gemm_launch_consts(key: tuple, cfg: GemmConfig) -> tuple:
+    """(grid, tiles, keywords) of a gemm_kernel launch, memoised in ``_GEMM_LAUNCH`` under ``key``
+    (``_launch_gemm_kernel``'s, which holds ``id(cfg)``)."""
+    _, fmt_name, m, n, k, promote, interpret, split, k_per_split, a_dense_dtype, b_rows, has_bias = key
+    a_dense = a_dense_dtype is not None
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     if cfg.swap_ab and b_rows % bn and b_rows > 1:
         raise ValueError(f"config.block_n: swap_ab with {b_rows}-row weight scale blocks needs block_n dividing "
                          f"{b_rows} (one scale row per tile), got {bn}")
-    b_fmt = FORMAT_CODES[fmt.name]
+    b_fmt = FORMAT_CODES[fmt_name]
     a_fmt = FORMAT_CODES["dense"] if a_dense else b_fmt
-    gs_b = b_gs if b_gs is not None else b_scale  # not read unless nvfp4
-    gs_a = a_gs if a_gs is not None else gs_b
-    a_s = a_s2 if a_s2 is not None else b_scale  # dense A: never read
-    bias_t = bias if bias is not None else out2
     tiles = _cdiv(m, bm) * _cdiv(n, bn)
-    ws = cnt = None
-    scs = 0
-    if split > 1:
-        # fp32 partials [split, M, N]; written and read back by the same launch
-        ws = torch.empty((split, m, n), dtype=torch.float32, device=out2.device)
-        scs = ws.stride(0)
-        cnt = _splitk_counters(out2.device, tiles)
-    gemm_kernel[(tiles, split)](
-        a2, a_s, b_data, b_scale, gs_a, gs_b, bias_t, out2,
-        m, n, k, k_per_split,
-        a2.stride(0), a2.stride(1), a_s.stride(0), a_s.stride(-1),
-        b_data.stride(0), b_data.stride(1), b_scale.stride(0), b_scale.stride(1),
-        scs, out2.stride(0), out2.stride(1),
+    kw = dict(
         A_FMT=a_fmt, B_FMT=b_fmt, B_SCALE_ROWS=b_rows, PROMOTE=promote,
-        DOT_DTYPE=_dot_dtype(promote, a_dense, a2.dtype, interpret), EVEN_K=k % bk == 0 and k_per_split % bk == 0,
-        HAS_BIAS=bias is not None, SPLIT_K=split, GROUP_M=cfg.group_m,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        ws_ptr=ws, cnt_ptr=cnt, SWAP_AB=cfg.swap_ab, **(_PDL_ON if _use_pdl(out2.device) else _PDL_OFF),
+        DOT_DTYPE=_dot_dtype(promote, a_dense, a_dense_dtype, interpret),
+        EVEN_K=k % bk == 0 and k_per_split % bk == 0, HAS_BIAS=has_bias, SPLIT_K=split, GROUP_M=cfg.group_m,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=cfg.num_warps, num_stages=cfg.num_stages, SWAP_AB=cfg.swap_ab,
     )
+    consts = ((tiles, split), tiles, kw)
+    if len(_GEMM_LAUNCH) >= _MEMO_MAX:
+        _GEMM_LAUNCH.clear()
+    _GEMM_LAUNCH[key] = (cfg, consts)  # cfg kept alive: its id stays its own while the entry exists
+    return consts
 
 
 def _launch_gemv(a2, a_s2, b_data, b_scale, b_rows, out2, bias, fmt: Format, m, n, k, cfg: GemmConfig,
@@ -464,8 +492,38 @@ def gemm_impl(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows: int, fmt: Format, k
     m, n = out2.shape
     if m == 0 or n == 0:
         return
-    plan = make_plan(gemm_problem(a2, a_s2, b_data, b_rows, fmt, k, m, n, out_dtype, bias, out2), out2.device, cfg)
+    if cfg is None and (a_s2 is None or fmt.name != "fp8_block"):
+        plan = _memo_plan(a2, a_s2, b_data, b_rows, fmt, k, m, n, out_dtype, bias, out2)
+    else:
+        plan = make_plan(gemm_problem(a2, a_s2, b_data, b_rows, fmt, k, m, n, out_dtype, bias, out2), out2.device,
+                         cfg)
     run_plan(plan, a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows, fmt, k, out2, bias, out_dtype)
+
+
+#: The planner's answers for calls whose Problem is a function of shapes and dtypes alone (every
+#: format but fp8_block with quantized A, whose Problem also says whether TMA can take the
+#: operands' addresses): building the Problem and the device's properties, then hashing both for
+#: plan_gemm's lru_cache took ~15 us of the ~80 us host time of an eager M=1 MX call (stubbed
+#: launch, this repository's CPU benchmark; benchmarks/NOTES.md "Eager host cost of MX/NV
+#: calls"). The key holds every value the Problem is made of, and the planner function itself (a
+#: replaced planner, e.g. a test's, is asked again). Bounded by _MEMO_MAX entries.
+_PLANS: dict[tuple, Plan] = {}
+
+
+def _memo_plan(a2, a_s2, b_data, b_rows: int, fmt: Format, k: int, m: int, n: int, out_dtype, bias, out2) -> Plan:
+    """``make_plan(gemm_problem(...))`` through ``_PLANS`` (not for fp8_block x fp8_block)."""
+    dev = out2.device
+    key = (plan_gemm, fmt.name, m, n, k, None if a_s2 is not None else a2.dtype, out_dtype, bias is not None, b_rows,
+           dev, dev.type == "cpu" and _checks.INTERPRET)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = make_plan(gemm_problem(a2, a_s2, b_data, b_rows, fmt, k, m, n, out_dtype, bias, out2), dev)
+        if len(_PLANS) >= _MEMO_MAX:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    else:
+        log_plan(plan)  # what make_plan does with every plan it returns (observe_plans, LOG_PLANS)
+    return plan
 
 
 def run_plan(plan: Plan, a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows: int, fmt: Format, k: int, out2, bias,
@@ -591,10 +649,13 @@ def gemm(a, b: ScaledTensor, out_dtype: torch.dtype = torch.bfloat16, out: torch
     if m == 0 or n == 0:
         return out if out is not None else torch.empty((*lead, n), dtype=out_dtype, device=b.device)
     if config is not None or _eager_ok(a2, b.data):
+        # (2-D in, 2-D out: no view op, each ~1-3 us of host time)
         if out is None:
-            out = torch.empty((*lead, n), dtype=out_dtype, device=b.device)
-        gemm_impl(a2, a_s2, a_gs, b.data, b.scale, b.global_scale, b.block[0], fmt, k, out.view(m, n), bias,
-                  config, out_dtype)
+            out2 = torch.empty((m, n), dtype=out_dtype, device=b.device)
+            out = out2 if len(lead) == 1 else out2.view(*lead, n)
+        else:
+            out2 = out if out.ndim == 2 else out.view(m, n)
+        gemm_impl(a2, a_s2, a_gs, b.data, b.scale, b.global_scale, b.block[0], fmt, k, out2, bias, config, out_dtype)
         return out
     # Local: import cycle ops.gemm -> ops._custom_ops -> ops.gemm.
     from . import _custom_ops

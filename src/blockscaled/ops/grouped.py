@@ -21,7 +21,6 @@ torch.compile / tracing the custom ops carry it whole as one ``cfg: list[int]``
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
 
 from .. import _checks
@@ -41,7 +40,8 @@ from ._autograd import requires_grad_name
 from ._explain import emit, explaining
 from .errors import OP_GROUPED_GEMM, check_metadata, check_metadata_host
 from . import _hopper
-from .gemm import _DTYPE_NAMES, _dequant, _eager_ok, _one
+from .gemm import _DTYPE_NAMES, _cdiv, _dequant, _eager_ok, _one
+from .quantize import _pow2  # (host arithmetic, not triton's constexpr functions: ~2-5 us a call)
 from .gemm import gemm as _dense_gemm
 
 __all__ = ["grouped_gemm", "grouped_gemm_list"]
@@ -103,11 +103,11 @@ def _launch_impl(
         return
     if mode == MODE_CONTIGUOUS:
         m_tiles = (m + e * (block_m - 1)) // block_m  # worst case of sum_e ceil(m_e / BM)
-        grid = (m_tiles, triton.cdiv(n, block_n), 1)
+        grid = (m_tiles, _cdiv(n, block_n), 1)
     elif mode == MODE_MASKED:
-        grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), e)
+        grid = (_cdiv(m, block_m), _cdiv(n, block_n), e)
     else:
-        grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), 1)
+        grid = (_cdiv(m, block_m), _cdiv(n, block_n), 1)
     # Pointers the kernel never dereferences in this specialisation (global scales outside
     # nvfp4, seg in dense mode) get ``out``: no allocation, nothing extra in a captured graph.
     dummy = out
@@ -121,7 +121,7 @@ def _launch_impl(
         m, n, k, e,
         s_ae, s_am, s_ase, s_asm, s_be, s_bn, s_bse, s_bsn, s_ce, s_cm,
         FMT=fmt_id, A_DENSE=a_dense, B_BR=b_br, MODE=mode, DUAL=dual, GSB_PER_EXPERT=gsb_per_expert,
-        E_POW2=max(16, triton.next_power_of_2(e)),
+        E_POW2=max(16, _pow2(e)),
         PROMOTE=promote, DOT_DTYPE=_dot_dtype(promote, out.device, a_data.dtype if a_dense else None),
         EVEN_K=(k % block_k == 0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
@@ -272,11 +272,11 @@ def _dequant_matmul(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_sc
         sxe, sxm, soe, som = 0, x2d.stride(0), 0, res.stride(0)
     bm, bn = 32, 128
     post_t = post if post is not None else res
-    dq_epilogue_kernel[(triton.cdiv(grid_m, bm), triton.cdiv(n, bn), ge)](
+    dq_epilogue_kernel[(_cdiv(grid_m, bm), _cdiv(n, bn), ge)](
         Y, Y2 if dual else Y, res, seg_k if seg_k is not None else res, post_t,
         post2 if post2 is not None else post_t,
         grid_m, n, ge, e, sxe, sxm, soe, som, (post.stride(0) if post is not None and post.numel() > 1 else 0),
-        MODE=mode, SWIGLU=dual, HAS_POST=post is not None, E_POW2=max(16, triton.next_power_of_2(e)),
+        MODE=mode, SWIGLU=dual, HAS_POST=post is not None, E_POW2=max(16, _pow2(e)),
         BLOCK_M=bm, BLOCK_N=bn, num_warps=4,
     )
     return res
@@ -556,12 +556,29 @@ def grouped_plan(op: str, a, b: ScaledTensor, fmt: str, rows_per_expert: float, 
     a_t = a if isinstance(a, torch.Tensor) else a.data
     a_row_stride = a_t.stride(-2) if a_t.ndim >= 2 and a_t.numel() else 0
     total = rows if rows is not None else (a_t.shape[0] * (a_t.shape[1] if mode == MODE_MASKED else 1))
+    key = None
+    if config is None and (a_dtype is not None or fmt != "fp8_block"):  # no Hopper kernel: see _PLANS
+        key = (plan_grouped, op, fmt, total, n, k, a_dtype, out_dtype, b.block[0], mode, experts, rows_per_expert,
+               b2 is not None, dev, a_row_stride, dev.type == "cpu" and _checks.INTERPRET)
+        if key in _PLANS:
+            return _PLANS[key]
     why = hopper_reason(a, b, out_dtype, mode, b2=b2) if dev.type == "cuda" else "needs a CUDA device"
     p = Problem(op, fmt, total, n, k, "quantized" if a_dtype is None else _DTYPE_NAMES[a_dtype],
                 _DTYPE_NAMES[out_dtype], False, b.block[0], _GROUPING_NAMES[mode], experts, float(rows_per_expert),
                 b2 is not None, why is None, dev.type == "cpu" and _checks.INTERPRET)
     info = device_info(dev)
-    return plan_grouped(p, info, config, hopper_why=why, a_row_stride=a_row_stride)
+    plan = plan_grouped(p, info, config, hopper_why=why, a_row_stride=a_row_stride)
+    if key is not None:
+        if len(_PLANS) >= 4096:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
+
+
+#: Plans of calls the Hopper kernel cannot take (weight-only, not fp8_block), under every value
+#: they are made of and the planner function (a replaced one is asked again): planning was ~30% of
+#: the ~100 us host path of an eager gpt-oss decode call (E=32, 4 rows; CPU stub benchmark, NOTES).
+_PLANS: dict[tuple, Plan] = {}
 
 
 # --------------------------------------------------------------------------- public ops
@@ -776,7 +793,7 @@ def _grouped_list_impl(table: torch.Tensor, alpha: torch.Tensor, outs: list[torc
         return
     grouped_list_kernel[(total_tiles,)](
         table, alpha, g, flops, nbytes,
-        FMT=fmt_id, B_BR=b_br, OUT_DTYPE=_TL_OUT[outs[0].dtype], G_POW2=max(16, triton.next_power_of_2(g)),
+        FMT=fmt_id, B_BR=b_br, OUT_DTYPE=_TL_OUT[outs[0].dtype], G_POW2=max(16, _pow2(g)),
         PROMOTE=cfg.promote, DOT_DTYPE=_dot_dtype(cfg.promote, table.device),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
@@ -893,7 +910,7 @@ def grouped_gemm_list(
     for (m, n, k), a, b, o in zip(shapes, a_list, b_list, out_list):
         rows.append([a.data.data_ptr(), a.scale.data_ptr(), b.data.data_ptr(), b.scale.data_ptr(),
                      o.data_ptr(), m, n, k, tile0])
-        tile0 += triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+        tile0 += _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n)
         flops += 2 * m * n * k
         nbytes += a.nbytes() + b.nbytes() + o.numel() * o.element_size()
     table = torch.tensor(rows, dtype=torch.int64).to(dev)

@@ -20,7 +20,6 @@ import importlib
 import math
 
 import torch
-import triton
 import triton.language as tl
 
 from .. import _checks
@@ -58,8 +57,14 @@ _NUM_WARPS = 4
 GPU_HW_CVT = True
 
 
+# Host arithmetic in plain Python, not triton.cdiv / triton.next_power_of_2: those are
+# constexpr functions, ~2-5 us per call from the host (each launch used several).
 def _pow2(n: int) -> int:
-    return 1 if n <= 1 else triton.next_power_of_2(n)
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 def _rows_view(t: torch.Tensor) -> torch.Tensor:
@@ -108,13 +113,13 @@ def _amax_partials(x: torch.Tensor) -> torch.Tensor:
     m, k = x2.shape
     block_k = min(MAX_TILE_K, _pow2(k))
     rows = max(1, min(_pow2(m), _AMAX_TILE_ELEMS // block_k))
-    tiles_k = triton.cdiv(k, block_k)
+    tiles_k = _cdiv(k, block_k)
     want = 2 * _num_sms(x.device)
-    while rows > 1 and triton.cdiv(m, rows) * tiles_k < want:  # small x: more, smaller tiles
+    while rows > 1 and _cdiv(m, rows) * tiles_k < want:  # small x: more, smaller tiles
         rows //= 2
-    tiles = triton.cdiv(m, rows) * tiles_k
+    tiles = _cdiv(m, rows) * tiles_k
     nprog = min(tiles, want, _MAX_PARTS)
-    iters = triton.cdiv(tiles, nprog)
+    iters = _cdiv(tiles, nprog)
     part = torch.empty(nprog, dtype=torch.int32, device=x.device)
     _k.tensor_amax_kernel[(nprog,)](x2, part, m, k, x2.stride(0), tiles_k, iters, ROWS=rows, BLOCK_K=block_k,
                                     num_warps=_AMAX_WARPS)
@@ -127,26 +132,52 @@ def _launch_1xk(x2, f: Format, rounding: ScaleRounding, gs_ptr, gs_out, gs_mode,
     ``gs_ptr`` (fp32), 2 gs computed from the int32 amax partials ``gs_ptr`` and stored to
     ``gs_out``."""
     m = x2.shape[0]
-    bk = f.block_k
-    data = torch.empty((m, f.packed_k(k)), dtype=f.data_dtype, device=x2.device)
-    scale = torch.empty((m, f.scale_k(k)), dtype=f.scale_dtype, device=x2.device)
-    if m == 0 or k == 0:
-        return data, scale
-    rows, groups = tile_1xk(m, k, bk, TILE_ELEMS_FP4 if f.is_fp4 else TILE_ELEMS, 2 * _num_sms(x2.device))
-    grid = (triton.cdiv(m, rows) * triton.cdiv(k, groups * bk),)
-    q_arg = data.view(torch.uint8)
-    s_arg = scale.view(torch.uint8) if f.scale_dtype == torch.float8_e4m3fn else scale
-    dummy = gs_ptr if gs_ptr is not None else scale
+    dev = x2.device
     n_part = gs_ptr.numel() if gs_mode == 2 else 1
+    key = (f.name, m, k, rounding, gs_mode, silu, inter, n_part, dev, GPU_HW_CVT)  # (the switch may be flipped)
+    consts = _LAUNCH_1XK.get(key)
+    if consts is None:
+        consts = _launch_1xk_consts(key)
+    pk, sk, grid, kw = consts
+    data = torch.empty((m, pk), dtype=f.data_dtype, device=dev)
+    scale = torch.empty((m, sk), dtype=f.scale_dtype, device=dev)
+    if grid is None:  # m == 0 or k == 0
+        return data, scale
+    q_arg = data.view(torch.uint8) if f.data_dtype is not torch.uint8 else data
+    s_arg = scale.view(torch.uint8) if f.scale_dtype is torch.float8_e4m3fn else scale
+    dummy = gs_ptr if gs_ptr is not None else scale
     _k.quantize_1xk_kernel[grid](
         x2, q_arg, s_arg, dummy, gs_out if gs_out is not None else dummy,
-        m, k, f.packed_k(k), x2.stride(0), data.stride(0), scale.stride(0), n_part,
-        FMT=_FMT_CODE[f.name], ROUND=_ROUND_CODE[rounding], BK=bk, ROWS=rows, GROUPS=groups,
-        GS_MODE=gs_mode, SILU=silu, INTER=inter,
-        GPU=x2.device.type == "cuda", HW_CVT=GPU_HW_CVT and x2.device.type == "cuda", PART_BLOCK=_pow2(n_part),
-        num_warps=_NUM_WARPS, enable_fp_fusion=False,
+        m, k, pk, x2.stride(0), pk, sk, n_part, **kw,
     )
     return data, scale
+
+
+#: quantize_1xk_kernel's launch constants (packed K, scale K, grid, keywords) per call shape:
+#: computed once (the tile rule, the constexprs), then one dict lookup per launch (host time of
+#: eager decode calls, benchmarks/NOTES.md "Eager host cost of MX/NV calls"). Cleared at 4096.
+_LAUNCH_1XK: dict[tuple, tuple] = {}
+
+
+def _launch_1xk_consts(key: tuple) -> tuple:
+    fmt_name, m, k, rounding, gs_mode, silu, inter, n_part, dev, hw_cvt = key
+    f = get_format(fmt_name)
+    bk = f.block_k
+    grid = None
+    if m and k:
+        rows, groups = tile_1xk(m, k, bk, TILE_ELEMS_FP4 if f.is_fp4 else TILE_ELEMS, 2 * _num_sms(dev))
+        grid = (_cdiv(m, rows) * _cdiv(k, groups * bk),)
+        gpu = dev.type == "cuda"
+        kw = dict(FMT=_FMT_CODE[f.name], ROUND=_ROUND_CODE[rounding], BK=bk, ROWS=rows, GROUPS=groups,
+                  GS_MODE=gs_mode, SILU=silu, INTER=inter, GPU=gpu, HW_CVT=hw_cvt and gpu,
+                  PART_BLOCK=_pow2(n_part), num_warps=_NUM_WARPS, enable_fp_fusion=False)
+    else:
+        kw = None
+    consts = (f.packed_k(k), f.scale_k(k), grid, kw)
+    if len(_LAUNCH_1XK) >= 4096:
+        _LAUNCH_1XK.clear()
+    _LAUNCH_1XK[key] = consts
+    return consts
 
 
 def quantize(
@@ -221,12 +252,38 @@ def quantize(
         q = _ref.quantize(xq, f, block=block, rounding=rounding, global_scale=global_scale, check_range=False)
     else:
         gs = None if global_scale is None else as_global_scale(global_scale, x.device)
-        data, scale, gs_out = torch.ops.blockscaled.quantize(xq, f.name, block[0], rounding.value, gs)
-        if f.has_global_scale and gs is None:
-            gs = gs_out
-        q = ScaledTensor(data, scale, f, torch.Size(x.shape), block, rounding, global_scale=gs)
+        if _eager_ok(xq):
+            # eager: the implementation itself, as gemm / linear / grouped do (the torch.library
+            # round trip was ~60% of an eager quantize call's host time, ~70 us on this
+            # repository's CPU benchmark); fields made here, so no re-validation either
+            if block[0] == 1:
+                data, scale, gs_out = quantize_1xk(xq, f, rounding, gs)
+            else:
+                data, scale, gs_out = _quantize_impl(xq, f, block, rounding, gs)
+            if f.has_global_scale and gs is None:
+                gs = gs_out
+            q = ScaledTensor._trusted(data, scale, f, x.shape, block, rounding, gs)
+        else:
+            data, scale, gs_out = torch.ops.blockscaled.quantize(xq, f.name, block[0], rounding.value, gs)
+            if f.has_global_scale and gs is None:
+                gs = gs_out
+            q = ScaledTensor(data, scale, f, torch.Size(x.shape), block, rounding, global_scale=gs)
     warn_quantize_range(xq, q, check_range)
     return attach_source(q, x)
+
+
+_EAGER_OK: list = []
+
+
+def _eager_ok(x: torch.Tensor) -> bool:
+    """``ops.gemm._eager_ok`` (its EAGER_FAST_PATH switch included), looked up once."""
+    if torch.compiler.is_compiling():  # (first: torch.compile never traces the lookup below)
+        return False
+    if not _EAGER_OK:
+        from .gemm import _eager_ok as ok  # Local: ops.gemm imports this module (cycle)
+
+        _EAGER_OK.append(ok)
+    return _EAGER_OK[0](x)
 
 
 def _quantize_plan(op: str, x: torch.Tensor, f: Format, block, k: int | None = None):
@@ -239,13 +296,23 @@ def _quantize_plan(op: str, x: torch.Tensor, f: Format, block, k: int | None = N
 
 def _quantize_impl(x, f: Format, block, rounding: ScaleRounding, gs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(data, scale, computed gs: 0-d for nvfp4 without a given gs, else an empty (0,) tensor)."""
-    shape = tuple(x.shape)
-    k = shape[-1]
-    no_gs = torch.empty(0, dtype=torch.float32, device=x.device)
     if block[0] > 1:
+        no_gs = torch.empty(0, dtype=torch.float32, device=x.device)
         return (*_quantize_128x128(x, f, block, rounding), no_gs)
+    data, scale, gs_out = quantize_1xk(x, f, rounding, gs)
+    if gs_out is None:
+        gs_out = torch.empty(0, dtype=torch.float32, device=x.device)
+    return data, scale, gs_out
+
+
+def quantize_1xk(x, f: Format, rounding: ScaleRounding, gs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """1 x block_k quantization of ``x [..., K]`` (validated): (data, scale, the computed nvfp4
+    global scale, 0-d, or None when ``gs`` was given or the format has none). The internal
+    entry of ``linear``'s activation quantization (no placeholder tensor for the gs)."""
+    shape = x.shape
+    k = shape[-1]
     x2 = _rows_view(x)
-    gs_out = no_gs
+    gs_out = None
     if f.has_global_scale and x.numel() > 0:
         if gs is not None:
             data, scale = _launch_1xk(x2, f, rounding, gs, None, 1, False, k, torch.bfloat16)
@@ -257,7 +324,9 @@ def _quantize_impl(x, f: Format, block, rounding: ScaleRounding, gs) -> tuple[to
         if f.has_global_scale and gs is None:
             gs_out = torch.ones((), dtype=torch.float32, device=x.device)  # reference: amax 0 -> gs 1
         data, scale = _launch_1xk(x2, f, rounding, None, None, 0, False, k, torch.bfloat16)
-    return data.view(*shape[:-1], data.shape[-1]), scale.view(*shape[:-1], scale.shape[-1]), gs_out
+    if x2 is not x:
+        data, scale = data.view(*shape[:-1], data.shape[-1]), scale.view(*shape[:-1], scale.shape[-1])
+    return data, scale, gs_out
 
 
 def _quantize_128x128(x: torch.Tensor, f: Format, block, rounding) -> tuple[torch.Tensor, torch.Tensor]:
@@ -270,7 +339,7 @@ def _quantize_128x128(x: torch.Tensor, f: Format, block, rounding) -> tuple[torc
         e = x3.shape[0]
         d3 = data.view(e, n, k)
         s3 = scale.view(e, scale.shape[-2], scale.shape[-1])
-        grid = (triton.cdiv(k, 128), triton.cdiv(n, 128), e)
+        grid = (_cdiv(k, 128), _cdiv(n, 128), e)
         # One 128x128 block per program: 32 KB of bf16 in registers with 8 warps is
         # 64 fp32 per thread, one read of x, and scales written once per block.
         _k.quantize_128x128_kernel[grid](
@@ -321,7 +390,7 @@ def _dequantize_impl(data, scale, global_scale, f: Format, shape, block, dtype) 
         q3 = data.reshape(e, n, k).view(torch.uint8)
         s3 = scale.reshape(e, scale.shape[-2], scale.shape[-1])
         o3 = out.view(e, n, k)
-        grid = (triton.cdiv(k, 128), triton.cdiv(n, 128), e)
+        grid = (_cdiv(k, 128), _cdiv(n, 128), e)
         _k.dequantize_128x128_kernel[grid](
             q3, s3, o3, n, k, q3.stride(0), q3.stride(1), s3.stride(0), s3.stride(1), o3.stride(0), o3.stride(1),
             BR=128, BC=128, num_warps=8,
@@ -334,7 +403,7 @@ def _dequantize_impl(data, scale, global_scale, f: Format, shape, block, dtype) 
     o2 = out.view(-1, k)
     m = o2.shape[0]
     rows, groups = tile_1xk(m, k, f.block_k)
-    grid = (triton.cdiv(m, rows), triton.cdiv(k, groups * f.block_k))
+    grid = (_cdiv(m, rows), _cdiv(k, groups * f.block_k))
     gs = global_scale if global_scale is not None else s2
     _k.dequantize_1xk_kernel[grid](
         q2, s2, gs, o2, m, k, f.packed_k(k), q2.stride(0), s2.stride(0), o2.stride(0),
