@@ -99,6 +99,22 @@ def _sync():
     torch.cuda.synchronize()
 
 
+def _first_and_warmup(fn, arg_sets, warmup: int) -> tuple[float, float]:
+    """Run the first call alone (its wall time, ms: compiles, allocations) and ``warmup`` more
+    (their mean wall time per call, ms; the first call's if none)."""
+    n_sets = len(arg_sets)
+    _sync()
+    t0 = time.perf_counter()
+    fn(*arg_sets[0])
+    _sync()
+    first_ms = (time.perf_counter() - t0) * 1e3
+    t0 = time.perf_counter()
+    for i in range(warmup):
+        fn(*arg_sets[i % n_sets])
+    _sync()
+    return first_ms, ((time.perf_counter() - t0) * 1e3 / warmup if warmup else first_ms)
+
+
 def time_op(
     fn: Callable,
     arg_sets: Sequence[tuple],
@@ -122,16 +138,7 @@ def time_op(
     if not torch.cuda.is_available():
         raise RuntimeError("timings need CUDA")
     n_sets = len(arg_sets)
-    _sync()
-    t0 = time.perf_counter()
-    fn(*arg_sets[0])
-    _sync()
-    first_ms = (time.perf_counter() - t0) * 1e3
-    t0 = time.perf_counter()
-    for i in range(warmup):
-        fn(*arg_sets[i % n_sets])
-    _sync()
-    per_call_ms = (time.perf_counter() - t0) * 1e3 / warmup if warmup else first_ms
+    first_ms, per_call_ms = _first_and_warmup(fn, arg_sets, warmup)
     iterations = _cap(iterations, per_call_ms, budget_ms)
     if adaptive_reps and reps_per_graph is None and per_call_ms * max(n_sets, 10) > ADAPTIVE_GRAPH_MS:
         reps_per_graph = n_sets
@@ -214,16 +221,7 @@ def time_eager_wall(fn: Callable, arg_sets: Sequence[tuple], *, warmup: int = 3,
     if not torch.cuda.is_available():
         raise RuntimeError("timings need CUDA")
     n_sets = len(arg_sets)
-    _sync()
-    t0 = time.perf_counter()
-    fn(*arg_sets[0])
-    _sync()
-    first_ms = (time.perf_counter() - t0) * 1e3
-    t0 = time.perf_counter()
-    for i in range(warmup):
-        fn(*arg_sets[i % n_sets])
-    _sync()
-    per_call_ms = (time.perf_counter() - t0) * 1e3 / warmup if warmup else first_ms
+    first_ms, per_call_ms = _first_and_warmup(fn, arg_sets, warmup)
     inner = max(1, min(200, int(sample_ms / max(per_call_ms, 1e-4))))
     iterations = _cap(iterations, per_call_ms * inner, budget_ms)
     times = []
