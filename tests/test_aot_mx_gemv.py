@@ -126,6 +126,10 @@ CASES = _cases()
 def built():
     if torch.cuda.is_available():
         pytest.skip("static PTX/SASS checks run in CPU CI (see tests/test_mma_perf_aot.py)")
+    if not triton.__version__.startswith("3.6."):
+        # the checks below are for triton 3.6's code generation (see the test); compiling every case
+        # on other releases only costs CI time (builds on 3.8 / 3.9 checked by hand, NOTES)
+        pytest.skip(f"register-layout checks are for triton 3.6 (this is {triton.__version__})")
     return run_compile_script(SCRIPT.replace("json.loads(sys.argv[1])", f"json.loads({json.dumps(CASES)!r})"))
 
 
