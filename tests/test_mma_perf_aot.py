@@ -143,11 +143,13 @@ def test_non_promote_loads_are_vector_and_pipelined(compiled, fmt, cfg, even):
 # reach in these 255-register tiles from the same kernel source: triton >= 3.7 runs ptxas with
 # --regAllocOptLevel=2, and 3.9 assembles sm_90 with the CUDA 13.4 ptxas (PTX 9.4). Measured
 # values are the ceilings (a regression beyond them still fails); every other (release, kernel)
-# must stay spill-free, triton 3.6 (the GPU machine's pin) and 3.8 included.
+# must stay spill-free, triton 3.6 (the GPU machine's pin) and 3.8 included. The 3.9 nvfp4 even-K
+# tile went from 8 to 16 bytes with the vector scale loads of the bf16-decode change (cd1229a;
+# f9b740b measured 8 with the same ptxas), still 0 on 3.6.
 _TRITON_MINOR = tuple(int(x) for x in re.match(r"(\d+)\.(\d+)", triton.__version__).groups())
 KNOWN_SPILL_BYTES = {
     (3, 7): {"nvfp4/True": 8},
-    (3, 9): {"mxfp4/True": 8, "nvfp4/True": 8, "grouped_nvfp4/True": 72, "grouped_nvfp4/False": 44},
+    (3, 9): {"mxfp4/True": 8, "nvfp4/True": 16, "grouped_nvfp4/True": 72, "grouped_nvfp4/False": 44},
 }
 
 

@@ -13,6 +13,7 @@ import torch
 
 import blockscaled as bs
 import blockscaled.nn as bsnn
+from blockscaled.reference.experts import experts as ref_experts
 from blockscaled.testing.tolerances import assert_gemm_close
 
 FORMATS = ["fp8_block", "mxfp8", "mxfp4", "nvfp4"]
@@ -407,34 +408,6 @@ def _moe_model(arch, seed=0):
     return model
 
 
-def _hf_experts_expected(ex: bsnn.Experts, x, idx, w):
-    """float64: what an Experts module should compute, from the public quantizers."""
-    def act(t):
-        return t if ex.act_format is None else bs.dequantize(bs.quantize(t, ex.act_format, block=(
-            1, bs.formats.get_format(ex.act_format).block_k)))
-    out = torch.zeros(x.shape[0], ex.hidden, dtype=torch.float64)
-    wg, wu, wd = (bs.dequantize(t).double() for t in (ex.w_gate, ex.w_up, ex.w_down))
-    order = torch.sort(idx.reshape(-1), stable=True).indices
-    token = order // idx.shape[1]
-    a = act(x[token]).double()  # one quantization over all sorted rows (nvfp4: one global scale)
-    e_row = idx.reshape(-1)[order]
-    g = torch.stack([a[r] @ wg[e_row[r]].T for r in range(len(order))])
-    u = torch.stack([a[r] @ wu[e_row[r]].T for r in range(len(order))])
-    if ex.gate_bias is not None:
-        g, u = g + ex.gate_bias.double()[e_row], u + ex.up_bias.double()[e_row]
-    if ex.activation == "gpt_oss":
-        g, u = g.clamp(max=ex.limit), u.clamp(-ex.limit, ex.limit)
-        h = (u + 1) * g * torch.sigmoid(ex.alpha * g)
-    else:
-        h = torch.nn.functional.silu(g) * u
-    ha = act(h.to(x.dtype)).double()
-    y = torch.stack([ha[r] @ wd[e_row[r]].T for r in range(len(order))])
-    if ex.down_bias is not None:
-        y = y + ex.down_bias.double()[e_row]
-    out.index_add_(0, token, y * w.double().reshape(-1)[order, None])
-    return out
-
-
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("weight_only", [False, True], ids=["WxA", "weight_only"])
 @pytest.mark.parametrize("activation", ["silu", "gpt_oss"])
@@ -452,7 +425,7 @@ def test_experts_module_matches_reference(reference, fmt, weight_only, activatio
     idx = torch.stack([torch.randperm(e, generator=g)[:2] for _ in range(t)])
     w = torch.softmax(torch.randn(t, 2, generator=g), -1)
     y = ex(x, idx, w)
-    ref = _hf_experts_expected(ex, x, idx, w)
+    ref = ref_experts(ex, x, idx, w)
     assert y.shape == (t, h) and y.dtype == torch.bfloat16
     rel = float((y.double() - ref).norm() / ref.norm())
     assert rel < 1e-2, rel
@@ -485,7 +458,7 @@ class _SimulatedExperts(torch.nn.Module):
         self.ex = ex
 
     def forward(self, x, idx, w):
-        return _hf_experts_expected(self.ex, x, idx, w).to(x.dtype)
+        return ref_experts(self.ex, x, idx, w).to(x.dtype)
 
 
 #: Minimum logits cosine / maximum KL vs the bf16 model with only the experts quantized (W x A).

@@ -13,7 +13,7 @@
 #
 # BENCH_STEPS picks the bench steps (default "quantize deepseek moe test-cases"; also masked,
 # nvfp4-group, dual-gemm, swiglu = fp8_block SwiGLU on the DeepSeek-V3 shapes, mx = issue 18's MX/NV
-# suite, ~6 min alone; set but empty: none).
+# suite, ~6 min alone; moe-layer and model = issue 20's layer / model suites; set but empty: none).
 # Optional steps (off by default; each needs most of a 10-minute device call, so combine them
 # with SKIP_PYTEST=1 SKIP_BENCH=1, e.g. `SKIP_PYTEST=1 SKIP_BENCH=1 SANITIZE=1 OUT=... bash scripts/checks/gpu_check.sh`):
 #   HOPPER_CHECK=1  scripts/checks/hopper_check.py: the Hopper kernels (dense variants and planner
@@ -116,6 +116,10 @@ want swiglu && bench swiglu 120 --suite deepseek --ops swiglu --formats fp8_bloc
 want test-cases && bench test-cases 55 --iterations 30 --warmup 5
 # issue 18's MX/NV suite (576 rows; alone it needs most of a device call: BENCH_STEPS=mx SKIP_PYTEST=1)
 want mx && bench mx 420 --suite mx --iterations 15 --warmup 2
+# issue 20's layer and model suites (DeepSeek-V3's layer makes 22.5 GB of bf16 experts; alone:
+# BENCH_STEPS="moe-layer model" SKIP_PYTEST=1)
+want moe-layer && bench moe-layer 300 --suite moe-layer --iterations 20 --warmup 3
+want model && bench model 240 --suite model --iterations 20 --warmup 3
 
 cp "$WORK/bench.log" "$OUT/bench.log"
 # the newest run of each suite: <gpu>/latest/<suite>.md (bench --save-results; the runs

@@ -10,6 +10,7 @@ Examples::
     blockscaled bench --suite moe --iterations 30 --save-results benchmarks/results
     python -m blockscaled.bench --suite quantize
     blockscaled bench --suite mx --iterations 15 --warmup 2   # issue 18's MX/NV suite and its targets
+    blockscaled bench --suite moe-layer,model                  # issue 20: MoE layers and model tokens/s vs bf16
 
 Without a CUDA GPU it runs the correctness part of the chosen suites through the Triton
 interpreter (which needs numpy): no timings, no GPU facts, no plot, no profiler trace. Cases
@@ -39,8 +40,9 @@ from .runner import RunConfig, Runner, measure_roofline
 __all__ = ["main", "build_parser", "parse_args", "select_cases"]
 
 TEST_CASE_NAMES = ("small", "medium", "large")
-SUITE_NAMES = ("deepseek", "moe", "masked", "nvfp4-group", "dual-gemm", "quantize", "mx")
-OP_NAMES = ("quantize", "gemm", "linear", "grouped", "swiglu", "weight-only")
+SUITE_NAMES = ("deepseek", "moe", "masked", "nvfp4-group", "dual-gemm", "quantize", "mx", "moe-layer", "model")
+OP_NAMES = ("quantize", "gemm", "linear", "grouped", "swiglu", "weight-only", "moe", "moe-weight-only", "prefill",
+            "decode", "generate")
 FORMAT_NAMES = ("fp8_block", "mxfp8", "mxfp4", "nvfp4")
 DTYPES = ("bfloat16", "float16", "float32")
 

@@ -13,6 +13,8 @@ import math
 import statistics
 from pathlib import Path
 
+from . import layers as _layers
+from . import model_suite as _model
 from . import mx as _mx
 from .env import gpu_slug
 
@@ -118,6 +120,8 @@ def _check(r):
     if c is None:
         return "-"
     e = r.get("rel_err")
+    if r.get("cosine") is not None:  # model rows: logits cosine against the bf16 model
+        return f"{c} cos {r['cosine']:.4f}"
     return c if c == "bitwise" or e is None else f"{c} {e:.1e}"
 
 
@@ -127,7 +131,7 @@ def _summary_table_data(rows, timing: bool):
     body = []
     for s in summary_rows(rows):
         q, mn, e2 = s.get("quant"), s.get("main"), s.get("e2e")
-        if s["kind"] == "quantize" or s["kind"] in _mx.KINDS:  # the MX suite has tables of its own
+        if s["kind"] == "quantize" or s["kind"] in _OWN_TABLES:  # suites with tables of their own
             continue
         body.append([
             s["case"], s["format"], _cell(q, "median_ms"), s.get("main_op") or "-",
@@ -292,8 +296,8 @@ def print_report(result: dict, console=None) -> None:
         show(f"A/B vs {base}", head, body, caption=foot)
     show("The bar (docs/design.md)", ["criterion", "measured", "target", "verdict"], bar_checks(rows))
     if timing:
-        for kind, title in _MX_TITLES:
-            show(title, *_mx.table(rows, kind), caption=_mx_caption(rows))
+        for title, head, body, caption in _own_tables(rows):
+            show(title, head, body, caption=caption)
     errs = [r for r in rows if r.get("status") == "error"]
     for r in errs:
         console.print(f"[red]error[/red] {r['impl']} {r['op']} {r['format']} {r['case']}: {r['note']}")
@@ -302,6 +306,30 @@ def print_report(result: dict, console=None) -> None:
 
 
 _MX_TITLES = (("mx", "MX suite: dense (issue 18 targets)"), ("mx-moe", "MX suite: MoE (issue 18 targets)"))
+_OWN_TABLES = _mx.KINDS + _layers.KINDS + _model.KINDS
+
+
+def _layer_caption(rows) -> str:
+    c = _layers.verdict_counts(rows)
+    return (f"glue target (T <= {_layers.GLUE_DECODE_T}): {c['PASS']} PASS, {c['MISS']} MISS, {c['FAIL']} FAIL; ratios: "
+            "bf16 layer graph time / ours (> 1: blockscaled faster); glue: 1 - expert work alone / whole layer "
+            "(graph times); % floor: the routed experts' quantized weights + router + input + output at the copy "
+            "bandwidth measured in this run")
+
+
+def _model_caption(rows) -> str:
+    c = _model.verdict_counts(rows)
+    return (f"decode targets: {c['PASS']} PASS, {c['MISS']} MISS, {c['FAIL']} FAIL; tokens/s from graph replays "
+            "(prefill, decode) or generate's eager per-token time; vs bf16: bf16 model time / ours; "
+            f"{_model.MODEL_LAYERS} decoder layers, vocabulary cut in proportion (bench/model_suite.py)")
+
+
+def _own_tables(rows):
+    """(title, head, body, caption) of the suites with tables of their own, for timed runs."""
+    out = [(title, *_mx.table(rows, kind), _mx_caption(rows)) for kind, title in _MX_TITLES]
+    out.append(("MoE layer (issue 20)", *_layers.table(rows), _layer_caption(rows)))
+    out.append(("Model tokens/s (issue 20)", *_model.table(rows), _model_caption(rows)))
+    return out
 
 
 def _mx_caption(rows) -> str:
@@ -340,10 +368,9 @@ def markdown_report(result: dict, title: str = "blockscaled bench") -> str:
     if bar:
         parts += ["## The bar (docs/design.md)", "", _md_table(["criterion", "measured", "target", "verdict"], bar), ""]
     if timing:
-        for kind, title in _MX_TITLES:
-            h, b = _mx.table(rows, kind)
+        for title, h, b, caption in _own_tables(rows):
             if b:
-                parts += [f"## {title}", "", _md_table(h, b), "", f"**{_mx_caption(rows)}**", ""]
+                parts += [f"## {title}", "", _md_table(h, b), "", f"**{caption}**", ""]
     errs = [r for r in rows if r.get("status") == "error"]
     if errs:
         parts += ["## Errors", ""] + [f"- {r['impl']} {r['op']} {r['format']} {r['case']}: {r['note']}" for r in errs] + [""]

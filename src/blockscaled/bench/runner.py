@@ -26,7 +26,7 @@ from ..reference.quantize import dequantize as deq
 from ..reference.quantize import quantize as ref_quantize
 from ..testing.compare import bitwise_equal
 from ..testing.tolerances import gemm_tolerance
-from . import counting, mx
+from . import counting, layers, model_suite, mx
 from .baselines import GemmInputs, GroupedInputs, SwigluInputs, baselines_for
 from .env import environment, has_cuda
 from .suites import ALLOWED_OPS, DEFAULT_OPS, Case
@@ -396,13 +396,17 @@ class Runner:
         if not ops:
             return
         # MX suite cases (bench/mx.py): eager wall clock timed too, slow calls graphed one per copy
-        self._eager = self._adaptive = case.kind in ("mx", "mx-moe")
+        self._eager = self._adaptive = case.kind in ("mx", "mx-moe", "moe-layer", "model")
         if case.kind in ("gemm", "quantize"):
             self._run_dense(case, fmt, ops, seed)
         elif case.kind == "mx":
             mx.run_dense(self, case, fmt, ops, seed)
         elif case.kind == "mx-moe":
             mx.run_moe(self, case, fmt, ops, seed)
+        elif case.kind == "moe-layer":
+            layers.run_moe_layer(self, case, fmt, ops, seed)
+        elif case.kind == "model":
+            model_suite.run_model(self, case, fmt, ops, seed)
         elif case.kind in ("grouped", "masked"):
             self._run_grouped(case, fmt, ops, seed)
         elif case.kind == "swiglu":

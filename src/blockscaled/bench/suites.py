@@ -11,6 +11,10 @@ Kinds of case:
                activation quantizer), vs cuBLAS bf16 on the dequantized weight (bench/mx.py)
   ``mx-moe``   MoE contiguous with skewed routing, bf16 (weight-only) or quantized activations
                (ops: weight-only, grouped), vs a per-expert bf16 cuBLAS loop and torch._grouped_mm
+  ``moe-layer`` the whole ``nn.MoE`` layer of an architecture at T tokens (ops: moe = W x A,
+               moe-weight-only), vs the bf16 layer (bench/layers.py)
+  ``model``    a few layers of a transformers MoE model, quantized vs bf16 (ops = phases:
+               prefill, decode, generate; bench/model_suite.py)
 
 Sources:
   deepseek     DeepSeek-V3 dense N,K (the six shapes of docs/design.md, "Measurements older than
@@ -28,6 +32,11 @@ Sources:
   mx           issue 18's MX/NV suite (:func:`_mx`): gpt-oss and Llama 3 8B / 70B linears x M in
                {1, 16, 64, 256, 2048, 8192} (``mx`` cases), gpt-oss-120b / -20b MoE (mxfp4) and
                Qwen3-30B-A3B MoE (nvfp4) at the same token counts (``mx-moe`` cases).
+  moe-layer    issue 20's layer suite: the MoE layers of Qwen3-30B-A3B, gpt-oss-20b, Mixtral 8x7B
+               and DeepSeek-V3 (bench/layers.py ARCHS) at T in {1, 8, 64, 512, 4096}, each in the
+               formats its checkpoints ship in.
+  model        issue 20's model suite: Qwen3-30B-A3B and gpt-oss-20b, 4 layers (bench/model_suite.py):
+               decode steps at B in {1, 8, 64}, prefill of 512 and 4096 tokens, generate at B in {1, 8}.
 """
 
 from __future__ import annotations
@@ -72,6 +81,10 @@ class Case:
     requested: str = field(default="", compare=False)
     #: the formats this case runs (within --formats / the suite's defaults); () = all of them
     formats: tuple[str, ...] = ()
+    #: moe-layer / model cases: the architecture (bench/layers.py ARCHS; "tiny:<name>" on a CPU)
+    arch: str = ""
+    #: model cases: the prompt length of a generate case
+    context: int = 0
 
     @property
     def experts(self) -> int:
@@ -79,6 +92,11 @@ class Case:
 
     @property
     def name(self) -> str:
+        if self.kind == "moe-layer":
+            return f"{self.arch} T={self.m}"
+        if self.kind == "model":  # label: the phase
+            size = {"prefill": f"P={self.m}", "decode": f"B={self.m}"}.get(self.label, f"B={self.m} ctx={self.context}")
+            return f"{self.arch} {self.label} {size}"
         if self.kind in ("grouped", "masked", "mx-moe"):
             ms = set(self.ms)
             mdesc = f"m={self.ms[0]}" if len(ms) == 1 else f"m={min(self.ms)}..{max(self.ms)}"
@@ -206,6 +224,28 @@ def _mx() -> list[Case]:
     return out
 
 
+def _moe_layer() -> list[Case]:
+    from .layers import ARCHS, LAYER_TOKENS
+
+    return [Case("moe-layer", "moe-layer", t, a.hidden, a.intermediate, arch=name, formats=a.formats)
+            for name, a in ARCHS.items() for t in LAYER_TOKENS]
+
+
+def _model() -> list[Case]:
+    from .layers import ARCHS
+    from .model_suite import CONTEXT, DECODE_BATCH, MODELS, PREFILL_TOKENS
+
+    out = []
+    for name in MODELS:
+        a = ARCHS[name]
+        kw = dict(arch=name, formats=a.formats)
+        out += [Case("model", "model", b, a.hidden, a.intermediate, label="decode", **kw) for b in DECODE_BATCH]
+        out += [Case("model", "model", p, a.hidden, a.intermediate, label="prefill", **kw) for p in PREFILL_TOKENS]
+        out += [Case("model", "model", b, a.hidden, a.intermediate, label="generate", context=CONTEXT, **kw)
+                for b in DECODE_BATCH[:2]]
+    return out
+
+
 def test_case_suite(names: list[str]) -> list[Case]:
     out = []
     for name in names:
@@ -225,6 +265,8 @@ SUITES = {
     "dual-gemm": _dual_gemm,
     "quantize": _quantize,
     "mx": _mx,
+    "moe-layer": _moe_layer,
+    "model": _model,
 }
 
 #: formats run when --formats is not given
@@ -236,6 +278,8 @@ DEFAULT_FORMATS = {
     "dual-gemm": ("nvfp4",),
     "quantize": ("fp8_block", "mxfp8", "mxfp4", "nvfp4"),
     "mx": ("mxfp8", "mxfp4", "nvfp4"),
+    "moe-layer": ("fp8_block", "mxfp8", "mxfp4", "nvfp4"),  # each case keeps its architecture's formats
+    "model": ("fp8_block", "mxfp8", "mxfp4", "nvfp4"),
     "test-cases": ("fp8_block", "mxfp8", "mxfp4", "nvfp4"),
 }
 
@@ -248,6 +292,8 @@ DEFAULT_OPS = {
     "quantize": ("quantize",),
     "mx": ("weight-only", "gemm", "linear"),
     "mx-moe": ("weight-only", "grouped"),
+    "moe-layer": ("moe", "moe-weight-only"),
+    "model": ("prefill", "decode", "generate"),
 }
 
 #: ops a case kind can run at all
@@ -259,6 +305,8 @@ ALLOWED_OPS = {
     "quantize": ("quantize",),
     "mx": ("weight-only", "gemm", "linear"),
     "mx-moe": ("weight-only", "grouped"),
+    "moe-layer": ("moe", "moe-weight-only"),
+    "model": ("prefill", "decode", "generate"),
 }
 
 
@@ -274,7 +322,7 @@ def dedupe(cases: list[Case]) -> list[Case]:
     index: dict[tuple, int] = {}
     out: list[Case] = []
     for c in cases:
-        key = (c.kind, c.m, c.n, c.k, c.ms, c.formats)
+        key = (c.kind, c.m, c.n, c.k, c.ms, c.formats, c.arch, c.label, c.context)
         if key not in index:
             index[key] = len(out)
             out.append(c)
@@ -290,6 +338,13 @@ def tiny(case: Case) -> Case:
     """A small stand-in of ``case`` for the interpreter (CPU) correctness run: keeps the kind,
     the expert count (capped at 3) and some of the awkwardness (unaligned N and K derived from
     the original sizes, so different cases stay different) but shrinks every dimension."""
+    if case.kind in ("moe-layer", "model"):  # the architecture's stand-in (bench/layers.py tiny_arch)
+        from .layers import ARCHS, tiny_arch
+
+        a = tiny_arch(ARCHS[case.arch])
+        m = min(case.m, {"prefill": 8, "generate": 2}.get(case.label, 5))
+        n = 128 if case.kind == "model" else a.hidden  # model_suite.build_model: a whole fp8_block block
+        return replace(case, m=m, n=n, k=a.intermediate, arch=a.name, context=min(case.context, 6))
     m = min(case.m, 5)
     n = (case.n if case.n <= 64 else 32 + case.n % 33) if case.n else 0
     k = case.k if case.k <= 192 else 96 + case.k % 97

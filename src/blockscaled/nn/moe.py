@@ -122,12 +122,45 @@ class MoE(torch.nn.Module):
                                gate_bias=None if gate_up_bias is None else gate_up_bias[:, :i],
                                up_bias=None if gate_up_bias is None else gate_up_bias[:, i:],
                                down_bias=down_bias, alpha=alpha, limit=limit, act_format=act_format)
+        self._set_router(router_weight, router_bias, correction_bias, top_k=top_k, score=score, n_group=n_group,
+                         topk_group=topk_group, norm_topk_prob=norm_topk_prob,
+                         routed_scaling_factor=routed_scaling_factor)
+
+    def _set_router(self, router_weight, router_bias, correction_bias, **routing) -> None:
         self.register_buffer("router_weight", router_weight)
         self.register_buffer("router_bias", router_bias)
         self.register_buffer("correction_bias", correction_bias)
-        self.num_experts, self.hidden, self.intermediate = e, h, i
-        self.top_k, self.score, self.n_group, self.topk_group = top_k, score, n_group, topk_group
-        self.norm_topk_prob, self.routed_scaling_factor = norm_topk_prob, routed_scaling_factor
+        ex = self.experts
+        self.num_experts, self.hidden, self.intermediate = ex.num_experts, ex.hidden, ex.intermediate
+        for name, v in routing.items():
+            setattr(self, name, v)
+
+    @classmethod
+    def from_experts(cls, experts: Experts, router_weight: torch.Tensor, *, top_k: int, score: str = "softmax",
+                     n_group: int | None = None, topk_group: int | None = None,
+                     correction_bias: torch.Tensor | None = None, norm_topk_prob: bool = True,
+                     routed_scaling_factor: float = 1.0, router_bias: torch.Tensor | None = None) -> "MoE":
+        """The layer around an existing :class:`Experts` module (any activation, biases and
+        activation format it holds; gate and up may be separate tensors, e.g. fp8_block with an
+        intermediate size that is not a multiple of 128), with the routing arguments of the
+        constructor. Example::
+
+            moe = MoE.from_experts(Experts.from_dense(w_gate_up, w_down, "fp8_block"), router, top_k=8)
+        """
+        if not isinstance(experts, Experts):
+            raise TypeError(f"experts: expected a blockscaled.nn.Experts, got {type(experts).__name__}")
+        if tuple(router_weight.shape) != (experts.num_experts, experts.hidden):
+            raise ValueError(f"router_weight: expected shape {(experts.num_experts, experts.hidden)}, "
+                             f"got {tuple(router_weight.shape)}")
+        if score not in _SCORES:
+            raise ValueError(f"score: expected one of {_SCORES}, got {score!r}")
+        self = cls.__new__(cls)
+        torch.nn.Module.__init__(self)
+        self.experts = experts
+        self._set_router(router_weight, router_bias, correction_bias, top_k=top_k, score=score, n_group=n_group,
+                         topk_group=topk_group, norm_topk_prob=norm_topk_prob,
+                         routed_scaling_factor=routed_scaling_factor)
+        return self
 
     # the expert weights and settings live on ``self.experts``; read-only views for callers
     w_gate_up = property(lambda self: self.experts.w_gate_up)
