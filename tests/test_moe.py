@@ -116,3 +116,27 @@ def test_moe_argument_errors(device):
         MoE(q, d, r, top_k=2, interleaved=True)
     with pytest.raises(ValueError, match="x"):
         MoE(q, d, r, top_k=2)(torch.randn(3, 8, device=device, dtype=torch.bfloat16))
+
+
+def test_moe_from_experts(device):
+    """MoE around an existing Experts module (here fp8_block with an intermediate size that is not
+    a multiple of 128: gate and up quantized apart) routes as the constructor's layer does."""
+    import blockscaled.nn as bsnn
+
+    g = torch.Generator(device=device).manual_seed(3)
+    i = 192
+    ex = bsnn.Experts.from_dense((torch.randn(E, 2 * i, H, generator=g, device=device) * 0.05).bfloat16(),
+                                 (torch.randn(E, H, i, generator=g, device=device) * 0.05).bfloat16(), "fp8_block")
+    assert ex.w_gate_up is None  # the split at row 192 is inside a 128-row scale block
+    router = torch.randn(E, H, generator=g, device=device).bfloat16()
+    moe = MoE.from_experts(ex, router, top_k=K, score="sigmoid")
+    x = torch.randn(T, H, generator=g, device=device).bfloat16()
+    w, idx = route(torch.nn.functional.linear(x, router), K, score="sigmoid")
+    assert torch.equal(moe(x), ex(x, idx, w))
+    assert (moe.num_experts, moe.hidden, moe.intermediate, moe.top_k) == (E, H, i, K)
+    with pytest.raises(TypeError, match="experts"):
+        MoE.from_experts(torch.nn.Linear(2, 2), router, top_k=K)
+    with pytest.raises(ValueError, match="router_weight"):
+        MoE.from_experts(ex, router[:, :8], top_k=K)
+    with pytest.raises(ValueError, match="score"):
+        MoE.from_experts(ex, router, top_k=K, score="relu")
