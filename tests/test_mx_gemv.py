@@ -227,6 +227,20 @@ def test_gemv_off_by_default():
     assert plan_gemm(Problem("gemm", "mxfp4", 1, 2880, 2880), H100_SXM).kernel != "gemv"
 
 
+def test_gemv_only_on_releases_whose_build_holds(mx_kernels, monkeypatch):
+    """Switched on, the GEMV still runs only on the Triton releases of MX_GEMV_TRITON (3.6: the
+    layout checks of tests/test_aot_mx_gemv.py); elsewhere the portable plans stay."""
+    from blockscaled.plan import mx_gemv
+
+    assert mx_gemv.use_mx_gemv("mxfp4", 1, 2880)
+    monkeypatch.setattr(mx_gemv, "_TRITON_OK", False)
+    assert not mx_gemv.use_mx_gemv("mxfp4", 1, 2880)
+    assert mx_gemv.MX_GEMV_TRITON == ((3, 6),)
+    import triton
+
+    assert ".".join(map(str, mx_gemv._triton_release())) == ".".join(triton.__version__.split(".")[:2])
+
+
 def test_planner_runs_the_gemv_at_small_m(mx_kernels):
     """On an H100 (and any CUDA GPU) the MX / NV dense GEMM takes the GEMV for 1 <= M <=
     MX_GEMV_MAX_M in both modes, with mx_gemv_config's tiles; above it the previous rules; the CPU

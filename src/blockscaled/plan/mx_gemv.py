@@ -25,7 +25,8 @@ from .device import DeviceInfo
 from .splits import cdiv
 
 __all__ = ["MX_GEMV_FORMATS", "MX_GEMV_MAX_M", "MX_GEMV_CHUNK_BYTES", "MX_GEMV_MAX_WARPS", "MX_GEMV_MAX_ROWS",
-           "MX_GEMV_MAX_ROWS_AT_8", "MX_GEMV_MIN_PROGRAMS_PER_SM", "MX_GEMV_ODD_K_ROWS", "use_mx_gemv", "mx_gemv_config"]
+           "MX_GEMV_MAX_ROWS_AT_8", "MX_GEMV_MIN_PROGRAMS_PER_SM", "MX_GEMV_ODD_K_ROWS", "MX_GEMV_TRITON", "use_mx_gemv",
+           "mx_gemv_config"]
 
 MX_GEMV_FORMATS = ("mxfp8", "mxfp4", "nvfp4")
 #: Most activation rows the planner sends to the GEMV. NOT MEASURED YET. Each row costs one fp32
@@ -62,10 +63,30 @@ MX_GEMV_ODD_K_ROWS = 2
 MX_GEMV_ENABLED = mx_kernel_enabled("gemv")
 
 
+#: Triton releases whose sm_90 build of the GEMV keeps its register layout (one thread's slices
+#: in registers, no shared memory in the K loop, no spills: tests/test_aot_mx_gemv.py, run on 3.6).
+#: triton 3.8 routes the slices through shared memory (STS/LDS/BAR in the K loop) and spills
+#: 8-672 bytes at M = 1-2 (benchmarks/NOTES.md, thirteenth session): the portable kernel runs there.
+MX_GEMV_TRITON = ((3, 6),)
+
+
+def _triton_release() -> tuple[int, int]:
+    import re
+
+    import triton
+
+    m = re.match(r"(\d+)\.(\d+)", triton.__version__)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+_TRITON_OK = _triton_release() in MX_GEMV_TRITON
+
+
 def use_mx_gemv(fmt: str, m: int, k: int) -> bool:
-    """The planner's rule: the GEMV switched on (MX_GEMV_ENABLED), MX / NV weights,
-    1 <= M <= MX_GEMV_MAX_M, K > 0 (CUDA only; the caller checks the device)."""
-    return MX_GEMV_ENABLED and fmt in MX_GEMV_FORMATS and 1 <= m <= MX_GEMV_MAX_M and k > 0
+    """The planner's rule: the GEMV switched on (MX_GEMV_ENABLED) on a Triton release of
+    MX_GEMV_TRITON, MX / NV weights, 1 <= M <= MX_GEMV_MAX_M, K > 0 (CUDA only; the caller checks
+    the device)."""
+    return MX_GEMV_ENABLED and _TRITON_OK and fmt in MX_GEMV_FORMATS and 1 <= m <= MX_GEMV_MAX_M and k > 0
 
 
 def _pow2_at_least(x: int) -> int:
