@@ -12,7 +12,8 @@ import torch
 
 from blockscaled.config import GemmConfig
 from blockscaled.plan.grouped_portable import check_grouped_config, choose_grouped_config
-from blockscaled.ops.grouped import grouped_gemm, grouped_gemm_list
+from blockscaled.ops.grouped import grouped_gemm
+from blockscaled.ops.grouped_list import grouped_gemm_list
 from blockscaled.reference import grouped as ref
 from blockscaled.reference.quantize import quantize
 from blockscaled.testing.compare import bitwise_equal

@@ -23,7 +23,8 @@ from .formats import (FORMATS, FP8_BLOCK, MXFP4, MXFP8, NVFP4, Format, Quantizat
 from .ops.errors import check_errors
 from .ops.explain import explain
 from .ops.gemm import gemm
-from .ops.grouped import grouped_gemm, grouped_gemm_list
+from .ops.grouped import grouped_gemm
+from .ops.grouped_list import grouped_gemm_list
 from .ops.linear import linear
 from .ops.quantize import dequantize, quantize, silu_mul_quantize, tensor_amax
 from .ops.swiglu import swiglu

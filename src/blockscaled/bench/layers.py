@@ -37,6 +37,7 @@ from types import SimpleNamespace
 
 import torch
 
+from .. import _checks
 from ..nn.experts import Experts, permute
 from ..nn.moe import MoE, route
 from ..reference.experts import experts as ref_experts
@@ -121,8 +122,6 @@ def cpu_reference_quantizer(device):
     tests/test_quantize*.py): the interpreter's fp4 quantizer took 176 s for the 4-layer stand-in
     model's mxfp4 weights, and made a CPU ``--suite moe-layer --limit 1 --formats mxfp4`` take
     80 s instead of 11 s. The forward still runs the kernels."""
-    from .. import _checks
-
     if str(device) != "cpu" or not _checks.INTERPRET:
         yield
         return

@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from ..nn.model import quantization_report, quantize_model
 from .counting import Count
 from .layers import MoeArch, arch_of, cpu_reference_quantizer
 from .timing import Timing
@@ -145,8 +146,6 @@ class _Models:
         """The model quantized by ``quantize_model`` (defaults: LM head and routers kept bf16).
         Raises where a decoder layer's linear or experts module stayed unquantized: the row would
         time a partly bf16 model under our name."""
-        from ..nn.model import quantization_report, quantize_model
-
         key = (fmt, weight_only)
         if key not in self._q:
             with cpu_reference_quantizer(self.device):

@@ -44,6 +44,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field, replace
 
+from .layers import ARCHS, LAYER_TOKENS, tiny_arch
+from .model_suite import CONTEXT, DECODE_BATCH, MODELS, PREFILL_TOKENS
+
 __all__ = [
     "Case",
     "SUITES",
@@ -225,16 +228,11 @@ def _mx() -> list[Case]:
 
 
 def _moe_layer() -> list[Case]:
-    from .layers import ARCHS, LAYER_TOKENS
-
     return [Case("moe-layer", "moe-layer", t, a.hidden, a.intermediate, arch=name, formats=a.formats)
             for name, a in ARCHS.items() for t in LAYER_TOKENS]
 
 
 def _model() -> list[Case]:
-    from .layers import ARCHS
-    from .model_suite import CONTEXT, DECODE_BATCH, MODELS, PREFILL_TOKENS
-
     out = []
     for name in MODELS:
         a = ARCHS[name]
@@ -322,7 +320,7 @@ def dedupe(cases: list[Case]) -> list[Case]:
     index: dict[tuple, int] = {}
     out: list[Case] = []
     for c in cases:
-        key = (c.kind, c.m, c.n, c.k, c.ms, c.formats, c.arch, c.label, c.context)
+        key = (c.kind, c.m, c.n, c.k, c.ms, c.formats, c.arch, c.label if c.kind == "model" else "", c.context)
         if key not in index:
             index[key] = len(out)
             out.append(c)
@@ -339,8 +337,6 @@ def tiny(case: Case) -> Case:
     the expert count (capped at 3) and some of the awkwardness (unaligned N and K derived from
     the original sizes, so different cases stay different) but shrinks every dimension."""
     if case.kind in ("moe-layer", "model"):  # the architecture's stand-in (bench/layers.py tiny_arch)
-        from .layers import ARCHS, tiny_arch
-
         a = tiny_arch(ARCHS[case.arch])
         m = min(case.m, {"prefill": 8, "generate": 2}.get(case.label, 5))
         n = 128 if case.kind == "model" else a.hidden  # model_suite.build_model: a whole fp8_block block

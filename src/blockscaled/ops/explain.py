@@ -11,7 +11,8 @@ from __future__ import annotations
 from ..plan import Plan
 from ._explain import STATE, Explained
 from .gemm import gemm
-from .grouped import grouped_gemm, grouped_gemm_list
+from .grouped import grouped_gemm
+from .grouped_list import grouped_gemm_list
 from .linear import linear
 from .quantize import dequantize, quantize
 from .swiglu import swiglu

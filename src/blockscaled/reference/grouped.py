@@ -123,7 +123,7 @@ def grouped_gemm(a, b, *, offsets=None, masked_m=None, b_global_scale=None, out_
 
 
 def grouped_gemm_list(a_list, b_list, out_dtype: torch.dtype | None = None) -> list[torch.Tensor]:
-    """Reference twin of :func:`blockscaled.ops.grouped.grouped_gemm_list`: one
+    """Reference twin of :func:`blockscaled.ops.grouped_list.grouped_gemm_list`: one
     ``dequantize(a_g) @ dequantize(b_g).T`` per group, float64 unless ``out_dtype``."""
     return [_cast(gemm(a, b, out_dtype=None), out_dtype) for a, b in zip(a_list, b_list, strict=True)]
 
