@@ -656,9 +656,11 @@ def test_compile_time_report_verdicts():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter smoke test for machines without a GPU (the GPU "
                     "image's numpy 2.5 breaks the triton 3.6 interpreter; the real runs are the GPU commands)")
 def test_compile_time_smoke(tmp_path):
-    """Parent/child plumbing end to end in the interpreter (two processes, tiny shapes)."""
+    """Parent/child plumbing end to end in the interpreter (two processes, tiny shapes), with the
+    --warmup phase (bs.warmup of the dense layers and an experts module, then first calls)."""
     out = tmp_path / "ct.json"
-    r = subprocess.run([sys.executable, os.path.join(SWEEPS, "compile_time.py"), "--smoke", "--out", str(out)],
+    r = subprocess.run([sys.executable, os.path.join(SWEEPS, "compile_time.py"), "--smoke", "--warmup", "--out",
+                        str(out)],
                        capture_output=True, text=True, env=_env(), timeout=300)
     assert "cold :" in r.stdout and "warm :" in r.stdout, r.stdout + r.stderr
     import json
@@ -666,3 +668,5 @@ def test_compile_time_smoke(tmp_path):
     data = json.loads(out.read_text())
     assert data["smoke"] and [x["label"] for x in data["runs"]] == ["cold", "warm"]
     assert all(len(x["calls"]) == 2 and x["library_s"] > 0 for x in data["runs"])
+    assert all(len(x["experts_calls"]) == 2 and x["phases"]["warmup"] > 0 for x in data["runs"])
+    assert "after bs.warmup the first calls built" in r.stdout

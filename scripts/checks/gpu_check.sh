@@ -20,7 +20,8 @@
 #                   tiles, grouped, SwiGLU, a CUDA-graph replay) vs the float64 reference
 #                   -> $OUT/hopper_check.json (~1-3 min; limit HOPPER_CHECK_LIMIT, default 300 s)
 #   COMPILE_TIME=1  scripts/sweeps/compile_time.py: cold / warm start of the DeepSeek-V3 fp8_block path
-#                   -> $OUT/compile_time.json (~1-3 min; limit COMPILE_TIME_LIMIT, default 400 s)
+#                   -> $OUT/compile_time.json (~1-3 min; limit COMPILE_TIME_LIMIT, default 400 s);
+#                   COMPILE_TIME_WARMUP=1: bs.warmup of the DeepSeek-V3 layer set incl. one experts module first
 #   SANITIZE=1      scripts/checks/sanitize.sh: compute-sanitizer memcheck / racecheck / synccheck over
 #                   scripts/checks/sanitize.py -> $OUT/sanitize/ (5 files; budget SANITIZE_BUDGET, default
 #                   570 s minus the time already spent; TOOLS=, SANITIZE_ONLY= etc. as documented in
@@ -75,7 +76,8 @@ echo "hopper_check exit ${PIPESTATUS[0]} after $(elapsed) s"
 fi
 if [ -n "${COMPILE_TIME:-}" ]; then
 echo "=== compile time (limit ${COMPILE_TIME_LIMIT:-400} s, t=$(elapsed) s) -> compile_time.json"
-timeout -k 10 ${COMPILE_TIME_LIMIT:-400} "$PY" scripts/sweeps/compile_time.py --out "$OUT/compile_time.json"
+timeout -k 10 ${COMPILE_TIME_LIMIT:-400} "$PY" scripts/sweeps/compile_time.py ${COMPILE_TIME_WARMUP:+--warmup} \
+    --cold-timeout $(( ${COMPILE_TIME_LIMIT:-400} - 60 )) --out "$OUT/compile_time.json"
 echo "compile_time exit $? after $(elapsed) s"
 fi
 if [ -n "${SANITIZE:-}" ]; then

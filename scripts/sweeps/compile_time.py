@@ -23,7 +23,13 @@ those are reported separately (a serving engine pays them anyway), as is the who
 wall-clock time (spawn to exit). New ``*.cubin`` files in the cache after each call show which
 calls compiled kernels.
 
+With ``--warmup`` each process first runs ``bs.warmup`` over the dense weights and one routed-experts
+module of DeepSeek-V3's size (256 experts, 7168 -> 2048, top-8; random fp8_block weights) for
+1..4096 tokens, then the same first calls plus the experts' first forwards: the warm-up's own cold
+/ warm start (issue 20), and whether anything was left for the calls to compile.
+
     python scripts/sweeps/compile_time.py --out $OUT/compile_time.json   # ~1-2 min on an H100
+    python scripts/sweeps/compile_time.py --warmup --cold-timeout 500   # the warm-up of a DeepSeek-V3 layer set
     python scripts/sweeps/compile_time.py --smoke                        # CPU interpreter plumbing check
 
 Exit status: 0 both targets met, 1 a target missed or a run failed, 2 no CUDA device.
@@ -47,6 +53,9 @@ WARM_TARGET_S = 2.0
 #: --smoke: tiny shapes for the CPU interpreter (checks this script, measures nothing)
 SMOKE_NK = [(128, 256)]
 SMOKE_MS = [1, 3]
+#: --warmup: DeepSeek-V3's routed experts (E, I, H, top-k), one MoE layer's worth (11.3 GB fp8)
+DSV3_EXPERTS = (256, 2048, 7168, 8)
+SMOKE_EXPERTS = (4, 128, 256, 2)
 
 
 def _cache_count(d: str) -> tuple[int, int]:
@@ -122,6 +131,27 @@ def child(args) -> int:
         torch.cuda.synchronize()
     ph["setup_inputs"] = time.perf_counter() - t
 
+    experts = None
+    if args.warmup:  # one routed-experts module of DeepSeek-V3's size, random fp8_block weights
+        t = time.perf_counter()
+        e, i, h, top_k = SMOKE_EXPERTS if args.smoke else DSV3_EXPERTS
+
+        def w3(n, k):
+            data = torch.randn(e, n, k, device=dev, generator=g).mul_(0.5).to(torch.float8_e4m3fn)
+            scale = torch.rand(e, -(-n // 128), -(-k // 128), device=dev, generator=g).mul_(1e-3).add_(1e-4)
+            return ScaledTensor(data, scale, fmt, torch.Size((e, n, k)), (128, 128), ScaleRounding.EXACT)
+
+        experts = blockscaled.nn.Experts(w3(i, h), w3(i, h), w3(h, i))
+        layers = torch.nn.ModuleList([blockscaled.nn.Linear.from_scaled(w) for w in weights.values()] + [experts])
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        ph["setup_inputs"] += time.perf_counter() - t
+        t = time.perf_counter()
+        res["warmup_report"] = str(blockscaled.warmup(layers, max_tokens=max(ms), top_k=top_k, progress=False))
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        ph["warmup"] = time.perf_counter() - t
+
     cache = os.environ.get("TRITON_CACHE_DIR", "")
     calls = []
     t_first = time.perf_counter()
@@ -136,6 +166,19 @@ def child(args) -> int:
             c1 = _cache_count(cache)
             calls.append({"n": n, "k": k, "m": m, "first_s": dt, "new_cubins": c1[0] - c0[0],
                           "new_launchers": c1[1] - c0[1], "finite": bool(torch.isfinite(y).all())})
+    if experts is not None:  # after warm-up: the experts' first forwards (routing random, top-k distinct)
+        res["experts_calls"] = []
+        for m in ms:
+            x = torch.randn(m, experts.hidden, device=dev, generator=g).to(torch.bfloat16)
+            idx = torch.rand(m, experts.num_experts, device=dev, generator=g).topk(top_k, dim=1).indices
+            wts = torch.full((m, top_k), 1.0 / top_k, device=dev)
+            c0 = _cache_count(cache)
+            t = time.perf_counter()
+            experts(x, idx, wts)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            res["experts_calls"].append({"m": m, "first_s": time.perf_counter() - t,
+                                         "new_cubins": _cache_count(cache)[0] - c0[0]})
     ph["first_calls"] = time.perf_counter() - t_first
     t = time.perf_counter()
     for c in calls:
@@ -148,13 +191,13 @@ def child(args) -> int:
     for c in calls:
         c["config"] = blockscaled.explain("linear", acts[(c["m"], c["k"])], weights[(c["n"], c["k"])]).describe()
     res["calls"] = calls
-    res["library_s"] = ph["import_triton"] + ph["import_blockscaled"] + ph["first_calls"]
+    res["library_s"] = ph["import_triton"] + ph["import_blockscaled"] + ph.get("warmup", 0.0) + ph["first_calls"]
     res["cache_after"] = dict(zip(("cubins", "launchers"), _cache_count(cache)))
     return done(0)
 
 
 # ---------------------------------------------------------------------------------- parent
-def run_child(label: str, cache: str, timeout: float, smoke: bool, log_dir: str) -> dict:
+def run_child(label: str, cache: str, timeout: float, smoke: bool, log_dir: str, warmup: bool = False) -> dict:
     fd, result = tempfile.mkstemp(prefix=f"ct_{label}_", suffix=".json")
     os.close(fd)
     env = dict(os.environ)
@@ -166,6 +209,8 @@ def run_child(label: str, cache: str, timeout: float, smoke: bool, log_dir: str)
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--label", label, "--result", result]
     if smoke:
         cmd.append("--smoke")
+    if warmup:
+        cmd.append("--warmup")
     log = os.path.join(log_dir, f"{label}.log")
     t0 = time.time()
     env["BS_COMPILE_TIME_T0"] = repr(t0)
@@ -214,7 +259,7 @@ def report(runs: list[dict]) -> tuple[str, bool]:
             out.append(row)
         out.append("")
     names = ["interpreter_start", "import_torch", "cuda_context", "import_triton", "import_blockscaled",
-             "setup_inputs", "first_calls", "steady_calls"]
+             "setup_inputs", "warmup", "first_calls", "steady_calls"]
     out.append(f"{'phase (s)':24s}" + "".join(f" {r['label']:>9s}" for r in runs))
     for nm in names:
         out.append(f"{nm:24s}" + "".join(f" {_fmt_s(r.get('phases', {}).get(nm)):>9s}" for r in runs))
@@ -223,7 +268,13 @@ def report(runs: list[dict]) -> tuple[str, bool]:
     out.append(f"{'cubins in cache after':24s}" + "".join(
         f" {str(r.get('cache_after', {}).get('cubins', '-')):>9s}" for r in runs))
     out.append("")
-    out.append("library start = import triton + import blockscaled + the first linear() call of all "
+    for r in ok_runs:
+        if "experts_calls" in r:  # --warmup: what the calls after it still compiled
+            new = sum(c["new_cubins"] for c in r["calls"]) + sum(c["new_cubins"] for c in r["experts_calls"])
+            firsts = ", ".join(f"M={c['m']} {c['first_s']:.3f} s" for c in r["experts_calls"])
+            out.append(f"{r['label']}: after bs.warmup the first calls built {new} new cubins (0: warm-up complete); "
+                       f"experts' first forwards: {firsts}")
+    out.append("library start = import triton + import blockscaled (+ bs.warmup with --warmup) + the first linear() call of all "
                f"{len(ok_runs[0]['calls']) if ok_runs else '?'} (shape, M) pairs, each synchronised; excludes "
                "interpreter start, import torch, CUDA context and input setup (listed above).")
     for r in runs:
@@ -254,6 +305,9 @@ def main(argv=None) -> int:
     p.add_argument("--keep-cache", action="store_true", help="do not delete the temporary Triton cache")
     p.add_argument("--smoke", action="store_true", help="CPU Triton interpreter, tiny shapes: checks this "
                    "script's plumbing only (nothing compiles; the numbers mean nothing)")
+    p.add_argument("--warmup", action="store_true", help="bs.warmup first (the dense shapes plus one DeepSeek-V3 "
+                   "routed-experts module, tokens 1..4096, top-8), then the first calls and the experts' first "
+                   "forwards, which should compile nothing")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--label", default="cold", help=argparse.SUPPRESS)
     p.add_argument("--result", default=None, help=argparse.SUPPRESS)
@@ -271,7 +325,8 @@ def main(argv=None) -> int:
     try:
         for i in range(1 + args.warm_runs):
             label = "cold" if i == 0 else ("warm" if args.warm_runs == 1 else f"warm{i}")
-            r = run_child(label, cache, args.cold_timeout if i == 0 else args.warm_timeout, args.smoke, logs)
+            r = run_child(label, cache, args.cold_timeout if i == 0 else args.warm_timeout, args.smoke, logs,
+                          args.warmup)
             runs.append(r)
             msg = (f"library start {r['library_s']:.2f} s, process {r['process_wall_s']:.2f} s"
                    if "library_s" in r else r.get("error", "?").splitlines()[0])
