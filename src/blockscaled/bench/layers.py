@@ -119,9 +119,10 @@ def arch_of(case) -> MoeArch:
 @contextlib.contextmanager
 def cpu_reference_quantizer(device):
     """On the CPU, quantize the weights with the reference twins (bit-identical to the kernels:
-    tests/test_quantize*.py): the interpreter's fp4 quantizer took 176 s for the 4-layer stand-in
-    model's mxfp4 weights, and made a CPU ``--suite moe-layer --limit 1 --formats mxfp4`` take
-    80 s instead of 11 s. The forward still runs the kernels."""
+    tests/test_quantize*.py; the forward still runs the kernels). Measured before the
+    interpreter's block-amax fix (e5bd1b2): the interpreter's mxfp4 quantizer took 176 s for the
+    4-layer stand-in model's weights and a CPU ``--suite moe-layer --limit 1 --formats mxfp4`` 80 s
+    instead of 11 s; the reference is still the faster of the two."""
     if str(device) != "cpu" or not _checks.INTERPRET:
         yield
         return
