@@ -207,6 +207,9 @@ def bf16_layer(w: _Weights, x: torch.Tensor, impl: str) -> torch.Tensor:
     combine, output bf16."""
     a = w.arch
     i = a.intermediate
+    if impl == "loop" and x.is_cuda and torch.cuda.is_current_stream_capturing():
+        # before any launch: the timer's graph capture stops cleanly and it times eager calls
+        raise RuntimeError("the per-expert loop reads the routing on the host: not capturable")
     weights, idx = _route(w, x)
     out = torch.zeros((x.shape[0], a.hidden), dtype=torch.float32, device=x.device)
 
