@@ -62,6 +62,14 @@ def test_model_suite_cases():
                      "gpt-oss-20b generate B=1 ctx=512", "gpt-oss-20b generate B=8 ctx=512"]
 
 
+def test_cli_selects_the_suites():
+    """The README's commands parse: both suites by name, their ops by --ops."""
+    from blockscaled.bench.cli import parse_args, select_cases
+
+    a = parse_args(["--suite", "moe-layer,model", "--ops", "moe,decode"])
+    assert [name for name, _ in select_cases(a)] == ["moe-layer", "model"] and a.ops == ("moe", "decode")
+
+
 def test_interpreter_stand_ins():
     """CPU stand-ins: the tiny architecture, few tokens, every requested case answered once."""
     for name in ("moe-layer", "model"):

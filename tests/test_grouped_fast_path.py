@@ -16,6 +16,7 @@ from blockscaled.config import GemmConfig
 from blockscaled.ops import errors
 from blockscaled.ops import gemm as gemm_mod
 from blockscaled.ops import grouped as grouped_mod
+from blockscaled.ops import grouped_list as grouped_list_mod
 from blockscaled.plan import H100_SXM, Plan
 from blockscaled.plan import grouped as plan_grouped_mod
 from blockscaled.reference.quantize import quantize
@@ -89,7 +90,7 @@ class _Spy:
 
     def __init__(self, monkeypatch):
         self.cfgs, self.decoded = [], 0
-        impl, list_impl, decode = grouped_mod.grouped_impl, grouped_mod._grouped_list_impl, grouped_mod.decode_plan
+        impl, list_impl, decode = grouped_mod.grouped_impl, grouped_list_mod._grouped_list_impl, grouped_mod.decode_plan
 
         def grouped_impl(*args, **kw):
             cfg = args[16]  # positional: ..., fmt_id, grouping, k, b_br, cfg, check_op
@@ -105,8 +106,9 @@ class _Spy:
             return decode(code)
 
         monkeypatch.setattr(grouped_mod, "grouped_impl", grouped_impl)
-        monkeypatch.setattr(grouped_mod, "_grouped_list_impl", grouped_list_impl)
+        monkeypatch.setattr(grouped_list_mod, "_grouped_list_impl", grouped_list_impl)
         monkeypatch.setattr(grouped_mod, "decode_plan", decode_plan)
+        monkeypatch.setattr(grouped_list_mod, "decode_plan", decode_plan)
 
 
 @pytest.mark.parametrize("name", CASES)

@@ -10,7 +10,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from blockscaled.ops.grouped import grouped_gemm, grouped_gemm_list
+from blockscaled.ops.grouped import grouped_gemm
+from blockscaled.ops.grouped_list import grouped_gemm_list
 from blockscaled.ops.swiglu import swiglu
 from blockscaled.reference import grouped as ref
 from blockscaled.reference.quantize import quantize
