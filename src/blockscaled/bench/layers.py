@@ -42,6 +42,9 @@ from ..nn.experts import Experts, permute
 from ..nn.moe import MoE, route
 from ..reference.experts import experts as ref_experts
 from .counting import Count, quantized_nbytes
+from .tables import count_verdicts
+from .tables import timed as _ok
+from .tables import us as _us
 
 __all__ = ["MoeArch", "ARCHS", "LAYER_TOKENS", "LAYER_TOLERANCE", "GLUE_TARGET_PCT", "arch_of", "tiny_arch",
            "run_moe_layer", "bf16_layer", "table", "verdict_counts", "KINDS", "MODES"]
@@ -326,14 +329,6 @@ def run_moe_layer(r, case, fmt: str, ops, seed: int) -> None:
 
 
 # --------------------------------------------------------------------------- table
-def _ok(row) -> bool:
-    return row.get("status") == "ok" and row.get("median_ms") is not None
-
-
-def _us(ms) -> str:
-    return "-" if ms is None else f"{ms * 1e3:.1f}"
-
-
 def glue_pct(layer_ms: float | None, kernels_ms: float | None) -> float | None:
     """The layer's time outside its expert work, in % of the layer: ``100 (1 - kernels / layer)``."""
     if not layer_ms or kernels_ms is None:
@@ -380,12 +375,8 @@ def table(rows: list[dict], kind: str = "moe-layer") -> tuple[list[str], list[li
 
 
 def verdict_counts(rows: list[dict]) -> dict:
-    out = {"PASS": 0, "MISS": 0, "FAIL": 0, "-": 0}
-    head, body = table(rows)
-    i = head.index("verdict")
-    for b in body:
-        out[b[i]] = out.get(b[i], 0) + 1
-    return out
+    """{"PASS": n, "MISS": n, "FAIL": n, "-": n} over the table's verdicts."""
+    return count_verdicts(table(rows))
 
 
 def has_rows(rows: list[dict]) -> bool:

@@ -40,6 +40,8 @@ import torch
 from ..nn.model import quantization_report, quantize_model
 from .counting import Count
 from .layers import MoeArch, arch_of, cpu_reference_quantizer
+from .tables import count_verdicts
+from .tables import timed as _ok
 from .timing import Timing
 
 __all__ = ["ModelSpec", "MODELS", "model_vocab", "MODEL_LAYERS", "MODEL_MIN_COS", "GENERATE_TOKENS", "build_model", "run_model",
@@ -297,10 +299,6 @@ def _has_transformers() -> bool:
 
 
 # --------------------------------------------------------------------------- table
-def _ok(row) -> bool:
-    return row.get("status") == "ok" and row.get("median_ms") is not None
-
-
 def _tps(v) -> str:
     return "-" if v is None else f"{v:,.0f}"
 
@@ -347,10 +345,6 @@ def table(rows: list[dict], kind: str = "model") -> tuple[list[str], list[list[s
 
 
 def verdict_counts(rows: list[dict]) -> dict:
-    out = {"PASS": 0, "MISS": 0, "FAIL": 0, "-": 0}
-    head, body = table(rows)
-    i = head.index("verdict")
-    for b in body:
-        out[b[i]] = out.get(b[i], 0) + 1
-    return out
+    """{"PASS": n, "MISS": n, "FAIL": n, "-": n} over the table's verdicts."""
+    return count_verdicts(table(rows))
 

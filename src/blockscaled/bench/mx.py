@@ -36,6 +36,9 @@ from ..reference.quantize import dequantize as deq
 from ..reference.quantize import quantize as ref_quantize
 from .baselines import GemmInputs, GroupedInputs
 from .counting import Count, quantized_nbytes
+from .tables import count_verdicts
+from .tables import timed as _ok
+from .tables import us as _us
 
 __all__ = ["run_dense", "run_moe", "Target", "target", "table", "verdict_counts", "has_rows", "MODES", "KINDS"]
 
@@ -209,17 +212,9 @@ def target(kind: str, fmt: str, op: str, m: int) -> Target | None:
 
 
 # --------------------------------------------------------------------------- tables
-def _us(ms) -> str:
-    return "-" if ms is None else f"{ms * 1e3:.1f}"
-
-
 def _tokens(row) -> int:
     t = re.search(r"\bT=(\d+)", row.get("case", ""))
     return int(t.group(1)) if t else row.get("M", 0)
-
-
-def _ok(row) -> bool:
-    return row.get("status") == "ok" and row.get("median_ms") is not None
 
 
 def table(rows: list[dict], kind: str) -> tuple[list[str], list[list[str]]]:
@@ -262,13 +257,7 @@ def table(rows: list[dict], kind: str) -> tuple[list[str], list[list[str]]]:
 
 def verdict_counts(rows: list[dict]) -> dict:
     """{"PASS": n, "MISS": n, "FAIL": n, "-": n} over both tables (rows without a target: "-")."""
-    out = {"PASS": 0, "MISS": 0, "FAIL": 0, "-": 0}
-    for kind in KINDS:
-        head, body = table(rows, kind)
-        i = head.index("verdict")
-        for b in body:
-            out[b[i]] = out.get(b[i], 0) + 1
-    return out
+    return count_verdicts(*(table(rows, kind) for kind in KINDS))
 
 
 def has_rows(rows: list[dict]) -> bool:
