@@ -309,17 +309,19 @@ _MX_TITLES = (("mx", "MX suite: dense (issue 18 targets)"), ("mx-moe", "MX suite
 _OWN_TABLES = _mx.KINDS + _layers.KINDS + _model.KINDS
 
 
+def _tally(c: dict) -> str:
+    return f"{c['PASS']} PASS, {c['MISS']} MISS, {c['FAIL']} FAIL"
+
+
 def _layer_caption(rows) -> str:
-    c = _layers.verdict_counts(rows)
-    return (f"glue target (T <= {_layers.GLUE_DECODE_T}): {c['PASS']} PASS, {c['MISS']} MISS, {c['FAIL']} FAIL; ratios: "
+    return (f"glue target (T <= {_layers.GLUE_DECODE_T}): {_tally(_layers.verdict_counts(rows))}; ratios: "
             "bf16 layer graph time / ours (> 1: blockscaled faster); glue: 1 - expert work alone / whole layer "
             "(graph times); % floor: the routed experts' quantized weights + router + input + output at the copy "
             "bandwidth measured in this run")
 
 
 def _model_caption(rows) -> str:
-    c = _model.verdict_counts(rows)
-    return (f"decode targets: {c['PASS']} PASS, {c['MISS']} MISS, {c['FAIL']} FAIL; tokens/s from graph replays "
+    return (f"decode targets: {_tally(_model.verdict_counts(rows))}; tokens/s from graph replays "
             "(prefill, decode) or generate's eager per-token time; vs bf16: bf16 model time / ours; "
             f"{_model.MODEL_LAYERS} decoder layers, vocabulary cut in proportion (bench/model_suite.py)")
 
@@ -334,7 +336,7 @@ def _own_tables(rows):
 
 def _mx_caption(rows) -> str:
     c = _mx.verdict_counts(rows)
-    return (f"targets: {c['PASS']} PASS, {c['MISS']} MISS, {c['FAIL']} FAIL (check or error), {c['-']} without a "
+    return (f"targets: {_tally(c)} (check or error), {c['-']} without a "
             "target or a measurement; ratios: baseline graph time / ours (> 1: blockscaled faster); eager: wall "
             "clock per back-to-back call; % floor: quantized weight + activation + output bytes at the copy "
             "bandwidth measured in this run")
