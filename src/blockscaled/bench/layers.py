@@ -251,16 +251,7 @@ def bf16_layer(w: _Weights, x: torch.Tensor, impl: str) -> torch.Tensor:
 
 # --------------------------------------------------------------------------- running
 def _check(r, ref_fn):
-    lim_fro, lim_max = LAYER_TOLERANCE
-
-    def check(row, out):
-        from .runner import rel_error  # Local: bench/runner imports this module (cycle)
-
-        err, bad, nmax = rel_error(out, ref_fn())
-        row.update(rel_err=err, norm_max_err=nmax, nonfinite=bad, tol=f"rel_fro<={lim_fro:.1e}, norm_max<={lim_max:.1e}")
-        row["check"] = "ok" if (err <= lim_fro and nmax <= lim_max and bad == 0) else "FAIL"
-
-    return check
+    return r._check_close(None, ref_fn, LAYER_TOLERANCE)
 
 
 def _weights_for(r, a: MoeArch, seed: int) -> _Weights:

@@ -357,8 +357,10 @@ class Runner:
         else:  # untimed (CPU: the interpreter's wall clock says nothing about a GPU, so none is kept)
             self.rows.append(self._finish_row(row, count, None, fmt))
 
-    def _check_close(self, fmt, ref_fn):
-        lim_fro, lim_max = tolerance(fmt, self.cfg.out_dtype)
+    def _check_close(self, fmt, ref_fn, limits: tuple[float, float] | None = None):
+        """A row check against the float64 ``ref_fn()``: the GEMM tolerance of ``fmt``, or
+        ``limits`` (rel_fro, norm_max) where the op is more than one GEMM (bench/layers.py)."""
+        lim_fro, lim_max = limits or tolerance(fmt, self.cfg.out_dtype)
 
         def check(row, out):
             err, bad, nmax = rel_error(out, ref_fn())
