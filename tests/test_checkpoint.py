@@ -94,12 +94,20 @@ def test_fp8_block_dequant_matches_transformers(shape):
     fg = pytest.importorskip("transformers.integrations.finegrained_fp8")
     w = _q(shape, "fp8_block", seed=1)
     sd = ck.to_fp8_block(w)
-    theirs = fg._dequantize_fp8_weight(sd["weight"], sd["weight_scale_inv"], [128, 128], torch.float32)
     ours = bs.dequantize(ck.load_fp8_block(sd))
-    assert torch.equal(ours, theirs)
+    checked = 0
+    # transformers' two dequantizers, as far as the installed release has them (5.17, the GPU
+    # image's, has only the load-time converter)
+    if hasattr(fg, "_dequantize_fp8_weight"):
+        theirs = fg._dequantize_fp8_weight(sd["weight"], sd["weight_scale_inv"], [128, 128], torch.float32)
+        assert torch.equal(ours, theirs)
+        checked += 1
     if shape[-2] % 128 == 0 and shape[-1] % 128 == 0:  # the load-time converter needs whole blocks
         other = fg.Fp8Dequantize(None)._dequantize_one(sd["weight"], sd["weight_scale_inv"], torch.float32)
         assert torch.equal(ours, other)
+        checked += 1
+    if not checked:
+        pytest.skip("this transformers release has no fp8 block dequantizer for partial blocks")
 
 
 # --------------------------------------------------------------------------- gpt-oss MXFP4

@@ -299,7 +299,7 @@ SHAPES = [(2880, 2880), (5120, 17920), (6144, 4096)]
 @gpu
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("mode", ["bf16", "quantized"])
-def test_planner_plan_through_gemm_and_linear_gpu(fmt, mode):
+def test_planner_plan_through_gemm_and_linear_gpu(fmt, mode, mx_kernels):
     """The planner's GEMV on model shapes: explain names it, the result matches the reference, the
     GEMV is bitwise repeatable; linear() (weight-only or quantizing x) runs the same kernel."""
     for n, k in SHAPES:

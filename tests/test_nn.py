@@ -355,7 +355,8 @@ def test_hf_model_logits_close_to_bf16(reference, arch, fmt):
     with torch.no_grad():
         cos, kl = _logit_metrics(q(ids).logits, ref)
     print(f"{arch} {fmt} W x A, layer 0 down_proj scales x2: cos={cos:.5f} KL={kl:.2e}")
-    assert cos < _MIN_COS[fmt] and kl > _MAX_KL[fmt], ("broken layer passed", arch, fmt, cos, kl)
+    # NaN logits (a doubled e4m3 scale can overflow to NaN) fail the thresholds too
+    assert not (cos > _MIN_COS[fmt] and kl < _MAX_KL[fmt]), ("broken layer passed", arch, fmt, cos, kl)
 
 
 def test_hf_generate_and_device_moves(reference):

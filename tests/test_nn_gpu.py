@@ -110,20 +110,32 @@ def _hf_model(arch: str):
     return model.to("cuda", torch.bfloat16).eval()
 
 
+def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
+    return torch.nn.functional.cosine_similarity(a.double().flatten(), b.double().flatten(), dim=0).item()
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3_moe"])
 @pytest.mark.parametrize("fmt", ["fp8_block", "nvfp4"])
 def test_quantized_model_graph_and_compile(arch, fmt):
     """A quantized transformers model: warmed up, one forward captured in a CUDA graph and
-    replayed on other ids, and compiled with torch.compile: both match the eager model."""
-    model = bs.nn.quantize_model(_hf_model(arch), fmt)
+    replayed on other ids (matches the eager model), and compiled with torch.compile.
+
+    Compiled through AOTAutograd alone (``backend="aot_eager"``) it runs the same ops, so it matches
+    the eager model. Inductor also compiles the bf16 parts (norms, attention, router) with other
+    roundings, and activation quantization turns those last-bit changes into whole fp8 / fp4
+    rounding steps (CPU, this tiny Llama: bf16 model compiled vs eager 0.6 % apart, fp8_block
+    3.3 %). So Inductor's logits are held to the format's own error instead: no further from
+    the bf16 model than twice the eager quantized model is."""
+    bf16 = _hf_model(arch)
+    model = bs.nn.quantize_model(bf16, fmt, inplace=False)
     rep = bs.nn.quantization_report(model)
     assert rep.quantized and (arch == "llama" or rep.quantized_experts), str(rep)
     ids = torch.randint(0, 512, (2, 16), device="cuda")
     bs.warmup(model, max_tokens=32)
 
-    def logits(i):
+    def logits(i, m=model):
         with torch.no_grad():
-            return model(input_ids=i, use_cache=False).logits
+            return m(input_ids=i, use_cache=False).logits
 
     static = ids.clone()
     g, out = _capture(logits, (static,))
@@ -132,11 +144,15 @@ def test_quantized_model_graph_and_compile(arch, fmt):
     g.replay()
     torch.cuda.synchronize()
     assert _rel(out, logits(other)) < 1e-2
+    eager = logits(ids)
     torch._dynamo.reset()
-    compiled = torch.compile(model)
-    with torch.no_grad():
-        y = compiled(input_ids=ids, use_cache=False).logits
-    assert _rel(y, logits(ids)) < 1e-2
+    y = logits(ids, torch.compile(model, backend="aot_eager"))
+    assert _rel(y, eager) < 1e-2
+    torch._dynamo.reset()
+    y = logits(ids, torch.compile(model))
+    ref = logits(ids, bf16)
+    err = 1 - _cos(eager, ref)
+    assert 1 - _cos(y, ref) <= 2 * err + 1e-3, (fmt, arch, "compiled", 1 - _cos(y, ref), "eager", err)
 
 
 def _compiled_kernels() -> int:
