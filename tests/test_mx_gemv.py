@@ -22,7 +22,7 @@ from blockscaled.kernels.triton import mx_gemv as mx_mod
 from blockscaled.ops.gemm import gemm
 from blockscaled.plan import CPU_INTERPRETER, H100_SXM, DeviceInfo, Problem, plan_gemm
 from blockscaled.plan.encoding import decode_plan, encode_plan
-from blockscaled.plan.mx_gemv import MX_GEMV_MAX_M, MX_GEMV_MAX_ROWS, mx_gemv_config
+from blockscaled.plan.mx_gemv import MX_GEMV_MAX_M, MX_GEMV_MAX_ROWS, MX_GEMV_ROWS, mx_gemv_config
 from blockscaled.reference import gemm as ref_gemm
 from blockscaled.testing.tolerances import assert_gemm_close
 
@@ -216,15 +216,18 @@ def test_fp4_ptx_decode_every_byte():
 
 
 # ------------------------------------------------------------------------------ the planner
-def test_gemv_off_by_default():
-    """Until the GEMV has run on a GPU the planner keeps the portable plans (blockscaled._experimental)."""
-    from blockscaled.plan import H100_SXM, Problem, plan_gemm
+def test_gemv_on_by_default():
+    """Unless BLOCKSCALED_MX_KERNELS leaves it out, the planner runs the GEMV (on the Triton releases
+    of MX_GEMV_TRITON); ``none`` switches it off, ``bf16`` alone leaves it out."""
+    import os
+
+    from blockscaled._experimental import _parse
     from blockscaled.plan import mx_gemv
 
-    if mx_gemv.MX_GEMV_ENABLED:
-        pytest.skip("BLOCKSCALED_MX_KERNELS switches the GEMV on in this process")
-    assert not mx_gemv.use_mx_gemv("mxfp4", 1, 2880)
-    assert plan_gemm(Problem("gemm", "mxfp4", 1, 2880, 2880), H100_SXM).kernel != "gemv"
+    assert "gemv" in _parse("gemv") and not _parse("none") and _parse("bf16") == {"bf16"}
+    if "BLOCKSCALED_MX_KERNELS" not in os.environ:
+        assert mx_gemv.MX_GEMV_ENABLED
+    assert mx_gemv.MX_GEMV_ROWS == {"mxfp8": 2, "mxfp4": 2, "nvfp4": 1}
 
 
 def test_gemv_only_on_releases_whose_build_holds(mx_kernels, monkeypatch):
@@ -243,7 +246,7 @@ def test_gemv_only_on_releases_whose_build_holds(mx_kernels, monkeypatch):
 
 def test_planner_runs_the_gemv_at_small_m(mx_kernels):
     """On an H100 (and any CUDA GPU) the MX / NV dense GEMM takes the GEMV for 1 <= M <=
-    MX_GEMV_MAX_M in both modes, with mx_gemv_config's tiles; above it the previous rules; the CPU
+    MX_GEMV_ROWS[fmt] in both modes, with mx_gemv_config's tiles; above it the previous rules; the CPU
     interpreter keeps the portable kernel. Every plan round-trips through the custom-op encoding."""
     a100 = DeviceInfo("cuda", 108, (8, 0), 166912, name="NVIDIA A100")
     for fmt in FORMATS:
@@ -254,9 +257,9 @@ def test_planner_runs_the_gemv_at_small_m(mx_kernels):
                         p = Problem("gemm", fmt, m, n, k, a=a)
                         plan = plan_gemm(p, dev)
                         assert decode_plan(encode_plan(plan)) == plan
-                        if m <= MX_GEMV_MAX_M:
+                        if m <= MX_GEMV_ROWS[fmt]:
                             assert plan.kernel == "gemv" and plan.config == mx_gemv_config(fmt, m, n, k, dev), plan
-                            assert "mx_gemv.py" in str(plan) and "not measured yet" in str(plan)
+                            assert "mx_gemv.py" in str(plan) and "mx_decode" in str(plan)
                         else:
                             assert plan.kernel != "gemv", plan
                     interp = Problem("gemm", fmt, m, n, k, a=a, interpret=True)
@@ -303,7 +306,7 @@ def test_planner_plan_through_gemm_and_linear_gpu(fmt, mode, mx_kernels):
     """The planner's GEMV on model shapes: explain names it, the result matches the reference, the
     GEMV is bitwise repeatable; linear() (weight-only or quantizing x) runs the same kernel."""
     for n, k in SHAPES:
-        for m in (1, 3, 8):
+        for m in range(1, MX_GEMV_ROWS[fmt] + 1):
             a, b = _operands(fmt, mode, m, n, k, seed=n + m, device="cuda")
             plan = bs.explain("gemm", a, b)
             assert plan.kernel == "gemv" and "mx_gemv.py" in str(plan), plan

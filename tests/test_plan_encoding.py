@@ -88,10 +88,14 @@ def test_every_dense_plan_roundtrips():
     assert any(c.variant == "skinny" and c.split_k > 1 for c in hop)
 
 
-def test_mx_gemv_plans_roundtrip(mx_kernels):
+def test_mx_gemv_plans_roundtrip(mx_kernels, monkeypatch):
     """The MX / NV decode GEMV plans (strategy "gemv" with mxfp8 / mxfp4 / nvfp4 weights, M <= 8,
     both modes, odd K): every field comes back, and the configs differ from each other where the
-    tiles differ (block_m, block_n, chunk, warps)."""
+    tiles differ (block_m, block_n, chunk, warps). The planner's row thresholds are raised to the
+    kernel's 8 rows so that every block_m is planned."""
+    from blockscaled.plan import mx_gemv
+
+    monkeypatch.setattr(mx_gemv, "MX_GEMV_ROWS", dict.fromkeys(mx_gemv.MX_GEMV_ROWS, mx_gemv.MX_GEMV_MAX_M))
     plans = set()
     for dev, fmt, a, m, n, k in itertools.product(DEVICES[:2], ("mxfp8", "mxfp4", "nvfp4"), A_KINDS,
                                                   range(1, 9), (7, 2880, 28672), (45, 2880, 8192, 17920)):

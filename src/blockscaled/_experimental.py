@@ -1,18 +1,17 @@
-"""Kernels that are built and tested on the CPU but have not yet run on a GPU: off by default.
+"""Switches for the MX / NV kernels whose GPU checks are recent (``BLOCKSCALED_MX_KERNELS``,
+read once, at import):
 
-``BLOCKSCALED_MX_KERNELS`` (read once, at import) switches them on, for the GPU checks that must
-pass before they become the default (benchmarks/NOTES.md, thirteenth session, says which):
-
-* ``gemv``: the MX / NV decode GEMV (kernels/triton/mx_gemv.py) for MX/NV dense GEMMs at M <= 8
-  (plan/mx_gemv.py);
+* ``gemv``: the MX / NV decode GEMV (kernels/triton/mx_gemv.py) for MX/NV dense GEMMs at small M
+  (plan/mx_gemv.py, ``MX_GEMV_ROWS``). **On by default** since the fifteenth session: its
+  tests passed on an H100 and its rows in ``bench --suite mx`` / scripts/sweeps/mx_decode.py on
+  an H200 were checked against float64 (benchmarks/NOTES.md, fifteenth session).
 * ``bf16``: the portable kernel's in-register MX/NV dequantization straight to bf16
   (kernels/triton/_mma.py: fp4 bit patterns, packed ``fma.rn.bf16x2`` scale multiplies) and the
-  planner's MX/NV bf16-tile rules for 8 < M <= 512 (plan/portable.py, ``MX_BF16_*``);
-* ``all`` (or ``1``): both. Comma-separated lists work: ``BLOCKSCALED_MX_KERNELS=gemv,bf16``.
-
-Why off: both decode packed e2m1 with inline PTX whose results were checked only against an
-emulation of the PTX and in the Triton interpreter (which runs the portable integer decode
-instead); a wrong decode on the GPU would be a silent wrong answer.
+  planner's MX/NV bf16-tile rules for 8 < M <= 512 (plan/portable.py, ``MX_BF16_*``). Off by
+  default: correct on the GPU, but its tile rules lost to the previous plan on 6 of 13 sweep rows
+  and no tile beat cuBLAS bf16 at M = 16 (same NOTES entry).
+* ``all`` (or ``1``): both; ``none`` (or ``0``): neither. Comma lists work:
+  ``BLOCKSCALED_MX_KERNELS=gemv,bf16``. Unset: ``gemv``.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ def _parse(value: str) -> frozenset[str]:
 
 
 #: the experimental kernels switched on in this process
-MX_KERNELS: frozenset[str] = _parse(os.environ.get("BLOCKSCALED_MX_KERNELS", ""))
+MX_KERNELS: frozenset[str] = _parse(os.environ.get("BLOCKSCALED_MX_KERNELS", "gemv"))
 
 
 def mx_kernel_enabled(name: str) -> bool:

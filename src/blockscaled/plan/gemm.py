@@ -9,7 +9,7 @@ from ..config.gemm import GemmConfig
 from ..config.hopper import HopperConfig
 from .dense import plan_fp8
 from .device import DeviceInfo
-from .mx_gemv import MX_GEMV_MAX_M, mx_gemv_config, use_mx_gemv
+from .mx_gemv import MX_GEMV_ROWS, mx_gemv_config, use_mx_gemv
 from .portable import choose_portable, mx_bf16_applies
 from .types import DTYPES, Plan, Problem
 
@@ -57,9 +57,10 @@ def plan_gemm(p: Problem, dev: DeviceInfo, forced=None, *, gluon_ok: bool = True
         chunk_kb = cfg.block_n * min(p.k, cfg.block_k) * (1 if p.fmt == "mxfp8" else 0.5) / 1024
         return Plan("gemm", "cuda", cfg, p, reasons=(
             f"{p.fmt}{' weight-only' if p.weight_only else ''} on {scope}",
-            f"decode GEMV on the CUDA cores (kernels/triton/mx_gemv.py): M = {p.m} <= {MX_GEMV_MAX_M} rows "
+            f"decode GEMV on the CUDA cores (kernels/triton/mx_gemv.py): M = {p.m} <= {MX_GEMV_ROWS[p.fmt]} rows "
             f"stream the packed weights; {cfg.block_n} weight rows x {cfg.block_k} K per chunk "
-            f"({chunk_kb:.1f} KB), {cfg.num_warps} warps (plan/mx_gemv.py; threshold and tiles not measured yet)"))
+            f"({chunk_kb:.1f} KB), {cfg.num_warps} warps (plan/mx_gemv.py: rows per format from the mx_decode "
+            f"sweep, tiles from the instruction-count model)"))
     cfg = choose_portable(p.fmt, p.m, p.n, p.k, dev, _a_dtype(p), _DTYPES[p.out_dtype])
     if cfg.strategy == "dequant_matmul":
         why = ("dequantize both operands to bf16, then cuBLAS: the roofline model (or the measured MX_BF16_DEQUANT_M "

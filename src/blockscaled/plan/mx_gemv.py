@@ -24,12 +24,12 @@ from ..config.gemm import GEMV_MAX_M, GemmConfig, gemv_slice_elems
 from .device import DeviceInfo
 from .splits import cdiv
 
-__all__ = ["MX_GEMV_FORMATS", "MX_GEMV_MAX_M", "MX_GEMV_CHUNK_BYTES", "MX_GEMV_MAX_WARPS", "MX_GEMV_MAX_ROWS",
+__all__ = ["MX_GEMV_FORMATS", "MX_GEMV_MAX_M", "MX_GEMV_ROWS", "MX_GEMV_CHUNK_BYTES", "MX_GEMV_MAX_WARPS", "MX_GEMV_MAX_ROWS",
            "MX_GEMV_MAX_ROWS_AT_8", "MX_GEMV_MIN_PROGRAMS_PER_SM", "MX_GEMV_ODD_K_ROWS", "MX_GEMV_TRITON", "use_mx_gemv",
            "mx_gemv_config"]
 
 MX_GEMV_FORMATS = ("mxfp8", "mxfp4", "nvfp4")
-#: Most activation rows the planner sends to the GEMV. NOT MEASURED YET. Each row costs one fp32
+#: Most activation rows the GEMV kernel takes (block_m; a forced config may use all of them). Each row costs one fp32
 #: FMA per weight element on the CUDA cores; AOT sm_90 SASS of the K loop with the planner's
 #: tiles (tests/test_aot_mx_gemv.py), instructions per weight byte: mxfp4 / nvfp4 10-11 at M = 1
 #: (decode ~5.8, FMAs 2), 13-14 at 2, 19-23 at 4, 39-54 at 8; mxfp8 3.8 / 5.3 / 8.4 / 18-21;
@@ -37,6 +37,14 @@ MX_GEMV_FORMATS = ("mxfp8", "mxfp4", "nvfp4")
 #: at best ~100 / 75 / 50 / 20-25 % of the floor at M = 1 / 2 / 4 / 8 (mxfp8 near it up to 4),
 #: vs the 2-20 % the portable kernel reached.
 MX_GEMV_MAX_M = GEMV_MAX_M
+#: Most activation rows the *planner* sends to the GEMV, per format. Measured (H200, one run of
+#: scripts/sweeps/mx_decode.py, 7 shapes, weight-only and W x A, GEMV vs the portable plan,
+#: geomean (worst)): mxfp8 M=1 1.40-1.93x, M=2 1.21-1.68x (1.12), M=4 0.97-1.11x (0.84);
+#: mxfp4 M=2 1.50-2.77x (1.34), M=4 1.08-1.84x (0.91); nvfp4 M=1 1.69-1.72x, M=2 0.96-1.06x
+#: (0.67), M=8 0.42-0.60x everywhere. The instruction count above says why: the CUDA cores'
+#: FMAs per weight byte grow with M while the portable kernel's tensor cores do not care, and
+#: nvfp4's e4m3 scale decode adds to every row. So: the largest M whose worst row still wins.
+MX_GEMV_ROWS = {"mxfp8": 2, "mxfp4": 2, "nvfp4": 1}
 #: Weight bytes one program loads per chunk (block_n rows x block_k elements). NOT MEASURED YET:
 #: the fp8_block GEMV's sweep chose 8-16 KB (32 KB lost: registers, activation re-reads).
 MX_GEMV_CHUNK_BYTES = 16 * 1024
@@ -57,9 +65,8 @@ MX_GEMV_MIN_PROGRAMS_PER_SM = 2
 MX_GEMV_ODD_K_ROWS = 2
 
 
-#: whether the planner uses the GEMV at all: off until it has run on a GPU (blockscaled._experimental,
-#: ``BLOCKSCALED_MX_KERNELS=gemv``; its fp4 decode is inline PTX checked only by an emulation); tests
-#: patch it
+#: whether the planner uses the GEMV at all (blockscaled._experimental: on unless
+#: ``BLOCKSCALED_MX_KERNELS`` leaves ``gemv`` out); tests patch it
 MX_GEMV_ENABLED = mx_kernel_enabled("gemv")
 
 
@@ -84,9 +91,10 @@ _TRITON_OK = _triton_release() in MX_GEMV_TRITON
 
 def use_mx_gemv(fmt: str, m: int, k: int) -> bool:
     """The planner's rule: the GEMV switched on (MX_GEMV_ENABLED) on a Triton release of
-    MX_GEMV_TRITON, MX / NV weights, 1 <= M <= MX_GEMV_MAX_M, K > 0 (CUDA only; the caller checks
-    the device)."""
-    return MX_GEMV_ENABLED and _TRITON_OK and fmt in MX_GEMV_FORMATS and 1 <= m <= MX_GEMV_MAX_M and k > 0
+    MX_GEMV_TRITON, MX / NV weights, 1 <= M <= MX_GEMV_ROWS[fmt], K > 0 (CUDA only; the caller
+    checks the device)."""
+    return (MX_GEMV_ENABLED and _TRITON_OK and fmt in MX_GEMV_FORMATS and 1 <= m <= MX_GEMV_ROWS[fmt]
+            and k > 0)
 
 
 def _pow2_at_least(x: int) -> int:
