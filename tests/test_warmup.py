@@ -69,3 +69,17 @@ def test_warmup_experts(path, device):
     assert {d for _, _, d, _ in report.entries} == descs
     with pytest.raises(ValueError, match="top_k"):
         bs.warmup(model, max_tokens=2, top_k=0)
+
+
+def test_m_derived_ints_are_not_specialised():
+    """bs.warmup compiles one launch per (plan, M == 1, M % 16 == 0): every other integer argument
+    that follows M must not be specialised by Triton, or calls inside a warmed-up plan's M range
+    still compile (the Hopper wide kernel's num_pid_m / split_from did: 9 cubins after warm-up on
+    an H200)."""
+    import inspect
+
+    from blockscaled.kernels.hopper.wide import fp8_block_gemm_wide_kernel as k
+
+    params = list(inspect.signature(k.fn).parameters)
+    skipped = {params[i] if isinstance(i, int) else i for i in k.do_not_specialize}
+    assert {"num_pid_m", "split_from"} <= skipped, skipped

@@ -602,7 +602,11 @@ def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, sa_bufs, c_smem, read
         tma.store_wait(0)
 
 
-@gluon.jit(launch_metadata=_launch_metadata)
+# num_pid_m and split_from follow the token count M: left to Triton's integer specialisation
+# (== 1, % 16 == 0) they compile new variants inside one plan's M range, which bs.warmup cannot
+# foresee (H200, scripts/sweeps/compile_time.py --warmup: 9 cubins built after warm-up at
+# M = 128 / 4096, 1-3 s each). The kernel uses them only as loop bounds and tile counts.
+@gluon.jit(launch_metadata=_launch_metadata, do_not_specialize=["num_pid_m", "split_from"])
 def fp8_block_gemm_wide_kernel(a_desc, b_desc, b2_desc, c_desc, sa_ptr, sb_ptr, sb2_ptr, c_ptr, seg_ptr, ws_ptr,
                                cnt_ptr, M, N, K, E, num_pid_m, kb_per_split, split_from, stride_sam, stride_sak,
                                stride_sbe, stride_sbn, stride_sbk, stride_cm, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
