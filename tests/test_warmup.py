@@ -22,6 +22,16 @@ def test_warmup_runs_every_distinct_plan(path, device):
     for _, (lo, hi), _, _ in report.entries:
         covered |= set(range(lo, hi + 1))
     assert covered >= set(range(1, 41))
+    # the activation quantizer's tiles follow M too (each is its own compile): every (plan,
+    # quantizer tiles) pair of M = 1..40 was run by some entry, at that entry's first M
+    from blockscaled.ops.quantize import activation_tiles
+
+    dev = torch.device(device)
+    ran = {(desc, activation_tiles("fp8_block", lo, 256, dev)) for _, (lo, _), desc, _ in report.entries}
+    need = {(bs.explain("linear", torch.zeros(m, 256, dtype=torch.bfloat16, device=device), w).describe(),
+             activation_tiles("fp8_block", m, 256, dev)) for m in range(1, 41)}
+    assert ran >= need, need - ran
+    assert len({t for _, t in need}) > 1  # the case this checks: the tiles change within 1..40
     assert "distinct plans" in str(report)
     # after warm-up a call runs a plan warm-up ran
     with observe_plans() as seen:

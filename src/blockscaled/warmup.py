@@ -3,8 +3,10 @@
 Triton compiles a kernel at its first launch (seconds for the Hopper kernels): a server that
 does not warm up pays it inside its first requests. The planner knows which plan each token count
 M runs, so warm-up asks it for every M up to ``max_tokens``, keeps the distinct plans (kernel,
-config and the integer specialisations Triton compiles separately: M = 1, M % 16), and runs each
-once on zero inputs of that shape.
+config and the integer specialisations Triton compiles separately: M = 1, M % 16; with quantized
+activations also the activation quantizer's tiles, which follow M), and runs each once on zero
+inputs of that shape. Integer kernel arguments derived from M other than M itself are not
+specialised (``do_not_specialize``), so these keys cover every launch.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from .formats import get_format
 from .nn.experts import Experts
 from .ops.gemm import gemm_problem, make_plan
 from .ops.linear import linear
+from .ops.quantize import activation_tiles
 from .tensor import ScaledTensor
 
 __all__ = ["warmup", "WarmupReport"]
@@ -135,10 +138,11 @@ def warmup(model_or_weights, max_tokens: int = 8192, *, activations: torch.dtype
             plan = make_plan(gemm_problem(a2, a_s2, w.data, w.block[0], fmt, k, m, n, activations, bias), w.device)
             if plan.backend == "reference":
                 continue
-            key = (plan, m == 1, m % 16 == 0)
+            quant = None if weight_only else activation_tiles(fmt, m, k, w.device)
+            key = (plan, m == 1, m % 16 == 0, quant)
             lo, hi = groups.get(key, (m, m))
             groups[key] = (min(lo, m), max(hi, m))
-        for (plan, _, _), (lo, hi) in groups.items():
+        for (plan, *_), (lo, hi) in groups.items():
             jobs.append((label, w, weight_only, bias, plan, lo, hi))
     ex_jobs = []
     experts = _experts(model_or_weights)
@@ -149,10 +153,12 @@ def warmup(model_or_weights, max_tokens: int = 8192, *, activations: torch.dtype
             plans = ex.plans(r, activations)
             if any(p.backend == "reference" for p in plans):
                 break
-            key = (tuple(p.describe() for p in plans), r == 1, r % 16 == 0)
+            quant = None if ex.act_format is None else tuple(
+                activation_tiles(ex.act_format, r, d, ex.w_gate.data.device) for d in (ex.hidden, ex.intermediate))
+            key = (tuple(p.describe() for p in plans), r == 1, r % 16 == 0, quant)
             lo, hi = groups.get(key, (r, r))
             groups[key] = (min(lo, r), max(hi, r))
-        for (descs, _, _), (lo, hi) in groups.items():
+        for (descs, *_), (lo, hi) in groups.items():
             ex_jobs.append((label, ex, " | ".join(descs), lo, hi))
     with Progress(disable=not progress, transient=True) as bar:
         task = bar.add_task("compiling kernels", total=len(jobs) + len(ex_jobs))

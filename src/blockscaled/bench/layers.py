@@ -9,7 +9,7 @@ Rows per case (one architecture, one token count T, one weight format):
   ``moe-kernels`` /        the same module's expert work alone (``Experts.expert_rows`` on rows
   ``moe-weight-only-kernels``  already in expert order): layer time minus this = the glue
                            (router, top-k, permutation, combine, launches between them)
-  ``bf16-grouped-mm``      the bf16 layer with ``torch._grouped_mm`` experts (transformers'
+  ``grouped-mm-bf16``      the bf16 layer with ``torch._grouped_mm`` experts (transformers'
                            "grouped_mm" experts implementation does the same), same router code
   ``bf16-loop``            the bf16 layer with one GEMM pair per expert that has tokens (the
                            "eager" experts implementation; it reads the routing on the host)
@@ -54,7 +54,11 @@ OURS = "blockscaled"
 #: our ops -> the mode's name in the table, and the op of their kernels-only row
 MODES = {"moe": "WxA", "moe-weight-only": "W-only"}
 KERNELS = {"moe": "moe-kernels", "moe-weight-only": "moe-weight-only-kernels"}
-BASELINES = ("bf16-grouped-mm", "bf16-loop")
+#: the registered baseline names (bench/baselines.py BASELINE_NAMES: ``--baselines all`` selects by
+#: them; the first GPU run had "bf16-grouped-mm", which no selection named, so it never ran) and
+#: the ``bf16_layer`` impl each one times
+BASELINES = ("grouped-mm-bf16", "bf16-loop")
+_BF16_IMPL = {"grouped-mm-bf16": "grouped-mm", "bf16-loop": "loop"}
 #: issue 20: the glue (routing + permutation + combine) under this share of the layer's time
 #: at decode (token counts up to GLUE_DECODE_T)
 GLUE_TARGET_PCT = 15.0
@@ -315,7 +319,7 @@ def run_moe_layer(r, case, fmt: str, ops, seed: int) -> None:
         ref_bf16 = lambda: ref_of("bf16", w.bf16_experts())  # noqa: E731
         for impl in BASELINES:
             if impl in r.cfg.baselines:
-                r._measure(case, fmt, "moe-bf16", impl, lambda x, impl=impl: bf16_layer(w, x, impl[5:]),
+                r._measure(case, fmt, "moe-bf16", impl, lambda x, impl=impl: bf16_layer(w, x, _BF16_IMPL[impl]),
                            [(x,) for x in xs], bw, _check(r, ref_bf16))
 
 

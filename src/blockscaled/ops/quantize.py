@@ -104,6 +104,29 @@ def _num_sms(device: torch.device) -> int:
     return num_sms(device)
 
 
+def _amax_tile(m: int, k: int, want: int) -> tuple[int, int]:
+    """(ROWS, BLOCK_K) of ``tensor_amax_kernel`` on ``[m, k]``: fewer rows per tile while there
+    are fewer than ``want`` tiles (small x: more, smaller tiles)."""
+    block_k = min(MAX_TILE_K, _pow2(k))
+    rows = max(1, min(_pow2(m), _AMAX_TILE_ELEMS // block_k))
+    while rows > 1 and _cdiv(m, rows) * _cdiv(k, block_k) < want:
+        rows //= 2
+    return rows, block_k
+
+
+def activation_tiles(fmt: str | Format, m: int, k: int, device: torch.device) -> tuple[int, ...]:
+    """The compile-time tiles with which quantizing activations ``[m, k]`` in ``fmt`` (1 x block_k
+    blocks) launches its kernels: the 1 x k kernel's (ROWS, GROUPS), and for a format with a
+    global scale the amax kernel's (ROWS, BLOCK_K). They follow ``m``, so :func:`blockscaled.warmup`
+    runs one launch per distinct value (each is its own Triton compile)."""
+    f = get_format(fmt)
+    want = 2 * _num_sms(device)
+    tiles = tile_1xk(m, k, f.block_k, TILE_ELEMS_FP4 if f.is_fp4 else TILE_ELEMS, want)
+    if f.has_global_scale:
+        tiles += _amax_tile(m, k, want)
+    return tiles
+
+
 def _amax_partials(x: torch.Tensor) -> torch.Tensor:
     """int32 ``[P]`` partial maxima of the bits of |x| (P >= 1; zeros for an empty x), one
     kernel, no memset. The tensor amax is their max."""
@@ -111,12 +134,9 @@ def _amax_partials(x: torch.Tensor) -> torch.Tensor:
         return torch.zeros(1, dtype=torch.int32, device=x.device)
     x2 = _rows_view(x)
     m, k = x2.shape
-    block_k = min(MAX_TILE_K, _pow2(k))
-    rows = max(1, min(_pow2(m), _AMAX_TILE_ELEMS // block_k))
-    tiles_k = _cdiv(k, block_k)
     want = 2 * _num_sms(x.device)
-    while rows > 1 and _cdiv(m, rows) * tiles_k < want:  # small x: more, smaller tiles
-        rows //= 2
+    rows, block_k = _amax_tile(m, k, want)
+    tiles_k = _cdiv(k, block_k)
     tiles = _cdiv(m, rows) * tiles_k
     nprog = min(tiles, want, _MAX_PARTS)
     iters = _cdiv(tiles, nprog)
