@@ -59,12 +59,15 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def _inputs(bs, torch, fmt, n, k, dev):
+def _inputs(bs, torch, fmt, n, k, dev, quantize=None):
+    """``quantize``: the quantizer of the inputs (--stub: the reference twin, bitwise the same;
+    the interpreted kernel takes minutes on an 8192 x 8192 weight)."""
+    quantize = quantize or bs.quantize
     g = torch.Generator(device=dev).manual_seed(n + k)
-    w = bs.quantize((torch.randn(n, k, generator=g, device=dev) * 0.05).to(torch.bfloat16), fmt,
+    w = quantize((torch.randn(n, k, generator=g, device=dev) * 0.05).to(torch.bfloat16), fmt,
                     block=(128, 128) if fmt == "fp8_block" else None)
     x = torch.randn(1, k, generator=g, device=dev).to(torch.bfloat16)
-    return x, bs.quantize(x, fmt), w
+    return x, quantize(x, fmt), w
 
 
 def _calls(bs, x, qa, w):
@@ -142,6 +145,7 @@ def run_stub(a) -> dict:
     import blockscaled as bs
     import blockscaled.ops.gemm as gemm_mod
     import blockscaled.ops.quantize as quant_mod
+    import blockscaled.reference  # noqa: F401  (bs.reference.quantize: the inputs)
     from blockscaled.plan import H100_SXM
 
     class _NoLaunch:
@@ -154,7 +158,7 @@ def run_stub(a) -> dict:
     stub = _NoLaunch()
     # private: the launch points are module globals of ops/ (no public hook): stubbing them keeps
     # the whole host path above them and drops the interpreter's kernel execution
-    gemm_mod.gemm_kernel = gemm_mod.gemv_kernel = stub
+    gemm_mod.gemm_kernel = gemm_mod.gemv_kernel = gemm_mod.mx_gemv_kernel = stub
     quant_mod._k = stub  # private: the quantize kernels' module, stubbed as above
     # plan as on an H100 (the interpreter's own plans are small tiles, other code paths)
     gemm_mod.device_info = quant_mod.device_info = lambda d: H100_SXM
@@ -162,7 +166,7 @@ def run_stub(a) -> dict:
     fns = {}
     for n, k in SHAPES:
         for fmt in a.formats.split(","):
-            x, qa, w = _inputs(bs, torch, fmt, n, k, "cpu")
+            x, qa, w = _inputs(bs, torch, fmt, n, k, "cpu", quantize=bs.reference.quantize)
             for name, fn in _calls(bs, x, qa, w).items():
                 fns[(fmt, n, k, name)] = fn
     best = {key: float("inf") for key in fns}

@@ -463,12 +463,17 @@ def gemm_problem(a2, a_s2, b_data, b_rows: int, fmt: Format, k: int, m: int, n: 
                  out2: torch.Tensor | None = None) -> Problem:
     """The planner's view of one dense call (plain values). ``tma``: the Hopper kernels' TMA
     descriptors can take A, B (16-byte aligned bases and row strides) and the output."""
-    tma = (a_s2 is not None and fmt.name == "fp8_block" and b_data.device.type == "cuda"
-           and _hopper.tma_2d_reason("a", a2) is None and _hopper.tma_2d_reason("b", b_data) is None
-           and (out2 is None or out2.stride(1) == 1 or n <= 1))
     return Problem("gemm", fmt.name, m, n, k, "quantized" if a_s2 is not None else _DTYPE_NAMES[a2.dtype],
-                   _DTYPE_NAMES[out_dtype], bias is not None, b_rows, tma=tma,
+                   _DTYPE_NAMES[out_dtype], bias is not None, b_rows, tma=_tma_ok(a2, a_s2, b_data, fmt, n, out2),
                    interpret=b_data.device.type == "cpu" and _checks.INTERPRET)
+
+
+def _tma_ok(a2, a_s2, b_data, fmt: Format, n: int, out2) -> bool:
+    """The Hopper fp8_block kernels' TMA descriptors can take A, B (16-byte aligned bases and row
+    strides) and the output (only asked for fp8_block with quantized A on CUDA)."""
+    return (a_s2 is not None and fmt.name == "fp8_block" and b_data.device.type == "cuda"
+            and _hopper.tma_2d_reason("a", a2) is None and _hopper.tma_2d_reason("b", b_data) is None
+            and (out2 is None or out2.stride(1) == 1 or n <= 1))
 
 
 def make_plan(problem: Problem, device: torch.device, forced=None) -> Plan:
@@ -492,7 +497,7 @@ def gemm_impl(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows: int, fmt: Format, k
     m, n = out2.shape
     if m == 0 or n == 0:
         return
-    if cfg is None and (a_s2 is None or fmt.name != "fp8_block"):
+    if cfg is None:
         plan = _memo_plan(a2, a_s2, b_data, b_rows, fmt, k, m, n, out_dtype, bias, out2)
     else:
         plan = make_plan(gemm_problem(a2, a_s2, b_data, b_rows, fmt, k, m, n, out_dtype, bias, out2), out2.device,
@@ -500,21 +505,23 @@ def gemm_impl(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows: int, fmt: Format, k
     run_plan(plan, a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows, fmt, k, out2, bias, out_dtype)
 
 
-#: The planner's answers for calls whose Problem is a function of shapes and dtypes alone (every
-#: format but fp8_block with quantized A, whose Problem also says whether TMA can take the
-#: operands' addresses): building the Problem and the device's properties, then hashing both for
-#: plan_gemm's lru_cache took ~15 us of the ~80 us host time of an eager M=1 MX call (stubbed
-#: launch, this repository's CPU benchmark; benchmarks/NOTES.md "Eager host cost of MX/NV
-#: calls"). The key holds every value the Problem is made of, and the planner function itself (a
+#: The planner's answers by the values a dense call's Problem is made of: building the Problem and
+#: the device's properties, then hashing both for plan_gemm's lru_cache took ~15 us of the ~80 us
+#: host time of an eager M=1 MX call (stubbed launch, this repository's CPU benchmark;
+#: benchmarks/NOTES.md "Eager host cost of MX/NV calls"). fp8_block with quantized A also keys on
+#: whether TMA can take the operands' addresses and whether the Gluon kernels can run (the two
+#: inputs of its plan beyond shapes and dtypes). The key holds the planner function itself (a
 #: replaced planner, e.g. a test's, is asked again). Bounded by _MEMO_MAX entries.
 _PLANS: dict[tuple, Plan] = {}
 
 
 def _memo_plan(a2, a_s2, b_data, b_rows: int, fmt: Format, k: int, m: int, n: int, out_dtype, bias, out2) -> Plan:
-    """``make_plan(gemm_problem(...))`` through ``_PLANS`` (not for fp8_block x fp8_block)."""
+    """``make_plan(gemm_problem(...))`` through ``_PLANS``."""
     dev = out2.device
+    hopper = (_tma_ok(a2, a_s2, b_data, fmt, n, out2), _hopper.gluon_unavailable_reason() is None) \
+        if a_s2 is not None and fmt.name == "fp8_block" else None
     key = (plan_gemm, fmt.name, m, n, k, None if a_s2 is not None else a2.dtype, out_dtype, bias is not None, b_rows,
-           dev, dev.type == "cpu" and _checks.INTERPRET)
+           dev, dev.type == "cpu" and _checks.INTERPRET, hopper)
     plan = _PLANS.get(key)
     if plan is None:
         plan = make_plan(gemm_problem(a2, a_s2, b_data, b_rows, fmt, k, m, n, out_dtype, bias, out2), dev)

@@ -556,13 +556,14 @@ def grouped_plan(op: str, a, b: ScaledTensor, fmt: str, rows_per_expert: float, 
     a_t = a if isinstance(a, torch.Tensor) else a.data
     a_row_stride = a_t.stride(-2) if a_t.ndim >= 2 and a_t.numel() else 0
     total = rows if rows is not None else (a_t.shape[0] * (a_t.shape[1] if mode == MODE_MASKED else 1))
-    key = None
-    if config is None and (a_dtype is not None or fmt != "fp8_block"):  # no Hopper kernel: see _PLANS
-        key = (plan_grouped, op, fmt, total, n, k, a_dtype, out_dtype, b.block[0], mode, experts, rows_per_expert,
-               b2 is not None, dev, a_row_stride, dev.type == "cpu" and _checks.INTERPRET)
-        if key in _PLANS:
-            return _PLANS[key]
     why = hopper_reason(a, b, out_dtype, mode, b2=b2) if dev.type == "cuda" else "needs a CUDA device"
+    key = None
+    if config is None:
+        key = (plan_grouped, op, fmt, total, n, k, a_dtype, out_dtype, b.block[0], mode, experts, rows_per_expert,
+               b2 is not None, dev, a_row_stride, dev.type == "cpu" and _checks.INTERPRET, why)
+        plan = _PLANS.get(key)
+        if plan is not None:
+            return plan
     p = Problem(op, fmt, total, n, k, "quantized" if a_dtype is None else _DTYPE_NAMES[a_dtype],
                 _DTYPE_NAMES[out_dtype], False, b.block[0], _GROUPING_NAMES[mode], experts, float(rows_per_expert),
                 b2 is not None, why is None, dev.type == "cpu" and _checks.INTERPRET)
@@ -575,9 +576,9 @@ def grouped_plan(op: str, a, b: ScaledTensor, fmt: str, rows_per_expert: float, 
     return plan
 
 
-#: Plans of calls the Hopper kernel cannot take (weight-only, not fp8_block), under every value
-#: they are made of and the planner function (a replaced one is asked again): planning was ~30% of
-#: the ~100 us host path of an eager gpt-oss decode call (E=32, 4 rows; CPU stub benchmark, NOTES).
+#: Plans under every value they are made of, the planner function (a replaced one is asked again)
+#: and why the Hopper kernel cannot take the operands (None: it can): planning was ~30% of the
+#: ~100 us host path of an eager gpt-oss decode call (E=32, 4 rows; CPU stub benchmark, NOTES).
 _PLANS: dict[tuple, Plan] = {}
 
 
