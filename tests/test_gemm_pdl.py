@@ -308,9 +308,13 @@ def _need_pdl(monkeypatch):
         pytest.skip("PDL needs a compiled kernel on sm_90+")
     # PDL is a property of the portable kernel: keep the planner's default plans (config None) on
     # it, so every call below launches gemm_kernel whatever kernel the cost model prefers
+    from blockscaled.plan import mx_gemv
     from blockscaled.plan.dense import plan_fp8
 
-    real = gemm_mod.plan_gemm
+    # nor the MX / NV decode GEMV (on by default at M <= MX_GEMV_ROWS); the planner is asked
+    # uncached (__wrapped__) so that no plan made with it off stays in its cache
+    monkeypatch.setattr(mx_gemv, "MX_GEMV_ENABLED", False)
+    real = gemm_mod.plan_gemm.__wrapped__
 
     def portable_plan(p, dev, forced=None, *, gluon_ok=True):
         if forced is None and dev.is_hopper and p.fmt == "fp8_block" and not p.weight_only:

@@ -28,6 +28,13 @@ CHECKS = os.path.join(SCRIPTS, "checks")
 SWEEPS = os.path.join(SCRIPTS, "sweeps")
 
 
+#: Interpreter runs need a machine without a GPU: there conftest turns the interpreter on, and the
+#: GPU image's numpy 2.5 breaks the triton 3.6 interpreter (pyproject keeps numpy < 2.3 for it);
+#: the real runs of these scripts are the GPU commands.
+_CPU_INTERPRETER_ONLY = pytest.mark.skipif(torch.cuda.is_available(),
+                                           reason="interpreter smoke test for machines without a GPU")
+
+
 def _scripts(ext: str) -> list[str]:
     """Paths (relative to scripts/) of every ``ext`` file under scripts/."""
     out = []
@@ -239,8 +246,7 @@ def test_list_cli():
     assert r.stdout.strip().splitlines()[-1].endswith("cases")
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter smoke test for machines without a GPU (the GPU "
-                    "image's numpy 2.5 breaks the triton 3.6 interpreter; the real runs are the GPU commands)")
+@_CPU_INTERPRETER_ONLY
 def test_driver_runs_one_case_in_the_interpreter():
     """The runner itself (inputs, launch, reference check, exit status) on one small case."""
     r = subprocess.run([sys.executable, os.path.join(CHECKS, "sanitize.py"), "--device", "cpu",
@@ -527,6 +533,7 @@ def test_mx_tiles_lists_candidates_on_cpu():
     assert r.returncode == 2 and "no CUDA device" in r.stderr
 
 
+@_CPU_INTERPRETER_ONLY
 def test_mx_tiles_row_runs_in_the_interpreter(monkeypatch):
     """One small row end to end on the CPU (Triton interpreter, timings faked): every candidate kind
     runs and passes the GPU-side check's logic, a bad candidate is reported, the summary and the
@@ -624,6 +631,7 @@ def test_mx_decode_grid_tiles():
     assert mx.parse_shapes("2880x2880,5120X17920") == ((2880, 2880), (5120, 17920))
 
 
+@_CPU_INTERPRETER_ONLY
 def test_mx_decode_smoke_run():
     """The whole measuring path (operands, checks against the reference, timing, host cost) on the
     CPU through Triton's interpreter, one tiny shape."""
@@ -653,8 +661,7 @@ def test_compile_time_report_verdicts():
     assert not ok and "ERROR" in text
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter smoke test for machines without a GPU (the GPU "
-                    "image's numpy 2.5 breaks the triton 3.6 interpreter; the real runs are the GPU commands)")
+@_CPU_INTERPRETER_ONLY
 def test_compile_time_smoke(tmp_path):
     """Parent/child plumbing end to end in the interpreter (two processes, tiny shapes), with the
     --warmup phase (bs.warmup of the dense layers and an experts module, then first calls)."""
