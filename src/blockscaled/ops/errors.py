@@ -37,6 +37,7 @@ import torch
 
 from ..kernels.triton.check import BAD_ABOVE, BAD_FIRST, BAD_LAST, BAD_NEGATIVE, BAD_ORDER, metadata_check_kernel
 from ..reference.grouped import metadata_errors
+from ._launch import fast
 
 __all__ = ["check_errors", "check_metadata", "check_metadata_host", "flag_buffer", "OP_GROUPED_GEMM", "OP_SWIGLU"]
 
@@ -122,7 +123,7 @@ def check_metadata(seg: torch.Tensor, out: torch.Tensor, op: int, mode: int, lim
         flags = flag_buffer(out.device)
     cap = MAX_PROGRAMS if out.device.type == "cuda" else _MAX_PROGRAMS_INTERPRETER
     nprog = max(1, min(-(-total // _BLOCK), cap))
-    metadata_check_kernel[(nprog,)](
+    fast(metadata_check_kernel)[(nprog,)](
         seg, out, flags, e, limit, rows_per_e, n, total, s_e, s_m, nprog,
         OP=op, MODE=mode, E_POW2=max(16, 1 << e.bit_length()), BLOCK=_BLOCK, num_warps=4,
     )

@@ -42,6 +42,7 @@ from ..tensor import ScaledTensor
 from . import _autograd
 from . import quantize as _quant
 from ._explain import emit, explaining
+from ._launch import fast
 
 __all__ = ["gemm", "OUT_DTYPES"]
 
@@ -253,7 +254,7 @@ def _launch_gemm_kernel(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows, out2, bia
     if PDL and _use_pdl(out2.device):
         kw = {**kw, **_PDL_ON}
     # (every operand is 2-D here: stride() gives the (row, column) pair the kernel takes)
-    gemm_kernel[grid](
+    fast(gemm_kernel)[grid](
         a2, a_s, b_data, b_scale, gs_a, gs_b, bias if bias is not None else out2, out2,
         m, n, k, k_per_split, *a2.stride(), *a_s.stride(), *b_data.stride(), *b_scale.stride(), scs, *out2.stride(),
         ws_ptr=ws, cnt_ptr=cnt, **kw,
@@ -307,7 +308,7 @@ def _launch_gemv(a2, a_s2, b_data, b_scale, b_rows, out2, bias, fmt: Format, m, 
     if b_rows != 1 and b_rows % cfg.block_n:
         raise ValueError(f"config.block_n: 'gemv' needs block_n dividing the {b_rows}-row weight-scale block "
                          f"(one scale row per program), got {cfg.block_n}")
-    gemv_kernel[(_cdiv(n, cfg.block_n), _cdiv(m, cfg.block_m))](
+    fast(gemv_kernel)[(_cdiv(n, cfg.block_n), _cdiv(m, cfg.block_m))](
         a2, a_s2, b_data, b_scale, bias if bias is not None else out2, out2,
         m, n, k,
         a2.stride(0), a_s2.stride(0), a_s2.stride(-1), b_data.stride(0), b_scale.stride(0), b_scale.stride(1),
@@ -328,7 +329,7 @@ def _launch_mx_gemv(a2, a_s2, a_gs, b_data, b_scale, b_gs, out2, bias, fmt: Form
     gs_b = b_gs if b_gs is not None else b_scale  # not read unless nvfp4
     gs_a = a_gs if a_gs is not None else gs_b  # not read unless nvfp4 with quantized A
     a_s = a_s2 if a_s2 is not None else b_scale  # dense A: never read
-    mx_gemv_kernel[(_cdiv(n, cfg.block_n) * _cdiv(m, cfg.block_m),)](
+    fast(mx_gemv_kernel)[(_cdiv(n, cfg.block_n) * _cdiv(m, cfg.block_m),)](
         a2, a_s, b_data, b_scale, gs_a, gs_b, bias if bias is not None else out2, out2,
         m, n, k,
         a2.stride(0), a_s.stride(0), a_s.stride(-1), b_data.stride(0), b_scale.stride(0), b_scale.stride(1),

@@ -43,6 +43,7 @@ from . import _hopper
 from .gemm import _DTYPE_NAMES, _cdiv, _dequant, _eager_ok, _one
 from .quantize import _pow2  # (host arithmetic, not triton's constexpr functions: ~2-5 us a call)
 from .gemm import gemm as _dense_gemm
+from ._launch import fast
 
 __all__ = ["grouped_gemm"]
 
@@ -112,7 +113,7 @@ def _launch_impl(
     # nvfp4, seg in dense mode) get ``out``: no allocation, nothing extra in a captured graph.
     dummy = out
     gsb_per_expert = b_gs is not None and b_gs.numel() > 1
-    grouped_gemm_kernel[grid](
+    fast(grouped_gemm_kernel)[grid](
         a_data, a_s, b_data, b_scale,
         b2_data if dual else b_data, b2_scale if dual else b_scale, out,
         dummy if a_gs is None else a_gs, dummy if b_gs is None else b_gs,
@@ -272,7 +273,7 @@ def _dequant_matmul(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_sc
         sxe, sxm, soe, som = 0, x2d.stride(0), 0, res.stride(0)
     bm, bn = 32, 128
     post_t = post if post is not None else res
-    dq_epilogue_kernel[(_cdiv(grid_m, bm), _cdiv(n, bn), ge)](
+    fast(dq_epilogue_kernel)[(_cdiv(grid_m, bm), _cdiv(n, bn), ge)](
         Y, Y2 if dual else Y, res, seg_k if seg_k is not None else res, post_t,
         post2 if post2 is not None else post_t,
         grid_m, n, ge, e, sxe, sxm, soe, som, (post.stride(0) if post is not None and post.numel() > 1 else 0),

@@ -19,6 +19,7 @@ from ._explain import emit, explaining
 from .gemm import _DTYPE_NAMES, _cdiv, _eager_ok
 from .grouped import _TL_OUT, _check_out_dtype, _check_scaled, _dot_dtype, _no_grad_support, check_pair
 from .quantize import _pow2
+from ._launch import fast
 
 __all__ = ["grouped_gemm_list"]
 
@@ -30,7 +31,7 @@ def _grouped_list_impl(table: torch.Tensor, alpha: torch.Tensor, outs: list[torc
     g = table.shape[0]
     if total_tiles == 0:
         return
-    grouped_list_kernel[(total_tiles,)](
+    fast(grouped_list_kernel)[(total_tiles,)](
         table, alpha, g, flops, nbytes,
         FMT=fmt_id, B_BR=b_br, OUT_DTYPE=_TL_OUT[outs[0].dtype], G_POW2=max(16, _pow2(g)),
         PROMOTE=cfg.promote, DOT_DTYPE=_dot_dtype(cfg.promote, table.device),

@@ -40,6 +40,7 @@ from ..plan.quantize import MAX_TILE_K, TILE_ELEMS, TILE_ELEMS_FP4, plan_quantiz
 from ..tensor import ScaledTensor, scale_shape
 from ._autograd import attach_source, link_source
 from ._explain import emit, explaining
+from ._launch import fast
 
 # The reference module (its package re-exports the function under the same name).
 _ref = importlib.import_module("blockscaled.reference.quantize")
@@ -141,7 +142,7 @@ def _amax_partials(x: torch.Tensor) -> torch.Tensor:
     nprog = min(tiles, want, _MAX_PARTS)
     iters = _cdiv(tiles, nprog)
     part = torch.empty(nprog, dtype=torch.int32, device=x.device)
-    _k.tensor_amax_kernel[(nprog,)](x2, part, m, k, x2.stride(0), tiles_k, iters, ROWS=rows, BLOCK_K=block_k,
+    fast(_k.tensor_amax_kernel)[(nprog,)](x2, part, m, k, x2.stride(0), tiles_k, iters, ROWS=rows, BLOCK_K=block_k,
                                     num_warps=_AMAX_WARPS)
     return part
 
@@ -166,7 +167,7 @@ def _launch_1xk(x2, f: Format, rounding: ScaleRounding, gs_ptr, gs_out, gs_mode,
     q_arg = data.view(torch.uint8) if f.data_dtype is not torch.uint8 else data
     s_arg = scale.view(torch.uint8) if f.scale_dtype is torch.float8_e4m3fn else scale
     dummy = gs_ptr if gs_ptr is not None else scale
-    _k.quantize_1xk_kernel[grid](
+    fast(_k.quantize_1xk_kernel)[grid](
         x2, q_arg, s_arg, dummy, gs_out if gs_out is not None else dummy,
         m, k, pk, x2.stride(0), pk, sk, n_part, **kw,
     )
@@ -362,7 +363,7 @@ def _quantize_128x128(x: torch.Tensor, f: Format, block, rounding) -> tuple[torc
         grid = (_cdiv(k, 128), _cdiv(n, 128), e)
         # One 128x128 block per program: 32 KB of bf16 in registers with 8 warps is
         # 64 fp32 per thread, one read of x, and scales written once per block.
-        _k.quantize_128x128_kernel[grid](
+        fast(_k.quantize_128x128_kernel)[grid](
             x3, d3.view(torch.uint8), s3, e, n, k, x3.stride(0), x3.stride(1), d3.stride(0), d3.stride(1),
             s3.stride(0), s3.stride(1), ROUND=_ROUND_CODE[rounding], BR=128, BC=128,
             HW_CVT=GPU_HW_CVT and x.device.type == "cuda", GPU=x.device.type == "cuda",
@@ -411,7 +412,7 @@ def _dequantize_impl(data, scale, global_scale, f: Format, shape, block, dtype) 
         s3 = scale.reshape(e, scale.shape[-2], scale.shape[-1])
         o3 = out.view(e, n, k)
         grid = (_cdiv(k, 128), _cdiv(n, 128), e)
-        _k.dequantize_128x128_kernel[grid](
+        fast(_k.dequantize_128x128_kernel)[grid](
             q3, s3, o3, n, k, q3.stride(0), q3.stride(1), s3.stride(0), s3.stride(1), o3.stride(0), o3.stride(1),
             BR=128, BC=128, num_warps=8,
         )
@@ -425,7 +426,7 @@ def _dequantize_impl(data, scale, global_scale, f: Format, shape, block, dtype) 
     rows, groups = tile_1xk(m, k, f.block_k)
     grid = (_cdiv(m, rows), _cdiv(k, groups * f.block_k))
     gs = global_scale if global_scale is not None else s2
-    _k.dequantize_1xk_kernel[grid](
+    fast(_k.dequantize_1xk_kernel)[grid](
         q2, s2, gs, o2, m, k, f.packed_k(k), q2.stride(0), s2.stride(0), o2.stride(0),
         FMT=_FMT_CODE[f.name], BK=f.block_k, ROWS=rows, GROUPS=groups, num_warps=_NUM_WARPS,
         enable_fp_fusion=False,

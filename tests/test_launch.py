@@ -1,0 +1,103 @@
+"""ops/_launch.py: direct launches of compiled Triton kernels (fakes: runs on the CPU; the GPU
+tests run every kernel through it)."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+from blockscaled.ops import _launch
+
+
+class _Param:
+    def __init__(self, name, default=inspect.Parameter.empty):
+        self.name, self.default = name, default
+
+
+class _Compiled:
+    """Stands in for a CompiledKernel: its launcher records the direct launches."""
+
+    def __init__(self, log):
+        self.function, self.packed_metadata = "fn", "meta"
+        self.run = lambda *a: log.append(("direct", a))
+
+
+class _Jit:
+    """Stands in for a JITFunction: ``fn[grid](...)`` records Triton-path launches."""
+
+    def __init__(self):
+        self.params = [_Param("x"), _Param("y"), _Param("n"), _Param("FLAG", False), _Param("BLOCK")]
+        self.log = []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.log.append(("triton", grid, args, kwargs))
+            return _Compiled(self.log)
+        return launch
+
+
+@pytest.fixture
+def fk(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(_launch, "_stream_getter", lambda: (lambda dev: 1000 + dev))
+    monkeypatch.setattr(_launch, "_RUNTIME", type("R", (), {"launch_enter_hook": None, "launch_exit_hook": None})())
+    return _launch.FastKernel(_Jit())
+
+
+def _kinds(fk):
+    return [e[0] for e in fk.fn.log]
+
+
+def test_second_launch_of_a_key_is_direct_with_every_parameter_in_order(fk):
+    x, y = torch.zeros(8), torch.zeros(8, dtype=torch.float16)
+    fk[(3,)](x, y, 7, BLOCK=64)
+    fk[(3,)](x, y, 7, BLOCK=64)
+    assert _kinds(fk) == ["triton", "direct"]
+    # grid padded to 3, stream of the current device, no launch metadata / hooks, then x, y, n,
+    # FLAG (its default), BLOCK (the keyword): the list Triton's run passes its launcher
+    assert fk.fn.log[1][1] == (3, 1, 1, 1000, "fn", "meta", None, None, None, x, y, 7, False, 64)
+
+
+def test_every_specialised_fact_is_in_the_key(fk):
+    x, y = torch.zeros(8), torch.zeros(8, dtype=torch.float16)
+    fk[(1,)](x, y, 16, BLOCK=64)
+    fk[(1,)](x[1:], y, 16, BLOCK=64)  # 4-byte offset: not 16-byte aligned
+    fk[(1,)](x.half(), y, 16, BLOCK=64)  # another dtype
+    fk[(1,)](x, y, 1, BLOCK=64)  # n == 1 is specialised by Triton
+    fk[(1,)](x, y, True, BLOCK=64)  # a bool is not the int 1
+    fk[(1,)](x, y, 16, BLOCK=128)  # another constexpr
+    fk[(1,)](x, y, 16, BLOCK=64, num_warps=8)  # another compile option
+    assert _kinds(fk) == ["triton"] * 7
+    fk[(2, 5)](torch.zeros(8), y, 16, BLOCK=64)  # a new aligned tensor of the first key: direct
+    assert _kinds(fk)[-1] == "direct" and fk.fn.log[-1][1][:3] == (2, 5, 1)
+
+
+def test_falls_back_to_triton_where_the_key_cannot_hold(fk, monkeypatch):
+    x = torch.zeros(8)
+    for _ in range(2):
+        fk[(1,)](x, x, 2, BLOCK=x)  # a tensor keyword argument
+        fk[(1,)](x, [1, 2], 2, BLOCK=64)  # unhashable
+        fk[lambda meta: (1,)](x, x, 2, BLOCK=64)  # a grid function
+    assert _kinds(fk) == ["triton"] * 6
+    fk[(1,)](x, x, 2, BLOCK=64)
+    fk[(1,)](x, x, 2, BLOCK=64)
+    assert _kinds(fk)[-1] == "direct"
+    monkeypatch.setattr(_launch._RUNTIME, "launch_enter_hook", lambda *a: None, raising=False)
+    fk[(1,)](x, x, 2, BLOCK=64)  # a profiler's hook: Triton's path, which calls it
+    assert _kinds(fk)[-1] == "triton"
+
+
+def test_fast_wraps_only_jit_functions():
+    stub = object()
+    assert _launch.fast(stub) is stub  # spies, stubs, the interpreter's kernels: unchanged
+    from triton.runtime.jit import JITFunction
+
+    from blockscaled.kernels.triton.gemv import gemv_kernel
+
+    if type(gemv_kernel) is JITFunction and _launch.FAST_LAUNCH:
+        w = _launch.fast(gemv_kernel)
+        assert isinstance(w, _launch.FastKernel) and w.fn is gemv_kernel and _launch.fast(gemv_kernel) is w
+    else:
+        assert _launch.fast(gemv_kernel) is gemv_kernel
