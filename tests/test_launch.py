@@ -42,7 +42,9 @@ class _Jit:
 def fk(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(_launch, "_stream_getter", lambda: (lambda dev: 1000 + dev))
-    monkeypatch.setattr(_launch, "_RUNTIME", type("R", (), {"launch_enter_hook": None, "launch_exit_hook": None})())
+    # triton's default: empty hook chains (nothing to call)
+    runtime = type("R", (), {"launch_enter_hook": _launch._HookChain(), "launch_exit_hook": None})()
+    monkeypatch.setattr(_launch, "_RUNTIME", runtime)
     return _launch.FastKernel(_Jit())
 
 
@@ -84,12 +86,20 @@ def test_falls_back_to_triton_where_the_key_cannot_hold(fk, monkeypatch):
     fk[(1,)](x, x, 2, BLOCK=64)
     fk[(1,)](x, x, 2, BLOCK=64)
     assert _kinds(fk)[-1] == "direct"
-    monkeypatch.setattr(_launch._RUNTIME, "launch_enter_hook", lambda *a: None, raising=False)
-    fk[(1,)](x, x, 2, BLOCK=64)  # a profiler's hook: Triton's path, which calls it
+    _launch._RUNTIME.launch_enter_hook.add(print)
+    fk[(1,)](x, x, 2, BLOCK=64)  # a profiler's hook in the chain: Triton's path, which calls it
     assert _kinds(fk)[-1] == "triton"
+    _launch._RUNTIME.launch_enter_hook = lambda *a: None
+    fk[(1,)](x, x, 2, BLOCK=64)  # a plain function as the hook
+    assert _kinds(fk)[-2:] == ["triton", "triton"]
 
 
 def test_fast_wraps_only_jit_functions():
+    import triton
+
+    # triton's default hooks are empty chains: the direct launch applies (an `is None` test did not)
+    assert not _launch._hooked(triton.knobs.runtime.launch_enter_hook)
+    assert not _launch._hooked(triton.knobs.runtime.launch_exit_hook)
     stub = object()
     assert _launch.fast(stub) is stub  # spies, stubs, the interpreter's kernels: unchanged
     from triton.runtime.jit import JITFunction

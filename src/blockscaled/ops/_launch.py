@@ -17,8 +17,8 @@ kernel's order (positional, then keywords and defaults: the list ``JITFunction.r
 the current stream. So the direct launch runs the very kernel and arguments Triton's own path
 would, and nothing is compiled or specialised differently.
 
-Falls back to Triton's path (always correct) when: launch hooks are set (profilers such as
-proton read ``launch_metadata``), the grid is a callable, an argument is unhashable, a keyword
+Falls back to Triton's path (always correct) when: launch hooks are set (a non-empty hook chain:
+profilers such as proton read ``launch_metadata``), the grid is a callable, an argument is unhashable, a keyword
 argument is a tensor, or ``BLOCKSCALED_FAST_LAUNCH=0``. Not used in the interpreter (its kernels
 are not ``JITFunction`` objects) nor for triton releases whose launch path was not read
 (:data:`TESTED_TRITON`); the wrapper then returns the kernel unchanged. Runtime changes of
@@ -49,8 +49,15 @@ FAST_LAUNCH = (os.environ.get("BLOCKSCALED_FAST_LAUNCH", "1").strip().lower() no
 
 try:  # triton >= 3.4 keeps launch hooks in knobs
     _RUNTIME = triton.knobs.runtime
+    _HookChain = triton.knobs.HookChain
 except AttributeError:  # pragma: no cover - older triton: no fast path
-    _RUNTIME = None
+    _RUNTIME = _HookChain = None
+
+
+def _hooked(hook) -> bool:
+    """A launch hook is set: anything but None or an empty ``HookChain`` (triton 3.6-3.8 keep an
+    empty chain there by default, and Triton's own path then calls it with ``launch_metadata``)."""
+    return hook is not None and (hook.__class__ is not _HookChain or bool(hook.calls))
 
 _T = torch.Tensor
 #: entries per kernel before its cache is dropped (keys follow M at most call sites)
@@ -77,7 +84,7 @@ class FastKernel:
 
     def _launch(self, grid, args, kwargs):
         rt = _RUNTIME
-        if rt.launch_enter_hook is not None or rt.launch_exit_hook is not None or callable(grid):
+        if _hooked(rt.launch_enter_hook) or _hooked(rt.launch_exit_hook) or callable(grid):
             return self.fn[grid](*args, **kwargs)
         dev = torch.cuda.current_device()
         try:
