@@ -76,12 +76,23 @@ def test_every_specialised_fact_is_in_the_key(fk):
     assert _kinds(fk)[-1] == "direct" and fk.fn.log[-1][1][:3] == (2, 5, 1)
 
 
+def test_tensor_keywords_are_this_launchs_own(fk):
+    x, w1, w2 = torch.zeros(8), torch.zeros(4), torch.zeros(4)
+    fk[(1,)](x, x, 3, BLOCK=w1)  # a tensor by keyword (split-K scratch is passed so)
+    fk[(1,)](x, x, 3, BLOCK=w2)
+    assert _kinds(fk) == ["triton", "direct"]
+    assert fk.fn.log[1][1][-1] is w2  # not the first launch's tensor
+    fk[(1,)](x, x, 3, BLOCK=w2.half())  # its dtype is keyed too
+    fk[(1,)](x, x, 3, BLOCK=w2[1:])  # and its alignment
+    assert _kinds(fk)[2:] == ["triton", "triton"]
+
+
 def test_falls_back_to_triton_where_the_key_cannot_hold(fk, monkeypatch):
     x = torch.zeros(8)
     for _ in range(2):
-        fk[(1,)](x, x, 2, BLOCK=x)  # a tensor keyword argument
         fk[(1,)](x, [1, 2], 2, BLOCK=64)  # unhashable
         fk[lambda meta: (1,)](x, x, 2, BLOCK=64)  # a grid function
+        fk[(1,)](x, x)  # n and BLOCK missing: Triton's own error path
     assert _kinds(fk) == ["triton"] * 6
     fk[(1,)](x, x, 2, BLOCK=64)
     fk[(1,)](x, x, 2, BLOCK=64)

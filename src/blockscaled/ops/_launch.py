@@ -17,9 +17,11 @@ kernel's order (positional, then keywords and defaults: the list ``JITFunction.r
 the current stream. So the direct launch runs the very kernel and arguments Triton's own path
 would, and nothing is compiled or specialised differently.
 
-Falls back to Triton's path (always correct) when: launch hooks are set (a non-empty hook chain:
-profilers such as proton read ``launch_metadata``), the grid is a callable, an argument is unhashable, a keyword
-argument is a tensor, or ``BLOCKSCALED_FAST_LAUNCH=0``. Not used in the interpreter (its kernels
+Tensors passed by keyword (split-K scratch) are keyed like positional ones and put in their
+parameter's place at each launch. Falls back to Triton's path (always correct) when: launch hooks
+are set (a non-empty hook chain: profilers such as proton read ``launch_metadata``), the grid is a
+callable, an argument is unhashable, a parameter has neither a value nor a default, or
+``BLOCKSCALED_FAST_LAUNCH=0``. Not used in the interpreter (its kernels
 are not ``JITFunction`` objects) nor for triton releases whose launch path was not read
 (:data:`TESTED_TRITON`); the wrapper then returns the kernel unchanged. Runtime changes of
 Triton's debug / instrumentation knobs are not seen by keys already launched.
@@ -62,7 +64,7 @@ def _hooked(hook) -> bool:
 _T = torch.Tensor
 #: entries per kernel before its cache is dropped (keys follow M at most call sites)
 _MAX_KEYS = 4096
-_NO_FAST = object()  # a key whose launches must take Triton's path (tensor keyword arguments)
+_NO_FAST = object()  # a key whose launches must take Triton's path
 
 
 class FastKernel:
@@ -90,7 +92,8 @@ class FastKernel:
         try:
             key = (dev, tuple([(a.dtype, not a.data_ptr() & 15) if isinstance(a, _T)
                                else a if a.__class__ is int else (a.__class__, a) for a in args]),
-                   tuple(kwargs.items()))
+                   tuple([(n, (v.dtype, not v.data_ptr() & 15)) if isinstance(v, _T) else (n, v)
+                          for n, v in kwargs.items()]))
             entry = self._cache.get(key)
         except TypeError:  # an unhashable argument
             return self.fn[grid](*args, **kwargs)
@@ -98,7 +101,11 @@ class FastKernel:
             return self._first(key, grid, args, kwargs)
         if entry is _NO_FAST:
             return self.fn[grid](*args, **kwargs)
-        run, function, metadata, tail = entry
+        run, function, metadata, tail, slots = entry
+        if slots:  # tensors passed by keyword (e.g. split-K scratch): this launch's own
+            tail = list(tail)
+            for i, name in slots:
+                tail[i] = kwargs[name]
         n = len(grid)
         run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, self._stream(dev), function, metadata,
             None, None, None, *args, *tail)
@@ -107,12 +114,14 @@ class FastKernel:
     def _first(self, key, grid, args, kwargs):
         """Triton's own launch (compiling if needed); keep what later launches of ``key`` need."""
         ck = self.fn[grid](*args, **kwargs)
-        tail = []
+        tail, slots = [], []
         for p in self._params[len(args):]:
             v = kwargs[p.name] if p.name in kwargs else p.default
-            if v is inspect.Parameter.empty or isinstance(v, _T):
+            if v is inspect.Parameter.empty:
                 tail = None
                 break
+            if isinstance(v, _T):
+                slots.append((len(tail), p.name))
             tail.append(v)
         if len(self._cache) >= _MAX_KEYS:
             self._cache.clear()
@@ -121,7 +130,9 @@ class FastKernel:
             return ck
         if self._stream is None:
             self._stream = _stream_getter()
-        self._cache[key] = (ck.run, ck.function, ck.packed_metadata, tuple(tail))
+        # (tensors are not kept: their slots are filled from each launch's keywords)
+        tail = tuple(None if i in {j for j, _ in slots} else v for i, v in enumerate(tail))
+        self._cache[key] = (ck.run, ck.function, ck.packed_metadata, tail, tuple(slots))
         return ck
 
 
