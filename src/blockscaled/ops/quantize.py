@@ -186,7 +186,7 @@ def _launch_1xk_consts(key: tuple) -> tuple:
     bk = f.block_k
     grid = None
     if m and k:
-        rows, groups = tile_1xk(m, k, bk, TILE_ELEMS_FP4 if f.is_fp4 else TILE_ELEMS, 2 * _num_sms(dev))
+        rows, groups = activation_tiles(f, m, k, dev)[:2]  # (the warm-up keys on the same tiles)
         grid = (_cdiv(m, rows) * _cdiv(k, groups * bk),)
         gpu = dev.type == "cuda"
         kw = dict(FMT=_FMT_CODE[f.name], ROUND=_ROUND_CODE[rounding], BK=bk, ROWS=rows, GROUPS=groups,
