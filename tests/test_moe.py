@@ -140,3 +140,62 @@ def test_moe_from_experts(device):
         MoE.from_experts(ex, router[:, :8], top_k=K)
     with pytest.raises(ValueError, match="score"):
         MoE.from_experts(ex, router, top_k=K, score="relu")
+
+
+# --------------------------------------------------------------------------- ops/moe.py glue
+def _permute_ref(flat, e):
+    """A stable sort by expert with ids outside [0, E) last (plain Python)."""
+    v = flat.tolist()
+    key = [x if 0 <= x < e else e for x in v]
+    order = sorted(range(len(v)), key=lambda i: (key[i], i))
+    offsets = [sum(1 for x in key if x < b) for b in range(e + 1)]
+    return order, offsets
+
+
+@pytest.mark.parametrize("t,k,e", [(1, 1, 4), (1, 8, 256), (5, 2, 3), (8, 8, 64), (64, 1, 33), (40, 8, 128),
+                                   (64, 8, 16), (65, 8, 8)])
+def test_glue_permute_kernel_and_twin(t, k, e, device):
+    """The counting-sort kernel (T x k <= 512: sizes 64 and 512) and the torch twin (above, and the
+    reference path) give the same stable permutation, its inverse and the offsets."""
+    from blockscaled.ops import moe as glue
+
+    g = torch.Generator().manual_seed(t * 1000 + k * 10 + e)
+    ids = torch.randint(0, e, (t, k), generator=g).to(device)
+    order, token, offsets, inv = glue.permute(ids, e)
+    want_order, want_off = _permute_ref(ids.reshape(-1).cpu(), e)
+    assert order.tolist() == want_order and offsets.tolist() == want_off
+    assert token.tolist() == [i // k for i in want_order]
+    assert (order.dtype, token.dtype, offsets.dtype, inv.dtype) == (torch.int64, torch.int64, torch.int32,
+                                                                    torch.int32)
+    assert inv[order].tolist() == list(range(t * k))
+    assert glue.permute_block(t * k, ids.device) == (None if device == "cpu" and not bs._checks.INTERPRET or t * k > 512
+                                                     else 64 if t * k <= 64 else 512)
+
+
+def test_glue_permute_leaves_out_bad_ids(device):
+    """Ids outside [0, E) sort last and are not counted: offsets[E] < T x k makes the grouped
+    GEMM's metadata check fail the call (both paths)."""
+    from blockscaled.ops import moe as glue
+
+    ids = torch.tensor([[3, -1], [0, 4], [1, 1]], device=device)
+    order, _, offsets, inv = glue.permute(ids, 4)
+    assert offsets.tolist() == [0, 1, 3, 3, 4] and order.tolist() == [2, 4, 5, 0, 1, 3]
+    assert inv[order].tolist() == list(range(6))
+    o2, _, off2, _ = glue._permute_torch(ids.reshape(-1), 2, 4)
+    assert o2.tolist() == order.tolist() and off2.tolist() == offsets.tolist()
+
+
+@pytest.mark.parametrize("t,k,h,wdt", [(1, 8, 256, torch.float32), (7, 2, 1500, torch.bfloat16), (3, 1, 64, torch.float32)])
+def test_glue_combine(t, k, h, wdt, device):
+    """combine = sum_j w[t, j] * y[inv[t k + j]] in fp32, one rounding (float64 reference)."""
+    from blockscaled.ops import moe as glue
+
+    g = torch.Generator().manual_seed(h)
+    ids = torch.randint(0, 5, (t, k), generator=g).to(device)
+    _, _, _, inv = glue.permute(ids, 5)
+    y = torch.randn(t * k, h, generator=g).to(device)
+    w = torch.rand(t, k, generator=g).to(wdt).to(device)
+    out = glue.combine(y, w, inv, torch.bfloat16)
+    ref = (y.double()[inv.long()].view(t, k, h) * w.double().unsqueeze(-1)).sum(1)
+    assert out.dtype == torch.bfloat16 and out.shape == (t, h)
+    assert torch.allclose(out.double(), ref, rtol=2 ** -8, atol=1e-6), float((out.double() - ref).abs().max())

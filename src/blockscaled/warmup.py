@@ -20,6 +20,7 @@ from .formats import get_format
 from .nn.experts import Experts
 from .ops.gemm import gemm_problem, make_plan
 from .ops.linear import linear
+from .ops.moe import permute_block
 from .ops.quantize import activation_tiles
 from .tensor import ScaledTensor
 
@@ -155,7 +156,9 @@ def warmup(model_or_weights, max_tokens: int = 8192, *, activations: torch.dtype
                 break
             quant = None if ex.act_format is None else tuple(
                 activation_tiles(ex.act_format, r, d, ex.w_gate.data.device) for d in (ex.hidden, ex.intermediate))
-            key = (tuple(p.describe() for p in plans), r == 1, r % 16 == 0, quant)
+            # (the permutation kernel's size follows the rows too: ops/moe.py::permute_block)
+            key = (tuple(p.describe() for p in plans), r == 1, r % 16 == 0, quant,
+                   permute_block(r, ex.w_gate.data.device))
             lo, hi = groups.get(key, (r, r))
             groups[key] = (min(lo, r), max(hi, r))
         for (descs, *_), (lo, hi) in groups.items():

@@ -24,6 +24,7 @@ import torch
 
 from ..formats import get_format
 from ..ops.explain import explain
+from ..ops import moe as _moe
 from ..ops.grouped import grouped_gemm
 from ..ops.quantize import quantize
 from ..ops.swiglu import swiglu
@@ -37,22 +38,15 @@ _ACTIVATIONS = ("silu", "gpt_oss")
 def permute(experts: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sort the ``[T, k]`` assignments by expert: ``(order int64 [T*k], token int64 [T*k],
     offsets int32 [E+1])``; row ``i`` of the sorted layout is assignment ``order[i]`` of token
-    ``token[i]``, expert ``e`` owns rows ``offsets[e]:offsets[e+1]``. Expert counts come from a
-    scatter-add (``torch.bincount`` would read the maximum back to the host): no host
-    synchronisation.
+    ``token[i]``, expert ``e`` owns rows ``offsets[e]:offsets[e+1]``. No host synchronisation:
+    ``blockscaled.ops.moe.permute`` (one counting-sort kernel up to 512 assignments, a torch
+    sort and scatter-add histogram above), which also returns the inverse permutation.
 
     Example::
 
         order, token, offsets = permute(torch.tensor([[2, 0], [2, 1]]), 4)   # offsets [0, 1, 2, 4, 4]
     """
-    flat = experts.reshape(-1)
-    order = torch.sort(flat, stable=True).indices
-    token = order // max(1, experts.shape[1])
-    counts = torch.zeros(num_experts, dtype=torch.int32, device=flat.device)
-    counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
-    offsets = torch.zeros(num_experts + 1, dtype=torch.int32, device=flat.device)
-    offsets[1:] = torch.cumsum(counts, 0)
-    return order, token, offsets
+    return _moe.permute(experts, num_experts)[:3]
 
 
 def _rows(w: ScaledTensor, lo: int, hi: int, name: str = "w_gate_up") -> ScaledTensor:
@@ -211,17 +205,16 @@ class Experts(torch.nn.Module):
         if tuple(top_k_weights.shape) != tuple(top_k_index.shape):
             raise ValueError(f"top_k_weights: expected shape {tuple(top_k_index.shape)} like top_k_index, "
                              f"got {tuple(top_k_weights.shape)}")
-        order, token, offsets = permute(top_k_index, self.num_experts)
-        y = self.expert_rows(x[token], offsets, top_k_index.reshape(-1)[order])
-        out = torch.zeros((x.shape[0], self.hidden), dtype=torch.float32, device=x.device)
-        out.index_add_(0, token, y * top_k_weights.float().reshape(-1)[order, None])
-        return out.to(x.dtype)
+        order, token, offsets, inv = _moe.permute(top_k_index, self.num_experts)
+        biased = self.gate_bias is not None or self.up_bias is not None or self.down_bias is not None
+        y = self.expert_rows(x[token], offsets, top_k_index.reshape(-1)[order] if biased else None)
+        return _moe.combine(y, top_k_weights, inv, x.dtype)
 
     def expert_rows(self, rows: torch.Tensor, offsets: torch.Tensor, expert_of_row: torch.Tensor) -> torch.Tensor:
         """The experts' work on rows already in expert order (steps 2-4 of the forward, no
         routing, permutation or combine): ``rows [R, H]`` bf16 / fp16 sorted by expert,
         ``offsets`` int32 ``[E+1]`` (:func:`permute`), ``expert_of_row`` int ``[R]`` (for the
-        per-expert biases) -> fp32 ``[R, H]``, not yet weighted. The bench times it apart from
+        per-expert biases; None when the module has none) -> fp32 ``[R, H]``, not yet weighted. The bench times it apart from
         the forward: the difference is the layer's glue."""
         a = self._act(rows)
         biased = self.gate_bias is not None or self.up_bias is not None

@@ -1,0 +1,68 @@
+"""The MoE layer's glue as two kernels: the permutation into expert order and the weighted
+combine (ops/moe.py launches them; nn/experts.py is the caller).
+
+Why: an eager decode step of an MoE layer ran ~25 torch kernels of glue around its 3-4 GEMM
+launches (sort, a scatter-add histogram, a cumsum, index, zeros, index_add_, casts ...), which
+was 60-70 % of the layer's CUDA-graph time at T = 1 (moe-layer-20261127-0134 / -0440: Qwen3-30B-A3B
+fp8_block 66-68 % glue) and most of its eager host time. These two replace 14 of them.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._interp import cast_out
+
+
+@triton.jit(do_not_specialize=["n", "num_experts", "topk"])
+def permute_kernel(ids_ptr, order_ptr, token_ptr, inv_ptr, offsets_ptr, n, num_experts, topk,
+                   BLOCK: tl.constexpr, CHUNK: tl.constexpr, E_CHUNK: tl.constexpr):
+    """One program sorts ``n <= BLOCK`` expert assignments ``ids [n]`` (``[T, topk]`` flattened,
+    any int dtype) by expert, stably: ``order[r]`` (int64) is the assignment at sorted row ``r``,
+    ``token[r] = order[r] // topk`` (int64), ``inv[i]`` (int32) the sorted row of assignment
+    ``i``, and ``offsets[e]`` (int32, ``e = 0..E``) the first row of expert ``e``.
+
+    The sorted row of ``i`` is its rank: the number of assignments ``j`` with a smaller expert, or
+    the same expert and ``j < i`` (a counting sort of ``n x n`` comparisons, CHUNK columns at a
+    time: at decode sizes this is one small program instead of a sort, a histogram and a scan).
+    An id outside ``[0, E)`` sorts after every valid one and is not counted in ``offsets``, so
+    ``offsets[E] < n`` and the grouped GEMM's metadata check fails the call loudly (NaN output)."""
+    i = tl.arange(0, BLOCK)
+    valid_i = i < n
+    e_i = tl.load(ids_ptr + i, mask=valid_i, other=0).to(tl.int32)
+    ok_i = valid_i & (e_i >= 0) & (e_i < num_experts)
+    key_i = tl.where(ok_i, e_i, num_experts)
+    rank = tl.zeros([BLOCK], dtype=tl.int32)
+    for j0 in tl.static_range(0, BLOCK, CHUNK):
+        j = j0 + tl.arange(0, CHUNK)
+        valid_j = j < n
+        e_j = tl.load(ids_ptr + j, mask=valid_j, other=0).to(tl.int32)
+        key_j = tl.where(valid_j & (e_j >= 0) & (e_j < num_experts), e_j, num_experts)
+        before = (key_j[None, :] < key_i[:, None]) | ((key_j[None, :] == key_i[:, None]) & (j[None, :] < i[:, None]))
+        rank += tl.sum((before & valid_j[None, :]).to(tl.int32), axis=1)
+    tl.store(order_ptr + rank, i.to(tl.int64), mask=valid_i)
+    tl.store(token_ptr + rank, (i // topk).to(tl.int64), mask=valid_i)
+    tl.store(inv_ptr + i, rank, mask=valid_i)
+    for e0 in range(0, num_experts + 1, E_CHUNK):
+        ev = e0 + tl.arange(0, E_CHUNK)
+        below = (key_i[None, :] < ev[:, None]) & ok_i[None, :]
+        tl.store(offsets_ptr + ev, tl.sum(below.to(tl.int32), axis=1), mask=ev <= num_experts)
+
+
+@triton.jit(do_not_specialize=["topk"])
+def combine_kernel(y_ptr, w_ptr, inv_ptr, out_ptr, H, topk, stride_y, stride_w, stride_o, BLOCK_H: tl.constexpr):
+    """``out[t, h] = sum_j w[t, j] * y[inv[t * topk + j], h]`` for one token ``t`` (program 0) and
+    BLOCK_H columns (program 1): fp32 products and sum in ``j`` order (deterministic: no atomics),
+    one rounding to ``out``'s dtype. ``y`` fp32 ``[R, H]`` in expert order, ``w`` ``[T, topk]``
+    fp32 routing weights, ``inv`` int32 ``[T * topk]`` (permute_kernel's)."""
+    t = tl.program_id(0)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask = h < H
+    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for j in range(0, topk):
+        r = tl.load(inv_ptr + t * topk + j).to(tl.int64)
+        w = tl.load(w_ptr + t * stride_w + j)
+        acc += w * tl.load(y_ptr + r * stride_y + h, mask=mask, other=0.0)
+    # (cast_out: round to nearest in the interpreter too, whose fp32 -> bf16 cast truncates)
+    tl.store(out_ptr + t.to(tl.int64) * stride_o + h, cast_out(acc, out_ptr.dtype.element_ty), mask=mask)

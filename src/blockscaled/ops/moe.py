@@ -1,0 +1,105 @@
+"""The MoE layer's glue: the permutation of ``[T, k]`` expert assignments into expert order and
+the weighted combine of the experts' rows back into tokens (kernels/triton/moe.py on CUDA and in
+the interpreter; the same results in torch on the reference path, while torch.compile traces
+(Inductor fuses the torch glue itself) and, for the permutation, above :data:`PERMUTE_MAX`
+assignments). No host synchronisation on any path."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _checks
+from ..kernels.triton.moe import combine_kernel, permute_kernel
+from ._launch import fast
+from .quantize import _pow2
+
+__all__ = ["permute", "combine", "permute_block", "PERMUTE_MAX"]
+
+#: Largest T x k sorted by the one-program counting sort (its n x n comparisons, 32 columns at a
+#: time, take one SM; above this the torch sort, histogram and scan run instead, whose fixed cost
+#: the larger M amortises). Two compiled sizes (64, 512): bs.warmup keys on ``permute_block``.
+PERMUTE_MAX = 512
+_CHUNK = 32
+_E_CHUNK = 32
+#: columns per combine program (H of the models in the suites: 2048-7168)
+_COMBINE_BLOCK_H = 1024
+
+
+def permute_block(rows: int, device: torch.device) -> int | None:
+    """The counting sort's BLOCK for ``rows`` = T x k assignments on ``device`` (None: the torch
+    path). A compile-time size, so :func:`blockscaled.warmup` runs each one."""
+    if rows > PERMUTE_MAX or (device.type == "cpu" and not _checks.INTERPRET) or torch.compiler.is_compiling():
+        return None
+    return 64 if rows <= 64 else PERMUTE_MAX
+
+
+def permute(experts: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                 torch.Tensor]:
+    """Sort ``experts [T, k]`` (int, device-resident) by expert, stably.
+
+    Returns ``(order int64 [T*k], token int64 [T*k], offsets int32 [E+1], inv int32 [T*k])``:
+    sorted row ``r`` is assignment ``order[r]`` of token ``token[r]``, expert ``e`` owns rows
+    ``offsets[e]:offsets[e+1]``, and assignment ``i`` sits at row ``inv[i]``. Ids outside
+    ``[0, E)`` are left out of ``offsets`` (``offsets[E] < T*k``: the grouped GEMM's metadata
+    check then fails the call).
+
+    Example::
+
+        order, token, offsets, inv = permute(torch.tensor([[2, 0], [2, 1]]), 4)
+        # order [1, 3, 0, 2], token [0, 1, 0, 1], offsets [0, 1, 2, 4, 4], inv [2, 0, 3, 1]
+    """
+    flat = experts.reshape(-1)
+    n = flat.numel()
+    dev = flat.device
+    block = permute_block(n, dev)
+    if block is None or n == 0:
+        return _permute_torch(flat, max(1, experts.shape[-1] if experts.ndim else 1), num_experts)
+    order = torch.empty(n, dtype=torch.int64, device=dev)
+    token = torch.empty(n, dtype=torch.int64, device=dev)
+    inv = torch.empty(n, dtype=torch.int32, device=dev)
+    offsets = torch.empty(num_experts + 1, dtype=torch.int32, device=dev)
+    flat = flat if flat.is_contiguous() else flat.contiguous()
+    fast(permute_kernel)[(1,)](flat, order, token, inv, offsets, n, num_experts, experts.shape[-1],
+                               BLOCK=block, CHUNK=_CHUNK, E_CHUNK=_E_CHUNK, num_warps=4)
+    return order, token, offsets, inv
+
+
+def _permute_torch(flat: torch.Tensor, k: int, num_experts: int):
+    """The torch twin of permute_kernel (reference path, and T x k > PERMUTE_MAX): a stable sort,
+    the counts by a scatter-add (``torch.bincount`` would read the maximum back to the host)."""
+    ok = (flat >= 0) & (flat < num_experts)
+    key = torch.where(ok, flat, num_experts)
+    order = torch.sort(key, stable=True).indices
+    token = order // k
+    counts = torch.zeros(num_experts + 1, dtype=torch.int32, device=flat.device)
+    counts.scatter_add_(0, key, torch.ones_like(key, dtype=torch.int32))
+    offsets = torch.zeros(num_experts + 1, dtype=torch.int32, device=flat.device)
+    offsets[1:] = torch.cumsum(counts[:-1], 0)
+    inv = torch.empty_like(order, dtype=torch.int32)
+    inv[order] = torch.arange(order.numel(), dtype=torch.int32, device=flat.device)
+    return order, token, offsets, inv
+
+
+def combine(y: torch.Tensor, weights: torch.Tensor, inv: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """``out [T, H] = sum_j weights[t, j] * y[inv[t*k + j]]`` in fp32, one rounding to ``out_dtype``.
+
+    ``y`` fp32 ``[T*k, H]`` (rows in expert order, :func:`permute`), ``weights`` ``[T, k]`` (any
+    float dtype; taken in fp32), ``inv`` int32 ``[T*k]``. The sum runs in ``j`` order
+    (deterministic; the torch twin's ``index_add_`` used atomics on CUDA).
+
+    Example::
+
+        out = combine(y, top_k_weights, inv, torch.bfloat16)
+    """
+    t, k = weights.shape
+    h = y.shape[1]
+    w = weights if weights.dtype == torch.float32 and weights.stride(-1) == 1 else weights.float().contiguous()
+    if _checks.use_reference(y) or t == 0 or h == 0 or torch.compiler.is_compiling():
+        rows = y.index_select(0, inv.long()).view(t, k, h)
+        return (rows * w.unsqueeze(-1)).sum(1).to(out_dtype)
+    out = torch.empty((t, h), dtype=out_dtype, device=y.device)
+    block_h = min(_COMBINE_BLOCK_H, _pow2(h))
+    fast(combine_kernel)[(t, -(-h // block_h))](y, w, inv, out, h, k, y.stride(0), w.stride(0), out.stride(0),
+                                                 BLOCK_H=block_h, num_warps=4)
+    return out
+
