@@ -152,11 +152,11 @@ def _permute_ref(flat, e):
     return order, offsets
 
 
-@pytest.mark.parametrize("t,k,e", [(1, 1, 4), (1, 8, 256), (5, 2, 3), (8, 8, 64), (64, 1, 33), (40, 8, 128),
-                                   (64, 8, 16), (65, 8, 8)])
+@pytest.mark.parametrize("t,k,e", [(1, 1, 4), (1, 8, 256), (5, 2, 3), (8, 8, 64), (64, 1, 33), (9, 8, 128),
+                                   (16, 8, 16), (17, 8, 8), (64, 8, 16)])
 def test_glue_permute_kernel_and_twin(t, k, e, device):
-    """The counting-sort kernel (T x k <= 512: sizes 64 and 512) and the torch twin (above, and the
-    reference path) give the same stable permutation, its inverse and the offsets."""
+    """The counting-sort kernel (T x k <= PERMUTE_MAX: sizes 64 and PERMUTE_MAX) and the torch twin
+    (above, and the reference path) give the same stable permutation, its inverse and the offsets."""
     from blockscaled.ops import moe as glue
 
     g = torch.Generator().manual_seed(t * 1000 + k * 10 + e)
@@ -168,8 +168,8 @@ def test_glue_permute_kernel_and_twin(t, k, e, device):
     assert (order.dtype, token.dtype, offsets.dtype, inv.dtype) == (torch.int64, torch.int64, torch.int32,
                                                                     torch.int32)
     assert inv[order].tolist() == list(range(t * k))
-    assert glue.permute_block(t * k, ids.device) == (None if device == "cpu" and not bs._checks.INTERPRET or t * k > 512
-                                                     else 64 if t * k <= 64 else 512)
+    kernel = not (device == "cpu" and not bs._checks.INTERPRET) and t * k <= glue.PERMUTE_MAX
+    assert glue.permute_block(t * k, ids.device) == (None if not kernel else 64 if t * k <= 64 else glue.PERMUTE_MAX)
 
 
 def test_glue_permute_leaves_out_bad_ids(device):

@@ -39,7 +39,7 @@ def permute(experts: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torc
     """Sort the ``[T, k]`` assignments by expert: ``(order int64 [T*k], token int64 [T*k],
     offsets int32 [E+1])``; row ``i`` of the sorted layout is assignment ``order[i]`` of token
     ``token[i]``, expert ``e`` owns rows ``offsets[e]:offsets[e+1]``. No host synchronisation:
-    ``blockscaled.ops.moe.permute`` (one counting-sort kernel up to 512 assignments, a torch
+    ``blockscaled.ops.moe.permute`` (one counting-sort kernel up to 128 assignments, a torch
     sort and scatter-add histogram above), which also returns the inverse permutation.
 
     Example::

@@ -15,10 +15,13 @@ from .quantize import _pow2
 
 __all__ = ["permute", "combine", "permute_block", "PERMUTE_MAX"]
 
-#: Largest T x k sorted by the one-program counting sort (its n x n comparisons, 32 columns at a
-#: time, take one SM; above this the torch sort, histogram and scan run instead, whose fixed cost
-#: the larger M amortises). Two compiled sizes (64, 512): bs.warmup keys on ``permute_block``.
-PERMUTE_MAX = 512
+#: Largest T x k sorted by the one-program counting sort. Its n x n comparisons grow as n^2 on one
+#: SM: on the H200 at n = 512 (Qwen3-30B-A3B T=64, top-8) the layer's graph time rose by ~35 us
+#: over the torch sort + histogram + scan (~10 small kernels, ~25 us), while at n <= 64 (T = 1
+#: and 8) it fell by 30 us (moe-layer runs -0440 vs this session's A/B, benchmarks/NOTES.md
+#: sixteenth session). At 128 the quadratic cost is 1/16 of n = 512's. Two compiled sizes
+#: (64, 128): bs.warmup keys on ``permute_block``.
+PERMUTE_MAX = 128
 _CHUNK = 32
 _E_CHUNK = 32
 #: columns per combine program (H of the models in the suites: 2048-7168)
