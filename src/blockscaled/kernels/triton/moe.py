@@ -4,7 +4,9 @@ combine (ops/moe.py launches them; nn/experts.py is the caller).
 Why: an eager decode step of an MoE layer ran ~25 torch kernels of glue around its 3-4 GEMM
 launches (sort, a scatter-add histogram, a cumsum, index, zeros, index_add_, casts ...), which
 was 60-70 % of the layer's CUDA-graph time at T = 1 (moe-layer-20261127-0134 / -0440: Qwen3-30B-A3B
-fp8_block 66-68 % glue) and most of its eager host time. These two replace about 14 of them (9 with the sort, 6 with the combine).
+fp8_block 66-68 % glue) and most of its eager host time. These two replace about 14 of them: the
+sort's 8 (sort, divide, zeros x2, ones, scatter-add, cumsum, copy) and the combine's 6 (zeros,
+cast, index, multiply, index_add_, cast).
 """
 
 from __future__ import annotations
