@@ -61,6 +61,7 @@ def _hooked(hook) -> bool:
     empty chain there by default, and Triton's own path then calls it with ``launch_metadata``)."""
     return hook is not None and (hook.__class__ is not _HookChain or bool(hook.calls))
 
+
 _T = torch.Tensor
 #: entries per kernel before its cache is dropped (keys follow M at most call sites)
 _MAX_KEYS = 4096
