@@ -199,3 +199,17 @@ def test_glue_combine(t, k, h, wdt, device):
     ref = (y.double()[inv.long()].view(t, k, h) * w.double().unsqueeze(-1)).sum(1)
     assert out.dtype == torch.bfloat16 and out.shape == (t, h)
     assert torch.allclose(out.double(), ref, rtol=2 ** -8, atol=1e-6), float((out.double() - ref).abs().max())
+
+
+def test_glue_combine_checks_its_inputs(device):
+    from blockscaled.ops import moe as glue
+
+    inv = torch.arange(4, dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="combine: expected y fp32"):
+        glue.combine(torch.zeros(4, 8, device=device, dtype=torch.bfloat16), torch.ones(2, 2, device=device), inv,
+                     torch.bfloat16)
+    with pytest.raises(ValueError, match="inv int32"):
+        glue.combine(torch.zeros(4, 8, device=device), torch.ones(2, 2, device=device), inv.long(), torch.bfloat16)
+    y = torch.randn(8, 4, device=device).t()  # [4, 8] with column stride 4: taken contiguous
+    out = glue.combine(y, torch.ones(2, 2, device=device), inv, torch.float32)
+    assert torch.allclose(out, y[0::2] + y[1::2])

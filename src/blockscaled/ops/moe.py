@@ -96,6 +96,10 @@ def combine(y: torch.Tensor, weights: torch.Tensor, inv: torch.Tensor, out_dtype
     """
     t, k = weights.shape
     h = y.shape[1]
+    if y.dtype != torch.float32 or inv.dtype != torch.int32 or tuple(inv.shape) != (t * k,) or y.shape[0] != t * k:
+        raise ValueError(f"combine: expected y fp32 [{t * k}, H] and inv int32 [{t * k}] for weights [{t}, {k}], got "
+                         f"y {y.dtype} {tuple(y.shape)}, inv {inv.dtype} {tuple(inv.shape)}")
+    y = y if h <= 1 or y.stride(1) == 1 else y.contiguous()
     w = weights if weights.dtype == torch.float32 and weights.stride(-1) == 1 else weights.float().contiguous()
     if _checks.use_reference(y) or t == 0 or h == 0 or torch.compiler.is_compiling():
         rows = y.index_select(0, inv.long()).view(t, k, h)
