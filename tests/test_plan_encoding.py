@@ -267,3 +267,22 @@ def test_devices_are_plain_values():
     assert dev == H100_SXM
     p = Problem("gemm", "fp8_block", 4096, 2112, 7168)
     assert plan_gemm(p, dev) == plan_gemm(p, H100_SXM)
+
+
+def test_fp4_stream_plans_roundtrip(monkeypatch):
+    """The fp4 streaming kernel's plans (strategy "fp4_stream": padded rows, split, ring depth)
+    cross the custom-op boundary whole."""
+    from blockscaled.plan import fp4_stream
+
+    monkeypatch.setattr(fp4_stream, "_TRITON_OK", True)
+    plan_gemm.cache_clear()
+    plans = set()
+    for fmt, m, n, k in itertools.product(("mxfp4", "nvfp4"), (3, 8, 16, 32, 64), (7, 2880, 28672), (32, 2880, 8192)):
+        plan = plan_gemm(Problem("gemm", fmt, m, n, k, a="bfloat16", b_block_rows=1), H100_SXM)
+        assert plan.kernel == "hopper_fp4_stream", plan
+        plans.add(plan)
+    plan_gemm.cache_clear()
+    _roundtrip_plans(plans)
+    cfgs = {p.config for p in plans}
+    assert {c.block_m for c in cfgs} == {8, 16, 32, 64} and len({c.split_k for c in cfgs}) > 2
+    assert len({c.num_stages for c in cfgs}) > 1

@@ -105,13 +105,15 @@ def test_device_file_is_complete():
 
 def test_dispatch_table_in_readme_is_current(monkeypatch):
     """The README's table is the planner's output on an H100 with the GPU image's Triton (3.6, where
-    the MX / NV decode GEMV runs: plan/mx_gemv.py MX_GEMV_TRITON), whichever Triton runs the test."""
+    the MX / NV decode GEMV and the fp4 streaming kernel run: MX_GEMV_TRITON, FP4_STREAM_TRITON),
+    whichever Triton runs the test."""
     from pathlib import Path
 
     from blockscaled.plan import gemm as plan_gemm_mod
-    from blockscaled.plan import mx_gemv
+    from blockscaled.plan import fp4_stream, mx_gemv
 
     monkeypatch.setattr(mx_gemv, "_TRITON_OK", True)
+    monkeypatch.setattr(fp4_stream, "_TRITON_OK", True)
     plan_gemm_mod.plan_gemm.cache_clear()
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     begin, end = "<!-- dispatch-table:begin -->\n", "<!-- dispatch-table:end -->"
@@ -185,3 +187,79 @@ def test_log_plans_once(path, device, monkeypatch, caplog):
         bs.gemm(a, b)
     logged = [r for r in caplog.records if r.name == "blockscaled.plan"]
     assert len(logged) == 1 and bs.explain("gemm", a, b).describe() in logged[0].getMessage()
+
+
+# ------------------------------------------------------------------------------ fp4 streaming kernel
+@pytest.fixture
+def fp4_stream_on(monkeypatch):
+    """The fp4 streaming kernel's Triton gate open (it is GPU-checked on 3.6 only), plans uncached."""
+    from blockscaled.plan import fp4_stream, mx_gemv
+
+    monkeypatch.setattr(fp4_stream, "_TRITON_OK", True)
+    monkeypatch.setattr(mx_gemv, "_TRITON_OK", True)
+    plan_gemm.cache_clear()
+    yield
+    plan_gemm.cache_clear()
+
+
+def _wo(fmt, m, n=5760, k=2880, dev=H100_SXM, gluon_ok=True, **kw):
+    kw.setdefault("a", "bfloat16")
+    return plan_gemm(Problem("gemm", fmt, m, n, k, b_block_rows=1, **kw), dev, gluon_ok=gluon_ok)
+
+
+def test_fp4_stream_takes_weight_only_fp4_decode(fp4_stream_on):
+    """mxfp4 / nvfp4 weights x bf16 activations at the M the GEMV leaves, up to 64 rows, on sm_90:
+    the streaming kernel, rows padded to the wgmma N, explained in words."""
+    for fmt, ms in (("mxfp4", (3, 4, 9, 16, 17, 33, 64)), ("nvfp4", (2, 8, 32, 64))):
+        for m in ms:
+            plan = _wo(fmt, m)
+            assert plan.kernel == "hopper_fp4_stream", (fmt, m, plan)
+            assert plan.config.block_m == next(s for s in (8, 16, 32, 64) if s >= m), (fmt, m, plan)
+            assert "fp4 streaming kernel" in str(plan) and f"split {plan.config.split_k}" in str(plan)
+    # the decode GEMV keeps its rows (mxfp4 M <= 2, nvfp4 M = 1)
+    assert _wo("mxfp4", 2).kernel == "gemv" and _wo("nvfp4", 1).kernel == "gemv"
+
+
+def test_fp4_stream_not_where_it_cannot_run(fp4_stream_on):
+    """W x A, a bias, fp16 activations, K % 32 != 0, M > 64, mxfp8, no TMA alignment, no Gluon, a
+    non-Hopper device: another kernel (the kernel's epilogue has no bias; it decodes e2m1 only)."""
+    from blockscaled.plan.fp4_stream import fp4_stream_reason
+
+    a100 = DeviceInfo("cuda", 108, (8, 0), 166912, 40 * 2**20, 1.5e12, "A100")
+    others = [_wo("mxfp4", 16, a="quantized"), _wo("mxfp4", 16, bias=True), _wo("mxfp4", 16, a="float16"),
+              _wo("mxfp4", 16, k=2900), _wo("mxfp4", 65), _wo("mxfp8", 16), _wo("nvfp4", 16, tma=False),
+              _wo("nvfp4", 16, gluon_ok=False), _wo("mxfp4", 16, dev=a100)]
+    for plan in others:
+        assert plan.kernel != "hopper_fp4_stream", plan
+    assert "bias" in fp4_stream_reason(Problem("gemm", "mxfp4", 16, 64, 128, a="bfloat16", bias=True), H100_SXM, True)
+    assert "sm_90" in fp4_stream_reason(Problem("gemm", "mxfp4", 16, 64, 128, a="bfloat16"), a100, True)
+    assert "M = 65" in fp4_stream_reason(Problem("gemm", "mxfp4", 65, 64, 128, a="bfloat16"), H100_SXM, True)
+    assert "K = 2900" in fp4_stream_reason(Problem("gemm", "mxfp4", 8, 64, 2900, a="bfloat16"), H100_SXM, True)
+    assert fp4_stream_reason(Problem("gemm", "nvfp4", 8, 64, 2880, a="bfloat16"), H100_SXM, True) in (
+        None,)
+
+
+def test_fp4_stream_split_rule():
+    """The K split from programs per SM and 128-K steps per split (plan/fp4_stream.py), at the
+    rows of the H200 A/B whose best split it reproduces (132 SMs)."""
+    from blockscaled.plan.fp4_stream import fp4_stream_split
+
+    cases = {(8192, 8192, 16): 4, (28672, 8192, 4): 2, (4096, 14336, 16): 8, (5760, 2880, 16): 4,
+             (2880, 2880, 4): 4, (4096, 14336, 64): 4, (8192, 8192, 64): 2, (5760, 2880, 64): 2,
+             (7168, 2048, 32): 2, (64, 128, 1): 1}
+    for (n, k, m), want in cases.items():
+        assert fp4_stream_split(n, k, m, 132) == want, (n, k, m)
+    # never an empty split, never past the cap
+    for n, k, m in ((64, 128, 8), (128, 4096, 16), (200000, 1 << 16, 64)):
+        s = fp4_stream_split(n, k, m, 132)
+        assert 1 <= s <= 8 and -(-k // 128) >= s
+
+
+def test_fp4_stream_config_checked():
+    GemmConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=6, split_k=4, strategy="fp4_stream")
+    for bad in (dict(block_m=12), dict(block_n=128), dict(block_k=64), dict(num_warps=8), dict(num_stages=1),
+                dict(num_stages=9), dict(split_k=0)):
+        kw = dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=6, split_k=1, strategy="fp4_stream")
+        kw.update(bad)
+        with pytest.raises(ValueError, match="fp4_stream|split_k"):
+            GemmConfig(**kw)

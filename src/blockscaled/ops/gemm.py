@@ -31,6 +31,7 @@ from ..plan.types import DTYPE_NAMES
 from ..plan.portable import default_promote
 from ..plan.splits import split_plan as _split_plan
 from . import _hopper
+from ._fp4_stream import launch_fp4_stream
 from ._splitk import splitk_scratch
 from ..formats import Format
 from ..kernels.triton._mma import FORMAT_CODES
@@ -340,6 +341,20 @@ def _launch_mx_gemv(a2, a_s2, a_gs, b_data, b_scale, b_gs, out2, bias, fmt: Form
     )
 
 
+def _check_fp4_stream(a2, a_s2, bias, fmt: Format, m: int, k: int) -> None:
+    """A forced ``strategy="fp4_stream"`` config on operands the kernel cannot take: a clear error
+    (the planner never plans it for them: plan/fp4_stream.py)."""
+    if fmt.name not in ("mxfp4", "nvfp4") or a_s2 is not None or a2.dtype != torch.bfloat16:
+        raise ValueError(f"config.strategy: 'fp4_stream' takes mxfp4 / nvfp4 weights with bf16 activations "
+                         f"(weight-only), got {fmt.name} weights and {'quantized' if a_s2 is not None else a2.dtype} "
+                         f"activations")
+    if not device_info(a2.device).is_hopper:
+        raise ValueError(f"config.strategy: 'fp4_stream' is an sm_90 (Hopper) kernel, got a {a2.device} tensor")
+    if bias is not None or m > 64 or k % 32:
+        raise ValueError(f"config.strategy: 'fp4_stream' takes no bias, M <= 64 and K % 32 == 0, got bias="
+                         f"{bias is not None}, M={m}, K={k}")
+
+
 # --------------------------------------------------------------------------- dequant + cuBLAS
 def _dequant(data, scale, gs, fmt: Format, shape, block_rows: int, dtype) -> torch.Tensor:
     """The one call into ops/quantize.py's internal dequantize (no validation, no custom-op
@@ -470,11 +485,21 @@ def gemm_problem(a2, a_s2, b_data, b_rows: int, fmt: Format, k: int, m: int, n: 
 
 
 def _tma_ok(a2, a_s2, b_data, fmt: Format, n: int, out2) -> bool:
-    """The Hopper fp8_block kernels' TMA descriptors can take A, B (16-byte aligned bases and row
-    strides) and the output (only asked for fp8_block with quantized A on CUDA)."""
-    return (a_s2 is not None and fmt.name == "fp8_block" and b_data.device.type == "cuda"
-            and _hopper.tma_2d_reason("a", a2) is None and _hopper.tma_2d_reason("b", b_data) is None
-            and (out2 is None or out2.stride(1) == 1 or n <= 1))
+    """The sm_90 kernels' TMA descriptors can take the operands: A, B (16-byte aligned bases and row
+    strides) and the output for the Hopper fp8_block kernels (quantized A); the packed weights for
+    the fp4 streaming kernel (mxfp4 / nvfp4 weights, dense A read without TMA). False for others
+    and off CUDA."""
+    if b_data.device.type != "cuda" or not (out2 is None or out2.stride(1) == 1 or n <= 1):
+        return False
+    if a_s2 is not None and fmt.name == "fp8_block":
+        return _hopper.tma_2d_reason("a", a2) is None and _hopper.tma_2d_reason("b", b_data) is None
+    if a_s2 is None and fmt.name in _FP4_STREAM_FORMATS:
+        return _hopper.tma_2d_reason("b", b_data) is None
+    return False
+
+
+#: weight formats whose weight-only calls may take the fp4 streaming kernel (plan/fp4_stream.py)
+_FP4_STREAM_FORMATS = ("mxfp4", "nvfp4")
 
 
 def make_plan(problem: Problem, device: torch.device, forced=None) -> Plan:
@@ -511,7 +536,8 @@ def gemm_impl(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows: int, fmt: Format, k
 #: host time of an eager M=1 MX call (stubbed launch, this repository's CPU benchmark;
 #: benchmarks/NOTES.md "Eager host cost of MX/NV calls"). fp8_block with quantized A also keys on
 #: whether TMA can take the operands' addresses and whether the Gluon kernels can run (the two
-#: inputs of its plan beyond shapes and dtypes). The key holds the planner function itself (a
+#: inputs of its plan beyond shapes and dtypes), and so do mxfp4 / nvfp4 weight-only calls (the fp4
+#: streaming kernel's TMA and Gluon bits). The key holds the planner function itself (a
 #: replaced planner, e.g. a test's, is asked again). Bounded by _MEMO_MAX entries.
 _PLANS: dict[tuple, Plan] = {}
 
@@ -519,8 +545,8 @@ _PLANS: dict[tuple, Plan] = {}
 def _memo_plan(a2, a_s2, b_data, b_rows: int, fmt: Format, k: int, m: int, n: int, out_dtype, bias, out2) -> Plan:
     """``make_plan(gemm_problem(...))`` through ``_PLANS``."""
     dev = out2.device
-    hopper = (_tma_ok(a2, a_s2, b_data, fmt, n, out2), _hopper.gluon_unavailable_reason() is None) \
-        if a_s2 is not None and fmt.name == "fp8_block" else None
+    sm90 = (fmt.name == "fp8_block") if a_s2 is not None else fmt.name in _FP4_STREAM_FORMATS
+    hopper = (_tma_ok(a2, a_s2, b_data, fmt, n, out2), _hopper.gluon_unavailable_reason() is None) if sm90 else None
     key = (plan_gemm, fmt.name, m, n, k, None if a_s2 is not None else a2.dtype, out_dtype, bias is not None, b_rows,
            dev, dev.type == "cpu" and _checks.INTERPRET, hopper)
     plan = _PLANS.get(key)
@@ -551,6 +577,10 @@ def run_plan(plan: Plan, a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows: int, fmt
         return
     if cfg.strategy == "dequant_matmul":
         _dequant_matmul(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows, fmt, k, out2, bias, out_dtype)
+        return
+    if cfg.strategy == "fp4_stream":
+        _check_fp4_stream(a2, a_s2, bias, fmt, m, k)
+        launch_fp4_stream(a2, b_data, b_scale, b_gs, fmt.name, k, out2, cfg)
         return
     a_dense = a_s2 is None
     a_dtype = a2.dtype if a_dense else None

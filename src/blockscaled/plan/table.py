@@ -36,8 +36,10 @@ def dispatch_table(dev: DeviceInfo = H100_SXM) -> str:
     for fmt in ("mxfp8", "mxfp4", "nvfp4"):
         cells = [plan_gemm(Problem("gemm", fmt, m, 6144, 4096), dev).describe() for m in TABLE_MS]
         lines.append(f"| {fmt} 6144x4096 | " + " | ".join(cells) + " |")
-    cells = [plan_gemm(Problem("gemm", "mxfp4", m, 6144, 4096, a="bfloat16"), dev).describe() for m in TABLE_MS]
-    lines.append("| mxfp4 weight-only (bf16 x) 6144x4096 | " + " | ".join(cells) + " |")
+    for fmt in ("mxfp4", "nvfp4"):
+        cells = [plan_gemm(Problem("gemm", fmt, m, 6144, 4096, a="bfloat16", b_block_rows=1), dev).describe()
+                 for m in TABLE_MS]
+        lines.append(f"| {fmt} weight-only (bf16 x) 6144x4096 | " + " | ".join(cells) + " |")
     lines += ["", "| grouped fp8_block (E experts, rows per expert) | plan |", "|---|---|"]
     for grouping, e, rows, n, k, dual in (("contiguous", 8, 64, 4096, 7168, False),
                                           ("contiguous", 8, 512, 4096, 7168, False),

@@ -88,6 +88,9 @@ def _config_desc(cfg) -> str:
         return s
     if cfg.strategy == "dequant_matmul":
         return "dequantize to bf16 + torch.matmul"
+    if cfg.strategy == "fp4_stream":
+        return (f"64x128 steps, {cfg.block_m} rows, {cfg.num_stages}-slot ring"
+                + (f", split-K {cfg.split_k}" if cfg.split_k > 1 else ""))
     if cfg.strategy == "gemv":
         rows = f", {cfg.block_m} activation rows" if cfg.block_m > 1 else ""
         return f"{cfg.block_n} weight rows x {cfg.block_k} K per chunk{rows}, {cfg.num_warps} warps"
@@ -130,7 +133,8 @@ class Plan:
             return "hopper_" + cfg.variant
         if self.op in ("grouped", "swiglu", "grouped_list") and cfg.strategy != "gemv":
             return "grouped_dequant_matmul" if cfg.strategy == "dequant_matmul" else "portable_grouped"
-        return {"triton": "portable", "gemv": "gemv", "dequant_matmul": "dequant_matmul"}[cfg.strategy]
+        return {"triton": "portable", "gemv": "gemv", "dequant_matmul": "dequant_matmul",
+                "fp4_stream": "hopper_fp4_stream"}[cfg.strategy]
 
     def describe(self) -> str:
         """One line: kernel and tiles (the bench's config column)."""

@@ -1,0 +1,295 @@
+"""The sm_90a fp4-weight streaming GEMM in Gluon: mxfp4 / nvfp4 weights x bf16 activations, M <= 64.
+
+``C[m, n] = sum_k x[m, k] * dequantize(W)[n, k]`` for decode and small-batch sizes, where the
+packed e2m1 weights are the traffic. Kernel body only; the host launcher is
+``blockscaled.ops._fp4_stream``.
+
+Why a kernel of its own (H200 ncu, benchmarks/NOTES.md, seventeenth session): the portable
+kernel's bf16 swap-AB tile ran mxfp4 28672x8192 at M=16 in 156 us (the fp4 bytes' floor is 28 us)
+with 6.1 issued instructions per weight element and 1.7 warps eligible per scheduler (190
+registers, 1.7 programs per SM); the CUDA-core GEMV at M=1 issued 5.4 per element at 70 % issue
+utilisation (instruction bound). Here:
+
+* the weight chunk (64 rows x 128 elements = 4 KB) arrives by TMA into an unswizzled ring of
+  STAGES slots; each thread reads 16 contiguous bytes of two rows per chunk with one 128-bit
+  shared load per row (a warp's 8 row pairs x 4 threads cover 512 contiguous bytes: no bank
+  conflicts);
+* the 16 bytes (32 elements, one MX scale block) become bf16 pairs in registers with integer ops
+  and packed bf16 multiplies (_DECODE_ASM: ~4 SASS per pair plus one or two HFMA2), and those
+  registers ARE the wgmma's A operand: no shared-memory round trip, no layout conversion;
+* the price: the wgmma's K order within each 128-element chunk is a permutation of the
+  weight's, so the activations are loaded in that order (a gather from L2; [MP, 128] per chunk,
+  one eighth of the weight chunk's bytes at MP = 16) and stored to shared memory as the wgmma's
+  B operand.
+
+The K permutation. Thread t (= lane % 4) of a quad holds words 4t .. 4t + 3 of a row's 16
+32-bit words of the chunk (physical elements 32t .. 32t + 31). Word i (of the four) holds 8
+e2m1 codes, element j in nibble j; the decode makes bf16 pairs (j, j + 4) for j = 0..3 (their
+magnitude and sign bits sit 16 bits apart, so one shift pair places both). The wgmma's register
+operand (k_width 2) wants, per row and k16 block, lane quad t holding k = 2t, 2t + 1 and
+2t + 8, 2t + 9. With q = the wgmma's K index, bits [i1 i0 a1 a0 t1 t0 h] (a = j, h = which of
+the pair) and the physical element p = 32t + 8i + a + 4h, the decoded registers are exactly that
+layout (checked at compile time: the conversion is ``assert_trivial``). The activations follow
+the same map: B[q, m] = x[m, chunk + p(q)].
+
+Numerics: every e2m1 x E8M0 and e2m1 x e4m3 product is exact in bf16 (kernels/triton/_mma.py,
+``fp4_bf16`` / ``scale_bf16``: the same bit patterns and factors), fp32 accumulation in the
+tensor core, one rounding at the store; only the summation order differs from the float64
+reference (the tolerance table). nvfp4: the factor carries 2**-8 (``NVFP4_BF16_SHIFT``), undone
+with the global scale in the epilogue. K must be a multiple of 128 (the host checks; TMA
+zero-fills the tail rows of N, masked loads zero the activations past M).
+
+Split-K (SPLIT > 1): as the skinny fp8_block kernel, fp32 partial tiles and a deterministic
+last-arriver sum in split order.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
+                                                               warpgroup_mma_wait)
+
+from ._compat import cta_barrier, tma_load
+
+__all__ = ["fp4_stream_kernel", "BLOCK_N", "CHUNK"]
+
+#: weight rows per program (the wgmma's M: one warpgroup)
+BLOCK_N = gl.constexpr(64)
+#: K elements per pipeline step: 16 32-bit words of packed e2m1 per row
+CHUNK = gl.constexpr(128)
+
+_FMT_MXFP4 = gl.constexpr(2)
+_FMT_NVFP4 = gl.constexpr(3)
+
+# One 32-bit word of 8 e2m1 codes ($4) and the bf16x2 block-scale factor ($5) -> four bf16x2
+# registers $0..$3 = elements (j, j + 4), j = 0..3, each ``e2m1 * factor`` (mxfp4: times 2**126
+# first: the placed bits are e2m1 * 2**-126, see _mma.fp4_bf16). fma with -0.0 keeps the sign of
+# zero products.
+_PAIR = """
+shl.b32 m, $4, {ms};
+and.b32 m, m, 0x01C001C0;
+shl.b32 s, $4, {ss};
+and.b32 s, s, 0x80008000;
+or.b32 m, m, s;
+"""
+_PAIR_R = """
+shr.b32 m, $4, {ms};
+and.b32 m, m, 0x01C001C0;
+shl.b32 s, $4, {ss};
+and.b32 s, s, 0x80008000;
+or.b32 m, m, s;
+"""
+
+
+def _decode_asm(two_mul: bool) -> str:
+    body = ["{", ".reg .b32 m, s, nz, c;", "mov.b32 nz, 0x80008000;", "mov.b32 c, 0x7E807E80;"]
+    parts = [(_PAIR, 6, 12), (_PAIR, 2, 8), (_PAIR_R, 2, 4), (_PAIR_R, 6, 0)]
+    for j, (tmpl, ms, ss) in enumerate(parts):
+        body.append(tmpl.format(ms=ms, ss=ss))
+        if two_mul:
+            body.append("fma.rn.bf16x2 m, m, c, nz;")
+        body.append(f"fma.rn.bf16x2 ${j}, m, $5, nz;")
+    body.append("}")
+    return "\n".join(body)
+
+
+_DECODE_MX = gl.constexpr(_decode_asm(True))
+_DECODE_NV = gl.constexpr(_decode_asm(False))
+
+
+@gluon.constexpr_function
+def word_layout():
+    """[64 rows, 4 (t), 2 (i1), 2 (i0)] int32 words of a chunk: lane = (row % 8) * 4 + t, registers
+    i1, i0 and row bit 3, warps row bits 4-5 (the wgmma A fragment's rows)."""
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 0, 1], [0, 0, 1, 0], [8, 0, 0, 0]],
+        lane_bases=[[0, 1, 0, 0], [0, 2, 0, 0], [1, 0, 0, 0], [2, 0, 0, 0], [4, 0, 0, 0]],
+        warp_bases=[[16, 0, 0, 0], [32, 0, 0, 0]], block_bases=[], shape=[64, 4, 2, 2])
+
+
+@gluon.constexpr_function
+def word2_layout():
+    """The same words as [64, 16] (word index 4t + 2 i1 + i0) for the shared-memory load."""
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [0, 2], [8, 0]],
+        lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
+        warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 16])
+
+
+@gluon.constexpr_function
+def acc_layout(mp):
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, mp, 16])
+
+
+@gluon.constexpr_function
+def x_layout(mp):
+    """[MP, 16, 8] activations of a chunk (physical element 8g + j): a thread loads 8 consecutive
+    elements (16 bytes), lanes along g (16) and 2 rows, warps along rows."""
+    return gl.BlockedLayout([1, 1, 8], [2, 16, 1], [4, 1, 1], [2, 1, 0])
+
+
+@gluon.jit
+def _x_chunk(x_ptr, rows, row_ok, g, j, k0, K, stride_xm, MP: gl.constexpr):
+    """Activations of the chunk at k0 in wgmma K order q = [i1 i0 a1 a0 t1 t0 h] ([MP, 128]),
+    physical element p = 32t + 8i + a + 4h = 8g + j: loaded as [MP, g, j] (16-byte vectors), then
+    the bits permuted in registers. Past K / M: 0."""
+    kk = k0 + g[:, None] * 8 + j[None, :]  # [16, 8]
+    ptrs = x_ptr + rows.to(gl.int64)[:, None, None] * stride_xm + kk[None, :, :]
+    x = gl.load(ptrs, mask=row_ok[:, None, None] & (kk < K)[None, :, :], other=0.0)
+    # g = [t1 t0 i1 i0], j = [h a1 a0] -> q = [i1 i0 a1 a0 t1 t0 h]
+    x = gl.reshape(x, [MP, 2, 2, 2, 2, 2, 2, 2])  # m, t1, t0, i1, i0, h, a1, a0
+    x = gl.permute(x, (0, 3, 4, 6, 7, 1, 2, 5))
+    return gl.reshape(x, [MP, CHUNK])
+
+
+@gluon.jit
+def _scale_factor(ws_ptr, srow, scol, ncol, FMT: gl.constexpr):
+    """bf16x2 factor (int32 bits, both halves equal) of the block scales at srow / scol; columns
+    >= ncol (the K tail's zero-filled codes) read as 0 (nvfp4) / 2**0 (mxfp4: E8M0 127), never
+    a NaN code."""
+    if FMT == _FMT_NVFP4:
+        s = gl.load(ws_ptr + srow + scol, mask=scol < ncol, other=0.0)
+    else:
+        s = gl.load(ws_ptr + srow + scol, mask=scol < ncol, other=127)
+    if FMT == _FMT_NVFP4:
+        f = (s.to(gl.float32) * 2.0 ** 118).to(gl.bfloat16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+    else:
+        e = s.to(gl.int32)
+        f = gl.where(e == 0, 0x0040, gl.where(e == 255, 0x7FC0, e << 7))
+    return f | (f << 16)
+
+
+@gluon.jit
+def fp4_stream_kernel(w_desc, ws_ptr, x_ptr, gs_ptr, c_ptr, part_ptr, cnt_ptr, M, N, K, kc_per_split, SPLIT,
+                      stride_wsn, stride_xm, stride_cm,
+                      FMT: gl.constexpr, MP: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+    """One program per (64 weight rows, K split). ``w_desc``: TMA boxes [64, 16] of the packed
+    weights viewed as int32 [N, K / 8]; ``ws_ptr``: uint8 E8M0 [N, K / 32] (mxfp4) or e4m3
+    [N, K / 16] (nvfp4) block scales, row stride ``stride_wsn``; ``x_ptr``: bf16 [M, K] (K
+    contiguous); ``gs_ptr``: nvfp4's fp32 global scale (any pointer for mxfp4); ``c_ptr``: [M, N]
+    (N contiguous); ``part_ptr`` / ``cnt_ptr``: the split-K workspace fp32 [SPLIT, tiles, 64, MP]
+    and int32 zeros [tiles] (SPLIT > 1). K % 128 == 0, every split non-empty (the host)."""
+    gl.static_assert(num_warps == 4, "one warpgroup")
+    gl.static_assert(STAGES >= 2, "need at least 2 pipeline stages")
+    L4: gl.constexpr = word_layout()
+    L2: gl.constexpr = word2_layout()
+    acc_l: gl.constexpr = acc_layout(MP)
+    dot_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
+    xl: gl.constexpr = x_layout(MP)
+    xs_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([MP, CHUNK], gl.bfloat16)
+
+    pid = gl.program_id(0)
+    tile = pid // SPLIT
+    sp = pid % SPLIT
+    off_n = tile * BLOCK_N
+    num_c = gl.cdiv(K, CHUNK)
+    c_lo = sp * kc_per_split
+    n_c = gl.minimum(kc_per_split, num_c - c_lo)
+
+    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 16], w_desc.layout)
+    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [2, MP, CHUNK], xs_layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(bars.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.expect(bars.index(i), w_desc.block_type.nbytes, pred=i < n_c)
+        tma_load(w_desc, [off_n, (c_lo + i) * 16], bars.index(i), w_bufs.index(i), pred=i < n_c)
+
+    # block scales: per thread rows r and r + 8 of its warp, block t (mxfp4) or 2t + i1 (nvfp4)
+    SL3: gl.constexpr = gl.SliceLayout(3, L4)
+    if FMT == _FMT_NVFP4:
+        r3 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, gl.SliceLayout(2, SL3)))
+        t3 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, SL3)))
+        i3 = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, SL3)))
+        srow = gl.expand_dims(gl.expand_dims((off_n + gl.minimum(r3, N - 1 - off_n)).to(gl.int64) * stride_wsn, 1), 2)
+        scol = gl.expand_dims(gl.expand_dims(t3 * 2, 0), 2) + gl.expand_dims(gl.expand_dims(i3, 0), 1)
+        SPC: gl.constexpr = 8
+        ncol = gl.cdiv(K, 16)
+    else:
+        SL2: gl.constexpr = gl.SliceLayout(2, SL3)
+        r3 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, SL2))
+        t3 = gl.arange(0, 4, layout=gl.SliceLayout(0, SL2))
+        srow = gl.expand_dims((off_n + gl.minimum(r3, N - 1 - off_n)).to(gl.int64) * stride_wsn, 1)
+        scol = gl.expand_dims(t3, 0)
+        SPC: gl.constexpr = 4
+        ncol = gl.cdiv(K, 32)
+    f_cur = _scale_factor(ws_ptr, srow, scol + c_lo * SPC, ncol, FMT)
+    f_nxt = _scale_factor(ws_ptr, srow, scol + gl.minimum(c_lo + 1, num_c - 1) * SPC, ncol, FMT)
+
+    # activations in wgmma K order, one chunk ahead
+    xr = gl.arange(0, MP, layout=gl.SliceLayout(1, gl.SliceLayout(2, xl)))
+    xg = gl.arange(0, 16, layout=gl.SliceLayout(1, gl.SliceLayout(0, xl)))
+    xj = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(0, xl)))
+    x_ok = xr < M
+    x_cur = _x_chunk(x_ptr, xr, x_ok, xg, xj, c_lo * CHUNK, K, stride_xm, MP)
+
+    acc = gl.zeros((BLOCK_N, MP), dtype=gl.float32, layout=acc_l)
+    for it in range(n_c):
+        s = it % STAGES
+        xb = x_bufs.index(it % 2)
+        xb.store(x_cur)
+        if it + 1 < n_c:
+            x_cur = _x_chunk(x_ptr, xr, x_ok, xg, xj, (c_lo + it + 1) * CHUNK, K, stride_xm, MP)
+        f_use = f_cur
+        f_cur = f_nxt
+        f_nxt = _scale_factor(ws_ptr, srow, scol + gl.minimum(c_lo + it + 2, num_c - 1) * SPC, ncol, FMT)
+        mbarrier.wait(bars.index(s), (it // STAGES) & 1)
+        w2 = w_bufs.index(s).load(L2)
+        fence_async_shared()
+        cta_barrier()  # every warp read slot s and wrote its activations before the refill / wgmma
+        nxt = it + STAGES
+        ok = nxt < n_c
+        mbarrier.expect(bars.index(s), w_desc.block_type.nbytes, pred=ok)
+        tma_load(w_desc, [off_n, (c_lo + nxt) * 16], bars.index(s), w_bufs.index(s), pred=ok)
+
+        w4 = gl.convert_layout(gl.reshape(w2, [BLOCK_N, 4, 2, 2]), L4, assert_trivial=True)
+        if FMT == _FMT_NVFP4:
+            fac = gl.expand_dims(f_use, 3)
+            p0, p1, p2, p3 = gl.inline_asm_elementwise(_DECODE_NV, "=r,=r,=r,=r,r,r", [w4, fac],
+                                                       dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
+                                                       is_pure=True, pack=1)
+        else:
+            fac = gl.expand_dims(gl.expand_dims(f_use, 2), 3)
+            p0, p1, p2, p3 = gl.inline_asm_elementwise(_DECODE_MX, "=r,=r,=r,=r,r,r", [w4, fac],
+                                                       dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
+                                                       is_pure=True, pack=1)
+        # join appends a trailing dimension: the inner joins' is a1 (p0 | p2), the outer one's a0
+        pr = gl.join(gl.join(p0, p2), gl.join(p1, p3))  # [64, t, i1, i0, a1, a0]
+        lo = pr.to(gl.int16)
+        hi = (pr >> 16).to(gl.int16)
+        h = gl.join(lo, hi).to(gl.bfloat16, bitcast=True)  # [..., h]
+        a = gl.reshape(gl.permute(h, (0, 2, 3, 4, 5, 1, 6)), [BLOCK_N, CHUNK])
+        a = gl.convert_layout(a, dot_l, assert_trivial=True)
+        acc = warpgroup_mma(a, xb.permute((1, 0)), acc, is_async=True)
+        # wait for it before the next chunk's decode: the wgmma reads its register operand until
+        # it completes, and keeping that operand live across the next decode (waiting on one
+        # outstanding wgmma) gave wrong results on the H200 (its registers were reused)
+        acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a, xb))
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(i))
+
+    if FMT == _FMT_NVFP4:
+        gb = gl.load(gs_ptr).to(gl.float32)
+        acc = acc * gl.div_rn(gl.full([], 256.0, gl.float32), gb)
+
+    out_l: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, 4], [0, 1])
+    r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, out_l))
+    c = gl.arange(0, MP, layout=gl.SliceLayout(0, out_l))
+    mask = (r < N - off_n)[:, None] & (c < M)[None, :]
+    c_ptrs = c_ptr + c.to(gl.int64)[None, :] * stride_cm + (off_n + r)[:, None]
+    if SPLIT == 1:
+        gl.store(c_ptrs, gl.convert_layout(acc, out_l).to(c_ptr.dtype.element_ty), mask=mask)
+    else:
+        tile_elems: gl.constexpr = BLOCK_N * MP
+        split_stride = (gl.num_programs(0) // SPLIT).to(gl.int64) * tile_elems
+        offs = (r * MP)[:, None] + c[None, :]
+        base = part_ptr + tile.to(gl.int64) * tile_elems
+        gl.store(base + sp * split_stride + offs, gl.convert_layout(acc, out_l))
+        cta_barrier()
+        cnt = cnt_ptr + tile
+        arrived = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT - 1:
+            tot = gl.load(base + offs, cache_modifier=".cg")
+            for s2 in range(1, SPLIT):
+                tot = tot + gl.load(base + s2 * split_stride + offs, cache_modifier=".cg")
+            gl.store(c_ptrs, tot.to(c_ptr.dtype.element_ty), mask=mask)
+            gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")

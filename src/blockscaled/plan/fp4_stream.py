@@ -1,0 +1,109 @@
+"""Where the sm_90a fp4-weight streaming kernel (kernels/hopper/fp4_stream.py) runs, and its K split.
+
+The kernel: mxfp4 / nvfp4 weights x bf16 activations (weight-only), M <= 64, on Hopper; the
+packed e2m1 weights arrive by TMA and are decoded in registers straight into the wgmma's register
+operand (64 weight rows per program, 128 K per step). It takes the calls the decode GEMV leaves
+(plan/mx_gemv.py: mxfp4 M <= 2, nvfp4 M = 1 stay there).
+
+Measured (H200, one run per row, CUDA-graph replays, inputs rotated past L2, every output checked
+against float64: benchmarks/results/h200/archive/fp4-stream-ab-20261127.json; 6 shapes from
+gpt-oss, Llama 3 8B / 70B and DeepSeek x M 2..64 x both formats, 72 rows): against the plan that
+ran before (portable kernel) 1.3-3.5x at M >= 4 on every row, nvfp4 M = 2 1.35-2.85x; against
+cuBLAS bf16 on the dequantized weights 1.1-1.65x on the 8-117 MB weights at M <= 16, 0.8-0.9x
+on 2-8 MB weights (a ~10 us per-call floor: prologue, a few dependent 128-K steps per program,
+the split-K reduction) and 0.4-0.7x at M = 64.
+
+The K split (``fp4_stream_split``) from a model of what the rows showed: the kernel is bound by
+how many bytes the SMs keep in flight, so the split is the smallest that gives at least
+``FP4_STREAM_PROGRAMS_PER_SM`` programs per SM, then lowered while a split would get fewer than
+``FP4_STREAM_MIN_CHUNKS`` 128-K steps (the reduction's partial tile [64, MP] fp32 is written and
+read once per split: 4-16 KB against 4 KB of weights per step). These rules were fitted to the
+same 72 rows, so this is an in-sample check, not a validation: the split chosen is within 10 % of
+the best measured split on 66 of them; the worst is 1.23x (nvfp4 28672 x 8192 at M = 64: split 1
+chosen, split 4 was best), and the other misses are 1.10-1.18x (28672 x 8192 at M = 16 / 64,
+7168 x 2048 at M = 64).
+"""
+
+from __future__ import annotations
+
+from ..config.gemm import GemmConfig
+from .device import DeviceInfo
+from .mx_gemv import _triton_release
+from .splits import cdiv
+from .types import Problem
+
+__all__ = ["FP4_STREAM_FORMATS", "FP4_STREAM_MAX_M", "FP4_STREAM_MP", "FP4_STREAM_PROGRAMS_PER_SM",
+           "FP4_STREAM_MIN_CHUNKS", "FP4_STREAM_MAX_SPLIT", "FP4_STREAM_STAGES", "FP4_STREAM_TRITON", "use_fp4_stream",
+           "fp4_stream_split", "fp4_stream_config", "fp4_stream_reason"]
+
+FP4_STREAM_FORMATS = ("mxfp4", "nvfp4")
+#: activation rows padded to the wgmma N (its minimum is 8)
+FP4_STREAM_MP = (8, 16, 32, 64)
+FP4_STREAM_MAX_M = FP4_STREAM_MP[-1]
+#: programs per SM the split aims for, per padded row count (the fp4-stream A/B above: 3.5 x 132
+#: programs put 8192 x 8192 at split 4 and 28672 x 8192 at split 2, each its best at M <= 16;
+#: at M = 64 the partial tiles are 4x larger and 1.5 per SM measured best)
+FP4_STREAM_PROGRAMS_PER_SM = {8: 3.5, 16: 3.5, 32: 3.5, 64: 1.5}
+#: fewest 128-K steps per split (same A/B: M = 32 lost 28 % at 4 steps per split of 7168 x 2048,
+#: M = 64 lost 26-28 % at 14-16 steps of 4096 x 14336 / 8192 x 8192 against half the splits)
+FP4_STREAM_MIN_CHUNKS = {8: 3, 16: 3, 32: 6, 64: 8}
+FP4_STREAM_MAX_SPLIT = 8
+#: TMA ring depth (4 KB per slot; 6 slots + the activation buffers keep 6 programs per SM within
+#: shared memory at MP <= 32)
+FP4_STREAM_STAGES = 6
+#: Triton releases the kernel was checked on (AOT: tests/test_aot_fp4_stream.py; GPU: the H200 A/B
+#: above, triton 3.6). Others keep the portable kernels until checked.
+FP4_STREAM_TRITON = ((3, 6),)
+_TRITON_OK = _triton_release() in FP4_STREAM_TRITON
+
+
+def fp4_stream_reason(p: Problem, dev: DeviceInfo, gluon_ok: bool) -> str | None:
+    """None when the kernel can take the call, else why not (plain words, for ``explain``)."""
+    if p.fmt not in FP4_STREAM_FORMATS:
+        return f"{p.fmt} weights (it takes {', '.join(FP4_STREAM_FORMATS)})"
+    if not dev.is_hopper:
+        return "not an sm_90 device"
+    if not gluon_ok:
+        return "the Gluon kernels do not build with this triton"
+    if not _TRITON_OK:
+        return f"triton {'.'.join(map(str, _triton_release()))} (checked on {FP4_STREAM_TRITON})"
+    if p.a != "bfloat16":
+        return "activations are not bf16 (weight-only bf16 only; W x A keeps the portable kernels)"
+    if p.op != "gemm" or p.grouping != "dense":
+        return "not a dense GEMM"
+    if p.bias:
+        return "a bias (the kernel's epilogue has none)"
+    if not 1 <= p.m <= FP4_STREAM_MAX_M:
+        return f"M = {p.m} outside 1..{FP4_STREAM_MAX_M}"
+    if p.k % 32 or p.k <= 0:
+        return f"K = {p.k} not a positive multiple of 32 (16-byte TMA rows of packed e2m1)"
+    if not p.tma:
+        return "operands not 16-byte aligned for TMA"
+    return None
+
+
+def use_fp4_stream(p: Problem, dev: DeviceInfo, gluon_ok: bool = True) -> bool:
+    return fp4_stream_reason(p, dev, gluon_ok) is None
+
+
+def fp4_stream_split(n: int, k: int, m: int, sm_count: int) -> int:
+    """K splits (a power of two <= FP4_STREAM_MAX_SPLIT), see the module docstring."""
+    mp = next(s for s in FP4_STREAM_MP if s >= m)
+    tiles = cdiv(n, 64)
+    chunks = cdiv(k, 128)
+    target = FP4_STREAM_PROGRAMS_PER_SM[mp] * sm_count
+    split = 1
+    while split < FP4_STREAM_MAX_SPLIT and tiles * split < target:
+        split *= 2
+    while split > 1 and chunks / split < FP4_STREAM_MIN_CHUNKS[mp]:
+        split //= 2
+    return split
+
+
+def fp4_stream_config(p: Problem, dev: DeviceInfo) -> GemmConfig:
+    """The kernel's launch: block_m = padded rows, 64 x 128 tile steps, split, ring depth."""
+    mp = next(s for s in FP4_STREAM_MP if s >= p.m)
+    split = fp4_stream_split(p.n, p.k, p.m, dev.sm_count)
+    per = cdiv(cdiv(p.k, 128), split)
+    return GemmConfig(block_m=mp, block_n=64, block_k=128, num_warps=4,
+                      num_stages=max(2, min(FP4_STREAM_STAGES, per)), split_k=split, strategy="fp4_stream")

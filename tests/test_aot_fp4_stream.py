@@ -1,0 +1,78 @@
+"""The sm_90a fp4-weight streaming kernel (kernels/hopper/fp4_stream.py) built ahead of time, no GPU.
+
+Compiled for sm_90a in a subprocess (no interpreter) for mxfp4 / nvfp4 and padded activation rows
+8..64; per build: the MMA is a bf16 wgmma m64 n<MP> k16 whose A operand is registers (the decoded
+weights; the activations come from shared memory), 8 of them per 128-K step; the weights arrive by
+TMA and are read back as 128-bit shared loads; the decode is the packed bf16 multiplies of the
+inline PTX (one per element pair for nvfp4, two for mxfp4: 8 words x 4 pairs per thread and step);
+ptxas reports no spills. The numerics are checked on the GPU (tests/test_fp4_stream_gpu.py).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from _aot import PTXAS_STATS, run_compile_script
+
+pytestmark = pytest.mark.timeout(900)
+
+SCRIPT = PTXAS_STATS + r'''
+import json, re
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+from blockscaled.kernels.hopper import fp4_stream as F
+from blockscaled.ops._fp4_stream import _w_layout
+
+TGT = GPUTarget("cuda", 90, 32)
+
+def sig(out):
+    return {"w_desc": f"tensordesc<i32[64, 16],{_w_layout()!r}>", "ws_ptr": "*u8", "x_ptr": "*bf16",
+            "gs_ptr": "*fp32", "c_ptr": out, "part_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32",
+            "K": "i32", "kc_per_split": "i32", "SPLIT": "i32", "stride_wsn": "i32", "stride_xm": "i32",
+            "stride_cm": "i32", "FMT": "constexpr", "MP": "constexpr", "STAGES": "constexpr",
+            "num_warps": "constexpr"}
+
+out = {}
+for fmt, mp, st, cdt in [(2, 8, 6, "*bf16"), (2, 64, 6, "*fp32"), (3, 16, 4, "*bf16"), (3, 32, 6, "*fp16")]:
+    key = f"{'mxfp4' if fmt == 2 else 'nvfp4'}_mp{mp}"
+    try:
+        k = triton.compile(GluonASTSource(F.fp4_stream_kernel, sig(cdt),
+                                          constexprs={"FMT": fmt, "MP": mp, "STAGES": st, "num_warps": 4}),
+                           target=TGT, options={"num_warps": 4})
+    except Exception as e:
+        out[key] = {"error": f"{type(e).__name__}: {str(e)[-800:]}"}
+        continue
+    ptx = k.asm["ptx"]
+    wg = re.findall(r"wgmma\.mma_async\.sync\.aligned\.([\w\.]+)\s+\{[^}]*\},\s*(\S)", ptx)
+    rec = {"wgmma": sorted({w for w, _ in wg}), "a_operand": sorted({"regs" if a == "{" else "desc" for _, a in wg}),
+           "wgmma_count": len(wg), "tma_load": ptx.count("cp.async.bulk.tensor.2d.shared"),
+           "lds128": len(re.findall(r"ld\.shared\.v4\.b32", ptx)), "bf16x2_fma": ptx.count("fma.rn.bf16x2"),
+           "shared": k.metadata.shared}
+    rec.update(ptxas_stats(ptx))
+    out[key] = rec
+print(json.dumps(out))
+'''
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    return run_compile_script(SCRIPT)
+
+
+def test_fp4_stream_builds_for_sm90(compiled):
+    assert len(compiled) == 4, compiled
+    for key, c in compiled.items():
+        assert "error" not in c, (key, c)
+        mp = int(re.search(r"mp(\d+)", key).group(1))
+        assert c["wgmma"] == [f"m64n{mp}k16.f32.bf16.bf16"], (key, c)
+        assert c["a_operand"] == ["regs"], (key, c)  # decoded weights straight from registers
+        assert c["wgmma_count"] == 128 // 16, (key, c)  # one 128-K step per loop iteration
+        assert c["tma_load"] >= 1 and c["lds128"] >= 2, (key, c)
+        per_pair = 2 if key.startswith("mxfp4") else 1  # x 2**126 then x scale / one nvfp4 factor
+        assert c["bf16x2_fma"] == 2 * 4 * 4 * per_pair, (key, c)  # 2 rows x 4 words x 4 pairs
+        if c.get("spill_stores") is not None:
+            assert c["spill_stores"] == 0, (key, c)

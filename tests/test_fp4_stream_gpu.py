@@ -1,0 +1,115 @@
+"""The sm_90a fp4-weight streaming kernel (kernels/hopper/fp4_stream.py) on the GPU: mxfp4 / nvfp4
+weights x bf16 activations against the float64 reference, through forced configs (every padded
+row count, K splits that divide and do not divide the steps, ring depths, output dtypes), the
+planner's own plan (``bs.linear`` / ``bs.gemm`` weight-only), odd N, K tails (K % 128 != 0),
+extreme E8M0 scales, NaN scales, determinism, CUDA graphs. Needs an sm_90 GPU (skipped elsewhere).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import blockscaled as bs
+from blockscaled.config import GemmConfig
+from blockscaled.reference import gemm as ref_gemm_mod
+from blockscaled.reference.quantize import quantize
+from blockscaled.tensor import ScaledTensor
+from blockscaled.testing.inputs import randn_like_activations
+from blockscaled.testing.tolerances import assert_gemm_close
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                                reason="the fp4 streaming kernel is an sm_90 kernel")
+
+FMTS = ("mxfp4", "nvfp4")
+
+
+def _cfg(m, split=1, stages=6):
+    mp = next(s for s in (8, 16, 32, 64) if s >= m)
+    return GemmConfig(block_m=mp, block_n=64, block_k=128, num_warps=4, num_stages=stages, split_k=split,
+                      strategy="fp4_stream")
+
+
+def _operands(fmt, m, n, k, seed=0):
+    x = randn_like_activations(m, k, dtype=torch.bfloat16, device="cuda", seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    w = quantize((torch.randn(n, k, generator=g) * 0.05).cuda(), fmt)
+    return x, w
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_forced_configs_match_reference(fmt):
+    """Shapes with a partial 64-row tile, K tails of 32 / 64 / 96 elements past a 128-K step, one
+    step only; splits 1, 2, 3 (not a divisor) and more than the steps; rings of 2 and 6 slots."""
+    for (n, k) in ((64, 128), (77, 4096), (200, 2080), (130, 2880), (96, 352)):
+        for m in (1, 3, 8, 16, 33, 64):
+            x, w = _operands(fmt, m, n, k, seed=m + n)
+            ref = ref_gemm_mod.gemm(x, w)
+            for split, stages in ((1, 6), (2, 2), (3, 6), (64, 4)):
+                for out_dtype in ((torch.bfloat16, torch.float32) if split == 3 else (torch.bfloat16,)):
+                    out = torch.full((m, n), float("nan"), dtype=out_dtype, device="cuda")
+                    bs.gemm(x, w, out_dtype, out=out, config=_cfg(m, split, stages))
+                    assert_gemm_close(out, ref, fmt, out_dtype, what=f"n={n} k={k} m={m} split={split}")
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_planned_calls_run_it(fmt):
+    """``bs.linear(weight_only=True)`` at decode M on a real projection plans the streaming kernel
+    (explain says so) and matches the reference; repeated calls are bitwise equal (the split-K sum
+    runs in a fixed order), also replayed from a CUDA graph."""
+    n, k = 5760, 2880
+    for m in (3, 16, 40):
+        x, w = _operands(fmt, m, n, k, seed=m)
+        plan = bs.explain("linear", x, w, weight_only=True)
+        assert plan.kernel == "hopper_fp4_stream", plan
+        ref = ref_gemm_mod.gemm(x, w)
+        y = bs.linear(x, w, weight_only=True)
+        assert_gemm_close(y, ref, fmt, torch.bfloat16, what=f"m={m} {plan.describe()}")
+        assert torch.equal(y, bs.linear(x, w, weight_only=True))
+        static = torch.empty_like(y)
+        bs.linear(x, w, weight_only=True, out=static)  # warm
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            bs.linear(x, w, weight_only=True, out=static)
+        static.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static, y)
+
+
+def test_extreme_and_nan_scales():
+    """mxfp4 E8M0 block scales at the bottom (codes 0..3: weights down to 2**-128) and the top
+    (251..254 with elements <= 1.5) times bf16 activations scaled to keep products near 1; an E8M0
+    255 (NaN) block makes its output row NaN, the others stay right."""
+    m, n, k = 8, 70, 512
+    x, w = _operands("mxfp4", m, n, k)
+    gen = torch.Generator().manual_seed(5)
+    for lo, xs in ((0, 2.0 ** 120), (251, 2.0 ** -110)):
+        sc = torch.randint(lo, lo + 4, w.scale.shape, generator=gen).to(torch.uint8).cuda()
+        data = w.data
+        if lo == 251:  # elements <= 1.5 so that 1.5 * 2**127 stays finite: magnitudes 0..3
+            data = w.data & 0xBB
+        w2 = ScaledTensor(data, sc, w.format, w.shape, w.block, w.rounding)
+        x2 = (x.float() * xs).to(torch.bfloat16)
+        assert torch.isfinite(x2.float()).all()
+        ref = ref_gemm_mod.gemm(x2, w2)
+        assert torch.isfinite(ref).all() and ref.abs().max() > 0
+        out = torch.full((m, n), float("nan"), dtype=torch.float32, device="cuda")
+        bs.gemm(x2, w2, torch.float32, out=out, config=_cfg(m, 2))
+        assert_gemm_close(out, ref, "mxfp4", torch.float32, what=f"E8M0 {lo}..{lo + 3}")
+    sc = w.scale.clone()
+    sc[5, 3] = 255
+    w3 = ScaledTensor(w.data, sc, w.format, w.shape, w.block, w.rounding)
+    out = bs.gemm(x, w3, torch.float32, config=_cfg(m))
+    assert out[:, 5].isnan().all() and not out[:, :5].isnan().any() and not out[:, 6:].isnan().any()
+
+
+def test_forced_config_refused_where_it_cannot_run():
+    x, w = _operands("mxfp4", 8, 64, 256)
+    with pytest.raises(ValueError, match="fp4_stream"):
+        bs.gemm(quantize(x, "mxfp4"), w, config=_cfg(8))  # quantized activations
+    with pytest.raises(ValueError, match="fp4_stream"):
+        bs.gemm(x, w, config=_cfg(8), bias=torch.zeros(64, device="cuda"))
+    x8, w8 = _operands("mxfp8", 8, 64, 256)
+    with pytest.raises(ValueError, match="fp4_stream"):
+        bs.gemm(x8, w8, config=_cfg(8))
