@@ -84,7 +84,7 @@ def test_extreme_and_nan_scales():
     m, n, k = 8, 70, 512
     x, w = _operands("mxfp4", m, n, k)
     gen = torch.Generator().manual_seed(5)
-    for lo, xs in ((0, 2.0 ** 120), (251, 2.0 ** -110)):
+    for lo, xs in ((0, 2.0 ** 100), (251, 2.0 ** -110)):
         sc = torch.randint(lo, lo + 4, w.scale.shape, generator=gen).to(torch.uint8).cuda()
         data = w.data
         if lo == 251:  # elements <= 1.5 so that 1.5 * 2**127 stays finite: magnitudes 0..3
