@@ -113,3 +113,47 @@ def test_forced_config_refused_where_it_cannot_run():
     x8, w8 = _operands("mxfp8", 8, 64, 256)
     with pytest.raises(ValueError, match="fp4_stream"):
         bs.gemm(x8, w8, config=_cfg(8))
+
+
+def _grouped_ref(x_rows, wd, e):
+    return x_rows.double() @ wd[e].double().T
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_grouped_decode_contiguous_and_masked(fmt):
+    """MoE decode sizes: 16 experts, most empty, a few with 1-3 rows and one with 40 (past the
+    padded rows: its rows run in blocks), contiguous (offsets) and masked (counts); planned with the
+    expected rows per expert, explain says the streaming kernel runs; fp32 outputs as the experts
+    layer asks for them; per-expert nvfp4 global scales."""
+    e, n, k = 16, 200, 2880
+    g = torch.Generator().manual_seed(3)
+    w = quantize((torch.randn(e, n, k, generator=g) * 0.05).cuda(), fmt)
+    wd = w.dequantize(torch.float32).double()
+    gs = None
+    if fmt == "nvfp4":
+        gs = (w.global_scale.float() * torch.tensor([1.0, 2.0, 0.5, 4.0] * 4)).cuda()
+        wd = wd * (w.global_scale.double() / gs.double())[:, None, None]
+    counts = torch.tensor([0, 1, 0, 3, 0, 0, 40, 0, 2, 0, 0, 0, 1, 0, 0, 5], dtype=torch.int32)
+    offsets = torch.zeros(e + 1, dtype=torch.int32)
+    offsets[1:] = counts.cumsum(0)
+    x = randn_like_activations(int(counts.sum()), k, dtype=torch.bfloat16, device="cuda", seed=4)
+    kw = dict(out_dtype=torch.float32, b_global_scale=gs, expected_m=1)
+    plan = bs.explain("grouped_gemm", x, w, offsets=offsets.cuda(), **kw)
+    assert plan.kernel == "hopper_fp4_stream", plan
+    y = bs.grouped_gemm(x, w, offsets=offsets.cuda(), **kw)
+    ref = torch.cat([_grouped_ref(x[offsets[i]:offsets[i + 1]], wd, i) for i in range(e)])
+    assert_gemm_close(y, ref, fmt, torch.float32, what="contiguous")
+    assert torch.equal(y, bs.grouped_gemm(x, w, offsets=offsets.cuda(), **kw))  # deterministic
+    max_m = 48
+    xm = torch.zeros(e, max_m, k, dtype=torch.bfloat16, device="cuda")
+    for i in range(e):
+        xm[i, :counts[i]] = x[offsets[i]:offsets[i + 1]]
+    out = torch.full((e, max_m, n), float("nan"), dtype=torch.float32, device="cuda")
+    plan = bs.explain("grouped_gemm", xm, w, masked_m=counts.cuda(), out=out, **kw)
+    assert plan.kernel == "hopper_fp4_stream", plan
+    bs.grouped_gemm(xm, w, masked_m=counts.cuda(), out=out, **kw)
+    for i in range(e):
+        c = int(counts[i])
+        if c:
+            assert_gemm_close(out[i, :c], _grouped_ref(xm[i, :c], wd, i), fmt, torch.float32, what=f"masked e={i}")
+        assert out[i, c:].isnan().all()  # rows past the count are not written

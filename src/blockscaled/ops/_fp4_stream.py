@@ -29,32 +29,51 @@ def _w_layout():
 
 
 def launch_fp4_stream(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, w_gs, fmt_name: str, k: int,
-                      out: torch.Tensor, cfg: GemmConfig) -> None:
-    """One launch over ``out [M, N]``: (64-row tiles) x (K splits) programs.
+                      out: torch.Tensor, cfg: GemmConfig, seg: torch.Tensor | None = None, grouping: int = 0) -> None:
+    """One launch over ``out``. Dense (``grouping`` 0): (64-row tiles) x (K splits) programs over
+    ``out [M, N]``. Grouped (1 contiguous: ``seg`` = offsets [E+1], x [sum_m, K], out [sum_m, N];
+    2 masked: ``seg`` = counts [E], x [E, max_m, K], out [E, max_m, N]): experts x 64-row tiles
+    programs, no K split (``cfg.split_k`` must be 1).
 
-    x: bf16 ``[M, K]`` (K contiguous); w_data: uint8 ``[N, K / 2]`` packed e2m1 (16-byte aligned
-    rows); w_scale: uint8 E8M0 ``[N, K / 32]`` (mxfp4) or e4m3 ``[N, K / 16]`` (nvfp4); w_gs: the
-    nvfp4 global scale (0-d fp32) or None; out: ``[M, N]`` bf16 / fp16 / fp32, unit column stride.
+    x: bf16 (K contiguous); w_data: uint8 packed e2m1 ``[N, K / 2]`` or ``[E, N, K / 2]`` (16-byte
+    aligned rows); w_scale: uint8 E8M0 ``[(E,) N, K / 32]`` (mxfp4) or e4m3 ``[(E,) N, K / 16]``
+    (nvfp4); w_gs: the nvfp4 global scale (0-d or one per expert, fp32) or None; out: bf16 / fp16 /
+    fp32, unit column stride.
     """
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     # Local and optional: the Gluon kernels fail to import on some triton versions.
     from ..kernels.hopper.fp4_stream import fp4_stream_kernel
 
-    m = x.shape[0]
-    n = w_data.shape[0]
-    w32 = w_data.view(torch.int32)
-    w_desc = TensorDescriptor(w32, [n, k // 8], [w32.stride(0), 1], [64, 16], _w_layout())
+    n = w_data.shape[-2]
+    w2 = w_data.reshape(-1, w_data.shape[-1])  # [(E *) N, K / 2], a view (validated contiguous rows)
+    w32 = w2.view(torch.int32)
+    w_desc = TensorDescriptor(w32, [w32.shape[0], k // 8], [w32.stride(0), 1], [64, 16], _w_layout())
     tiles = triton.cdiv(n, 64)
     chunks = triton.cdiv(k, 128)
+    gs = w_gs if w_gs is not None else w_scale  # not read unless nvfp4
+    gs_per_e = w_gs is not None and w_gs.numel() > 1
+    fmt = 3 if fmt_name == "nvfp4" else 2
+    if grouping:
+        if cfg.split_k != 1:
+            raise ValueError(f"config.split_k: the grouped fp4 streaming kernel does not split K, got {cfg.split_k}")
+        e = w_data.shape[0]
+        masked = grouping == 2
+        m = x.shape[1] if masked else x.shape[0]
+        fp4_stream_kernel[(e * tiles,)](
+            w_desc, w_scale, x, gs, out, out, seg, seg, m, n, k, chunks, 1,
+            w_scale.stride(-2), w_scale.stride(0), x.stride(-2), x.stride(0) if masked else 0,
+            out.stride(-2), out.stride(0) if masked else 0,
+            FMT=fmt, MP=cfg.block_m, STAGES=cfg.num_stages, GROUPING=grouping, GS_PER_E=gs_per_e, num_warps=4)
+        return
+    m = x.shape[0]
     per = triton.cdiv(chunks, cfg.split_k)
     nsplit = triton.cdiv(chunks, per)  # no empty split
     part = cnt = out  # not read unless split
     if nsplit > 1:
         part = torch.empty((nsplit, tiles, 64, cfg.block_m), dtype=torch.float32, device=out.device)
         cnt = splitk_counters(out.device, tiles)
-    gs = w_gs if w_gs is not None else w_scale  # not read unless nvfp4
     fp4_stream_kernel[(tiles * nsplit,)](
-        w_desc, w_scale, x, gs, out, part, cnt, m, n, k, per, nsplit,
-        w_scale.stride(0), x.stride(0), out.stride(0),
-        FMT=3 if fmt_name == "nvfp4" else 2, MP=cfg.block_m, STAGES=cfg.num_stages, num_warps=4)
+        w_desc, w_scale, x, gs, out, part, cnt, cnt, m, n, k, per, nsplit,
+        w_scale.stride(0), 0, x.stride(0), 0, out.stride(0), 0,
+        FMT=fmt, MP=cfg.block_m, STAGES=cfg.num_stages, GROUPING=0, GS_PER_E=False, num_warps=4)

@@ -40,6 +40,7 @@ from ._autograd import requires_grad_name
 from ._explain import emit, explaining
 from .errors import OP_GROUPED_GEMM, check_metadata, check_metadata_host
 from . import _hopper
+from ._fp4_stream import launch_fp4_stream
 from .gemm import _DTYPE_NAMES, _cdiv, _dequant, _eager_ok, _one
 from .quantize import _pow2  # (host arithmetic, not triton's constexpr functions: ~2-5 us a call)
 from .gemm import gemm as _dense_gemm
@@ -325,13 +326,18 @@ def grouped_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale
     elif cfg.strategy == "dequant_matmul":
         out = _dequant_matmul(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out,
                               out_dtype, fmt_id, grouping, k, b_br)
+    elif cfg.strategy == "fp4_stream":
+        if out is None:
+            out = torch.empty(_out_shape(a_data, b_data, grouping), dtype=out_dtype, device=a_data.device)
+        launch_fp4_stream(a_data, b_data, b_scale, b_gs, _FMT_BY_CODE[fmt_id], k, out, cfg, seg=seg,
+                          grouping=grouping)
     elif cfg.strategy == "triton":
         if out is None:
             out = torch.empty(_out_shape(a_data, b_data, grouping), dtype=out_dtype, device=a_data.device)
         _launch_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out,
                      fmt_id, grouping, k, b_br, cfg)
     else:
-        raise ValueError(f"cfg.strategy: the grouped ops run 'triton', 'dequant_matmul' or a HopperConfig, "
+        raise ValueError(f"cfg.strategy: the grouped ops run 'triton', 'dequant_matmul', 'fp4_stream' or a HopperConfig, "
                          f"got {cfg.strategy!r}")
     _device_check(check_op, seg, out, a_data, grouping)
     return out
@@ -558,16 +564,20 @@ def grouped_plan(op: str, a, b: ScaledTensor, fmt: str, rows_per_expert: float, 
     a_row_stride = a_t.stride(-2) if a_t.ndim >= 2 and a_t.numel() else 0
     total = rows if rows is not None else (a_t.shape[0] * (a_t.shape[1] if mode == MODE_MASKED else 1))
     why = hopper_reason(a, b, out_dtype, mode, b2=b2) if dev.type == "cuda" else "needs a CUDA device"
+    # the fp4 streaming kernel reads the packed weights by TMA (and needs the Gluon kernels)
+    fp4_tma = (why is not None and dev.type == "cuda" and a_dtype is not None and fmt in ("mxfp4", "nvfp4")
+               and b2 is None and _hopper.tma_2d_reason("b", b.data.reshape(-1, b.data.shape[-1])) is None
+               and _hopper.gluon_unavailable_reason() is None)
     key = None
     if config is None:
         key = (plan_grouped, op, fmt, total, n, k, a_dtype, out_dtype, b.block[0], mode, experts, rows_per_expert,
-               b2 is not None, dev, a_row_stride, dev.type == "cpu" and _checks.INTERPRET, why)
+               b2 is not None, dev, a_row_stride, dev.type == "cpu" and _checks.INTERPRET, why, fp4_tma)
         plan = _PLANS.get(key)
         if plan is not None:
             return plan
     p = Problem(op, fmt, total, n, k, "quantized" if a_dtype is None else _DTYPE_NAMES[a_dtype],
                 _DTYPE_NAMES[out_dtype], False, b.block[0], _GROUPING_NAMES[mode], experts, float(rows_per_expert),
-                b2 is not None, why is None, dev.type == "cpu" and _checks.INTERPRET)
+                b2 is not None, why is None or fp4_tma, dev.type == "cpu" and _checks.INTERPRET)
     info = device_info(dev)
     plan = plan_grouped(p, info, config, hopper_why=why, a_row_stride=a_row_stride)
     if key is not None:

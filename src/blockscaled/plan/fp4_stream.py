@@ -34,7 +34,8 @@ from .types import Problem
 
 __all__ = ["FP4_STREAM_FORMATS", "FP4_STREAM_MAX_M", "FP4_STREAM_MP", "FP4_STREAM_PROGRAMS_PER_SM",
            "FP4_STREAM_MIN_CHUNKS", "FP4_STREAM_MAX_SPLIT", "FP4_STREAM_STAGES", "FP4_STREAM_TRITON", "use_fp4_stream",
-           "fp4_stream_split", "fp4_stream_config", "fp4_stream_reason"]
+           "fp4_stream_split", "fp4_stream_config", "fp4_stream_reason", "FP4_STREAM_GROUPED_MAX_ROWS",
+           "grouped_fp4_stream_reason", "grouped_fp4_stream_config"]
 
 FP4_STREAM_FORMATS = ("mxfp4", "nvfp4")
 #: activation rows padded to the wgmma N (its minimum is 8)
@@ -107,3 +108,39 @@ def fp4_stream_config(p: Problem, dev: DeviceInfo) -> GemmConfig:
     per = cdiv(cdiv(p.k, 128), split)
     return GemmConfig(block_m=mp, block_n=64, block_k=128, num_warps=4,
                       num_stages=max(2, min(FP4_STREAM_STAGES, per)), split_k=split, strategy="fp4_stream")
+
+
+# ----------------------------------------------------------------------------- grouped (MoE decode)
+#: Most rows per expert (the call's hint: the mean, T x top-k / E, or max_m masked) for which the
+#: grouped calls take the kernel: an expert's rows run in blocks of the padded row count, each
+#: block streaming the expert's weights again, so it pays where experts hold few rows (decode;
+#: the portable grouped kernel and dequantize + torch._grouped_mm were 0.3-0.9x cuBLAS bf16 there:
+#: benchmarks/results/h200 mx-20261127-0848). NOT MEASURED YET: a first bound from that argument.
+FP4_STREAM_GROUPED_MAX_ROWS = 16.0
+
+
+def grouped_fp4_stream_reason(p: Problem, dev: DeviceInfo) -> str | None:
+    """None when a grouped call (``p.op == "grouped"``) can take the kernel, else why not.
+    ``p.tma``: the caller's check that TMA can read the packed weights and the Gluon kernels build."""
+    if p.op != "grouped" or p.dual or p.grouping not in ("contiguous", "masked"):
+        return "not a contiguous / masked grouped GEMM (SwiGLU keeps its kernels)"
+    if p.fmt not in FP4_STREAM_FORMATS:
+        return f"{p.fmt} weights"
+    if not dev.is_hopper or not _TRITON_OK:
+        return "not an sm_90 device with a checked triton"
+    if p.a != "bfloat16":
+        return "activations are not bf16 (weight-only only)"
+    if p.k % 32 or p.k <= 0 or not p.tma:
+        return f"K = {p.k} not a multiple of 32, or the weights not 16-byte aligned for TMA"
+    if p.rows_per_expert > FP4_STREAM_GROUPED_MAX_ROWS:
+        return f"~{p.rows_per_expert:g} rows per expert > {FP4_STREAM_GROUPED_MAX_ROWS:g}"
+    return None
+
+
+def grouped_fp4_stream_config(p: Problem) -> GemmConfig:
+    """Padded rows for the expected rows per expert with room for skew (2x the mean, at least 8),
+    no K split (the experts' tiles are the programs), ring min(6, K steps)."""
+    want = max(8.0, 2.0 * p.rows_per_expert)
+    mp = next((s for s in FP4_STREAM_MP if s >= want), FP4_STREAM_MP[-1])
+    return GemmConfig(block_m=mp, block_n=64, block_k=128, num_warps=4,
+                      num_stages=max(2, min(FP4_STREAM_STAGES, cdiv(p.k, 128))), split_k=1, strategy="fp4_stream")

@@ -131,6 +131,8 @@ class Plan:
             return "quantize" if self.op in ("quantize", "dequantize") and self.backend != "reference" else "reference"
         if isinstance(cfg, HopperConfig):
             return "hopper_" + cfg.variant
+        if cfg.strategy == "fp4_stream":
+            return "hopper_fp4_stream"
         if self.op in ("grouped", "swiglu", "grouped_list") and cfg.strategy != "gemv":
             return "grouped_dequant_matmul" if cfg.strategy == "dequant_matmul" else "portable_grouped"
         return {"triton": "portable", "gemv": "gemv", "dequant_matmul": "dequant_matmul",

@@ -159,87 +159,42 @@ def _scale_factor(ws_ptr, srow, scol, ncol, FMT: gl.constexpr):
 
 
 @gluon.jit
-def fp4_stream_kernel(w_desc, ws_ptr, x_ptr, gs_ptr, c_ptr, part_ptr, cnt_ptr, M, N, K, kc_per_split, SPLIT,
-                      stride_wsn, stride_xm, stride_cm,
-                      FMT: gl.constexpr, MP: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
-    """One program per (64 weight rows, K split). ``w_desc``: TMA boxes [64, 16] of the packed
-    weights viewed as int32 [N, K / 8]; ``ws_ptr``: uint8 E8M0 [N, K / 32] (mxfp4) or e4m3
-    [N, K / 16] (nvfp4) block scales, row stride ``stride_wsn``; ``x_ptr``: bf16 [M, K] (K
-    contiguous); ``gs_ptr``: nvfp4's fp32 global scale (any pointer for mxfp4); ``c_ptr``: [M, N]
-    (N contiguous); ``part_ptr`` / ``cnt_ptr``: the split-K workspace fp32 [SPLIT, tiles, 64, MP]
-    and int32 zeros [tiles] (SPLIT > 1). K % 128 == 0, every split non-empty (the host)."""
-    gl.static_assert(num_warps == 4, "one warpgroup")
-    gl.static_assert(STAGES >= 2, "need at least 2 pipeline stages")
+def _k_loop(w_desc, w_bufs, x_bufs, bars, step0, w_row, ws_ptr, srow, scol, ncol, x_base, x_ok, xr, xg, xj,
+            stride_xm, K, c_lo, n_c, num_c, FMT: gl.constexpr, MP: gl.constexpr, STAGES: gl.constexpr):
+    """acc [64, MP] = the weight tile at TMA row ``w_row`` (K steps c_lo .. c_lo + n_c) times the
+    activation rows ``x_base + xr * stride_xm`` (``x_ok`` masks them). ``step0``: TMA steps this
+    program ran before (ring slot and barrier phase continue from it)."""
     L4: gl.constexpr = word_layout()
     L2: gl.constexpr = word2_layout()
     acc_l: gl.constexpr = acc_layout(MP)
     dot_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
-    xl: gl.constexpr = x_layout(MP)
-    xs_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([MP, CHUNK], gl.bfloat16)
-
-    pid = gl.program_id(0)
-    tile = pid // SPLIT
-    sp = pid % SPLIT
-    off_n = tile * BLOCK_N
-    num_c = gl.cdiv(K, CHUNK)
-    c_lo = sp * kc_per_split
-    n_c = gl.minimum(kc_per_split, num_c - c_lo)
-
-    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 16], w_desc.layout)
-    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [2, MP, CHUNK], xs_layout)
-    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    SPC: gl.constexpr = 8 if FMT == _FMT_NVFP4 else 4
     for i in gl.static_range(STAGES):
-        mbarrier.init(bars.index(i), count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.expect(bars.index(i), w_desc.block_type.nbytes, pred=i < n_c)
-        tma_load(w_desc, [off_n, (c_lo + i) * 16], bars.index(i), w_bufs.index(i), pred=i < n_c)
-
-    # block scales: per thread rows r and r + 8 of its warp, block t (mxfp4) or 2t + i1 (nvfp4)
-    SL3: gl.constexpr = gl.SliceLayout(3, L4)
-    if FMT == _FMT_NVFP4:
-        r3 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, gl.SliceLayout(2, SL3)))
-        t3 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, SL3)))
-        i3 = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, SL3)))
-        srow = gl.expand_dims(gl.expand_dims((off_n + gl.minimum(r3, N - 1 - off_n)).to(gl.int64) * stride_wsn, 1), 2)
-        scol = gl.expand_dims(gl.expand_dims(t3 * 2, 0), 2) + gl.expand_dims(gl.expand_dims(i3, 0), 1)
-        SPC: gl.constexpr = 8
-        ncol = gl.cdiv(K, 16)
-    else:
-        SL2: gl.constexpr = gl.SliceLayout(2, SL3)
-        r3 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, SL2))
-        t3 = gl.arange(0, 4, layout=gl.SliceLayout(0, SL2))
-        srow = gl.expand_dims((off_n + gl.minimum(r3, N - 1 - off_n)).to(gl.int64) * stride_wsn, 1)
-        scol = gl.expand_dims(t3, 0)
-        SPC: gl.constexpr = 4
-        ncol = gl.cdiv(K, 32)
+        s0 = (step0 + i) % STAGES
+        mbarrier.expect(bars.index(s0), w_desc.block_type.nbytes, pred=i < n_c)
+        tma_load(w_desc, [w_row, (c_lo + i) * 16], bars.index(s0), w_bufs.index(s0), pred=i < n_c)
     f_cur = _scale_factor(ws_ptr, srow, scol + c_lo * SPC, ncol, FMT)
     f_nxt = _scale_factor(ws_ptr, srow, scol + gl.minimum(c_lo + 1, num_c - 1) * SPC, ncol, FMT)
-
-    # activations in wgmma K order, one chunk ahead
-    xr = gl.arange(0, MP, layout=gl.SliceLayout(1, gl.SliceLayout(2, xl)))
-    xg = gl.arange(0, 16, layout=gl.SliceLayout(1, gl.SliceLayout(0, xl)))
-    xj = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(0, xl)))
-    x_ok = xr < M
-    x_cur = _x_chunk(x_ptr, xr, x_ok, xg, xj, c_lo * CHUNK, K, stride_xm, MP)
-
+    x_cur = _x_chunk(x_base, xr, x_ok, xg, xj, c_lo * CHUNK, K, stride_xm, MP)
     acc = gl.zeros((BLOCK_N, MP), dtype=gl.float32, layout=acc_l)
     for it in range(n_c):
-        s = it % STAGES
+        g = step0 + it
+        s = g % STAGES
         xb = x_bufs.index(it % 2)
         xb.store(x_cur)
         if it + 1 < n_c:
-            x_cur = _x_chunk(x_ptr, xr, x_ok, xg, xj, (c_lo + it + 1) * CHUNK, K, stride_xm, MP)
+            x_cur = _x_chunk(x_base, xr, x_ok, xg, xj, (c_lo + it + 1) * CHUNK, K, stride_xm, MP)
         f_use = f_cur
         f_cur = f_nxt
         f_nxt = _scale_factor(ws_ptr, srow, scol + gl.minimum(c_lo + it + 2, num_c - 1) * SPC, ncol, FMT)
-        mbarrier.wait(bars.index(s), (it // STAGES) & 1)
+        mbarrier.wait(bars.index(s), (g // STAGES) & 1)
         w2 = w_bufs.index(s).load(L2)
         fence_async_shared()
         cta_barrier()  # every warp read slot s and wrote its activations before the refill / wgmma
         nxt = it + STAGES
         ok = nxt < n_c
         mbarrier.expect(bars.index(s), w_desc.block_type.nbytes, pred=ok)
-        tma_load(w_desc, [off_n, (c_lo + nxt) * 16], bars.index(s), w_bufs.index(s), pred=ok)
+        tma_load(w_desc, [w_row, (c_lo + nxt) * 16], bars.index(s), w_bufs.index(s), pred=ok)
 
         w4 = gl.convert_layout(gl.reshape(w2, [BLOCK_N, 4, 2, 2]), L4, assert_trivial=True)
         if FMT == _FMT_NVFP4:
@@ -264,32 +219,136 @@ def fp4_stream_kernel(w_desc, ws_ptr, x_ptr, gs_ptr, c_ptr, part_ptr, cnt_ptr, M
         # it completes, and keeping that operand live across the next decode (waiting on one
         # outstanding wgmma) gave wrong results on the H200 (its registers were reused)
         acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a, xb))
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(bars.index(i))
+    return acc
 
+
+# M and the steps per split follow the call (decode M, contiguous sum_m): one build serves them all
+@gluon.jit(do_not_specialize=["M", "kc_per_split"])
+def fp4_stream_kernel(w_desc, ws_ptr, x_ptr, gs_ptr, c_ptr, part_ptr, cnt_ptr, seg_ptr, M, N, K, kc_per_split, SPLIT,
+                      stride_wsn, stride_wse, stride_xm, stride_xe, stride_cm, stride_ce,
+                      FMT: gl.constexpr, MP: gl.constexpr, STAGES: gl.constexpr, GROUPING: gl.constexpr,
+                      GS_PER_E: gl.constexpr, num_warps: gl.constexpr):
+    """Dense (GROUPING 0): one program per (64 weight rows, K split); ``w_desc``: TMA boxes [64, 16]
+    of the packed weights viewed as int32 [N, K / 8]; ``ws_ptr``: uint8 E8M0 [N, K / 32] (mxfp4)
+    or e4m3 [N, K / 16] (nvfp4) block scales, row stride ``stride_wsn``; ``x_ptr``: bf16 [M, K]
+    (K contiguous, M <= MP); ``gs_ptr``: nvfp4's fp32 global scale (any pointer for mxfp4);
+    ``c_ptr``: [M, N] (N contiguous); ``part_ptr`` / ``cnt_ptr``: the split-K workspace fp32
+    [SPLIT, tiles, 64, MP] and int32 zeros [tiles] (SPLIT > 1). Every split non-empty (the host).
+
+    Grouped (SPLIT 1): one program per (expert e, 64-row tile); weights [E, N, K / 2] as int32
+    [E * N, K / 8] (a tile's box may run into the next expert's rows: never stored), scales with
+    expert stride ``stride_wse``, ``gs_ptr`` [E] where GS_PER_E. GROUPING 1 (contiguous): expert
+    e owns rows ``seg[e] .. seg[e + 1]`` of x [sum_m, K] / c [sum_m, N]; GROUPING 2 (masked):
+    ``seg[e]`` rows (at most M = max_m) of x [E, max_m, K] / c [E, max_m, N] (expert strides
+    ``stride_xe`` / ``stride_ce``). An expert's rows run in blocks of MP, each streaming the tile's
+    weights again; an expert without rows exits at once (decode: most of them)."""
+    gl.static_assert(num_warps == 4, "one warpgroup")
+    gl.static_assert(STAGES >= 2, "need at least 2 pipeline stages")
+    L4: gl.constexpr = word_layout()
+    xl: gl.constexpr = x_layout(MP)
+    xs_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([MP, CHUNK], gl.bfloat16)
+
+    pid = gl.program_id(0)
+    if GROUPING == 0:
+        tile = pid // SPLIT
+        sp = pid % SPLIT
+        e = pid * 0
+        row0 = pid * 0
+        m_e = M
+    else:
+        tiles = gl.cdiv(N, BLOCK_N)
+        e = pid // tiles
+        tile = pid % tiles
+        sp = 0
+        if GROUPING == 1:
+            row0 = gl.load(seg_ptr + e)
+            m_e = gl.load(seg_ptr + e + 1) - row0
+        else:
+            row0 = pid * 0
+            m_e = gl.minimum(gl.load(seg_ptr + e), M)
+    off_n = tile * BLOCK_N
+    num_c = gl.cdiv(K, CHUNK)
+    c_lo = sp * kc_per_split
+    n_c = gl.minimum(kc_per_split, num_c - c_lo)
+    e64 = e.to(gl.int64)
+    x_base = x_ptr + e64 * stride_xe + row0.to(gl.int64) * stride_xm
+    c_base = c_ptr + e64 * stride_ce + row0.to(gl.int64) * stride_cm
+    ws_e = ws_ptr + e64 * stride_wse
+    w_row = e * N + off_n
+
+    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 16], w_desc.layout)
+    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [2, MP, CHUNK], xs_layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(bars.index(i), count=1)
+
+    # block scales: per thread rows r and r + 8 of its warp, block t (mxfp4) or 2t + i1 (nvfp4)
+    SL3: gl.constexpr = gl.SliceLayout(3, L4)
     if FMT == _FMT_NVFP4:
-        gb = gl.load(gs_ptr).to(gl.float32)
-        acc = acc * gl.div_rn(gl.full([], 256.0, gl.float32), gb)
+        r3 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, gl.SliceLayout(2, SL3)))
+        t3 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, SL3)))
+        i3 = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, SL3)))
+        srow = gl.expand_dims(gl.expand_dims((off_n + gl.minimum(r3, N - 1 - off_n)).to(gl.int64) * stride_wsn, 1), 2)
+        scol = gl.expand_dims(gl.expand_dims(t3 * 2, 0), 2) + gl.expand_dims(gl.expand_dims(i3, 0), 1)
+        ncol = gl.cdiv(K, 16)
+    else:
+        SL2: gl.constexpr = gl.SliceLayout(2, SL3)
+        r3 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, SL2))
+        t3 = gl.arange(0, 4, layout=gl.SliceLayout(0, SL2))
+        srow = gl.expand_dims((off_n + gl.minimum(r3, N - 1 - off_n)).to(gl.int64) * stride_wsn, 1)
+        scol = gl.expand_dims(t3, 0)
+        ncol = gl.cdiv(K, 32)
+
+    xr = gl.arange(0, MP, layout=gl.SliceLayout(1, gl.SliceLayout(2, xl)))
+    xg = gl.arange(0, 16, layout=gl.SliceLayout(1, gl.SliceLayout(0, xl)))
+    xj = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(0, xl)))
 
     out_l: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, 4], [0, 1])
     r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, out_l))
     c = gl.arange(0, MP, layout=gl.SliceLayout(0, out_l))
-    mask = (r < N - off_n)[:, None] & (c < M)[None, :]
-    c_ptrs = c_ptr + c.to(gl.int64)[None, :] * stride_cm + (off_n + r)[:, None]
-    if SPLIT == 1:
-        gl.store(c_ptrs, gl.convert_layout(acc, out_l).to(c_ptr.dtype.element_ty), mask=mask)
+    if FMT == _FMT_NVFP4:
+        if GS_PER_E:
+            gb = gl.load(gs_ptr + e).to(gl.float32)
+        else:
+            gb = gl.load(gs_ptr).to(gl.float32)
+        out_scale = gl.div_rn(gl.full([], 256.0, gl.float32), gb)
+
+    if GROUPING == 0:
+        # dense: M <= MP, one row block (no loop: the loop nest cost ~75 registers per thread in
+        # the sm_90 build, 77 -> 151, and with them programs per SM)
+        acc = _k_loop(w_desc, w_bufs, x_bufs, bars, 0, w_row, ws_e, srow, scol, ncol, x_base, xr < m_e, xr, xg, xj,
+                      stride_xm, K, c_lo, n_c, num_c, FMT, MP, STAGES)
+        if FMT == _FMT_NVFP4:
+            acc = acc * out_scale
+        mask = (r < N - off_n)[:, None] & (c < m_e)[None, :]
+        c_ptrs = c_base + c.to(gl.int64)[None, :] * stride_cm + (off_n + r)[:, None]
+        if SPLIT == 1:
+            gl.store(c_ptrs, gl.convert_layout(acc, out_l).to(c_ptr.dtype.element_ty), mask=mask)
+        else:
+            tile_elems: gl.constexpr = BLOCK_N * MP
+            split_stride = (gl.num_programs(0) // SPLIT).to(gl.int64) * tile_elems
+            offs = (r * MP)[:, None] + c[None, :]
+            base = part_ptr + tile.to(gl.int64) * tile_elems
+            gl.store(base + sp * split_stride + offs, gl.convert_layout(acc, out_l))
+            cta_barrier()
+            cnt = cnt_ptr + tile
+            arrived = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT - 1:
+                tot = gl.load(base + offs, cache_modifier=".cg")
+                for s2 in range(1, SPLIT):
+                    tot = tot + gl.load(base + s2 * split_stride + offs, cache_modifier=".cg")
+                gl.store(c_ptrs, tot.to(c_ptr.dtype.element_ty), mask=mask)
+                gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
     else:
-        tile_elems: gl.constexpr = BLOCK_N * MP
-        split_stride = (gl.num_programs(0) // SPLIT).to(gl.int64) * tile_elems
-        offs = (r * MP)[:, None] + c[None, :]
-        base = part_ptr + tile.to(gl.int64) * tile_elems
-        gl.store(base + sp * split_stride + offs, gl.convert_layout(acc, out_l))
-        cta_barrier()
-        cnt = cnt_ptr + tile
-        arrived = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLIT - 1:
-            tot = gl.load(base + offs, cache_modifier=".cg")
-            for s2 in range(1, SPLIT):
-                tot = tot + gl.load(base + s2 * split_stride + offs, cache_modifier=".cg")
-            gl.store(c_ptrs, tot.to(c_ptr.dtype.element_ty), mask=mask)
-            gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+        for rb in range(gl.cdiv(m_e, MP)):
+            rows_left = m_e - rb * MP
+            acc = _k_loop(w_desc, w_bufs, x_bufs, bars, rb * n_c, w_row, ws_e, srow, scol, ncol,
+                          x_base + (rb * MP).to(gl.int64) * stride_xm, xr < rows_left, xr, xg, xj,
+                          stride_xm, K, c_lo, n_c, num_c, FMT, MP, STAGES)
+            if FMT == _FMT_NVFP4:
+                acc = acc * out_scale
+            mask = (r < N - off_n)[:, None] & (c < rows_left)[None, :]
+            c_ptrs = c_base + (rb * MP + c).to(gl.int64)[None, :] * stride_cm + (off_n + r)[:, None]
+            gl.store(c_ptrs, gl.convert_layout(acc, out_l).to(c_ptr.dtype.element_ty), mask=mask)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(i))
