@@ -131,13 +131,13 @@ def test_grouped_decode_contiguous_and_masked(fmt):
     wd = w.dequantize(torch.float32).double()
     gs = None
     if fmt == "nvfp4":
-        gs = (w.global_scale.float() * torch.tensor([1.0, 2.0, 0.5, 4.0] * 4)).cuda()
+        gs = w.global_scale.float() * torch.tensor([1.0, 2.0, 0.5, 4.0] * 4, device="cuda")
         wd = wd * (w.global_scale.double() / gs.double())[:, None, None]
     counts = torch.tensor([0, 1, 0, 3, 0, 0, 40, 0, 2, 0, 0, 0, 1, 0, 0, 5], dtype=torch.int32)
     offsets = torch.zeros(e + 1, dtype=torch.int32)
     offsets[1:] = counts.cumsum(0)
     x = randn_like_activations(int(counts.sum()), k, dtype=torch.bfloat16, device="cuda", seed=4)
-    kw = dict(out_dtype=torch.float32, b_global_scale=gs, expected_m=1)
+    kw = dict(out_dtype=torch.float32, b_global_scale=gs)  # contiguous: ~3 rows per expert from the offsets
     plan = bs.explain("grouped_gemm", x, w, offsets=offsets.cuda(), **kw)
     assert plan.kernel == "hopper_fp4_stream", plan
     y = bs.grouped_gemm(x, w, offsets=offsets.cuda(), **kw)
@@ -149,9 +149,9 @@ def test_grouped_decode_contiguous_and_masked(fmt):
     for i in range(e):
         xm[i, :counts[i]] = x[offsets[i]:offsets[i + 1]]
     out = torch.full((e, max_m, n), float("nan"), dtype=torch.float32, device="cuda")
-    plan = bs.explain("grouped_gemm", xm, w, masked_m=counts.cuda(), out=out, **kw)
+    plan = bs.explain("grouped_gemm", xm, w, masked_m=counts.cuda(), out=out, expected_m=4, **kw)
     assert plan.kernel == "hopper_fp4_stream", plan
-    bs.grouped_gemm(xm, w, masked_m=counts.cuda(), out=out, **kw)
+    bs.grouped_gemm(xm, w, masked_m=counts.cuda(), out=out, expected_m=4, **kw)
     for i in range(e):
         c = int(counts[i])
         if c:

@@ -175,10 +175,13 @@ def warmup(model_or_weights, max_tokens: int = 8192, *, activations: torch.dtype
             bar.advance(task)
         for label, ex, desc, lo, hi in ex_jobs:
             dev = ex.w_gate.data.device
-            x = torch.zeros((lo, ex.hidden), dtype=activations, device=dev)
-            idx = (torch.arange(lo, device=dev) % ex.num_experts).reshape(lo, 1)
+            # top_k experts per token as the model routes (the combine kernel specialises on it:
+            # top-1 warm-up rows left one build for the captured call; H200, NOTES seventeenth session)
+            tok = -(-lo // k)
+            x = torch.zeros((tok, ex.hidden), dtype=activations, device=dev)
+            idx = (torch.arange(tok * k, device=dev) % ex.num_experts).reshape(tok, k)
             s = time.perf_counter()
-            ex(x, idx, torch.ones((lo, 1), device=dev))
+            ex(x, idx, torch.full((tok, k), 1.0 / k, device=dev))
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
             report.entries.append((label, (lo, hi), desc, time.perf_counter() - s))
