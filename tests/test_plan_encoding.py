@@ -154,7 +154,7 @@ def test_every_grouped_plan_roundtrips():
     from blockscaled.plan import fp4_stream
 
     kinds = {"hopper_wide", "portable_grouped", "grouped_dequant_matmul", "reference"}
-    if fp4_stream._TRITON_OK:  # bf16 mxfp4 / nvfp4 decode problems (the triton it was checked on)
+    if fp4_stream._TRITON_OK and fp4_stream.FP4_STREAM_ENABLED:  # bf16 mxfp4 / nvfp4 decode problems
         kinds.add("hopper_fp4_stream")
     assert {p.kernel for p in plans} == kinds
     assert {p.op for p in plans} == {"grouped", "swiglu"}
@@ -280,6 +280,7 @@ def test_fp4_stream_plans_roundtrip(monkeypatch):
     from blockscaled.plan import fp4_stream
 
     monkeypatch.setattr(fp4_stream, "_TRITON_OK", True)
+    monkeypatch.setattr(fp4_stream, "FP4_STREAM_ENABLED", True)
     plan_gemm.cache_clear()
     plans = set()
     for fmt, m, n, k in itertools.product(("mxfp4", "nvfp4"), (3, 8, 16, 32, 64), (7, 2880, 28672), (32, 2880, 8192)):

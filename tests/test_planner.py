@@ -114,6 +114,7 @@ def test_dispatch_table_in_readme_is_current(monkeypatch):
 
     monkeypatch.setattr(mx_gemv, "_TRITON_OK", True)
     monkeypatch.setattr(fp4_stream, "_TRITON_OK", True)
+    monkeypatch.setattr(fp4_stream, "FP4_STREAM_ENABLED", True)
     plan_gemm_mod.plan_gemm.cache_clear()
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     begin, end = "<!-- dispatch-table:begin -->\n", "<!-- dispatch-table:end -->"
@@ -196,6 +197,7 @@ def fp4_stream_on(monkeypatch):
     from blockscaled.plan import fp4_stream, mx_gemv
 
     monkeypatch.setattr(fp4_stream, "_TRITON_OK", True)
+    monkeypatch.setattr(fp4_stream, "FP4_STREAM_ENABLED", True)
     monkeypatch.setattr(mx_gemv, "_TRITON_OK", True)
     plan_gemm.cache_clear()
     yield
@@ -235,8 +237,26 @@ def test_fp4_stream_not_where_it_cannot_run(fp4_stream_on):
     assert "sm_90" in fp4_stream_reason(Problem("gemm", "mxfp4", 16, 64, 128, a="bfloat16"), a100, True)
     assert "M = 65" in fp4_stream_reason(Problem("gemm", "mxfp4", 65, 64, 128, a="bfloat16"), H100_SXM, True)
     assert "K = 2900" in fp4_stream_reason(Problem("gemm", "mxfp4", 8, 64, 2900, a="bfloat16"), H100_SXM, True)
-    assert fp4_stream_reason(Problem("gemm", "nvfp4", 8, 64, 2880, a="bfloat16"), H100_SXM, True) in (
-        None,)
+    assert fp4_stream_reason(Problem("gemm", "nvfp4", 8, 64, 2880, a="bfloat16"), H100_SXM, True) is None
+
+
+def test_fp4_stream_switch(fp4_stream_on, monkeypatch):
+    """BLOCKSCALED_MX_KERNELS without 'stream' (FP4_STREAM_ENABLED False) keeps the other kernels,
+    dense and grouped, and says why."""
+    from blockscaled.plan import fp4_stream
+    from blockscaled.plan.fp4_stream import fp4_stream_reason, grouped_fp4_stream_reason
+    from blockscaled.plan.grouped import plan_grouped
+
+    monkeypatch.setattr(fp4_stream, "FP4_STREAM_ENABLED", False)
+    plan_gemm.cache_clear()
+    assert _wo("mxfp4", 16).kernel != "hopper_fp4_stream"
+    assert "switched off" in fp4_stream_reason(Problem("gemm", "mxfp4", 16, 64, 128, a="bfloat16"), H100_SXM, True)
+    g = Problem("grouped", "mxfp4", 64, 5760, 2880, "bfloat16", "float32", False, 1, "contiguous", 128, 0.5)
+    assert "switched off" in grouped_fp4_stream_reason(g, H100_SXM)
+    assert plan_grouped(g, H100_SXM, hopper_why="weight-only").kernel != "hopper_fp4_stream"
+    monkeypatch.setattr(fp4_stream, "FP4_STREAM_ENABLED", True)
+    assert grouped_fp4_stream_reason(g, H100_SXM) is None
+    assert plan_grouped(g, H100_SXM, hopper_why="weight-only").kernel == "hopper_fp4_stream"
 
 
 def test_fp4_stream_split_rule():

@@ -10,8 +10,12 @@ read once, at import):
   planner's MX/NV bf16-tile rules for 8 < M <= 512 (plan/portable.py, ``MX_BF16_*``). Off by
   default: correct on the GPU, but its tile rules lost to the previous plan on 6 of 13 sweep rows
   and no tile beat cuBLAS bf16 at M = 16 (same NOTES entry).
-* ``all`` (or ``1``): both; ``none`` (or ``0``): neither. Comma lists work:
-  ``BLOCKSCALED_MX_KERNELS=gemv,bf16``. Unset: ``gemv``.
+* ``stream``: the sm_90 fp4 streaming kernel (kernels/hopper/fp4_stream.py) for mxfp4 / nvfp4
+  weight-only calls at M <= 64, dense and grouped (plan/fp4_stream.py). **On by default** since
+  the seventeenth session: its GPU tests and every row of ``bench --suite mx`` passed the float64
+  checks on an H200.
+* ``all`` (or ``1``): all three; ``none`` (or ``0``): none. Comma lists work:
+  ``BLOCKSCALED_MX_KERNELS=gemv,bf16``. Unset: ``gemv,stream``.
 """
 
 from __future__ import annotations
@@ -24,18 +28,18 @@ __all__ = ["MX_KERNELS", "mx_kernel_enabled"]
 def _parse(value: str) -> frozenset[str]:
     parts = {p.strip().lower() for p in value.split(",") if p.strip()}
     if parts & {"1", "all", "on", "true"}:
-        return frozenset({"gemv", "bf16"})
-    unknown = parts - {"gemv", "bf16", "0", "off", "false", "none"}
+        return frozenset({"gemv", "bf16", "stream"})
+    unknown = parts - {"gemv", "bf16", "stream", "0", "off", "false", "none"}
     if unknown:
-        raise ValueError(f"BLOCKSCALED_MX_KERNELS: expected 'all', 'gemv', 'bf16' or a comma list of them, got "
+        raise ValueError(f"BLOCKSCALED_MX_KERNELS: expected 'all', 'gemv', 'bf16', 'stream' or a comma list of them, got "
                          f"{value!r}")
-    return frozenset(parts & {"gemv", "bf16"})
+    return frozenset(parts & {"gemv", "bf16", "stream"})
 
 
 #: the experimental kernels switched on in this process
-MX_KERNELS: frozenset[str] = _parse(os.environ.get("BLOCKSCALED_MX_KERNELS", "gemv"))
+MX_KERNELS: frozenset[str] = _parse(os.environ.get("BLOCKSCALED_MX_KERNELS", "gemv,stream"))
 
 
 def mx_kernel_enabled(name: str) -> bool:
-    """Whether the experimental kernel ``name`` ("gemv" or "bf16") is on in this process."""
+    """Whether the experimental kernel ``name`` ("gemv", "bf16" or "stream") is on in this process."""
     return name in MX_KERNELS

@@ -26,6 +26,7 @@ chosen, split 4 was best), and the other misses are 1.10-1.18x (28672 x 8192 at 
 
 from __future__ import annotations
 
+from .._experimental import mx_kernel_enabled
 from ..config.gemm import GemmConfig
 from .device import DeviceInfo
 from .mx_gemv import _triton_release
@@ -56,6 +57,8 @@ FP4_STREAM_STAGES = 6
 #: above, triton 3.6). Others keep the portable kernels until checked.
 FP4_STREAM_TRITON = ((3, 6),)
 _TRITON_OK = _triton_release() in FP4_STREAM_TRITON
+#: ``BLOCKSCALED_MX_KERNELS`` without ``stream`` (e.g. ``none``) turns the kernel off
+FP4_STREAM_ENABLED = mx_kernel_enabled("stream")
 
 
 def fp4_stream_reason(p: Problem, dev: DeviceInfo, gluon_ok: bool) -> str | None:
@@ -66,6 +69,8 @@ def fp4_stream_reason(p: Problem, dev: DeviceInfo, gluon_ok: bool) -> str | None
         return "not an sm_90 device"
     if not gluon_ok:
         return "the Gluon kernels do not build with this triton"
+    if not FP4_STREAM_ENABLED:
+        return "switched off (BLOCKSCALED_MX_KERNELS without 'stream')"
     if not _TRITON_OK:
         return f"triton {'.'.join(map(str, _triton_release()))} (checked on {FP4_STREAM_TRITON})"
     if p.a != "bfloat16":
@@ -126,8 +131,8 @@ def grouped_fp4_stream_reason(p: Problem, dev: DeviceInfo) -> str | None:
         return "not a contiguous / masked grouped GEMM (SwiGLU keeps its kernels)"
     if p.fmt not in FP4_STREAM_FORMATS:
         return f"{p.fmt} weights"
-    if not dev.is_hopper or not _TRITON_OK:
-        return "not an sm_90 device with a checked triton"
+    if not dev.is_hopper or not _TRITON_OK or not FP4_STREAM_ENABLED:
+        return "not an sm_90 device with a checked triton (or switched off: BLOCKSCALED_MX_KERNELS)"
     if p.a != "bfloat16":
         return "activations are not bf16 (weight-only only)"
     if p.k % 32 or p.k <= 0 or not p.tma:
