@@ -11,6 +11,7 @@ go through the Triton interpreter as a user's CPU run does.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -176,7 +177,8 @@ def test_layer_table_glue_and_verdicts():
 # --------------------------------------------------------------------------- model suite
 def test_model_rows(reference, monkeypatch):
     """Decode, prefill and generate rows of a tiny Qwen3-MoE: both modes of ours checked against
-    the bf16 model's logits; the bf16 rows beside them; tokens/s in the table."""
+    the simulated model's logits (the bf16 model's cosine reported beside); the bf16 rows beside
+    them; tokens/s in the table."""
     pytest.importorskip("transformers")
     runner = _runner(monkeypatch, timing=True)
     cases = suites.for_interpreter([c for c in suites.get_suite("model") if c.arch == "qwen3-30b-a3b"])
@@ -189,7 +191,9 @@ def test_model_rows(reference, monkeypatch):
         ("decode", "model-bf16", "bf16-model", None), ("decode", "model", "blockscaled", "ok"),
         ("decode", "model-weight-only", "blockscaled", "ok"), ("generate", "model-bf16", "bf16-model", None),
         ("generate", "model", "blockscaled", "ok"), ("generate", "model-weight-only", "blockscaled", "ok")]), got
-    assert all(r["cosine"] > model_suite.MODEL_MIN_COS["fp8_block"] for r in runner.rows if "cosine" in r)
+    ours = [r for r in runner.rows if r["impl"] == "blockscaled"]
+    assert all(r["module_err"] <= model_suite.MODEL_MODULE_TOL and r["cosine"] > 0.9999 and 0 < r["cosine_bf16"] < 1
+               for r in ours), ours
     gen_rows = [r for r in runner.rows if r["case"] == gen.name]
     assert all(r["method"] == "eager-generate" and r["median_ms"] is not None for r in gen_rows)
     head, body = model_suite.table(runner.rows)
@@ -199,18 +203,85 @@ def test_model_rows(reference, monkeypatch):
     assert dec[0][head.index("tokens/s")] == f"{decode.m / 10e-6:,.0f}"
 
 
-def test_model_check_catches_broken_weights(reference, monkeypatch):
-    """A layout bug (every quantized linear's output columns shifted by one) moves the logits
-    below the format's cosine limit."""
+def _doubled_scale(w):
+    """``w`` (a ScaledTensor) with every block's scale x 2 (E8M0: exponent + 1), new tensors."""
+    s = w.scale
+    return replace(w, scale=s + 1 if s.dtype == torch.uint8 else (s.float() * 2).to(s.dtype))
+
+
+def _break(q, how: str) -> None:
+    """Break one quantized module of ``q`` in what *our* forward computes, as a kernel reading
+    the wrong scales would: the module's stored weight (which the simulated twin reads) is left
+    as it was."""
+    import blockscaled as bs
+    import blockscaled.nn as bsnn
+
+    if how == "linear-scale":  # layer 0's attention output projection
+        lin = q.get_submodule("model.layers.0.self_attn.o_proj")
+        assert isinstance(lin, bsnn.Linear)
+        w = _doubled_scale(lin.weight)
+        lin.forward = lambda x: bs.linear(x, w, lin.bias, weight_only=lin.weight_only, out_dtype=x.dtype)
+    elif how == "experts-scale":  # layer 0's experts, down projection
+        ex = q.get_submodule("model.layers.0.mlp.experts")
+        assert isinstance(ex, bsnn.Experts)
+        good, bad, rows = ex.w_down, _doubled_scale(ex.w_down), ex.expert_rows
+
+        def broken_rows(*args):
+            ex.w_down = bad
+            try:
+                return rows(*args)
+            finally:
+                ex.w_down = good
+
+        ex.expert_rows = broken_rows
+    else:
+        raise AssertionError(how)
+
+
+_BROKEN_MODULE = {"linear-scale": "model.layers.0.self_attn.o_proj", "experts-scale": "model.layers.0.mlp.experts"}
+
+
+@pytest.mark.parametrize("broken", ["none", "linear-scale", "experts-scale", "layout"])
+def test_model_check_against_simulated(reference, monkeypatch, broken):
+    """The row check, mxfp4 on the gpt-oss stand-in (the case whose bf16 comparison failed on the
+    GPU with correct kernels): the correct model passes (every module within the limit of its
+    twin, logits as the simulated model's); one module broken in our forward only (its scales
+    doubled) fails both modes' rows and is named, and so does a layout bug (every linear's
+    output columns shifted by one). The old check, the bf16 cosine >= 0.70, passed the broken
+    modules."""
     pytest.importorskip("transformers")
     import blockscaled.nn as bsnn
 
-    orig = bsnn.Linear.forward
-    monkeypatch.setattr(bsnn.Linear, "forward", lambda self, x: torch.roll(orig(self, x), 1, -1))
+    if broken == "layout":
+        orig_fwd = bsnn.Linear.forward
+        monkeypatch.setattr(bsnn.Linear, "forward", lambda self, x: torch.roll(orig_fwd(self, x), 1, -1))
+    elif broken != "none":
+        orig = model_suite._Models.ours
+
+        def ours(self, fmt, weight_only):
+            q = orig(self, fmt, weight_only)
+            if not getattr(q, "_test_broken", False):
+                _break(q, broken)
+                q._test_broken = True
+            return q
+
+        monkeypatch.setattr(model_suite._Models, "ours", ours)
     runner = _runner(monkeypatch)
-    case = [c for c in suites.for_interpreter(suites.get_suite("model")) if c.label == "decode"][0]
-    runner.run_case(case, "fp8_block")
-    assert [r["check"] for r in runner.rows] == ["FAIL", "FAIL"], [r.get("cosine") for r in runner.rows]
+    case = [c for c in suites.for_interpreter(suites.get_suite("model"))
+            if c.label == "decode" and c.arch == "tiny:gpt-oss-20b"][0]
+    runner.run_case(case, "mxfp4")
+    rows = {r["op"]: r for r in runner.rows}
+    print(broken, {op: (r["check"], r["module"], f"{r['module_err']:.2e}", round(r["cosine"], 6),
+                        round(r["cosine_bf16"], 4)) for op, r in rows.items()})
+    assert set(rows) == {"model", "model-weight-only"}, runner.rows
+    for r in rows.values():
+        if broken == "none":
+            # the reference path: ours is the float64 twin up to its bf16 output
+            assert r["check"] == "ok" and r["module_err"] < 4e-3 and r["cosine"] > 0.9999, r
+        else:
+            assert r["check"] == "FAIL" and r["module_err"] > 0.5, r
+        if broken in _BROKEN_MODULE:
+            assert r["module"] == _BROKEN_MODULE[broken] and r["cosine_bf16"] > 0.70, r
 
 
 # --------------------------------------------------------------------------- CLI, CPU

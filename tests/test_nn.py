@@ -6,14 +6,14 @@ the module's plumbing is what is under test here; the kernels have their own sui
 Linear test also runs the kernel path (``path`` fixture: the Triton interpreter on CPU).
 """
 
-import copy
-
 import pytest
 import torch
 
 import blockscaled as bs
 import blockscaled.nn as bsnn
 from blockscaled.reference.experts import experts as ref_experts
+from blockscaled.reference.model import (SimulatedExperts, SimulatedLinear, module_errors, record_routing,
+                                         simulated_model)
 from blockscaled.testing.tolerances import assert_gemm_close
 
 FORMATS = ["fp8_block", "mxfp8", "mxfp4", "nvfp4"]
@@ -291,17 +291,6 @@ def _logit_metrics(out, ref):
     return cos, kl
 
 
-class _SimulatedLinear(torch.nn.Module):
-    """What a blockscaled.nn.Linear should compute, from the public quantizers in float64."""
-
-    def __init__(self, q):
-        super().__init__()
-        self.q = q
-
-    def forward(self, x):
-        return _expected(x, self.q.weight, self.q.bias, self.q.weight_only).to(x.dtype)
-
-
 #: Minimum logits cosine vs the bf16 model, W x A (weight-only is closer). Measured here
 #: (llama / qwen2, W x A): fp8_block 0.9974 / 0.9974, mxfp8 0.9973 / 0.9970, mxfp4 0.956 / 0.947,
 #: nvfp4 0.965 / 0.965; with layer 0's down_proj scales doubled: fp8_block 0.944 / 0.951,
@@ -342,10 +331,8 @@ def test_hf_model_logits_close_to_bf16(reference, arch, fmt):
         print(f"{arch} {fmt} {'weight-only' if weight_only else 'W x A'}: cos={cos:.5f} KL={kl:.2e}")
         assert cos > _MIN_COS[fmt] and kl < _MAX_KL[fmt], (arch, fmt, weight_only, cos, kl)
         # the module computes exactly what the format's quantizers simulate in float64
-        sim = copy.deepcopy(q)
-        for name in rep.quantized:
-            parent, _, child = name.rpartition(".")
-            setattr(sim.get_submodule(parent), child, _SimulatedLinear(q.get_submodule(name)))
+        sim = simulated_model(q)
+        assert all(isinstance(sim.get_submodule(n), SimulatedLinear) for n in rep.quantized)
         with torch.no_grad():
             sim_cos, _ = _logit_metrics(out, sim(ids).logits)
         assert sim_cos > 0.9999, (fmt, weight_only, sim_cos)
@@ -453,15 +440,6 @@ def test_experts_constructor_errors(reference):
         bsnn.Experts.from_hf(torch.nn.Linear(4, 4), "mxfp8")
 
 
-class _SimulatedExperts(torch.nn.Module):
-    def __init__(self, ex):
-        super().__init__()
-        self.ex = ex
-
-    def forward(self, x, idx, w):
-        return ref_experts(self.ex, x, idx, w).to(x.dtype)
-
-
 #: Minimum logits cosine / maximum KL vs the bf16 model with only the experts quantized (W x A).
 #: Routing flips make whole-model numbers of these tiny random MoE models much noisier than the
 #: dense ones (mxfp4 everywhere: cos 0.74-0.80), so the bf16 comparison quantizes the experts
@@ -492,12 +470,8 @@ def test_hf_moe_models_quantized(reference, arch, fmt):
         assert isinstance(q.get_submodule(name), bsnn.Experts)
     assert not any(n.rsplit(".", 1)[-1] in ("gate", "router") for n in rep.quantized)  # routers stay float
     # ... computes exactly what the format's quantizers simulate in float64
-    sim = copy.deepcopy(q)
-    for name in rep.quantized_experts + rep.quantized:
-        parent, _, child = name.rpartition(".")
-        mod = q.get_submodule(name)
-        wrap = _SimulatedExperts(mod) if isinstance(mod, bsnn.Experts) else _SimulatedLinear(mod)
-        setattr(sim.get_submodule(parent), child, wrap)
+    sim = simulated_model(q)
+    assert all(isinstance(sim.get_submodule(n), SimulatedExperts) for n in rep.quantized_experts)
     with torch.no_grad():
         sim_cos, _ = _logit_metrics(q(ids).logits, sim(ids).logits)
     assert sim_cos > 0.9999, (arch, fmt, sim_cos)
@@ -517,6 +491,44 @@ def test_hf_moe_models_quantized(reference, arch, fmt):
         cos2, kl2 = _logit_metrics(qe(ids).logits, ref)
     print(f"{arch} {fmt} broken experts: cos={cos2:.5f} KL={kl2:.2e}")
     assert cos2 < _MOE_MIN_COS[fmt] or kl2 > _MOE_MAX_KL[fmt], ("broken experts passed", cos2, kl2)
+
+
+def test_simulated_model_shares_weights_and_replays_routing(reference):
+    """``simulated_model``: twins in place of the quantized modules, every tensor shared with the
+    quantized model (none copied), the model itself untouched; ``record_routing`` leaves no hook
+    behind, and the twins replay the recorded routing, call by call, once; ``module_errors``
+    compares every quantized module's call with its twin."""
+    q = bsnn.quantize_model(_moe_model("qwen3_moe"), "mxfp4")
+    ids = torch.randint(0, _CFG["vocab_size"], (2, 6), generator=torch.Generator().manual_seed(2))
+    ex0 = q.get_submodule("model.layers.0.mlp.experts")
+    with torch.no_grad():
+        with record_routing(q) as rec:
+            ours = q(ids).logits
+        assert not ex0._forward_pre_hooks and rec.remaining() == 2  # one call per MoE layer
+        sim = simulated_model(q, routing=rec)
+        assert sim.model.embed_tokens.weight is q.model.embed_tokens.weight
+        assert isinstance(q.model.layers[0].mlp.experts, bsnn.Experts)  # q left as it was
+        assert isinstance(sim.model.layers[0].self_attn.q_proj, SimulatedLinear)
+        cos, _ = _logit_metrics(ours, sim(ids).logits)
+        assert cos > 0.9999 and rec.remaining() == 0, cos
+        with pytest.raises(RuntimeError, match="no recorded call left"):
+            sim(ids)
+        # every quantized module's call against its twin on the same inputs: the bf16 output's rounding
+        with module_errors(q) as errs:
+            q(ids)
+        rep = bsnn.quantization_report(q)
+        assert sorted(errs.errors) == sorted(rep.quantized + rep.quantized_experts) and errs.calls == len(errs.errors)
+        assert 0 < errs.worst()[1] < 4e-3 and not ex0._forward_hooks, errs
+        # the twins use the recorded routing, not their own router's: another expert for every
+        # token of layer 0 moves the logits
+        with record_routing(q) as rec:
+            q(ids)
+        idx, w = rec.calls[ex0][0]
+        rec.calls[ex0][0] = ((idx + 1) % ex0.num_experts, w)
+        cos, _ = _logit_metrics(ours, simulated_model(q, routing=rec)(ids).logits)
+        assert cos < 0.99, cos
+    with pytest.raises(ValueError, match="no blockscaled.nn.Linear or Experts"):
+        simulated_model(_moe_model("qwen3_moe"))
 
 
 def test_hf_moe_weight_only_and_generate(reference):

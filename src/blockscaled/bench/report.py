@@ -120,8 +120,8 @@ def _check(r):
     if c is None:
         return "-"
     e = r.get("rel_err")
-    if r.get("cosine") is not None:  # model rows: logits cosine against the bf16 model
-        return f"{c} cos {r['cosine']:.4f}"
+    if r.get("cosine") is not None:  # model rows: worst module error, logits cosine vs the simulated model
+        return f"{c} mod {r.get('module_err', float('nan')):.1e} cos {r['cosine']:.5f}"
     return c if c == "bitwise" or e is None else f"{c} {e:.1e}"
 
 
