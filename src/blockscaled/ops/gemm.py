@@ -484,6 +484,10 @@ def gemm_problem(a2, a_s2, b_data, b_rows: int, fmt: Format, k: int, m: int, n: 
                    interpret=b_data.device.type == "cpu" and _checks.INTERPRET)
 
 
+#: weight formats whose weight-only calls may take the fp4 streaming kernel (plan/fp4_stream.py)
+_FP4_STREAM_FORMATS = ("mxfp4", "nvfp4")
+
+
 def _tma_ok(a2, a_s2, b_data, fmt: Format, n: int, out2) -> bool:
     """The sm_90 kernels' TMA descriptors can take the operands: A, B (16-byte aligned bases and row
     strides) and the output for the Hopper fp8_block kernels (quantized A); the packed weights for
@@ -496,10 +500,6 @@ def _tma_ok(a2, a_s2, b_data, fmt: Format, n: int, out2) -> bool:
     if a_s2 is None and fmt.name in _FP4_STREAM_FORMATS:
         return _hopper.tma_2d_reason("b", b_data) is None
     return False
-
-
-#: weight formats whose weight-only calls may take the fp4 streaming kernel (plan/fp4_stream.py)
-_FP4_STREAM_FORMATS = ("mxfp4", "nvfp4")
 
 
 def make_plan(problem: Problem, device: torch.device, forced=None) -> Plan:

@@ -36,11 +36,14 @@ Numerics: every e2m1 x E8M0 and e2m1 x e4m3 product is exact in bf16 (kernels/tr
 ``fp4_bf16`` / ``scale_bf16``: the same bit patterns and factors), fp32 accumulation in the
 tensor core, one rounding at the store; only the summation order differs from the float64
 reference (the tolerance table). nvfp4: the factor carries 2**-8 (``NVFP4_BF16_SHIFT``), undone
-with the global scale in the epilogue. K must be a multiple of 128 (the host checks; TMA
-zero-fills the tail rows of N, masked loads zero the activations past M).
+with the global scale in the epilogue. K must be a multiple of 32 (16-byte TMA rows; the planner
+checks): a last step past K reads zero-filled codes (TMA), scales of 2**0 / 0 (masked loads: a
+NaN scale code there would poison the zeros) and zero activations; TMA also zero-fills the rows
+past N and masked loads the activation rows past M.
 
-Split-K (SPLIT > 1): as the skinny fp8_block kernel, fp32 partial tiles and a deterministic
-last-arriver sum in split order.
+Split-K (SPLIT > 1, dense only): as the skinny fp8_block kernel, fp32 partial tiles and a
+deterministic last-arriver sum in split order. Grouped (contiguous / masked MoE): see
+``fp4_stream_kernel``.
 """
 
 from triton.experimental import gluon
