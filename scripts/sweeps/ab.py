@@ -7,6 +7,8 @@ against the float64 reference, then timed in interleaved rounds.
     python scripts/sweeps/ab.py --op grouped --layout masked --experts 8 --shapes 128x4096x7168 \\
         --variants plan,wide@tail_split=2,portable
     python scripts/sweeps/ab.py --op swiglu --layout dense --shapes 256x18432x7168 --variants plan,hopper,portable
+    python scripts/sweeps/ab.py --fmt mxfp4 --weight-only --shapes 16x8192x8192 \\
+        --variants plan,stream@split_k=1,stream@split_k=2,stream@split_k=4,stream@split_k=8,portable
     python scripts/sweeps/ab.py --shapes 64x7168x2048 --variants plan,cands --list   # resolve only (CPU: an H100)
 
 Ops: ``gemm`` (``blockscaled.gemm``; ``--fmt``, ``--weight-only`` for bf16 activations), ``grouped``
@@ -23,6 +25,10 @@ Variants (comma list; the first is the baseline of the ratio column):
                   portable candidate, else the portable rules (plan/portable.py, grouped_portable.py)
   gemv            dense fp8_block at M = 1: the decode GEMV
   dequant_matmul  dequantize to bf16 + cuBLAS
+  stream          dense mxfp4 / nvfp4 weight-only (--weight-only), M <= 64, sm_90: the fp4 streaming
+                  kernel with the planner's split and ring (plan/fp4_stream.py); stream@split_k=N
+                  times another split (the measurement behind FP4_STREAM_PROGRAMS_PER_SM /
+                  FP4_STREAM_MIN_CHUNKS)
   KIND@f=v:f=v    KIND's config with fields replaced, e.g. wide@block_n=128:epilogue=masked,
                   portable@split_k=2; Hopper rings are refilled to what fits unless stages= is given
   cands[:PREFIX]  dense fp8_block on sm_90: every candidate the planner ranks (plan.dense.fp8_candidates)
@@ -47,7 +53,7 @@ import json
 import statistics
 import sys
 
-KINDS = ("plan", "hopper", "wide", "skinny", "portable", "gemv", "dequant_matmul", "cands")
+KINDS = ("plan", "hopper", "wide", "skinny", "portable", "gemv", "dequant_matmul", "stream", "cands")
 LAYOUTS = {"gemm": ("dense",), "grouped": ("contiguous", "masked"), "swiglu": ("dense", "contiguous", "masked")}
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 #: HopperConfig fields whose change calls for another ring depth (unless stages= is given too)
@@ -202,6 +208,13 @@ def resolve(case: Case, tokens: list[str], dev) -> list[tuple[str, object]]:
                    else grouped_hopper_config(case.m, case.n, case.k, sms, p.out_bytes, case.experts))
         elif kind == "gemv":
             cfg = _best(case, dev, lambda c: not isinstance(c, HopperConfig) and c.strategy == "gemv")
+        elif kind == "stream":
+            from blockscaled.plan.fp4_stream import FP4_STREAM_MAX_M, fp4_stream_config
+
+            if (case.op != "gemm" or case.fmt not in ("mxfp4", "nvfp4") or not case.weight_only
+                    or case.m > FP4_STREAM_MAX_M):
+                raise SystemExit(f"variant {tok!r}: dense mxfp4 / nvfp4 --weight-only at M <= {FP4_STREAM_MAX_M}")
+            cfg = fp4_stream_config(p, dev)
         elif kind == "portable" and fp8_hopper:
             cfg = _best(case, dev, lambda c: not isinstance(c, HopperConfig) and c.strategy == "triton")
         elif kind == "portable" and case.op == "gemm":

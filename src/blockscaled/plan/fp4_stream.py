@@ -6,7 +6,9 @@ operand (64 weight rows per program, 128 K per step). It takes the calls the dec
 (plan/mx_gemv.py: mxfp4 M <= 2, nvfp4 M = 1 stay there).
 
 Measured (H200, one run per row, CUDA-graph replays, inputs rotated past L2, every output checked
-against float64: benchmarks/results/h200/archive/fp4-stream-ab-20261127.json; 6 shapes from
+against float64: benchmarks/results/h200/archive/fp4-stream-ab-20261127.json, from an A/B script
+the session kept out of the tree; ``scripts/sweeps/ab.py --weight-only --variants
+plan,stream@split_k=N,...`` times the same variants; 6 shapes from
 gpt-oss, Llama 3 8B / 70B and DeepSeek x M 2..64 x both formats, 72 rows): against the plan that
 ran before (portable kernel) 1.3-3.5x at M >= 4 on every row, nvfp4 M = 2 1.35-2.85x; against
 cuBLAS bf16 on the dequantized weights 1.1-1.65x on the 8-117 MB weights at M <= 16, 0.8-0.9x
