@@ -67,15 +67,10 @@ _FMT_NVFP4 = gl.constexpr(3)
 # registers $0..$3 = elements (j, j + 4), j = 0..3, each ``e2m1 * factor`` (mxfp4: times 2**126
 # first: the placed bits are e2m1 * 2**-126, see _mma.fp4_bf16). fma with -0.0 keeps the sign of
 # zero products.
+# Nibbles j and j + 4 of the word to bf16 bits: magnitudes to bits 6..8 / 22..24 (a shift of
+# 6 - 4j, left for j < 2, right above), signs to bits 15 / 31 (left by 12 - 4j).
 _PAIR = """
-shl.b32 m, $4, {ms};
-and.b32 m, m, 0x01C001C0;
-shl.b32 s, $4, {ss};
-and.b32 s, s, 0x80008000;
-or.b32 m, m, s;
-"""
-_PAIR_R = """
-shr.b32 m, $4, {ms};
+{op}.b32 m, $4, {ms};
 and.b32 m, m, 0x01C001C0;
 shl.b32 s, $4, {ss};
 and.b32 s, s, 0x80008000;
@@ -85,9 +80,9 @@ or.b32 m, m, s;
 
 def _decode_asm(two_mul: bool) -> str:
     body = ["{", ".reg .b32 m, s, nz, c;", "mov.b32 nz, 0x80008000;", "mov.b32 c, 0x7E807E80;"]
-    parts = [(_PAIR, 6, 12), (_PAIR, 2, 8), (_PAIR_R, 2, 4), (_PAIR_R, 6, 0)]
-    for j, (tmpl, ms, ss) in enumerate(parts):
-        body.append(tmpl.format(ms=ms, ss=ss))
+    for j in range(4):
+        ms = 6 - 4 * j
+        body.append(_PAIR.format(op="shl" if ms >= 0 else "shr", ms=abs(ms), ss=12 - 4 * j))
         if two_mul:
             body.append("fma.rn.bf16x2 m, m, c, nz;")
         body.append(f"fma.rn.bf16x2 ${j}, m, $5, nz;")
