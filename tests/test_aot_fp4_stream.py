@@ -32,11 +32,11 @@ TGT = GPUTarget("cuda", 90, 32)
 
 def sig(out):
     return {"w_desc": f"tensordesc<i32[64, 16],{_w_layout()!r}>", "ws_ptr": "*u8", "x_ptr": "*bf16",
-            "gs_ptr": "*fp32", "c_ptr": out, "part_ptr": "*fp32", "cnt_ptr": "*i32", "seg_ptr": "*i32",
+            "gs_ptr": "*fp32", "ags_ptr": "*fp32", "bias_ptr": "*bf16", "c_ptr": out, "part_ptr": "*fp32", "cnt_ptr": "*i32", "seg_ptr": "*i32",
             "M": "i32", "N": "i32", "K": "i32", "kc_per_split": "i32", "SPLIT": "i32", "stride_wsn": "i32",
             "stride_wse": "i32", "stride_xm": "i32", "stride_xe": "i32", "stride_cm": "i32", "stride_ce": "i32",
             "FMT": "constexpr", "MP": "constexpr", "STAGES": "constexpr", "GROUPING": "constexpr",
-            "GS_PER_E": "constexpr", "num_warps": "constexpr"}
+            "GS_PER_E": "constexpr", "HAS_AGS": "constexpr", "HAS_BIAS": "constexpr", "num_warps": "constexpr"}
 
 out = {}
 for fmt, mp, st, cdt, gr in [(2, 8, 6, "*bf16", 0), (2, 64, 6, "*fp32", 0), (3, 16, 4, "*bf16", 0),
@@ -45,7 +45,8 @@ for fmt, mp, st, cdt, gr in [(2, 8, 6, "*bf16", 0), (2, 64, 6, "*fp32", 0), (3, 
     try:
         k = triton.compile(GluonASTSource(F.fp4_stream_kernel, sig(cdt),
                                           constexprs={"FMT": fmt, "MP": mp, "STAGES": st, "GROUPING": gr,
-                                                      "GS_PER_E": gr == 2, "num_warps": 4}),
+                                                      "GS_PER_E": gr == 2, "HAS_AGS": fmt == 3 and mp == 32,
+                                                      "HAS_BIAS": gr == 0 and mp != 8, "num_warps": 4}),
                            target=TGT, options={"num_warps": 4})
     except Exception as e:
         out[key] = {"error": f"{type(e).__name__}: {str(e)[-800:]}"}

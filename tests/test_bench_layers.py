@@ -192,8 +192,16 @@ def test_model_rows(reference, monkeypatch):
         ("decode", "model-weight-only", "blockscaled", "ok"), ("generate", "model-bf16", "bf16-model", None),
         ("generate", "model", "blockscaled", "ok"), ("generate", "model-weight-only", "blockscaled", "ok")]), got
     ours = [r for r in runner.rows if r["impl"] == "blockscaled"]
-    assert all(r["module_err"] <= model_suite.MODEL_MODULE_TOL and r["cosine"] > 0.9999 and 0 < r["cosine_bf16"] < 1
-               for r in ours), ours
+    # the reference path (CPU) computes each module in float64: near-identical logits; on the GPU
+    # the kernels' fp32 sums and bf16 outputs move them by up to the suite's own bound
+    def cos_min(r):
+        if not torch.cuda.is_available():
+            return 0.9999
+        return model_suite.MODEL_SIM_MIN_COS[("fp8_block", r["op"].endswith("weight-only"))]
+
+    vals = [(r["case"], r["op"], r["module_err"], r["cosine"], r["cosine_bf16"]) for r in ours]
+    assert all(r["module_err"] <= model_suite.MODEL_MODULE_TOL and r["cosine"] >= cos_min(r)
+               and 0 < r["cosine_bf16"] < 1 for r in ours), vals
     gen_rows = [r for r in runner.rows if r["case"] == gen.name]
     assert all(r["method"] == "eager-generate" and r["median_ms"] is not None for r in gen_rows)
     head, body = model_suite.table(runner.rows)

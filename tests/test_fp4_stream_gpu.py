@@ -1,5 +1,5 @@
 """The sm_90a fp4-weight streaming kernel (kernels/hopper/fp4_stream.py) on the GPU: mxfp4 / nvfp4
-weights x bf16 activations against the float64 reference, through forced configs (every padded
+weights x bf16 or quantized activations against the float64 reference, through forced configs (every padded
 row count, K splits that divide and do not divide the steps, ring depths, output dtypes), the
 planner's own plan (``bs.linear`` / ``bs.gemm`` weight-only), odd N, K tails (K % 128 != 0),
 extreme E8M0 scales, NaN scales, determinism, CUDA graphs. Needs an sm_90 GPU (skipped elsewhere).
@@ -104,12 +104,49 @@ def test_extreme_and_nan_scales():
     assert out[:, 5].isnan().all() and not out[:, :5].isnan().any() and not out[:, 6:].isnan().any()
 
 
+@pytest.mark.parametrize("fmt", FMTS)
+def test_w_x_a_and_bias(fmt):
+    """Quantized activations of the weight's format (W x A: dequantized exactly to bf16, nvfp4's
+    activation global scale applied in the epilogue beside the weight's) and a bias (bf16 / fp32,
+    added in fp32 in the epilogue, also by the split-K last arriver), through the planner
+    (``bs.linear``: explain names the kernel) and forced splits; against the float64 reference."""
+    n, k = 5760, 2880
+    for m in (3, 16, 64):
+        x, w = _operands(fmt, m, n, k, seed=10 + m)
+        xq = quantize(x, fmt)  # nvfp4: its own global scale, not 1
+        bias = (torch.randn(n, generator=torch.Generator().manual_seed(m)) * 0.3).cuda()
+        for a, wo in ((xq, False), (x, True)):
+            for b in (None, bias.to(torch.bfloat16), bias):
+                plan = bs.explain("gemm", a, w, bias=b)
+                if not (m <= 2 and fmt == "mxfp4"):
+                    assert plan.kernel == "hopper_fp4_stream", plan
+                ref = ref_gemm_mod.gemm(a, w, bias=b)
+                y = bs.gemm(a, w, bias=b)
+                assert_gemm_close(y, ref, fmt, torch.bfloat16, what=f"m={m} wo={wo} bias={b is not None}")
+                for split in (1, 3):
+                    out = torch.full((m, n), float("nan"), dtype=torch.float32, device="cuda")
+                    bs.gemm(a, w, torch.float32, out=out, config=_cfg(m, split), bias=b)
+                    assert_gemm_close(out, ref, fmt, torch.float32, what=f"m={m} wo={wo} split={split}")
+        if m == 16:  # the linear layer path (quantizes x itself) plans it too, and replays in a graph
+            plan = bs.explain("linear", x, w, bias)
+            assert plan.kernel == "hopper_fp4_stream", plan
+            y = bs.linear(x, w, bias)
+            static = torch.empty_like(y)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                bs.linear(x, w, bias, out=static)
+            static.fill_(float("nan"))
+            g.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(static, y)
+
+
 def test_forced_config_refused_where_it_cannot_run():
     x, w = _operands("mxfp4", 8, 64, 256)
     with pytest.raises(ValueError, match="fp4_stream"):
-        bs.gemm(quantize(x, "mxfp4"), w, config=_cfg(8))  # quantized activations
+        bs.gemm(x.half(), w, config=_cfg(8))  # fp16 activations
     with pytest.raises(ValueError, match="fp4_stream"):
-        bs.gemm(x, w, config=_cfg(8), bias=torch.zeros(64, device="cuda"))
+        bs.gemm(x[:, :200], w, config=_cfg(8))  # K % 32
     x8, w8 = _operands("mxfp8", 8, 64, 256)
     with pytest.raises(ValueError, match="fp4_stream"):
         bs.gemm(x8, w8, config=_cfg(8))

@@ -243,6 +243,8 @@ def test_portable_rules_on_h100():
     """The portable rules (plan/portable.py): what the planner runs on sm_90 for MX/NV formats and
     weight-only GEMMs, and for fp8_block on other GPUs (fitted on the H100, checked here with
     its DeviceInfo)."""
+    from blockscaled.plan import fp4_stream
+
     bf16 = torch.bfloat16
 
     def plan(fmt, m, n, k, **kw):
@@ -251,8 +253,10 @@ def test_portable_rules_on_h100():
     for fmt in ("mxfp8", "mxfp4", "nvfp4"):
         assert plan(fmt, 4096, 7168, 2048).config.strategy == "dequant_matmul"
         assert plan(fmt, 4096, 7168, 2048, a="bfloat16").config.strategy == "dequant_matmul"
-        # (M <= 8 runs the MX / NV decode GEMV: tests/test_mx_gemv.py)
-        assert plan(fmt, 16, 7168, 2048).config.strategy == "triton"
+        # (M <= 8 runs the MX / NV decode GEMV: tests/test_mx_gemv.py; fp4 x fp4 at M <= 64 the
+        # fp4 streaming kernel where its triton gate is open: tests/test_planner.py)
+        stream = fmt != "mxfp8" and fp4_stream._TRITON_OK and fp4_stream.FP4_STREAM_ENABLED
+        assert plan(fmt, 16, 7168, 2048).config.strategy == ("fp4_stream" if stream else "triton")
     assert plan("nvfp4", 16, 2112, 7168).config.block_m == 16
     c = choose_portable("fp8_block", 4096, 7168, 16384, H100_SXM, None, bf16)
     assert (c.strategy, c.block_m, c.block_n, c.block_k, c.num_warps) == ("triton", 128, 128, 128, 8)

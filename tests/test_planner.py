@@ -68,10 +68,18 @@ def test_forced_configs():
 
 @pytest.mark.parametrize("fmt", ["mxfp8", "mxfp4", "nvfp4"])
 def test_other_formats_and_devices(fmt, mx_kernels):
+    from blockscaled.plan import fp4_stream
+
     for m in (1, 64, 4096):
         plan = plan_gemm(Problem("gemm", fmt, m, 4096, 4096), H100_SXM)
-        # M <= 8: the MX / NV decode GEMV (tests/test_mx_gemv.py)
-        assert plan.kernel in (("gemv",) if m == 1 else ("portable", "dequant_matmul")) and plan.reasons
+        # M = 1: the MX / NV decode GEMV (tests/test_mx_gemv.py); M = 64 fp4 x fp4: the fp4
+        # streaming kernel where its triton gate is open (tests/test_planner.py::test_fp4_stream_*)
+        want = ("portable", "dequant_matmul")
+        if m == 1:
+            want = ("gemv",)
+        elif m == 64 and fmt != "mxfp8" and fp4_stream._TRITON_OK and fp4_stream.FP4_STREAM_ENABLED:
+            want = ("hopper_fp4_stream",)
+        assert plan.kernel in want and plan.reasons, (m, plan)
     a100 = DeviceInfo("cuda", 108, (8, 0), 166912, name="NVIDIA A100")
     for f in (fmt, "fp8_block"):
         plan = plan_gemm(Problem("gemm", f, 4096, 4096, 4096), a100)
@@ -222,18 +230,34 @@ def test_fp4_stream_takes_weight_only_fp4_decode(fp4_stream_on):
     assert _wo("mxfp4", 2).kernel == "gemv" and _wo("nvfp4", 1).kernel == "gemv"
 
 
+def test_fp4_stream_takes_w_x_a_and_bias(fp4_stream_on):
+    """Quantized activations of the weight's format (dequantized exactly to bf16 first: the
+    explanation says so) and a bias (added in the dense epilogue) take the streaming kernel with the
+    weight-only plan's tiles; the grouped form takes quantized activations too."""
+    from blockscaled.plan.grouped import plan_grouped
+
+    for fmt in ("mxfp4", "nvfp4"):
+        for m in (3, 16, 64):
+            wo = _wo(fmt, m)
+            for plan in (_wo(fmt, m, a="quantized"), _wo(fmt, m, bias=True), _wo(fmt, m, a="quantized", bias=True)):
+                assert plan.kernel == "hopper_fp4_stream" and plan.config == wo.config, (fmt, m, plan)
+        assert "dequantized exactly to bf16" in str(_wo(fmt, 16, a="quantized"))
+        g = Problem("grouped", fmt, 64, 5760, 2880, "quantized", "float32", False, 1, "contiguous", 128, 0.5)
+        assert plan_grouped(g, H100_SXM, hopper_why="not fp8_block").kernel == "hopper_fp4_stream"
+
+
 def test_fp4_stream_not_where_it_cannot_run(fp4_stream_on):
-    """W x A, a bias, fp16 activations, K % 32 != 0, M > 64, mxfp8, no TMA alignment, no Gluon, a
-    non-Hopper device: another kernel (the kernel's epilogue has no bias; it decodes e2m1 only)."""
+    """fp16 activations, K % 32 != 0, M > 64, mxfp8, no TMA alignment, no Gluon, a non-Hopper
+    device: another kernel (it decodes e2m1 only, into a bf16 wgmma)."""
     from blockscaled.plan.fp4_stream import fp4_stream_reason
 
     a100 = DeviceInfo("cuda", 108, (8, 0), 166912, 40 * 2**20, 1.5e12, "A100")
-    others = [_wo("mxfp4", 16, a="quantized"), _wo("mxfp4", 16, bias=True), _wo("mxfp4", 16, a="float16"),
-              _wo("mxfp4", 16, k=2900), _wo("mxfp4", 65), _wo("mxfp8", 16), _wo("nvfp4", 16, tma=False),
-              _wo("nvfp4", 16, gluon_ok=False), _wo("mxfp4", 16, dev=a100)]
+    others = [_wo("mxfp4", 16, a="float16"), _wo("mxfp4", 16, k=2900, a="quantized"), _wo("mxfp4", 65),
+              _wo("mxfp4", 65, a="quantized"), _wo("mxfp8", 16), _wo("mxfp8", 16, a="quantized"),
+              _wo("nvfp4", 16, tma=False), _wo("nvfp4", 16, gluon_ok=False), _wo("mxfp4", 16, dev=a100)]
     for plan in others:
         assert plan.kernel != "hopper_fp4_stream", plan
-    assert "bias" in fp4_stream_reason(Problem("gemm", "mxfp4", 16, 64, 128, a="bfloat16", bias=True), H100_SXM, True)
+    assert "float16" in fp4_stream_reason(Problem("gemm", "mxfp4", 16, 64, 128, a="float16"), H100_SXM, True)
     assert "sm_90" in fp4_stream_reason(Problem("gemm", "mxfp4", 16, 64, 128, a="bfloat16"), a100, True)
     assert "M = 65" in fp4_stream_reason(Problem("gemm", "mxfp4", 65, 64, 128, a="bfloat16"), H100_SXM, True)
     assert "K = 2900" in fp4_stream_reason(Problem("gemm", "mxfp4", 8, 64, 2900, a="bfloat16"), H100_SXM, True)

@@ -29,7 +29,8 @@ def _w_layout():
 
 
 def launch_fp4_stream(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, w_gs, fmt_name: str, k: int,
-                      out: torch.Tensor, cfg: GemmConfig, seg: torch.Tensor | None = None, grouping: int = 0) -> None:
+                      out: torch.Tensor, cfg: GemmConfig, seg: torch.Tensor | None = None, grouping: int = 0,
+                      x_gs: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> None:
     """One launch over ``out``. Dense (``grouping`` 0): (64-row tiles) x (K splits) programs over
     ``out [M, N]``. Grouped (1 contiguous: ``seg`` = offsets [E+1], x [sum_m, K], out [sum_m, N];
     2 masked: ``seg`` = counts [E], x [E, max_m, K], out [E, max_m, N]): experts x 64-row tiles
@@ -38,7 +39,9 @@ def launch_fp4_stream(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tens
     x: bf16 (K contiguous); w_data: uint8 packed e2m1 ``[N, K / 2]`` or ``[E, N, K / 2]`` (16-byte
     aligned rows); w_scale: uint8 E8M0 ``[(E,) N, K / 32]`` (mxfp4) or e4m3 ``[(E,) N, K / 16]``
     (nvfp4); w_gs: the nvfp4 global scale (0-d or one per expert, fp32) or None; out: bf16 / fp16 /
-    fp32, unit column stride.
+    fp32, unit column stride; x_gs: quantized nvfp4 activations' global scale (0-d fp32; ``x`` is
+    then their exact bf16 dequantization with a unit global scale: ``ops.gemm.stream_activations``) or
+    None; bias: [N] (dense only) or None.
     """
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -55,16 +58,19 @@ def launch_fp4_stream(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tens
     gs_per_e = w_gs is not None and w_gs.numel() > 1
     fmt = 3 if fmt_name == "nvfp4" else 2
     if grouping:
+        if bias is not None:
+            raise ValueError("bias: the grouped fp4 streaming kernel takes none")
         if cfg.split_k != 1:
             raise ValueError(f"config.split_k: the grouped fp4 streaming kernel does not split K, got {cfg.split_k}")
         e = w_data.shape[0]
         masked = grouping == 2
         m = x.shape[1] if masked else x.shape[0]
         fp4_stream_kernel[(e * tiles,)](
-            w_desc, w_scale, x, gs, out, out, seg, seg, m, n, k, chunks, 1,
+            w_desc, w_scale, x, gs, x_gs if x_gs is not None else gs, gs, out, out, seg, seg, m, n, k, chunks, 1,
             w_scale.stride(-2), w_scale.stride(0), x.stride(-2), x.stride(0) if masked else 0,
             out.stride(-2), out.stride(0) if masked else 0,
-            FMT=fmt, MP=cfg.block_m, STAGES=cfg.num_stages, GROUPING=grouping, GS_PER_E=gs_per_e, num_warps=4)
+            FMT=fmt, MP=cfg.block_m, STAGES=cfg.num_stages, GROUPING=grouping, GS_PER_E=gs_per_e,
+            HAS_AGS=x_gs is not None, HAS_BIAS=False, num_warps=4)
         return
     m = x.shape[0]
     per = triton.cdiv(chunks, cfg.split_k)
@@ -74,6 +80,8 @@ def launch_fp4_stream(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tens
         part = torch.empty((nsplit, tiles, 64, cfg.block_m), dtype=torch.float32, device=out.device)
         cnt = splitk_counters(out.device, tiles)
     fp4_stream_kernel[(tiles * nsplit,)](
-        w_desc, w_scale, x, gs, out, part, cnt, cnt, m, n, k, per, nsplit,
-        w_scale.stride(0), 0, x.stride(0), 0, out.stride(0), 0,
-        FMT=fmt, MP=cfg.block_m, STAGES=cfg.num_stages, GROUPING=0, GS_PER_E=False, num_warps=4)
+        w_desc, w_scale, x, gs, x_gs if x_gs is not None else gs, bias if bias is not None else gs, out, part, cnt,
+        cnt, m, n, k, per, nsplit, w_scale.stride(0), 0, x.stride(0), 0, out.stride(0), 0,
+        FMT=fmt, MP=cfg.block_m, STAGES=cfg.num_stages, GROUPING=0, GS_PER_E=False, HAS_AGS=x_gs is not None,
+        HAS_BIAS=bias is not None, num_warps=4)
+

@@ -341,18 +341,33 @@ def _launch_mx_gemv(a2, a_s2, a_gs, b_data, b_scale, b_gs, out2, bias, fmt: Form
     )
 
 
-def _check_fp4_stream(a2, a_s2, bias, fmt: Format, m: int, k: int) -> None:
+def _check_fp4_stream(a2, a_s2, fmt: Format, m: int, k: int) -> None:
     """A forced ``strategy="fp4_stream"`` config on operands the kernel cannot take: a clear error
     (the planner never plans it for them: plan/fp4_stream.py)."""
-    if fmt.name not in ("mxfp4", "nvfp4") or a_s2 is not None or a2.dtype != torch.bfloat16:
-        raise ValueError(f"config.strategy: 'fp4_stream' takes mxfp4 / nvfp4 weights with bf16 activations "
-                         f"(weight-only), got {fmt.name} weights and {'quantized' if a_s2 is not None else a2.dtype} "
-                         f"activations")
+    if fmt.name not in ("mxfp4", "nvfp4") or (a_s2 is None and a2.dtype != torch.bfloat16):
+        raise ValueError(f"config.strategy: 'fp4_stream' takes mxfp4 / nvfp4 weights with bf16 or quantized "
+                         f"activations, got {fmt.name} weights and {a2.dtype} activations")
     if not device_info(a2.device).is_hopper:
         raise ValueError(f"config.strategy: 'fp4_stream' is an sm_90 (Hopper) kernel, got a {a2.device} tensor")
-    if bias is not None or m > 64 or k % 32:
-        raise ValueError(f"config.strategy: 'fp4_stream' takes no bias, M <= 64 and K % 32 == 0, got bias="
-                         f"{bias is not None}, M={m}, K={k}")
+    if m > 64 or k % 32:
+        raise ValueError(f"config.strategy: 'fp4_stream' takes M <= 64 and K % 32 == 0, got M={m}, K={k}")
+
+
+def stream_activations(a_data: torch.Tensor, a_scale: torch.Tensor | None, a_gs, fmt: Format, k: int):
+    """The fp4 streaming kernel's activation operand and extra global scale.
+
+    bf16 activations (``a_scale`` None, weight-only): ``(a_data, None)``. Quantized mxfp4 / nvfp4
+    activations (W x A, ``a_data`` packed ``[..., K / 2]``): dequantized to bf16 ``[..., K]`` by one
+    pass of the dequantize kernel with a unit global scale. That is exact (e2m1 x E8M0 and e2m1 x
+    e4m3 have at most 6 significant bits, bf16 has 8 and reaches 2**-133), so the kernel's result is
+    ``dequantize(a) @ dequantize(w).T`` up to the fp32 summation order; nvfp4's ``a_gs`` (0-d) goes
+    to the kernel's epilogue beside the weight's. At M <= 64 the bf16 copy (<= 64 x K x 2 bytes) is
+    small against the N x K / 2 weight bytes the kernel streams."""
+    if a_scale is None:
+        return a_data, None
+    gs = _one(a_data.device) if fmt.has_global_scale else None
+    x = _dequant(a_data, a_scale, gs, fmt, (*a_data.shape[:-1], k), 1, torch.bfloat16)
+    return x, (a_gs if fmt.has_global_scale else None)
 
 
 # --------------------------------------------------------------------------- dequant + cuBLAS
@@ -484,20 +499,20 @@ def gemm_problem(a2, a_s2, b_data, b_rows: int, fmt: Format, k: int, m: int, n: 
                    interpret=b_data.device.type == "cpu" and _checks.INTERPRET)
 
 
-#: weight formats whose weight-only calls may take the fp4 streaming kernel (plan/fp4_stream.py)
+#: weight formats whose calls (weight-only and W x A) may take the fp4 streaming kernel (plan/fp4_stream.py)
 _FP4_STREAM_FORMATS = ("mxfp4", "nvfp4")
 
 
 def _tma_ok(a2, a_s2, b_data, fmt: Format, n: int, out2) -> bool:
     """The sm_90 kernels' TMA descriptors can take the operands: A, B (16-byte aligned bases and row
     strides) and the output for the Hopper fp8_block kernels (quantized A); the packed weights for
-    the fp4 streaming kernel (mxfp4 / nvfp4 weights, dense A read without TMA). False for others
+    the fp4 streaming kernel (mxfp4 / nvfp4 weights; A is read without TMA). False for others
     and off CUDA."""
     if b_data.device.type != "cuda" or not (out2 is None or out2.stride(1) == 1 or n <= 1):
         return False
     if a_s2 is not None and fmt.name == "fp8_block":
         return _hopper.tma_2d_reason("a", a2) is None and _hopper.tma_2d_reason("b", b_data) is None
-    if a_s2 is None and fmt.name in _FP4_STREAM_FORMATS:
+    if fmt.name in _FP4_STREAM_FORMATS:  # quantized A reaches the kernel dequantized (stream_activations)
         return _hopper.tma_2d_reason("b", b_data) is None
     return False
 
@@ -536,7 +551,7 @@ def gemm_impl(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows: int, fmt: Format, k
 #: host time of an eager M=1 MX call (stubbed launch, this repository's CPU benchmark;
 #: benchmarks/NOTES.md "Eager host cost of MX/NV calls"). fp8_block with quantized A also keys on
 #: whether TMA can take the operands' addresses and whether the Gluon kernels can run (the two
-#: inputs of its plan beyond shapes and dtypes), and so do mxfp4 / nvfp4 weight-only calls (the fp4
+#: inputs of its plan beyond shapes and dtypes), and so do mxfp4 / nvfp4 calls (the fp4
 #: streaming kernel's TMA and Gluon bits). The key holds the planner function itself (a
 #: replaced planner, e.g. a test's, is asked again). Bounded by _MEMO_MAX entries.
 _PLANS: dict[tuple, Plan] = {}
@@ -545,7 +560,7 @@ _PLANS: dict[tuple, Plan] = {}
 def _memo_plan(a2, a_s2, b_data, b_rows: int, fmt: Format, k: int, m: int, n: int, out_dtype, bias, out2) -> Plan:
     """``make_plan(gemm_problem(...))`` through ``_PLANS``."""
     dev = out2.device
-    sm90 = (fmt.name == "fp8_block") if a_s2 is not None else fmt.name in _FP4_STREAM_FORMATS
+    sm90 = (fmt.name == "fp8_block" and a_s2 is not None) or fmt.name in _FP4_STREAM_FORMATS
     hopper = (_tma_ok(a2, a_s2, b_data, fmt, n, out2), _hopper.gluon_unavailable_reason() is None) if sm90 else None
     key = (plan_gemm, fmt.name, m, n, k, None if a_s2 is not None else a2.dtype, out_dtype, bias is not None, b_rows,
            dev, dev.type == "cpu" and _checks.INTERPRET, hopper)
@@ -579,8 +594,9 @@ def run_plan(plan: Plan, a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows: int, fmt
         _dequant_matmul(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows, fmt, k, out2, bias, out_dtype)
         return
     if cfg.strategy == "fp4_stream":
-        _check_fp4_stream(a2, a_s2, bias, fmt, m, k)
-        launch_fp4_stream(a2, b_data, b_scale, b_gs, fmt.name, k, out2, cfg)
+        _check_fp4_stream(a2, a_s2, fmt, m, k)
+        x, x_gs = stream_activations(a2, a_s2, a_gs, fmt, k)
+        launch_fp4_stream(x, b_data, b_scale, b_gs, fmt.name, k, out2, cfg, x_gs=x_gs, bias=bias)
         return
     a_dense = a_s2 is None
     a_dtype = a2.dtype if a_dense else None

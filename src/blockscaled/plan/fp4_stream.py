@@ -1,8 +1,10 @@
 """Where the sm_90a fp4-weight streaming kernel (kernels/hopper/fp4_stream.py) runs, and its K split.
 
-The kernel: mxfp4 / nvfp4 weights x bf16 activations (weight-only), M <= 64, on Hopper; the
-packed e2m1 weights arrive by TMA and are decoded in registers straight into the wgmma's register
-operand (64 weight rows per program, 128 K per step). It takes the calls the decode GEMV leaves
+The kernel: mxfp4 / nvfp4 weights x bf16 activations (weight-only; quantized activations of the
+same format are dequantized exactly to bf16 by one pass first), M <= 64, on Hopper, with a bias
+in the dense form; the packed e2m1 weights arrive by TMA and are decoded in registers straight
+into the wgmma's register operand (64 weight rows per program, 128 K per step). It takes the
+calls the decode GEMV leaves
 (plan/mx_gemv.py: mxfp4 M <= 2, nvfp4 M = 1 stay there).
 
 Measured (H200, one run per row, CUDA-graph replays, inputs rotated past L2, every output checked
@@ -35,12 +37,16 @@ from .mx_gemv import _triton_release
 from .splits import cdiv
 from .types import Problem
 
-__all__ = ["FP4_STREAM_FORMATS", "FP4_STREAM_MAX_M", "FP4_STREAM_MP", "FP4_STREAM_PROGRAMS_PER_SM",
+__all__ = ["FP4_STREAM_FORMATS", "FP4_STREAM_ACTIVATIONS", "FP4_STREAM_MAX_M", "FP4_STREAM_MP", "FP4_STREAM_PROGRAMS_PER_SM",
            "FP4_STREAM_MIN_CHUNKS", "FP4_STREAM_MAX_SPLIT", "FP4_STREAM_STAGES", "FP4_STREAM_TRITON", "use_fp4_stream",
            "fp4_stream_split", "fp4_stream_config", "fp4_stream_reason", "FP4_STREAM_GROUPED_MAX_ROWS",
            "grouped_fp4_stream_reason", "grouped_fp4_stream_config"]
 
 FP4_STREAM_FORMATS = ("mxfp4", "nvfp4")
+#: Problem.a values it takes: bf16 (weight-only) and quantized (W x A: the activations, <= 64 rows,
+#: are dequantized to bf16 by one exact pass first: ops/gemm.py ``stream_activations``). fp16
+#: activations would need an fp16 wgmma and fp16 weights, where e2m1 x E8M0 is not exact.
+FP4_STREAM_ACTIVATIONS = ("bfloat16", "quantized")
 #: activation rows padded to the wgmma N (its minimum is 8)
 FP4_STREAM_MP = (8, 16, 32, 64)
 FP4_STREAM_MAX_M = FP4_STREAM_MP[-1]
@@ -75,12 +81,10 @@ def fp4_stream_reason(p: Problem, dev: DeviceInfo, gluon_ok: bool) -> str | None
         return "switched off (BLOCKSCALED_MX_KERNELS without 'stream')"
     if not _TRITON_OK:
         return f"triton {'.'.join(map(str, _triton_release()))} (checked on {FP4_STREAM_TRITON})"
-    if p.a != "bfloat16":
-        return "activations are not bf16 (weight-only bf16 only; W x A keeps the portable kernels)"
+    if p.a not in FP4_STREAM_ACTIVATIONS:
+        return f"{p.a} activations (it takes bf16 or quantized {p.fmt}, dequantized exactly to bf16 first)"
     if p.op != "gemm" or p.grouping != "dense":
         return "not a dense GEMM"
-    if p.bias:
-        return "a bias (the kernel's epilogue has none)"
     if not 1 <= p.m <= FP4_STREAM_MAX_M:
         return f"M = {p.m} outside 1..{FP4_STREAM_MAX_M}"
     if p.k % 32 or p.k <= 0:
@@ -135,8 +139,8 @@ def grouped_fp4_stream_reason(p: Problem, dev: DeviceInfo) -> str | None:
         return f"{p.fmt} weights"
     if not dev.is_hopper or not _TRITON_OK or not FP4_STREAM_ENABLED:
         return "not an sm_90 device with a checked triton (or switched off: BLOCKSCALED_MX_KERNELS)"
-    if p.a != "bfloat16":
-        return "activations are not bf16 (weight-only only)"
+    if p.a not in FP4_STREAM_ACTIVATIONS:
+        return f"{p.a} activations"
     if p.k % 32 or p.k <= 0 or not p.tma:
         return f"K = {p.k} not a multiple of 32, or the weights not 16-byte aligned for TMA"
     if p.rows_per_expert > FP4_STREAM_GROUPED_MAX_ROWS:

@@ -65,7 +65,8 @@ def plan_gemm(p: Problem, dev: DeviceInfo, forced=None, *, gluon_ok: bool = True
     if use_fp4_stream(p, dev, gluon_ok):
         cfg = fp4_stream_config(p, dev)
         return Plan("gemm", "cuda", cfg, p, reasons=(
-            f"{p.fmt} weight-only on {scope}",
+            f"{p.fmt} weight-only on {scope}" if p.weight_only else
+            f"{p.fmt} x {p.fmt} on {scope}: the activations dequantized exactly to bf16 first (one pass)",
             f"fp4 streaming kernel (kernels/hopper/fp4_stream.py): TMA ring of {cfg.num_stages} x 4 KB weight steps, "
             f"e2m1 decoded in registers into the bf16 wgmma's register operand, {p.m} activation rows padded to "
             f"{cfg.block_m}; {-(-p.n // 64)} tiles of 64 rows x K split {cfg.split_k} (plan/fp4_stream.py: "

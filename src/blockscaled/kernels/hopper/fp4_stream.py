@@ -222,14 +222,18 @@ def _k_loop(w_desc, w_bufs, x_bufs, bars, step0, w_row, ws_ptr, srow, scol, ncol
 
 # M and the steps per split follow the call (decode M, contiguous sum_m): one build serves them all
 @gluon.jit(do_not_specialize=["M", "kc_per_split"])
-def fp4_stream_kernel(w_desc, ws_ptr, x_ptr, gs_ptr, c_ptr, part_ptr, cnt_ptr, seg_ptr, M, N, K, kc_per_split, SPLIT,
-                      stride_wsn, stride_wse, stride_xm, stride_xe, stride_cm, stride_ce,
+def fp4_stream_kernel(w_desc, ws_ptr, x_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_ptr, cnt_ptr, seg_ptr, M, N, K,
+                      kc_per_split, SPLIT, stride_wsn, stride_wse, stride_xm, stride_xe, stride_cm, stride_ce,
                       FMT: gl.constexpr, MP: gl.constexpr, STAGES: gl.constexpr, GROUPING: gl.constexpr,
-                      GS_PER_E: gl.constexpr, num_warps: gl.constexpr):
+                      GS_PER_E: gl.constexpr, HAS_AGS: gl.constexpr, HAS_BIAS: gl.constexpr,
+                      num_warps: gl.constexpr):
     """Dense (GROUPING 0): one program per (64 weight rows, K split); ``w_desc``: TMA boxes [64, 16]
     of the packed weights viewed as int32 [N, K / 8]; ``ws_ptr``: uint8 E8M0 [N, K / 32] (mxfp4)
     or e4m3 [N, K / 16] (nvfp4) block scales, row stride ``stride_wsn``; ``x_ptr``: bf16 [M, K]
     (K contiguous, M <= MP); ``gs_ptr``: nvfp4's fp32 global scale (any pointer for mxfp4);
+    ``ags_ptr`` (HAS_AGS, nvfp4): the activations' fp32 global scale, for quantized activations the
+    host dequantized to bf16 without it (exact: e2m1 x e4m3); ``bias_ptr`` (HAS_BIAS, dense only):
+    [N] added in fp32 before the output's rounding;
     ``c_ptr``: [M, N] (N contiguous); ``part_ptr`` / ``cnt_ptr``: the split-K workspace fp32
     [SPLIT, tiles, 64, MP] and int32 zeros [tiles] (SPLIT > 1). Every split non-empty (the host).
 
@@ -309,6 +313,8 @@ def fp4_stream_kernel(w_desc, ws_ptr, x_ptr, gs_ptr, c_ptr, part_ptr, cnt_ptr, s
             gb = gl.load(gs_ptr + e).to(gl.float32)
         else:
             gb = gl.load(gs_ptr).to(gl.float32)
+        if HAS_AGS:
+            gb = gb * gl.load(ags_ptr).to(gl.float32)
         out_scale = gl.div_rn(gl.full([], 256.0, gl.float32), gb)
 
     if GROUPING == 0:
@@ -318,10 +324,15 @@ def fp4_stream_kernel(w_desc, ws_ptr, x_ptr, gs_ptr, c_ptr, part_ptr, cnt_ptr, s
                       stride_xm, K, c_lo, n_c, num_c, FMT, MP, STAGES)
         if FMT == _FMT_NVFP4:
             acc = acc * out_scale
+        if HAS_BIAS:  # loaded after the K loop: no registers held across it
+            bias = gl.load(bias_ptr + off_n + r, mask=r < N - off_n, other=0.0).to(gl.float32)[:, None]
         mask = (r < N - off_n)[:, None] & (c < m_e)[None, :]
         c_ptrs = c_base + c.to(gl.int64)[None, :] * stride_cm + (off_n + r)[:, None]
         if SPLIT == 1:
-            gl.store(c_ptrs, gl.convert_layout(acc, out_l).to(c_ptr.dtype.element_ty), mask=mask)
+            res = gl.convert_layout(acc, out_l)
+            if HAS_BIAS:
+                res = res + bias
+            gl.store(c_ptrs, res.to(c_ptr.dtype.element_ty), mask=mask)
         else:
             tile_elems: gl.constexpr = BLOCK_N * MP
             split_stride = (gl.num_programs(0) // SPLIT).to(gl.int64) * tile_elems
@@ -335,9 +346,12 @@ def fp4_stream_kernel(w_desc, ws_ptr, x_ptr, gs_ptr, c_ptr, part_ptr, cnt_ptr, s
                 tot = gl.load(base + offs, cache_modifier=".cg")
                 for s2 in range(1, SPLIT):
                     tot = tot + gl.load(base + s2 * split_stride + offs, cache_modifier=".cg")
+                if HAS_BIAS:
+                    tot = tot + bias
                 gl.store(c_ptrs, tot.to(c_ptr.dtype.element_ty), mask=mask)
                 gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
     else:
+        gl.static_assert(not HAS_BIAS, "the grouped form takes no bias")
         for rb in range(gl.cdiv(m_e, MP)):
             rows_left = m_e - rb * MP
             acc = _k_loop(w_desc, w_bufs, x_bufs, bars, rb * n_c, w_row, ws_e, srow, scol, ncol,
