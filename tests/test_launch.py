@@ -122,3 +122,33 @@ def test_fast_wraps_only_jit_functions():
         assert isinstance(w, _launch.FastKernel) and w.fn is gemv_kernel and _launch.fast(gemv_kernel) is w
     else:
         assert _launch.fast(gemv_kernel) is gemv_kernel
+
+
+@pytest.mark.skipif(_launch._GluonDesc is None, reason="this triton has no Gluon")
+def test_gluon_descriptors_keyed_by_their_specialisation_and_passed_through(fk):
+    """A Gluon TMA descriptor argument is keyed by dtype, block shape, layout and padding (what
+    Triton specialises it on); another base, shape or strides with the same type is a direct launch
+    that passes this launch's descriptor (the launcher encodes the tensor map from it)."""
+    from triton.experimental.gluon import language as gl
+
+    lay = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+    lay128 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
+    w1, w2 = torch.zeros(64, 32, dtype=torch.int32), torch.zeros(128, 16, dtype=torch.int32)
+    D = _launch._GluonDesc
+    d1 = D(w1, [64, 32], [32, 1], [64, 16], lay)
+    d2 = D(w2, [128, 16], [16, 1], [64, 16], lay)  # other base / shape / strides, same type
+    x = torch.zeros(8)
+    fk[(1,)](d1, x, 3, BLOCK=64)
+    fk[(1,)](d2, x, 3, BLOCK=64)
+    assert _kinds(fk) == ["triton", "direct"] and fk.fn.log[1][1][9] is d2
+    fk[(1,)](D(w1, [64, 32], [32, 1], [64, 32], lay), x, 3, BLOCK=64)  # another block shape
+    fk[(1,)](D(w1, [64, 32], [32, 1], [64, 16], lay128), x, 3, BLOCK=64)  # another layout
+    fk[(1,)](D(w1.float(), [64, 32], [32, 1], [64, 16], lay), x, 3, BLOCK=64)  # another dtype
+    assert _kinds(fk)[2:] == ["triton"] * 3
+    fk[(1,)](x, x, 3, BLOCK=d1)  # by keyword: this launch's own, never kept
+    fk[(1,)](x, x, 3, BLOCK=d2)
+    assert _kinds(fk)[-1] == "direct" and fk.fn.log[-1][1][-1] is d2
+    from blockscaled.kernels.hopper.fp4_stream import fp4_stream_kernel
+
+    if _launch.FAST_LAUNCH:
+        assert isinstance(_launch.fast(fp4_stream_kernel), _launch.FastKernel)

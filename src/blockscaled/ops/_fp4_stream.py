@@ -14,6 +14,7 @@ import torch
 import triton
 
 from ..config.gemm import GemmConfig
+from ._launch import fast
 from ._splitk import splitk_counters
 
 __all__ = ["launch_fp4_stream"]
@@ -65,7 +66,7 @@ def launch_fp4_stream(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tens
         e = w_data.shape[0]
         masked = grouping == 2
         m = x.shape[1] if masked else x.shape[0]
-        fp4_stream_kernel[(e * tiles,)](
+        fast(fp4_stream_kernel)[(e * tiles,)](
             w_desc, w_scale, x, gs, x_gs if x_gs is not None else gs, gs, out, out, seg, seg, m, n, k, chunks, 1,
             w_scale.stride(-2), w_scale.stride(0), x.stride(-2), x.stride(0) if masked else 0,
             out.stride(-2), out.stride(0) if masked else 0,
@@ -79,7 +80,7 @@ def launch_fp4_stream(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tens
     if nsplit > 1:
         part = torch.empty((nsplit, tiles, 64, cfg.block_m), dtype=torch.float32, device=out.device)
         cnt = splitk_counters(out.device, tiles)
-    fp4_stream_kernel[(tiles * nsplit,)](
+    fast(fp4_stream_kernel)[(tiles * nsplit,)](
         w_desc, w_scale, x, gs, x_gs if x_gs is not None else gs, bias if bias is not None else gs, out, part, cnt,
         cnt, m, n, k, per, nsplit, w_scale.stride(0), 0, x.stride(0), 0, out.stride(0), 0,
         FMT=fmt, MP=cfg.block_m, STAGES=cfg.num_stages, GROUPING=0, GS_PER_E=False, HAS_AGS=x_gs is not None,

@@ -51,6 +51,7 @@ from ..plan.device import num_sms
 from ..plan.grouped import grouped_hopper_config, swiglu_hopper_config
 from ..plan.splits import split_plan_kb as _split_plan_kb
 from ..tensor import ScaledTensor
+from ._launch import fast
 from ._splitk import _splitk_counters
 
 __all__ = [
@@ -397,7 +398,7 @@ def _launch_wide(grid, spread: bool, *args, **kwargs) -> None:
     other, so the driver must co-schedule the whole grid (or fail the launch) instead of the
     kernel relying on a GPU of its own. Such a failure is re-raised with the way out."""
     try:
-        _kernel_for("wide")[grid](*args, launch_cooperative_grid=spread, **kwargs)
+        fast(_kernel_for("wide"))[grid](*args, launch_cooperative_grid=spread, **kwargs)
     except RuntimeError as e:
         # (only the cooperative launch's own failure, e.g. CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE
         # "too many blocks in cooperative launch"; an earlier kernel's sticky error surfacing
@@ -428,7 +429,7 @@ def _launch_skinny(a2, a_s2, b_data, b_scale, out2, cfg: HopperConfig) -> None:
     if nsplit > 1:
         ws = torch.empty((nsplit, tiles, cfg.block_n, cfg.block_m), dtype=torch.float32, device=out2.device)
         cnt = _splitk_counters(out2.device, tiles)
-    _kernel_for("skinny")[(tiles * nsplit,)](
+    fast(_kernel_for("skinny"))[(tiles * nsplit,)](
         a_desc, b_desc, a_s2, b_scale, out2, ws, cnt, m, n, k, kb_per, nsplit,
         a_s2.stride(0), a_s2.stride(1), b_scale.stride(0), b_scale.stride(1), out2.stride(0),
         STAGES=cfg.stages, num_warps=4,

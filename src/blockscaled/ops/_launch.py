@@ -17,8 +17,9 @@ kernel's order (positional, then keywords and defaults: the list ``JITFunction.r
 the current stream. So the direct launch runs the very kernel and arguments Triton's own path
 would, and nothing is compiled or specialised differently.
 
-Tensors passed by keyword (split-K scratch) are keyed like positional ones and put in their
-parameter's place at each launch. Falls back to Triton's path (always correct) when: launch hooks
+Tensors and Gluon TMA descriptors (keyed by what Triton specialises them on: ``_desc_key``) are
+never kept: positional ones pass through, and those passed by keyword (split-K scratch) are put
+in their parameter's place at each launch. Falls back to Triton's path (always correct) when: launch hooks
 are set (a non-empty hook chain: profilers such as proton read ``launch_metadata``), the grid is a
 callable, an argument is unhashable, a parameter has neither a value nor a default, or
 ``BLOCKSCALED_FAST_LAUNCH=0``. Not used in the interpreter (its kernels
@@ -54,6 +55,24 @@ try:  # triton >= 3.4 keeps launch hooks in knobs
     _HookChain = triton.knobs.HookChain
 except AttributeError:  # pragma: no cover - older triton: no fast path
     _RUNTIME = _HookChain = None
+
+# Gluon kernels (the sm_90a kernels) take the same path: ``GluonJITFunction`` is a ``JITFunction``
+# whose ``run`` is Triton's, with host-side TMA descriptors among the arguments. Optional: some
+# triton releases have no Gluon (then only plain JIT functions are wrapped).
+try:
+    from triton.experimental.gluon._runtime import GluonJITFunction as _GluonJIT
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as _GluonDesc
+except Exception:  # noqa: BLE001 - optional: any import failure means no Gluon here
+    _GluonJIT = _GluonDesc = None
+_JIT_TYPES = tuple(t for t in (JITFunction, _GluonJIT) if t is not None)
+
+
+def _desc_key(d) -> tuple:
+    """What Triton specialises a host TMA descriptor argument on (``native_specialize_impl``:
+    ``tensordesc<dtype[block_shape],layout>``), plus its padding mode. Its base address, shape and
+    strides are launch-time values: the launcher encodes the tensor map from them at every launch
+    (``make_tensordesc_arg``), so the direct launch passes the descriptor object as Triton's does."""
+    return (_GluonDesc, d.base.dtype, tuple(d.block_shape), d.layout, d.padding)
 
 
 def _hooked(hook) -> bool:
@@ -92,8 +111,10 @@ class FastKernel:
         dev = torch.cuda.current_device()
         try:
             key = (dev, tuple([(a.dtype, not a.data_ptr() & 15) if isinstance(a, _T)
-                               else a if a.__class__ is int else (a.__class__, a) for a in args]),
-                   tuple([(n, (v.dtype, not v.data_ptr() & 15)) if isinstance(v, _T) else (n, v)
+                               else a if a.__class__ is int else _desc_key(a) if a.__class__ is _GluonDesc
+                               else (a.__class__, a) for a in args]),
+                   tuple([(n, (v.dtype, not v.data_ptr() & 15)) if isinstance(v, _T)
+                          else (n, _desc_key(v)) if v.__class__ is _GluonDesc else (n, v)
                           for n, v in kwargs.items()]))
             entry = self._cache.get(key)
         except TypeError:  # an unhashable argument
@@ -121,7 +142,7 @@ class FastKernel:
             if v is inspect.Parameter.empty:
                 tail = None
                 break
-            if isinstance(v, _T):
+            if isinstance(v, _T) or v.__class__ is _GluonDesc:  # this launch's own, not kept
                 slots.append((len(tail), p.name))
             tail.append(v)
         if len(self._cache) >= _MAX_KEYS:
@@ -148,14 +169,14 @@ _WRAPPED: dict[int, FastKernel] = {}
 
 def fast(kernel):
     """``kernel`` with direct repeated launches (:class:`FastKernel`) where that applies: a
-    ``JITFunction`` on a tested triton with ``BLOCKSCALED_FAST_LAUNCH`` on. Anything else (the
+    ``JITFunction`` (or Gluon's, TMA descriptor arguments included) on a tested triton with ``BLOCKSCALED_FAST_LAUNCH`` on. Anything else (the
     interpreter's kernels, a test's spy, a stub) comes back unchanged. One wrapper per kernel.
 
     Example::
 
         fast(quantize_1xk_kernel)[grid](x, q, s, ..., ROWS=rows, num_warps=4)
     """
-    if not FAST_LAUNCH or _RUNTIME is None or type(kernel) is not JITFunction:
+    if not FAST_LAUNCH or _RUNTIME is None or type(kernel) not in _JIT_TYPES:
         return kernel
     w = _WRAPPED.get(id(kernel))
     if w is None or w.fn is not kernel:
