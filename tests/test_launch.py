@@ -152,3 +152,8 @@ def test_gluon_descriptors_keyed_by_their_specialisation_and_passed_through(fk):
 
     if _launch.FAST_LAUNCH:
         assert isinstance(_launch.fast(fp4_stream_kernel), _launch.FastKernel)
+    from blockscaled.ops import _fp4_stream
+
+    cls, _ = _fp4_stream._gluon()
+    fast_d = _fp4_stream._descriptor(cls, w1, [64, 32], [32, 1], [64, 16], lay)  # no __post_init__
+    assert fast_d == D(w1, [64, 32], [32, 1], [64, 16], lay) and _launch._desc_key(fast_d) == _launch._desc_key(d1)

@@ -15,7 +15,7 @@ import triton
 
 from ..config.gemm import GemmConfig
 from ._launch import fast
-from ._splitk import splitk_counters
+from ._splitk import splitk_scratch
 
 __all__ = ["launch_fp4_stream"]
 
@@ -27,6 +27,35 @@ def _w_layout():
     from triton.experimental.gluon import language as gl
 
     return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+
+
+@functools.lru_cache(maxsize=None)
+def _gluon():
+    """(Gluon's TensorDescriptor class, the kernel with direct launches), imported once: an import
+    statement per call was ~2 us of the eager host path."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    # Local and optional: the Gluon kernels fail to import on some triton versions.
+    from ..kernels.hopper.fp4_stream import fp4_stream_kernel
+
+    return TensorDescriptor, fast(fp4_stream_kernel)
+
+
+#: the fields of Gluon's TensorDescriptor this module fills directly (triton 3.6); another
+#: release's class with other fields is built through its constructor
+_DESC_FIELDS = ("base", "shape", "strides", "block_shape", "layout", "padding")
+
+
+def _descriptor(cls, base, shape, strides, block, layout):
+    """``cls(base, shape, strides, block, layout)`` without its ``__post_init__`` checks (~10 us of
+    the ~95 us eager host path of an M = 16 call, H200 cProfile, benchmarks/NOTES.md eighteenth
+    session): the caller's plan already required what they check (16-byte aligned base and row
+    stride: ``ops.gemm._tma_ok`` / the grouped plan's TMA check; unit last stride; a valid box)."""
+    if tuple(getattr(cls, "__dataclass_fields__", ())) != _DESC_FIELDS:
+        return cls(base, shape, strides, block, layout)
+    d = object.__new__(cls)
+    d.base, d.shape, d.strides, d.block_shape, d.layout, d.padding = base, shape, strides, block, layout, "zero"
+    return d
 
 
 def launch_fp4_stream(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, w_gs, fmt_name: str, k: int,
@@ -44,15 +73,11 @@ def launch_fp4_stream(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tens
     then their exact bf16 dequantization with a unit global scale: ``ops.gemm.stream_activations``) or
     None; bias: [N] (dense only) or None.
     """
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    # Local and optional: the Gluon kernels fail to import on some triton versions.
-    from ..kernels.hopper.fp4_stream import fp4_stream_kernel
-
+    desc_cls, kernel = _gluon()
     n = w_data.shape[-2]
     w2 = w_data.reshape(-1, w_data.shape[-1])  # [(E *) N, K / 2], a view (validated contiguous rows)
     w32 = w2.view(torch.int32)
-    w_desc = TensorDescriptor(w32, [w32.shape[0], k // 8], [w32.stride(0), 1], [64, 16], _w_layout())
+    w_desc = _descriptor(desc_cls, w32, [w32.shape[0], k // 8], [w32.stride(0), 1], [64, 16], _w_layout())
     tiles = triton.cdiv(n, 64)
     chunks = triton.cdiv(k, 128)
     gs = w_gs if w_gs is not None else w_scale  # not read unless nvfp4
@@ -66,7 +91,7 @@ def launch_fp4_stream(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tens
         e = w_data.shape[0]
         masked = grouping == 2
         m = x.shape[1] if masked else x.shape[0]
-        fast(fp4_stream_kernel)[(e * tiles,)](
+        kernel[(e * tiles,)](
             w_desc, w_scale, x, gs, x_gs if x_gs is not None else gs, gs, out, out, seg, seg, m, n, k, chunks, 1,
             w_scale.stride(-2), w_scale.stride(0), x.stride(-2), x.stride(0) if masked else 0,
             out.stride(-2), out.stride(0) if masked else 0,
@@ -77,10 +102,9 @@ def launch_fp4_stream(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tens
     per = triton.cdiv(chunks, cfg.split_k)
     nsplit = triton.cdiv(chunks, per)  # no empty split
     part = cnt = out  # not read unless split
-    if nsplit > 1:
-        part = torch.empty((nsplit, tiles, 64, cfg.block_m), dtype=torch.float32, device=out.device)
-        cnt = splitk_counters(out.device, tiles)
-    fast(fp4_stream_kernel)[(tiles * nsplit,)](
+    if nsplit > 1:  # flat fp32 partials [nsplit, tiles, 64, MP] (reused per stream) and zeroed counters
+        part, cnt = splitk_scratch(out.device, tiles, nsplit * tiles * 64 * cfg.block_m)
+    kernel[(tiles * nsplit,)](
         w_desc, w_scale, x, gs, x_gs if x_gs is not None else gs, bias if bias is not None else gs, out, part, cnt,
         cnt, m, n, k, per, nsplit, w_scale.stride(0), 0, x.stride(0), 0, out.stride(0), 0,
         FMT=fmt, MP=cfg.block_m, STAGES=cfg.num_stages, GROUPING=0, GS_PER_E=False, HAS_AGS=x_gs is not None,
