@@ -1,7 +1,7 @@
 """The sm_90a fp4-weight streaming kernel (kernels/hopper/fp4_stream.py) built ahead of time, no GPU.
 
-Compiled for sm_90a in a subprocess (no interpreter) for mxfp4 / nvfp4 and padded activation rows
-8..64; per build: the MMA is a bf16 wgmma m64 n<MP> k16 whose A operand is registers (the decoded
+Compiled for sm_90a in a subprocess (no interpreter) for mxfp4 / nvfp4 / mxfp8 and padded
+activation rows 8..64; per build: the MMA is a bf16 wgmma m64 n<MP> k16 whose A operand is registers (the decoded
 weights; the activations come from shared memory), 8 of them per 128-K step; the weights arrive by
 TMA and are read back as 128-bit shared loads; the decode is the packed bf16 multiplies of the
 inline PTX (one per element pair for nvfp4, two for mxfp4: 8 words x 4 pairs per thread and step);
@@ -30,8 +30,9 @@ from blockscaled.ops._fp4_stream import _w_layout
 
 TGT = GPUTarget("cuda", 90, 32)
 
-def sig(out):
-    return {"w_desc": f"tensordesc<i32[64, 16],{_w_layout()!r}>", "ws_ptr": "*u8", "x_ptr": "*bf16",
+def sig(out, fmt):
+    box = f"i32[64, 32],{_w_layout(128)!r}" if fmt == 1 else f"i32[64, 16],{_w_layout()!r}"
+    return {"w_desc": f"tensordesc<{box}>", "ws_ptr": "*u8", "x_ptr": "*bf16",
             "gs_ptr": "*fp32", "ags_ptr": "*fp32", "bias_ptr": "*bf16", "c_ptr": out, "part_ptr": "*fp32", "cnt_ptr": "*i32", "seg_ptr": "*i32",
             "M": "i32", "N": "i32", "K": "i32", "kc_per_split": "i32", "SPLIT": "i32", "stride_wsn": "i32",
             "stride_wse": "i32", "stride_xm": "i32", "stride_xe": "i32", "stride_cm": "i32", "stride_ce": "i32",
@@ -39,11 +40,13 @@ def sig(out):
             "GS_PER_E": "constexpr", "HAS_AGS": "constexpr", "HAS_BIAS": "constexpr", "num_warps": "constexpr"}
 
 out = {}
+NAMES = {1: "mxfp8", 2: "mxfp4", 3: "nvfp4"}
 for fmt, mp, st, cdt, gr in [(2, 8, 6, "*bf16", 0), (2, 64, 6, "*fp32", 0), (3, 16, 4, "*bf16", 0),
-                             (3, 32, 6, "*fp16", 0), (2, 8, 6, "*fp32", 1), (3, 16, 6, "*fp32", 2)]:
-    key = f"{'mxfp4' if fmt == 2 else 'nvfp4'}_mp{mp}_g{gr}"
+                             (3, 32, 6, "*fp16", 0), (2, 8, 6, "*fp32", 1), (3, 16, 6, "*fp32", 2),
+                             (1, 16, 4, "*bf16", 0), (1, 8, 4, "*fp32", 1)]:
+    key = f"{NAMES[fmt]}_mp{mp}_g{gr}"
     try:
-        k = triton.compile(GluonASTSource(F.fp4_stream_kernel, sig(cdt),
+        k = triton.compile(GluonASTSource(F.fp4_stream_kernel, sig(cdt, fmt),
                                           constexprs={"FMT": fmt, "MP": mp, "STAGES": st, "GROUPING": gr,
                                                       "GS_PER_E": gr == 2, "HAS_AGS": fmt == 3 and mp == 32,
                                                       "HAS_BIAS": gr == 0 and mp != 8, "num_warps": 4}),
@@ -56,6 +59,7 @@ for fmt, mp, st, cdt, gr in [(2, 8, 6, "*bf16", 0), (2, 64, 6, "*fp32", 0), (3, 
     rec = {"wgmma": sorted({w for w, _ in wg}), "a_operand": sorted({"regs" if a == "{" else "desc" for _, a in wg}),
            "wgmma_count": len(wg), "tma_load": ptx.count("cp.async.bulk.tensor.2d.shared"),
            "lds128": len(re.findall(r"ld\.shared\.v4\.b32", ptx)), "bf16x2_fma": ptx.count("fma.rn.bf16x2"),
+           "prmt": ptx.count("prmt.b32"),
            "shared": k.metadata.shared}
     rec.update(ptxas_stats(ptx))
     out[key] = rec
@@ -69,7 +73,7 @@ def compiled():
 
 
 def test_fp4_stream_builds_for_sm90(compiled):
-    assert len(compiled) == 6, compiled
+    assert len(compiled) == 8, compiled
     for key, c in compiled.items():
         assert "error" not in c, (key, c)
         mp = int(re.search(r"mp(\d+)", key).group(1))
@@ -77,8 +81,11 @@ def test_fp4_stream_builds_for_sm90(compiled):
         assert c["a_operand"] == ["regs"], (key, c)  # decoded weights straight from registers
         assert c["wgmma_count"] == 128 // 16, (key, c)  # one 128-K step per loop iteration
         assert c["tma_load"] >= 1 and c["lds128"] >= 2, (key, c)
-        per_pair = 2 if key.startswith("mxfp4") else 1  # x 2**126 then x scale / one nvfp4 factor
-        assert c["bf16x2_fma"] == 2 * 4 * 4 * per_pair, (key, c)  # 2 rows x 4 words x 4 pairs
+        per_pair = 1 if key.startswith("nvfp4") else 2  # x 2**126 (2**120) then x scale / one nvfp4 factor
+        # 32 element pairs per thread and step: 2 rows x 4 words x 4 pairs (fp4), 2 x 8 x 2 (mxfp8)
+        assert c["bf16x2_fma"] == 32 * per_pair, (key, c)
+        if key.startswith("mxfp8"):  # two byte placements per pair, two 128-bit loads per row
+            assert c["prmt"] == 2 * 32 and c["lds128"] >= 4, (key, c)
         if c.get("spill_stores") is not None:
             assert c["spill_stores"] == 0, (key, c)
         if c.get("regs") is not None and key.endswith("_g0") and mp <= 16:

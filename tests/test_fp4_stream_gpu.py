@@ -1,5 +1,5 @@
-"""The sm_90a fp4-weight streaming kernel (kernels/hopper/fp4_stream.py) on the GPU: mxfp4 / nvfp4
-weights x bf16 or quantized activations against the float64 reference, through forced configs (every padded
+"""The sm_90a weight-streaming kernel (kernels/hopper/fp4_stream.py) on the GPU: mxfp4 / nvfp4 /
+mxfp8 weights x bf16 or quantized activations against the float64 reference, through forced configs (every padded
 row count, K splits that divide and do not divide the steps, ring depths, output dtypes), the
 planner's own plan (``bs.linear`` / ``bs.gemm`` weight-only), odd N, K tails (K % 128 != 0),
 extreme E8M0 scales, NaN scales, determinism, CUDA graphs. Needs an sm_90 GPU (skipped elsewhere).
@@ -21,7 +21,7 @@ from blockscaled.testing.tolerances import assert_gemm_close
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                                 reason="the fp4 streaming kernel is an sm_90 kernel")
 
-FMTS = ("mxfp4", "nvfp4")
+FMTS = ("mxfp4", "nvfp4", "mxfp8")
 
 
 def _cfg(m, split=1, stages=6):
@@ -141,6 +141,37 @@ def test_w_x_a_and_bias(fmt):
             assert torch.equal(static, y)
 
 
+def test_mxfp8_extreme_scales_nan_codes_and_subnormals():
+    """mxfp8 weights: every e4m3 code (subnormals included) at E8M0 scales near the bottom (codes
+    10..13: products down to 2**-126, normal in bf16) and the top (251..254 with |elements| < 2)
+    against float64; an e4m3 NaN code makes its output column NaN and leaves the others right."""
+    m, n, k = 8, 70, 512
+    x, w = _operands("mxfp8", m, n, k)
+    gen = torch.Generator().manual_seed(6)
+    codes = torch.randint(0, 256, w.data.shape, generator=gen, dtype=torch.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0x01  # no NaN codes here
+    for lo, xs, mask in ((10, 2.0 ** 100, 0xFF), (251, 2.0 ** -110, 0xBF)):
+        sc = torch.randint(lo, lo + 4, w.scale.shape, generator=gen).to(torch.uint8).cuda()
+        data = (codes & mask).cuda().view(w.data.dtype)
+        w2 = ScaledTensor(data, sc, w.format, w.shape, w.block, w.rounding)
+        x2 = (x.float() * xs).to(torch.bfloat16)
+        ref = ref_gemm_mod.gemm(x2, w2)
+        assert torch.isfinite(ref).all() and ref.abs().max() > 0
+        out = torch.full((m, n), float("nan"), dtype=torch.float32, device="cuda")
+        bs.gemm(x2, w2, torch.float32, out=out, config=_cfg(m, 2))
+        assert_gemm_close(out, ref, "mxfp8", torch.float32, what=f"E8M0 {lo}..{lo + 3}")
+    raw = w.data.view(torch.uint8).clone()
+    raw[5, 100] = 0xFF  # -NaN
+    raw[9, 3] = 0x7F  # +NaN
+    w3 = ScaledTensor(raw.view(w.data.dtype), w.scale, w.format, w.shape, w.block, w.rounding)
+    out = bs.gemm(x, w3, torch.float32, config=_cfg(m))
+    bad = torch.zeros(n, dtype=torch.bool)
+    bad[[5, 9]] = True
+    assert out[:, bad.cuda()].isnan().all() and not out[:, ~bad.cuda()].isnan().any()
+    good = ref_gemm_mod.gemm(x, w)[:, ~bad.cuda()]
+    assert_gemm_close(out[:, ~bad.cuda()], good, "mxfp8", torch.float32, what="columns without NaN codes")
+
+
 def test_forced_config_refused_where_it_cannot_run():
     x, w = _operands("mxfp4", 8, 64, 256)
     with pytest.raises(ValueError, match="fp4_stream"):
@@ -148,7 +179,7 @@ def test_forced_config_refused_where_it_cannot_run():
     x65, _ = _operands("mxfp4", 65, 64, 256)
     with pytest.raises(ValueError, match="fp4_stream"):
         bs.gemm(x65, w, config=_cfg(64))  # M > 64
-    x8, w8 = _operands("mxfp8", 8, 64, 256)
+    x8, w8 = _operands("fp8_block", 8, 64, 256)
     with pytest.raises(ValueError, match="fp4_stream"):
         bs.gemm(x8, w8, config=_cfg(8))
 

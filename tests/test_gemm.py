@@ -253,9 +253,9 @@ def test_portable_rules_on_h100():
     for fmt in ("mxfp8", "mxfp4", "nvfp4"):
         assert plan(fmt, 4096, 7168, 2048).config.strategy == "dequant_matmul"
         assert plan(fmt, 4096, 7168, 2048, a="bfloat16").config.strategy == "dequant_matmul"
-        # (M <= 8 runs the MX / NV decode GEMV: tests/test_mx_gemv.py; fp4 x fp4 at M <= 64 the
-        # fp4 streaming kernel where its triton gate is open: tests/test_planner.py)
-        stream = fmt != "mxfp8" and fp4_stream._TRITON_OK and fp4_stream.FP4_STREAM_ENABLED
+        # (M <= 2 runs the MX / NV decode GEMV: tests/test_mx_gemv.py; up to M = 64 the streaming
+        # kernel where its triton gate is open: tests/test_planner.py)
+        stream = fp4_stream._TRITON_OK and fp4_stream.FP4_STREAM_ENABLED
         assert plan(fmt, 16, 7168, 2048).config.strategy == ("fp4_stream" if stream else "triton")
     assert plan("nvfp4", 16, 2112, 7168).config.block_m == 16
     c = choose_portable("fp8_block", 4096, 7168, 16384, H100_SXM, None, bf16)
@@ -540,9 +540,12 @@ def test_hopper_plans_only_where_the_kernels_can_run(device):
                     plan = plan_gemm(q, H100_SXM, f, **kw)
                     assert plan.backend == "cuda" and not isinstance(plan.config, HopperConfig), (q, kw, f, plan)
                     if q.fmt != "fp8_block" or q.weight_only:
-                        # (MX / NV at M <= 8: the decode GEMV, tests/test_mx_gemv.py)
-                        gemv = ("gemv",) if q.fmt != "fp8_block" and q.m <= 8 else ()
-                        assert plan.kernel in ("portable", "dequant_matmul") + gemv, (q, f, plan)
+                        # (MX / NV at M <= 8: the decode GEMV, tests/test_mx_gemv.py; up to 64
+                        # rows the streaming kernel, tests/test_planner.py)
+                        mx = q.fmt != "fp8_block"
+                        others = (("gemv",) if mx and q.m <= 8 else ()) + (
+                            ("hopper_fp4_stream",) if mx and q.m <= 64 else ())
+                        assert plan.kernel in ("portable", "dequant_matmul") + others, (q, f, plan)
             fp32 = plan_gemm(dataclasses.replace(p, out_dtype="float32"), H100_SXM).config
             assert isinstance(fp32, HopperConfig) or fp32.strategy != "dequant_matmul", (m, n, k, fp32)
     # Forced "hopper" where it cannot run: falls back, result equals the portable kernel's.

@@ -72,12 +72,12 @@ def test_other_formats_and_devices(fmt, mx_kernels):
 
     for m in (1, 64, 4096):
         plan = plan_gemm(Problem("gemm", fmt, m, 4096, 4096), H100_SXM)
-        # M = 1: the MX / NV decode GEMV (tests/test_mx_gemv.py); M = 64 fp4 x fp4: the fp4
-        # streaming kernel where its triton gate is open (tests/test_planner.py::test_fp4_stream_*)
+        # M = 1: the MX / NV decode GEMV (tests/test_mx_gemv.py); M = 64: the streaming kernel
+        # where its triton gate is open (tests/test_planner.py::test_fp4_stream_*)
         want = ("portable", "dequant_matmul")
         if m == 1:
             want = ("gemv",)
-        elif m == 64 and fmt != "mxfp8" and fp4_stream._TRITON_OK and fp4_stream.FP4_STREAM_ENABLED:
+        elif m == 64 and fp4_stream._TRITON_OK and fp4_stream.FP4_STREAM_ENABLED:
             want = ("hopper_fp4_stream",)
         assert plan.kernel in want and plan.reasons, (m, plan)
     a100 = DeviceInfo("cuda", 108, (8, 0), 166912, name="NVIDIA A100")
@@ -220,14 +220,17 @@ def _wo(fmt, m, n=5760, k=2880, dev=H100_SXM, gluon_ok=True, **kw):
 def test_fp4_stream_takes_weight_only_fp4_decode(fp4_stream_on):
     """mxfp4 / nvfp4 weights x bf16 activations at the M the GEMV leaves, up to 64 rows, on sm_90:
     the streaming kernel, rows padded to the wgmma N, explained in words."""
-    for fmt, ms in (("mxfp4", (3, 4, 9, 16, 17, 33, 64)), ("nvfp4", (2, 8, 32, 64))):
+    for fmt, ms in (("mxfp4", (3, 4, 9, 16, 17, 33, 64)), ("nvfp4", (2, 8, 32, 64)), ("mxfp8", (3, 16, 64))):
         for m in ms:
             plan = _wo(fmt, m)
             assert plan.kernel == "hopper_fp4_stream", (fmt, m, plan)
             assert plan.config.block_m == next(s for s in (8, 16, 32, 64) if s >= m), (fmt, m, plan)
-            assert "fp4 streaming kernel" in str(plan) and f"split {plan.config.split_k}" in str(plan)
-    # the decode GEMV keeps its rows (mxfp4 M <= 2, nvfp4 M = 1)
-    assert _wo("mxfp4", 2).kernel == "gemv" and _wo("nvfp4", 1).kernel == "gemv"
+            assert "streaming kernel" in str(plan) and f"split {plan.config.split_k}" in str(plan)
+    # the decode GEMV keeps its rows (mx M <= 2, nvfp4 M = 1)
+    assert _wo("mxfp4", 2).kernel == "gemv" and _wo("nvfp4", 1).kernel == "gemv" and _wo("mxfp8", 2).kernel == "gemv"
+    # mxfp8: 8 KB steps, a 4-slot ring; e4m3 named in the explanation
+    p8 = _wo("mxfp8", 16)
+    assert p8.config.num_stages == 4 and "e4m3" in str(p8) and "8 KB" in str(p8)
 
 
 def test_fp4_stream_takes_w_x_a_and_bias(fp4_stream_on):
@@ -236,7 +239,7 @@ def test_fp4_stream_takes_w_x_a_and_bias(fp4_stream_on):
     weight-only plan's tiles; the grouped form takes quantized activations too."""
     from blockscaled.plan.grouped import plan_grouped
 
-    for fmt in ("mxfp4", "nvfp4"):
+    for fmt in ("mxfp4", "nvfp4", "mxfp8"):
         for m in (3, 16, 64):
             wo = _wo(fmt, m)
             for plan in (_wo(fmt, m, a="quantized"), _wo(fmt, m, bias=True), _wo(fmt, m, a="quantized", bias=True)):
@@ -247,13 +250,14 @@ def test_fp4_stream_takes_w_x_a_and_bias(fp4_stream_on):
 
 
 def test_fp4_stream_not_where_it_cannot_run(fp4_stream_on):
-    """fp16 activations, K % 32 != 0, M > 64, mxfp8, no TMA alignment, no Gluon, a non-Hopper
-    device: another kernel (it decodes e2m1 only, into a bf16 wgmma)."""
+    """fp16 activations, K % 32 != 0, M > 64, fp8_block, no TMA alignment, no Gluon, a non-Hopper
+    device: another kernel (it decodes e2m1 / e4m3 with E8M0 or e4m3 block scales, into a bf16
+    wgmma)."""
     from blockscaled.plan.fp4_stream import fp4_stream_reason
 
     a100 = DeviceInfo("cuda", 108, (8, 0), 166912, 40 * 2**20, 1.5e12, "A100")
     others = [_wo("mxfp4", 16, a="float16"), _wo("mxfp4", 16, k=2900, a="quantized"), _wo("mxfp4", 65),
-              _wo("mxfp4", 65, a="quantized"), _wo("mxfp8", 16), _wo("mxfp8", 16, a="quantized"),
+              _wo("mxfp4", 65, a="quantized"), _wo("fp8_block", 16), _wo("fp8_block", 16, a="quantized"),
               _wo("nvfp4", 16, tma=False), _wo("nvfp4", 16, gluon_ok=False), _wo("mxfp4", 16, dev=a100)]
     for plan in others:
         assert plan.kernel != "hopper_fp4_stream", plan

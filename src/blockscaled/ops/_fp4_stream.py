@@ -1,6 +1,6 @@
-"""Host launcher of the sm_90a fp4-weight streaming kernel (kernels/hopper/fp4_stream.py).
+"""Host launcher of the sm_90a weight-streaming kernel (kernels/hopper/fp4_stream.py).
 
-``out [M, N] = x [M, K] @ dequantize(w).T`` for mxfp4 / nvfp4 weights and bf16 activations,
+``out [M, N] = x [M, K] @ dequantize(w).T`` for mxfp4 / nvfp4 / mxfp8 weights and bf16 activations,
 M <= 64, K % 32 == 0, on sm_90: the plan's ``GemmConfig(strategy="fp4_stream")`` carries the
 padded rows (block_m), the K split and the ring depth; plan/fp4_stream.py decides where it runs.
 No validation here (ops/gemm.py validates the call and checks a forced config).
@@ -21,12 +21,18 @@ __all__ = ["launch_fp4_stream"]
 
 
 @functools.lru_cache(maxsize=None)
-def _w_layout():
-    """Unswizzled shared layout of a [64, 16] int32 weight box: each thread reads 16 contiguous
-    bytes of a row (kernels/hopper/fp4_stream.py)."""
+def _w_layout(swizzle: int = 0):
+    """Shared layout of a weight box of int32 words: fp4 [64, 16] unswizzled (each thread reads 16
+    contiguous bytes of a 64-byte row: a warp's 8 row pairs hit distinct banks); mxfp8 [64, 32]
+    with the 128-byte swizzle (each thread reads 32 bytes of a 128-byte row: unswizzled, the rows
+    of a quarter-warp would share banks) (kernels/hopper/fp4_stream.py)."""
     from triton.experimental.gluon import language as gl
 
-    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+    return gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=32, rank=2)
+
+
+#: per weight format: (kernel FMT code, int32 words per row and 128-K step, box swizzle)
+_FMT = {"mxfp8": (1, 32, 128), "mxfp4": (2, 16, 0), "nvfp4": (3, 16, 0)}
 
 
 @functools.lru_cache(maxsize=None)
@@ -66,23 +72,23 @@ def launch_fp4_stream(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tens
     2 masked: ``seg`` = counts [E], x [E, max_m, K], out [E, max_m, N]): experts x 64-row tiles
     programs, no K split (``cfg.split_k`` must be 1).
 
-    x: bf16 (K contiguous); w_data: uint8 packed e2m1 ``[N, K / 2]`` or ``[E, N, K / 2]`` (16-byte
-    aligned rows); w_scale: uint8 E8M0 ``[(E,) N, K / 32]`` (mxfp4) or e4m3 ``[(E,) N, K / 16]``
-    (nvfp4); w_gs: the nvfp4 global scale (0-d or one per expert, fp32) or None; out: bf16 / fp16 /
+    x: bf16 (K contiguous); w_data: packed e2m1 ``[(E,) N, K / 2]`` (mxfp4 / nvfp4) or e4m3
+    ``[(E,) N, K]`` (mxfp8), 16-byte aligned rows; w_scale: uint8 E8M0 ``[(E,) N, K / 32]`` (mx) or
+    e4m3 ``[(E,) N, K / 16]`` (nvfp4); w_gs: the nvfp4 global scale (0-d or one per expert, fp32) or None; out: bf16 / fp16 /
     fp32, unit column stride; x_gs: quantized nvfp4 activations' global scale (0-d fp32; ``x`` is
     then their exact bf16 dequantization with a unit global scale: ``ops.gemm.stream_activations``) or
     None; bias: [N] (dense only) or None.
     """
     desc_cls, kernel = _gluon()
+    fmt, wps, swz = _FMT[fmt_name]
     n = w_data.shape[-2]
-    w2 = w_data.reshape(-1, w_data.shape[-1])  # [(E *) N, K / 2], a view (validated contiguous rows)
+    w2 = w_data.reshape(-1, w_data.shape[-1])  # [(E *) N, K'], a view (validated contiguous rows)
     w32 = w2.view(torch.int32)
-    w_desc = _descriptor(desc_cls, w32, [w32.shape[0], k // 8], [w32.stride(0), 1], [64, 16], _w_layout())
+    w_desc = _descriptor(desc_cls, w32, [w32.shape[0], k * wps // 128], [w32.stride(0), 1], [64, wps], _w_layout(swz))
     tiles = triton.cdiv(n, 64)
     chunks = triton.cdiv(k, 128)
     gs = w_gs if w_gs is not None else w_scale  # not read unless nvfp4
     gs_per_e = w_gs is not None and w_gs.numel() > 1
-    fmt = 3 if fmt_name == "nvfp4" else 2
     if grouping:
         if bias is not None:
             raise ValueError("bias: the grouped fp4 streaming kernel takes none")

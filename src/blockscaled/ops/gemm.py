@@ -344,8 +344,8 @@ def _launch_mx_gemv(a2, a_s2, a_gs, b_data, b_scale, b_gs, out2, bias, fmt: Form
 def _check_fp4_stream(a2, a_s2, fmt: Format, m: int, k: int) -> None:
     """A forced ``strategy="fp4_stream"`` config on operands the kernel cannot take: a clear error
     (the planner never plans it for them: plan/fp4_stream.py)."""
-    if fmt.name not in ("mxfp4", "nvfp4") or (a_s2 is None and a2.dtype != torch.bfloat16):
-        raise ValueError(f"config.strategy: 'fp4_stream' takes mxfp4 / nvfp4 weights with bf16 or quantized "
+    if fmt.name not in _FP4_STREAM_FORMATS or (a_s2 is None and a2.dtype != torch.bfloat16):
+        raise ValueError(f"config.strategy: 'fp4_stream' takes mxfp4 / nvfp4 / mxfp8 weights with bf16 or quantized "
                          f"activations, got {fmt.name} weights and {a2.dtype} activations")
     if not device_info(a2.device).is_hopper:
         raise ValueError(f"config.strategy: 'fp4_stream' is an sm_90 (Hopper) kernel, got a {a2.device} tensor")
@@ -356,10 +356,12 @@ def _check_fp4_stream(a2, a_s2, fmt: Format, m: int, k: int) -> None:
 def stream_activations(a_data: torch.Tensor, a_scale: torch.Tensor | None, a_gs, fmt: Format, k: int):
     """The fp4 streaming kernel's activation operand and extra global scale.
 
-    bf16 activations (``a_scale`` None, weight-only): ``(a_data, None)``. Quantized mxfp4 / nvfp4
-    activations (W x A, ``a_data`` packed ``[..., K / 2]``): dequantized to bf16 ``[..., K]`` by one
-    pass of the dequantize kernel with a unit global scale. That is exact (e2m1 x E8M0 and e2m1 x
-    e4m3 have at most 6 significant bits, bf16 has 8 and reaches 2**-133), so the kernel's result is
+    bf16 activations (``a_scale`` None, weight-only): ``(a_data, None)``. Quantized mxfp4 / nvfp4 /
+    mxfp8 activations (W x A, ``a_data`` ``[..., K / 2]`` packed or ``[..., K]`` e4m3): dequantized to
+    bf16 ``[..., K]`` by one pass of the dequantize kernel with a unit global scale. That is exact
+    (e2m1 x E8M0, e2m1 x e4m3 and e4m3 x E8M0 have at most 6 significant bits, bf16 has 8 and
+    reaches 2**-133; only e4m3 subnormals times E8M0 scales below 2**-117 fall under it), so the
+    kernel's result is
     ``dequantize(a) @ dequantize(w).T`` up to the fp32 summation order; nvfp4's ``a_gs`` (0-d) goes
     to the kernel's epilogue beside the weight's. At M <= 64 the bf16 copy (<= 64 x K x 2 bytes) is
     small against the N x K / 2 weight bytes the kernel streams."""
@@ -500,7 +502,7 @@ def gemm_problem(a2, a_s2, b_data, b_rows: int, fmt: Format, k: int, m: int, n: 
 
 
 #: weight formats whose calls (weight-only and W x A) may take the fp4 streaming kernel (plan/fp4_stream.py)
-_FP4_STREAM_FORMATS = ("mxfp4", "nvfp4")
+_FP4_STREAM_FORMATS = ("mxfp4", "nvfp4", "mxfp8")
 
 
 def _tma_ok(a2, a_s2, b_data, fmt: Format, n: int, out2) -> bool:

@@ -566,7 +566,7 @@ def grouped_plan(op: str, a, b: ScaledTensor, fmt: str, rows_per_expert: float, 
     total = rows if rows is not None else (a_t.shape[0] * (a_t.shape[1] if mode == MODE_MASKED else 1))
     why = hopper_reason(a, b, out_dtype, mode, b2=b2) if dev.type == "cuda" else "needs a CUDA device"
     # the fp4 streaming kernel reads the packed weights by TMA (and needs the Gluon kernels)
-    fp4_tma = (why is not None and dev.type == "cuda" and fmt in ("mxfp4", "nvfp4")
+    fp4_tma = (why is not None and dev.type == "cuda" and fmt in ("mxfp4", "nvfp4", "mxfp8")
                and b2 is None and _hopper.tma_2d_reason("b", b.data.reshape(-1, b.data.shape[-1])) is None
                and _hopper.gluon_unavailable_reason() is None)
     key = None

@@ -1,6 +1,6 @@
-"""Where the sm_90a fp4-weight streaming kernel (kernels/hopper/fp4_stream.py) runs, and its K split.
+"""Where the sm_90a weight-streaming kernel (kernels/hopper/fp4_stream.py) runs, and its K split.
 
-The kernel: mxfp4 / nvfp4 weights x bf16 activations (weight-only; quantized activations of the
+The kernel: mxfp4 / nvfp4 (and mxfp8) weights x bf16 activations (weight-only; quantized activations of the
 same format are dequantized exactly to bf16 by one pass first), M <= 64, on Hopper, with a bias
 in the dense form; the packed e2m1 weights arrive by TMA and are decoded in registers straight
 into the wgmma's register operand (64 weight rows per program, 128 K per step). It takes the
@@ -38,11 +38,11 @@ from .splits import cdiv
 from .types import Problem
 
 __all__ = ["FP4_STREAM_FORMATS", "FP4_STREAM_ACTIVATIONS", "FP4_STREAM_MAX_M", "FP4_STREAM_MP", "FP4_STREAM_PROGRAMS_PER_SM",
-           "FP4_STREAM_MIN_CHUNKS", "FP4_STREAM_MAX_SPLIT", "FP4_STREAM_STAGES", "FP4_STREAM_TRITON", "use_fp4_stream",
+           "FP4_STREAM_MIN_CHUNKS", "FP4_STREAM_MAX_SPLIT", "FP4_STREAM_STAGES", "FP4_STREAM_STAGES_FP8", "FP4_STREAM_TRITON", "use_fp4_stream",
            "fp4_stream_split", "fp4_stream_config", "fp4_stream_reason", "FP4_STREAM_GROUPED_MAX_ROWS",
            "grouped_fp4_stream_reason", "grouped_fp4_stream_config"]
 
-FP4_STREAM_FORMATS = ("mxfp4", "nvfp4")
+FP4_STREAM_FORMATS = ("mxfp4", "nvfp4", "mxfp8")
 #: Problem.a values it takes: bf16 (weight-only) and quantized (W x A: the activations, <= 64 rows,
 #: are dequantized to bf16 by one exact pass first: ops/gemm.py ``stream_activations``). fp16
 #: activations would need an fp16 wgmma and fp16 weights, where e2m1 x E8M0 is not exact.
@@ -61,6 +61,10 @@ FP4_STREAM_MAX_SPLIT = 8
 #: TMA ring depth (4 KB per slot; 6 slots + the activation buffers keep 6 programs per SM within
 #: shared memory at MP <= 32)
 FP4_STREAM_STAGES = 6
+#: mxfp8 weights: 8 KB per slot (128 e4m3 per row); 4 slots keep the fp4 ring's shared memory
+#: within ~1.3x (AOT: 41 KB per program at 16 rows), so the same programs per SM fit. NOT MEASURED
+#: YET, nor is the split rule for mxfp8 (fitted on fp4 rows: a step there moves 4 KB, here 8 KB).
+FP4_STREAM_STAGES_FP8 = 4
 #: Triton releases the kernel was checked on (AOT: tests/test_aot_fp4_stream.py; GPU: the H200 A/B
 #: above, triton 3.6). Others keep the portable kernels until checked.
 FP4_STREAM_TRITON = ((3, 6),)
@@ -118,7 +122,11 @@ def fp4_stream_config(p: Problem, dev: DeviceInfo) -> GemmConfig:
     split = fp4_stream_split(p.n, p.k, p.m, dev.sm_count)
     per = cdiv(cdiv(p.k, 128), split)
     return GemmConfig(block_m=mp, block_n=64, block_k=128, num_warps=4,
-                      num_stages=max(2, min(FP4_STREAM_STAGES, per)), split_k=split, strategy="fp4_stream")
+                      num_stages=max(2, min(_stages(p.fmt), per)), split_k=split, strategy="fp4_stream")
+
+
+def _stages(fmt: str) -> int:
+    return FP4_STREAM_STAGES_FP8 if fmt == "mxfp8" else FP4_STREAM_STAGES
 
 
 # ----------------------------------------------------------------------------- grouped (MoE decode)
@@ -154,4 +162,4 @@ def grouped_fp4_stream_config(p: Problem) -> GemmConfig:
     want = max(8.0, 2.0 * p.rows_per_expert)
     mp = next((s for s in FP4_STREAM_MP if s >= want), FP4_STREAM_MP[-1])
     return GemmConfig(block_m=mp, block_n=64, block_k=128, num_warps=4,
-                      num_stages=max(2, min(FP4_STREAM_STAGES, cdiv(p.k, 128))), split_k=1, strategy="fp4_stream")
+                      num_stages=max(2, min(_stages(p.fmt), cdiv(p.k, 128))), split_k=1, strategy="fp4_stream")

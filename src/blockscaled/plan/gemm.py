@@ -67,8 +67,9 @@ def plan_gemm(p: Problem, dev: DeviceInfo, forced=None, *, gluon_ok: bool = True
         return Plan("gemm", "cuda", cfg, p, reasons=(
             f"{p.fmt} weight-only on {scope}" if p.weight_only else
             f"{p.fmt} x {p.fmt} on {scope}: the activations dequantized exactly to bf16 first (one pass)",
-            f"fp4 streaming kernel (kernels/hopper/fp4_stream.py): TMA ring of {cfg.num_stages} x 4 KB weight steps, "
-            f"e2m1 decoded in registers into the bf16 wgmma's register operand, {p.m} activation rows padded to "
+            f"streaming kernel (kernels/hopper/fp4_stream.py): TMA ring of {cfg.num_stages} x "
+            f"{8 if p.fmt == 'mxfp8' else 4} KB weight steps, {'e4m3' if p.fmt == 'mxfp8' else 'e2m1'} decoded in "
+            f"registers into the bf16 wgmma's register operand, {p.m} activation rows padded to "
             f"{cfg.block_m}; {-(-p.n // 64)} tiles of 64 rows x K split {cfg.split_k} (plan/fp4_stream.py: "
             f"programs per SM and steps per split from the H200 fp4-stream A/B)"))
     cfg = choose_portable(p.fmt, p.m, p.n, p.k, dev, _a_dtype(p), _DTYPES[p.out_dtype])

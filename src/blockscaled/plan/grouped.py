@@ -150,7 +150,7 @@ def plan_grouped(p: Problem, dev: DeviceInfo, forced=None, *, hopper_why: str | 
         cfg = grouped_fp4_stream_config(p)
         return Plan(p.op, backend, cfg, p, reasons=(
             f"{p.fmt} weight-only on sm_90, ~{p.rows_per_expert:g} rows per expert",
-            f"fp4 streaming kernel, grouped (kernels/hopper/fp4_stream.py): one program per expert x 64-row tile, "
+            f"streaming kernel, grouped (kernels/hopper/fp4_stream.py): one program per expert x 64-row tile, "
             f"an expert without rows exits at once, its rows in blocks of {cfg.block_m} (plan/fp4_stream.py, "
             f"FP4_STREAM_GROUPED_MAX_ROWS)"))
     cfg = choose_grouped_config(p.fmt, p.rows_per_expert, p.n, p.k, dev if dev.kind == "cuda" else device,

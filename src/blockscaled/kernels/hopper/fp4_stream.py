@@ -60,6 +60,7 @@ BLOCK_N = gl.constexpr(64)
 #: K elements per pipeline step: 16 32-bit words of packed e2m1 per row
 CHUNK = gl.constexpr(128)
 
+_FMT_MXFP8 = gl.constexpr(1)
 _FMT_MXFP4 = gl.constexpr(2)
 _FMT_NVFP4 = gl.constexpr(3)
 
@@ -93,6 +94,29 @@ def _decode_asm(two_mul: bool) -> str:
 _DECODE_MX = gl.constexpr(_decode_asm(True))
 _DECODE_NV = gl.constexpr(_decode_asm(False))
 
+# mxfp8: one 32-bit word of 4 e4m3 codes ($2) and the E8M0 factor ($3) -> two bf16x2 registers,
+# $0 = bytes (0, 1), $1 = bytes (2, 3). Each byte's 7 magnitude bits go to bf16 bits 4..10 (its
+# exponent field's low 4 bits and the top 3 mantissa bits: the value e4m3 * 2**-120, subnormals
+# included), the sign to bit 15; times 2**120 (0x7B80), then times the scale, both exact. A word
+# holding an e4m3 NaN code (magnitude 0x7F; + 0x01 carries into bit 7) multiplies by NaN instead,
+# so the NaN reaches the output as the float64 reference's does (its 3 neighbours too: the output
+# column is NaN either way).
+_E4M3_PAIR = """
+prmt.b32 v, m, z, {sel};
+shr.b32 v, v, 4;
+prmt.b32 s, $2, z, {sel};
+and.b32 s, s, 0x80008000;
+or.b32 v, v, s;
+fma.rn.bf16x2 v, v, c, nz;
+fma.rn.bf16x2 ${out}, v, $3, nz;
+"""
+_DECODE_E4M3 = gl.constexpr("\n".join([
+    "{", ".reg .b32 m, v, s, t, c, z, nz;", ".reg .pred p;", "mov.b32 z, 0;", "mov.b32 nz, 0x80008000;",
+    "and.b32 m, $2, 0x7F7F7F7F;", "add.u32 t, m, 0x01010101;", "and.b32 t, t, 0x80808080;",
+    "setp.ne.u32 p, t, 0;", "selp.b32 c, 0x7FC07FC0, 0x7B807B80, p;",
+    # byte j of each pair into bits 8..15 of its half: selector nibbles (b = z is bytes 4..7)
+    _E4M3_PAIR.format(sel="0x1404", out=0), _E4M3_PAIR.format(sel="0x3424", out=1), "}"]))
+
 
 @gluon.constexpr_function
 def word_layout():
@@ -114,6 +138,27 @@ def word2_layout():
 
 
 @gluon.constexpr_function
+def word8_layout():
+    """mxfp8: [64 rows, 4 (t), 8 (w)] int32 words of a step (128 e4m3 per row): lane = (row % 8) *
+    4 + t, registers w and row bit 3, warps row bits 4-5; thread t holds words 8t .. 8t + 7 of a
+    row (physical elements 32t .. 32t + 31: one MX scale block)."""
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 4], [8, 0, 0]],
+        lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+        warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[64, 4, 8])
+
+
+@gluon.constexpr_function
+def word8_2d_layout():
+    """The same words as [64, 32] (word index 8t + w) for the shared-memory load (two 128-bit
+    loads per row and thread)."""
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [0, 2], [0, 4], [8, 0]],
+        lane_bases=[[0, 8], [0, 16], [1, 0], [2, 0], [4, 0]],
+        warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 32])
+
+
+@gluon.constexpr_function
 def acc_layout(mp):
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, mp, 16])
 
@@ -126,16 +171,21 @@ def x_layout(mp):
 
 
 @gluon.jit
-def _x_chunk(x_ptr, rows, row_ok, g, j, k0, K, stride_xm, MP: gl.constexpr):
-    """Activations of the chunk at k0 in wgmma K order q = [i1 i0 a1 a0 t1 t0 h] ([MP, 128]),
-    physical element p = 32t + 8i + a + 4h = 8g + j: loaded as [MP, g, j] (16-byte vectors), then
-    the bits permuted in registers. Past K / M: 0."""
+def _x_chunk(x_ptr, rows, row_ok, g, j, k0, K, stride_xm, MP: gl.constexpr, FMT: gl.constexpr):
+    """Activations of the chunk at k0 in the wgmma's K order q ([MP, 128]), loaded as [MP, g, j]
+    (16-byte vectors of physical elements p = 8g + j), then the bits permuted in registers. Past
+    K / M: 0. fp4 (module docstring): p = 32t + 8i + a + 4h, q = [i1 i0 a1 a0 t1 t0 h]. mxfp8: word
+    w of thread t holds p = 32t + 4w + 2b + h (b: which pair of the word), q = [w2 w1 w0 b t1 t0 h]."""
     kk = k0 + g[:, None] * 8 + j[None, :]  # [16, 8]
     ptrs = x_ptr + rows.to(gl.int64)[:, None, None] * stride_xm + kk[None, :, :]
     x = gl.load(ptrs, mask=row_ok[:, None, None] & (kk < K)[None, :, :], other=0.0)
-    # g = [t1 t0 i1 i0], j = [h a1 a0] -> q = [i1 i0 a1 a0 t1 t0 h]
-    x = gl.reshape(x, [MP, 2, 2, 2, 2, 2, 2, 2])  # m, t1, t0, i1, i0, h, a1, a0
-    x = gl.permute(x, (0, 3, 4, 6, 7, 1, 2, 5))
+    x = gl.reshape(x, [MP, 2, 2, 2, 2, 2, 2, 2])  # the 7 bits of p, most significant first
+    if FMT == _FMT_MXFP8:
+        # p = [t1 t0 w2 w1 w0 b h] -> q = [w2 w1 w0 b t1 t0 h]
+        x = gl.permute(x, (0, 3, 4, 5, 6, 1, 2, 7))
+    else:
+        # p = [t1 t0 i1 i0 h a1 a0] -> q = [i1 i0 a1 a0 t1 t0 h]
+        x = gl.permute(x, (0, 3, 4, 6, 7, 1, 2, 5))
     return gl.reshape(x, [MP, CHUNK])
 
 
@@ -164,16 +214,19 @@ def _k_loop(w_desc, w_bufs, x_bufs, bars, step0, w_row, ws_ptr, srow, scol, ncol
     program ran before (ring slot and barrier phase continue from it)."""
     L4: gl.constexpr = word_layout()
     L2: gl.constexpr = word2_layout()
+    L8: gl.constexpr = word8_layout()
+    L82: gl.constexpr = word8_2d_layout()
     acc_l: gl.constexpr = acc_layout(MP)
     dot_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
     SPC: gl.constexpr = 8 if FMT == _FMT_NVFP4 else 4
+    WPS: gl.constexpr = 32 if FMT == _FMT_MXFP8 else 16  # int32 words per row and step
     for i in gl.static_range(STAGES):
         s0 = (step0 + i) % STAGES
         mbarrier.expect(bars.index(s0), w_desc.block_type.nbytes, pred=i < n_c)
-        tma_load(w_desc, [w_row, (c_lo + i) * 16], bars.index(s0), w_bufs.index(s0), pred=i < n_c)
+        tma_load(w_desc, [w_row, (c_lo + i) * WPS], bars.index(s0), w_bufs.index(s0), pred=i < n_c)
     f_cur = _scale_factor(ws_ptr, srow, scol + c_lo * SPC, ncol, FMT)
     f_nxt = _scale_factor(ws_ptr, srow, scol + gl.minimum(c_lo + 1, num_c - 1) * SPC, ncol, FMT)
-    x_cur = _x_chunk(x_base, xr, x_ok, xg, xj, c_lo * CHUNK, K, stride_xm, MP)
+    x_cur = _x_chunk(x_base, xr, x_ok, xg, xj, c_lo * CHUNK, K, stride_xm, MP, FMT)
     acc = gl.zeros((BLOCK_N, MP), dtype=gl.float32, layout=acc_l)
     for it in range(n_c):
         g = step0 + it
@@ -181,36 +234,34 @@ def _k_loop(w_desc, w_bufs, x_bufs, bars, step0, w_row, ws_ptr, srow, scol, ncol
         xb = x_bufs.index(it % 2)
         xb.store(x_cur)
         if it + 1 < n_c:
-            x_cur = _x_chunk(x_base, xr, x_ok, xg, xj, (c_lo + it + 1) * CHUNK, K, stride_xm, MP)
+            x_cur = _x_chunk(x_base, xr, x_ok, xg, xj, (c_lo + it + 1) * CHUNK, K, stride_xm, MP, FMT)
         f_use = f_cur
         f_cur = f_nxt
         f_nxt = _scale_factor(ws_ptr, srow, scol + gl.minimum(c_lo + it + 2, num_c - 1) * SPC, ncol, FMT)
         mbarrier.wait(bars.index(s), (g // STAGES) & 1)
-        w2 = w_bufs.index(s).load(L2)
+        if FMT == _FMT_MXFP8:
+            w2 = w_bufs.index(s).load(L82)
+        else:
+            w2 = w_bufs.index(s).load(L2)
         fence_async_shared()
         cta_barrier()  # every warp read slot s and wrote its activations before the refill / wgmma
         nxt = it + STAGES
         ok = nxt < n_c
         mbarrier.expect(bars.index(s), w_desc.block_type.nbytes, pred=ok)
-        tma_load(w_desc, [w_row, (c_lo + nxt) * 16], bars.index(s), w_bufs.index(s), pred=ok)
+        tma_load(w_desc, [w_row, (c_lo + nxt) * WPS], bars.index(s), w_bufs.index(s), pred=ok)
 
-        w4 = gl.convert_layout(gl.reshape(w2, [BLOCK_N, 4, 2, 2]), L4, assert_trivial=True)
-        if FMT == _FMT_NVFP4:
-            fac = gl.expand_dims(f_use, 3)
-            p0, p1, p2, p3 = gl.inline_asm_elementwise(_DECODE_NV, "=r,=r,=r,=r,r,r", [w4, fac],
-                                                       dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
-                                                       is_pure=True, pack=1)
+        if FMT == _FMT_MXFP8:
+            w8 = gl.convert_layout(gl.reshape(w2, [BLOCK_N, 4, 8]), L8, assert_trivial=True)
+            fac = gl.expand_dims(f_use, 2)
+            p0, p1 = gl.inline_asm_elementwise(_DECODE_E4M3, "=r,=r,r,r", [w8, fac], dtype=(gl.int32, gl.int32),
+                                               is_pure=True, pack=1)
+            pr = gl.join(p0, p1)  # [64, t, w, b]
+            lo = pr.to(gl.int16)
+            hi = (pr >> 16).to(gl.int16)
+            h = gl.join(lo, hi).to(gl.bfloat16, bitcast=True)  # [64, t, w, b, h]
+            a = gl.reshape(gl.permute(h, (0, 2, 3, 1, 4)), [BLOCK_N, CHUNK])  # q = [w b t h]
         else:
-            fac = gl.expand_dims(gl.expand_dims(f_use, 2), 3)
-            p0, p1, p2, p3 = gl.inline_asm_elementwise(_DECODE_MX, "=r,=r,=r,=r,r,r", [w4, fac],
-                                                       dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
-                                                       is_pure=True, pack=1)
-        # join appends a trailing dimension: the inner joins' is a1 (p0 | p2), the outer one's a0
-        pr = gl.join(gl.join(p0, p2), gl.join(p1, p3))  # [64, t, i1, i0, a1, a0]
-        lo = pr.to(gl.int16)
-        hi = (pr >> 16).to(gl.int16)
-        h = gl.join(lo, hi).to(gl.bfloat16, bitcast=True)  # [..., h]
-        a = gl.reshape(gl.permute(h, (0, 2, 3, 4, 5, 1, 6)), [BLOCK_N, CHUNK])
+            a = _decode_fp4(w2, f_use, FMT)
         a = gl.convert_layout(a, dot_l, assert_trivial=True)
         acc = warpgroup_mma(a, xb.permute((1, 0)), acc, is_async=True)
         # wait for it before the next chunk's decode: the wgmma reads its register operand until
@@ -218,6 +269,30 @@ def _k_loop(w_desc, w_bufs, x_bufs, bars, step0, w_row, ws_ptr, srow, scol, ncol
         # outstanding wgmma) gave wrong results on the H200 (its registers were reused)
         acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a, xb))
     return acc
+
+
+@gluon.jit
+def _decode_fp4(w2, f_use, FMT: gl.constexpr):
+    """[64, 16] words of packed e2m1 (one step) and their block-scale factors -> the bf16 [64, 128]
+    operand in the wgmma's K order (module docstring)."""
+    L4: gl.constexpr = word_layout()
+    w4 = gl.convert_layout(gl.reshape(w2, [BLOCK_N, 4, 2, 2]), L4, assert_trivial=True)
+    if FMT == _FMT_NVFP4:
+        fac = gl.expand_dims(f_use, 3)
+        p0, p1, p2, p3 = gl.inline_asm_elementwise(_DECODE_NV, "=r,=r,=r,=r,r,r", [w4, fac],
+                                                   dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
+                                                   is_pure=True, pack=1)
+    else:
+        fac = gl.expand_dims(gl.expand_dims(f_use, 2), 3)
+        p0, p1, p2, p3 = gl.inline_asm_elementwise(_DECODE_MX, "=r,=r,=r,=r,r,r", [w4, fac],
+                                                   dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
+                                                   is_pure=True, pack=1)
+    # join appends a trailing dimension: the inner joins' is a1 (p0 | p2), the outer one's a0
+    pr = gl.join(gl.join(p0, p2), gl.join(p1, p3))  # [64, t, i1, i0, a1, a0]
+    lo = pr.to(gl.int16)
+    hi = (pr >> 16).to(gl.int16)
+    h = gl.join(lo, hi).to(gl.bfloat16, bitcast=True)  # [..., h]
+    return gl.reshape(gl.permute(h, (0, 2, 3, 4, 5, 1, 6)), [BLOCK_N, CHUNK])
 
 
 # M and the steps per split follow the call (decode M, contiguous sum_m): one build serves them all
@@ -278,15 +353,23 @@ def fp4_stream_kernel(w_desc, ws_ptr, x_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, p
     ws_e = ws_ptr + e64 * stride_wse
     w_row = e * N + off_n
 
-    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 16], w_desc.layout)
+    WPS: gl.constexpr = 32 if FMT == _FMT_MXFP8 else 16  # int32 words per row and step
+    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, WPS], w_desc.layout)
     x_bufs = gl.allocate_shared_memory(gl.bfloat16, [2, MP, CHUNK], xs_layout)
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(bars.index(i), count=1)
 
-    # block scales: per thread rows r and r + 8 of its warp, block t (mxfp4) or 2t + i1 (nvfp4)
+    # block scales: per thread rows r and r + 8 of its warp, block t (mx) or 2t + i1 (nvfp4)
     SL3: gl.constexpr = gl.SliceLayout(3, L4)
-    if FMT == _FMT_NVFP4:
+    if FMT == _FMT_MXFP8:
+        SL8: gl.constexpr = gl.SliceLayout(2, word8_layout())
+        r3 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, SL8))
+        t3 = gl.arange(0, 4, layout=gl.SliceLayout(0, SL8))
+        srow = gl.expand_dims((off_n + gl.minimum(r3, N - 1 - off_n)).to(gl.int64) * stride_wsn, 1)
+        scol = gl.expand_dims(t3, 0)
+        ncol = gl.cdiv(K, 32)
+    elif FMT == _FMT_NVFP4:
         r3 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, gl.SliceLayout(2, SL3)))
         t3 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, SL3)))
         i3 = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, SL3)))
