@@ -24,6 +24,30 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_
 FMTS = ("mxfp4", "nvfp4", "mxfp8")
 
 
+@pytest.fixture
+def planned_for_every_format(monkeypatch):
+    """The planner's mxfp8 limits (plan/fp4_stream.py: small weights and weight-only above 16 rows
+    keep the portable tiles; no grouped mxfp8) lifted, plan memos cleared: the planned path runs
+    the kernel for every format here. Where the planner uses it: tests/test_planner.py."""
+    from blockscaled.ops import gemm as ops_gemm
+    from blockscaled.ops import grouped as ops_grouped
+    from blockscaled.plan import fp4_stream
+    from blockscaled.plan.gemm import plan_gemm
+
+    monkeypatch.setattr(fp4_stream, "FP4_STREAM_FP8_MIN_BYTES", 0)
+    monkeypatch.setattr(fp4_stream, "FP4_STREAM_FP8_WO_MAX_M", 64)
+    monkeypatch.setattr(fp4_stream, "FP4_STREAM_GROUPED_FORMATS", FMTS)
+
+    def clear():
+        plan_gemm.cache_clear()
+        ops_gemm._PLANS.clear()
+        ops_grouped._PLANS.clear()
+
+    clear()
+    yield
+    clear()
+
+
 def _cfg(m, split=1, stages=6):
     mp = next(s for s in (8, 16, 32, 64) if s >= m)
     return GemmConfig(block_m=mp, block_n=64, block_k=128, num_warps=4, num_stages=stages, split_k=split,
@@ -53,7 +77,7 @@ def test_forced_configs_match_reference(fmt):
 
 
 @pytest.mark.parametrize("fmt", FMTS)
-def test_planned_calls_run_it(fmt):
+def test_planned_calls_run_it(fmt, planned_for_every_format):
     """``bs.linear(weight_only=True)`` at decode M on a real projection plans the streaming kernel
     (explain says so) and matches the reference; repeated calls are bitwise equal (the split-K sum
     runs in a fixed order), also replayed from a CUDA graph."""
@@ -105,7 +129,7 @@ def test_extreme_and_nan_scales():
 
 
 @pytest.mark.parametrize("fmt", FMTS)
-def test_w_x_a_and_bias(fmt):
+def test_w_x_a_and_bias(fmt, planned_for_every_format):
     """Quantized activations of the weight's format (W x A: dequantized exactly to bf16, nvfp4's
     activation global scale applied in the epilogue beside the weight's) and a bias (bf16 / fp32,
     added in fp32 in the epilogue, also by the split-K last arriver), through the planner
@@ -189,7 +213,7 @@ def _grouped_ref(x_rows, wd, e):
 
 
 @pytest.mark.parametrize("fmt", FMTS)
-def test_grouped_decode_contiguous_and_masked(fmt):
+def test_grouped_decode_contiguous_and_masked(fmt, planned_for_every_format):
     """MoE decode sizes: 16 experts, most empty, a few with 1-3 rows and one with 40 (past the
     padded rows: its rows run in blocks), contiguous (offsets) and masked (counts); planned with the
     expected rows per expert, explain says the streaming kernel runs; fp32 outputs as the experts

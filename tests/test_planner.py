@@ -220,17 +220,38 @@ def _wo(fmt, m, n=5760, k=2880, dev=H100_SXM, gluon_ok=True, **kw):
 def test_fp4_stream_takes_weight_only_fp4_decode(fp4_stream_on):
     """mxfp4 / nvfp4 weights x bf16 activations at the M the GEMV leaves, up to 64 rows, on sm_90:
     the streaming kernel, rows padded to the wgmma N, explained in words."""
-    for fmt, ms in (("mxfp4", (3, 4, 9, 16, 17, 33, 64)), ("nvfp4", (2, 8, 32, 64)), ("mxfp8", (3, 16, 64))):
+    for fmt, ms in (("mxfp4", (3, 4, 9, 16, 17, 33, 64)), ("nvfp4", (2, 8, 32, 64)), ("mxfp8", (3, 16))):
         for m in ms:
-            plan = _wo(fmt, m)
+            plan = _wo(fmt, m, n=28672, k=8192) if fmt == "mxfp8" else _wo(fmt, m)
             assert plan.kernel == "hopper_fp4_stream", (fmt, m, plan)
             assert plan.config.block_m == next(s for s in (8, 16, 32, 64) if s >= m), (fmt, m, plan)
             assert "streaming kernel" in str(plan) and f"split {plan.config.split_k}" in str(plan)
     # the decode GEMV keeps its rows (mx M <= 2, nvfp4 M = 1)
     assert _wo("mxfp4", 2).kernel == "gemv" and _wo("nvfp4", 1).kernel == "gemv" and _wo("mxfp8", 2).kernel == "gemv"
     # mxfp8: 8 KB steps, a 4-slot ring; e4m3 named in the explanation
-    p8 = _wo("mxfp8", 16)
+    p8 = _wo("mxfp8", 16, n=28672, k=8192)
     assert p8.config.num_stages == 4 and "e4m3" in str(p8) and "8 KB" in str(p8)
+
+
+def test_fp4_stream_mxfp8_rule(fp4_stream_on):
+    """mxfp8 weights (plan/fp4_stream.py FP4_STREAM_FP8_*): up to 16 rows only from 32 MB of weights,
+    above 16 rows only W x A; the grouped form not planned for mxfp8 (not timed); explain says why."""
+    from blockscaled.plan.fp4_stream import FP4_STREAM_FP8_MIN_BYTES, fp4_stream_reason, grouped_fp4_stream_reason
+    from blockscaled.plan.grouped import plan_grouped
+
+    big, small = (14336, 4096), (4096, 4096)  # 56 MB, 16 MB
+    assert big[0] * big[1] >= FP4_STREAM_FP8_MIN_BYTES > small[0] * small[1]
+    for a in ("bfloat16", "quantized"):
+        assert _wo("mxfp8", 16, *big, a=a).kernel == "hopper_fp4_stream"
+        small16 = _wo("mxfp8", 16, *small, a=a)
+        assert small16.kernel != "hopper_fp4_stream"
+        assert "measured faster" in fp4_stream_reason(small16.problem, H100_SXM, True)
+    for n, k in (big, small):
+        assert _wo("mxfp8", 64, n, k, a="quantized").kernel == "hopper_fp4_stream"
+        assert _wo("mxfp8", 64, n, k).kernel != "hopper_fp4_stream"
+    g = Problem("grouped", "mxfp8", 64, 5760, 2880, "bfloat16", "float32", False, 1, "contiguous", 128, 0.5)
+    assert "grouped form is planned for" in grouped_fp4_stream_reason(g, H100_SXM)
+    assert plan_grouped(g, H100_SXM, hopper_why="not fp8_block").kernel != "hopper_fp4_stream"
 
 
 def test_fp4_stream_takes_w_x_a_and_bias(fp4_stream_on):
@@ -239,7 +260,7 @@ def test_fp4_stream_takes_w_x_a_and_bias(fp4_stream_on):
     weight-only plan's tiles; the grouped form takes quantized activations too."""
     from blockscaled.plan.grouped import plan_grouped
 
-    for fmt in ("mxfp4", "nvfp4", "mxfp8"):
+    for fmt in ("mxfp4", "nvfp4"):
         for m in (3, 16, 64):
             wo = _wo(fmt, m)
             for plan in (_wo(fmt, m, a="quantized"), _wo(fmt, m, bias=True), _wo(fmt, m, a="quantized", bias=True)):

@@ -38,7 +38,8 @@ from .splits import cdiv
 from .types import Problem
 
 __all__ = ["FP4_STREAM_FORMATS", "FP4_STREAM_ACTIVATIONS", "FP4_STREAM_MAX_M", "FP4_STREAM_MP", "FP4_STREAM_PROGRAMS_PER_SM",
-           "FP4_STREAM_MIN_CHUNKS", "FP4_STREAM_MAX_SPLIT", "FP4_STREAM_STAGES", "FP4_STREAM_STAGES_FP8", "FP4_STREAM_TRITON", "use_fp4_stream",
+           "FP4_STREAM_MIN_CHUNKS", "FP4_STREAM_MAX_SPLIT", "FP4_STREAM_STAGES", "FP4_STREAM_STAGES_FP8", "FP4_STREAM_FP8_MIN_BYTES", "FP4_STREAM_FP8_WO_MAX_M",
+           "FP4_STREAM_GROUPED_FORMATS", "FP4_STREAM_TRITON", "use_fp4_stream",
            "fp4_stream_split", "fp4_stream_config", "fp4_stream_reason", "FP4_STREAM_GROUPED_MAX_ROWS",
            "grouped_fp4_stream_reason", "grouped_fp4_stream_config"]
 
@@ -65,6 +66,18 @@ FP4_STREAM_STAGES = 6
 #: within ~1.3x (AOT: 41 KB per program at 16 rows), so the same programs per SM fit. NOT MEASURED
 #: YET, nor is the split rule for mxfp8 (fitted on fp4 rows: a step there moves 4 KB, here 8 KB).
 FP4_STREAM_STAGES_FP8 = 4
+#: Where mxfp8 weights take the kernel (dense). For 1-byte e4m3 weights the portable bf16 tiles
+#: (plan/portable.py) already stream well, and this kernel's fixed cost per call (prologue, a
+#: chain of dependent 128-K steps per program, the split-K reduction: ~10 us) decides small
+#: problems. Measured (H200, bench --suite mx, mx-20261127-1133 with the kernel against
+#: mx-20261127-1122 without it, same machine and day, 6 shapes of gpt-oss / Llama 3 8B / 70B):
+#: M = 16, both modes: 1.17-2.0x the portable plan on 58-470 MB of weights, 0.77-0.91x on 8-25 MB;
+#: M = 64: W x A (whose portable plan is slower) 1.02-1.29x on all six, weight-only 0.73-0.84x on
+#: all six. Hence: up to FP4_STREAM_FP8_WO_MAX_M rows only from FP4_STREAM_FP8_MIN_BYTES of
+#: weights (between the 25 MB that lost and the 58 MB that won), above that W x A only. In-sample
+#: (the rows that chose it); M between 2 and 16 other than 16 not measured.
+FP4_STREAM_FP8_MIN_BYTES = 32 << 20
+FP4_STREAM_FP8_WO_MAX_M = 16
 #: Triton releases the kernel was checked on (AOT: tests/test_aot_fp4_stream.py; GPU: the H200 A/B
 #: above, triton 3.6). Others keep the portable kernels until checked.
 FP4_STREAM_TRITON = ((3, 6),)
@@ -95,6 +108,13 @@ def fp4_stream_reason(p: Problem, dev: DeviceInfo, gluon_ok: bool) -> str | None
         return f"K = {p.k} not a positive multiple of 32 (16-byte TMA rows of packed e2m1)"
     if not p.tma:
         return "operands not 16-byte aligned for TMA"
+    if p.fmt == "mxfp8":
+        if p.m > FP4_STREAM_FP8_WO_MAX_M and p.weight_only:
+            return (f"mxfp8 weight-only at M = {p.m} > {FP4_STREAM_FP8_WO_MAX_M}: the portable bf16 tiles measured "
+                    f"faster (FP4_STREAM_FP8_WO_MAX_M)")
+        if p.m <= FP4_STREAM_FP8_WO_MAX_M and p.n * p.k < FP4_STREAM_FP8_MIN_BYTES:
+            return (f"mxfp8 weights of {p.n * p.k / 2**20:.1f} MB < {FP4_STREAM_FP8_MIN_BYTES >> 20} MB at M <= "
+                    f"{FP4_STREAM_FP8_WO_MAX_M}: the portable bf16 tiles measured faster (FP4_STREAM_FP8_MIN_BYTES)")
     return None
 
 
@@ -136,6 +156,9 @@ def _stages(fmt: str) -> int:
 #: the portable grouped kernel and dequantize + torch._grouped_mm were 0.3-0.9x cuBLAS bf16 there:
 #: benchmarks/results/h200 mx-20261127-0848). NOT MEASURED YET: a first bound from that argument.
 FP4_STREAM_GROUPED_MAX_ROWS = 16.0
+#: weight formats of the grouped form the planner uses: mxfp8 grouped calls are checked on the GPU
+#: (tests/test_fp4_stream_gpu.py) but not timed yet, so they keep the portable grouped kernels
+FP4_STREAM_GROUPED_FORMATS = ("mxfp4", "nvfp4")
 
 
 def grouped_fp4_stream_reason(p: Problem, dev: DeviceInfo) -> str | None:
@@ -143,8 +166,8 @@ def grouped_fp4_stream_reason(p: Problem, dev: DeviceInfo) -> str | None:
     ``p.tma``: the caller's check that TMA can read the packed weights and the Gluon kernels build."""
     if p.op != "grouped" or p.dual or p.grouping not in ("contiguous", "masked"):
         return "not a contiguous / masked grouped GEMM (SwiGLU keeps its kernels)"
-    if p.fmt not in FP4_STREAM_FORMATS:
-        return f"{p.fmt} weights"
+    if p.fmt not in FP4_STREAM_GROUPED_FORMATS:
+        return f"{p.fmt} weights (the grouped form is planned for {', '.join(FP4_STREAM_GROUPED_FORMATS)})"
     if not dev.is_hopper or not _TRITON_OK or not FP4_STREAM_ENABLED:
         return "not an sm_90 device with a checked triton (or switched off: BLOCKSCALED_MX_KERNELS)"
     if p.a not in FP4_STREAM_ACTIVATIONS:
