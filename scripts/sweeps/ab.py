@@ -25,7 +25,7 @@ Variants (comma list; the first is the baseline of the ratio column):
                   portable candidate, else the portable rules (plan/portable.py, grouped_portable.py)
   gemv            dense fp8_block at M = 1: the decode GEMV
   dequant_matmul  dequantize to bf16 + cuBLAS
-  stream          dense mxfp4 / nvfp4 weight-only (--weight-only), M <= 64, sm_90: the fp4 streaming
+  stream          dense mxfp4 / nvfp4 / mxfp8, weight-only or W x A, M <= 64, sm_90: the streaming
                   kernel with the planner's split and ring (plan/fp4_stream.py); stream@split_k=N
                   times another split (the measurement behind FP4_STREAM_PROGRAMS_PER_SM /
                   FP4_STREAM_MIN_CHUNKS)
@@ -209,11 +209,10 @@ def resolve(case: Case, tokens: list[str], dev) -> list[tuple[str, object]]:
         elif kind == "gemv":
             cfg = _best(case, dev, lambda c: not isinstance(c, HopperConfig) and c.strategy == "gemv")
         elif kind == "stream":
-            from blockscaled.plan.fp4_stream import FP4_STREAM_MAX_M, fp4_stream_config
+            from blockscaled.plan.fp4_stream import FP4_STREAM_FORMATS, FP4_STREAM_MAX_M, fp4_stream_config
 
-            if (case.op != "gemm" or case.fmt not in ("mxfp4", "nvfp4") or not case.weight_only
-                    or case.m > FP4_STREAM_MAX_M):
-                raise SystemExit(f"variant {tok!r}: dense mxfp4 / nvfp4 --weight-only at M <= {FP4_STREAM_MAX_M}")
+            if case.op != "gemm" or case.fmt not in FP4_STREAM_FORMATS or case.m > FP4_STREAM_MAX_M:
+                raise SystemExit(f"variant {tok!r}: dense {' / '.join(FP4_STREAM_FORMATS)} at M <= {FP4_STREAM_MAX_M}")
             cfg = fp4_stream_config(p, dev)
         elif kind == "portable" and fp8_hopper:
             cfg = _best(case, dev, lambda c: not isinstance(c, HopperConfig) and c.strategy == "triton")

@@ -1,8 +1,9 @@
-"""The sm_90a fp4-weight streaming GEMM in Gluon: mxfp4 / nvfp4 weights x bf16 activations, M <= 64.
+"""The sm_90a weight-streaming GEMM in Gluon: mxfp4 / nvfp4 / mxfp8 weights x bf16 activations, M <= 64.
 
 ``C[m, n] = sum_k x[m, k] * dequantize(W)[n, k]`` for decode and small-batch sizes, where the
-packed e2m1 weights are the traffic. Kernel body only; the host launcher is
-``blockscaled.ops._fp4_stream``.
+quantized weights are the traffic. Kernel body only; the host launcher is
+``blockscaled.ops._fp4_stream``. Written for packed e2m1 (below); mxfp8 (FMT 1) follows the same
+plan with 8 KB steps of e4m3 (``_DECODE_E4M3``, ``word8_layout``, ``_x_chunk``).
 
 Why a kernel of its own (H200 ncu, benchmarks/NOTES.md, seventeenth session): the portable
 kernel's bf16 swap-AB tile ran mxfp4 28672x8192 at M=16 in 156 us (the fp4 bytes' floor is 28 us)
