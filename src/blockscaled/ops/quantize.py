@@ -128,6 +128,14 @@ def activation_tiles(fmt: str | Format, m: int, k: int, device: torch.device) ->
     return tiles
 
 
+def dequant_tiles(fmt: str | Format, m: int, k: int) -> tuple[int, int]:
+    """The compile-time tiles (ROWS, GROUPS) with which dequantizing ``[m, k]`` of 1 x block_k
+    blocks launches its kernel (``_dequantize_impl``). They follow ``m``: quantized activations
+    that a plan dequantizes first (the streaming kernel's W x A pre-pass) make
+    :func:`blockscaled.warmup` run one launch per distinct value."""
+    return tile_1xk(m, k, get_format(fmt).block_k)
+
+
 def _amax_partials(x: torch.Tensor) -> torch.Tensor:
     """int32 ``[P]`` partial maxima of the bits of |x| (P >= 1; zeros for an empty x), one
     kernel, no memset. The tensor amax is their max."""
@@ -423,7 +431,7 @@ def _dequantize_impl(data, scale, global_scale, f: Format, shape, block, dtype) 
         s2 = s2.view(torch.uint8)
     o2 = out.view(-1, k)
     m = o2.shape[0]
-    rows, groups = tile_1xk(m, k, f.block_k)
+    rows, groups = dequant_tiles(f, m, k)
     grid = (_cdiv(m, rows), _cdiv(k, groups * f.block_k))
     gs = global_scale if global_scale is not None else s2
     fast(_k.dequantize_1xk_kernel)[grid](
