@@ -243,7 +243,7 @@ def test_portable_rules_on_h100():
     """The portable rules (plan/portable.py): what the planner runs on sm_90 for MX/NV formats and
     weight-only GEMMs, and for fp8_block on other GPUs (fitted on the H100, checked here with
     its DeviceInfo)."""
-    from blockscaled.plan import fp4_stream
+    from blockscaled.plan import stream as plan_stream
 
     bf16 = torch.bfloat16
 
@@ -255,9 +255,9 @@ def test_portable_rules_on_h100():
         assert plan(fmt, 4096, 7168, 2048, a="bfloat16").config.strategy == "dequant_matmul"
         # (M <= 2 runs the MX / NV decode GEMV: tests/test_mx_gemv.py; up to M = 64 the streaming
         # kernel where its triton gate is open: tests/test_planner.py)
-        # (mxfp8 at M = 16 only from 32 MB of weights: FP4_STREAM_FP8_MIN_BYTES)
-        stream = fp4_stream._TRITON_OK and fp4_stream.FP4_STREAM_ENABLED and fmt != "mxfp8"
-        assert plan(fmt, 16, 7168, 2048).config.strategy == ("fp4_stream" if stream else "triton")
+        # (mxfp8 at M = 16 only from 32 MB of weights: STREAM_FP8_MIN_BYTES)
+        use = plan_stream._TRITON_OK and plan_stream.STREAM_ENABLED and fmt != "mxfp8"
+        assert plan(fmt, 16, 7168, 2048).config.strategy == ("stream" if use else "triton")
     assert plan("nvfp4", 16, 2112, 7168).config.block_m == 16
     c = choose_portable("fp8_block", 4096, 7168, 16384, H100_SXM, None, bf16)
     assert (c.strategy, c.block_m, c.block_n, c.block_k, c.num_warps) == ("triton", 128, 128, 128, 8)
@@ -545,7 +545,7 @@ def test_hopper_plans_only_where_the_kernels_can_run(device):
                         # rows the streaming kernel, tests/test_planner.py)
                         mx = q.fmt != "fp8_block"
                         others = (("gemv",) if mx and q.m <= 8 else ()) + (
-                            ("hopper_fp4_stream",) if mx and q.m <= 64 else ())
+                            ("hopper_stream",) if mx and q.m <= 64 else ())
                         assert plan.kernel in ("portable", "dequant_matmul") + others, (q, f, plan)
             fp32 = plan_gemm(dataclasses.replace(p, out_dtype="float32"), H100_SXM).config
             assert isinstance(fp32, HopperConfig) or fp32.strategy != "dequant_matmul", (m, n, k, fp32)

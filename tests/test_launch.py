@@ -148,12 +148,12 @@ def test_gluon_descriptors_keyed_by_their_specialisation_and_passed_through(fk):
     fk[(1,)](x, x, 3, BLOCK=d1)  # by keyword: this launch's own, never kept
     fk[(1,)](x, x, 3, BLOCK=d2)
     assert _kinds(fk)[-1] == "direct" and fk.fn.log[-1][1][-1] is d2
-    from blockscaled.kernels.hopper.fp4_stream import fp4_stream_kernel
+    from blockscaled.kernels.hopper.stream import stream_kernel
 
     if _launch.FAST_LAUNCH:
-        assert isinstance(_launch.fast(fp4_stream_kernel), _launch.FastKernel)
-    from blockscaled.ops import _fp4_stream
+        assert isinstance(_launch.fast(stream_kernel), _launch.FastKernel)
+    from blockscaled.ops import _stream
 
-    cls, _ = _fp4_stream._gluon()
-    fast_d = _fp4_stream._descriptor(cls, w1, [64, 32], [32, 1], [64, 16], lay)  # no __post_init__
+    cls, _ = _stream._gluon()
+    fast_d = _stream._descriptor(cls, w1, [64, 32], [32, 1], [64, 16], lay)  # no __post_init__
     assert fast_d == D(w1, [64, 32], [32, 1], [64, 16], lay) and _launch._desc_key(fast_d) == _launch._desc_key(d1)

@@ -151,11 +151,11 @@ def test_every_grouped_plan_roundtrips():
             plans.add(plan_grouped(dataclasses.replace(p, interpret=it), CPU_INTERPRETER, hopper_why=HOPPER_WHY[1]))
     seen = _roundtrip_plans(plans)
     assert len(seen) == len(plans)
-    from blockscaled.plan import fp4_stream
+    from blockscaled.plan import stream as plan_stream
 
     kinds = {"hopper_wide", "portable_grouped", "grouped_dequant_matmul", "reference"}
-    if fp4_stream._TRITON_OK and fp4_stream.FP4_STREAM_ENABLED:  # bf16 mxfp4 / nvfp4 decode problems
-        kinds.add("hopper_fp4_stream")
+    if plan_stream._TRITON_OK and plan_stream.STREAM_ENABLED:  # bf16 mxfp4 / nvfp4 decode problems
+        kinds.add("hopper_stream")
     assert {p.kernel for p in plans} == kinds
     assert {p.op for p in plans} == {"grouped", "swiglu"}
     hop = [p.config for p in plans if isinstance(p.config, HopperConfig)]
@@ -274,18 +274,18 @@ def test_devices_are_plain_values():
     assert plan_gemm(p, dev) == plan_gemm(p, H100_SXM)
 
 
-def test_fp4_stream_plans_roundtrip(monkeypatch):
-    """The fp4 streaming kernel's plans (strategy "fp4_stream": padded rows, split, ring depth)
+def test_stream_plans_roundtrip(monkeypatch):
+    """The streaming kernel's plans (strategy "stream": padded rows, split, ring depth)
     cross the custom-op boundary whole."""
-    from blockscaled.plan import fp4_stream
+    from blockscaled.plan import stream as plan_stream
 
-    monkeypatch.setattr(fp4_stream, "_TRITON_OK", True)
-    monkeypatch.setattr(fp4_stream, "FP4_STREAM_ENABLED", True)
+    monkeypatch.setattr(plan_stream, "_TRITON_OK", True)
+    monkeypatch.setattr(plan_stream, "STREAM_ENABLED", True)
     plan_gemm.cache_clear()
     plans = set()
     for fmt, m, n, k in itertools.product(("mxfp4", "nvfp4"), (3, 8, 16, 32, 64), (7, 2880, 28672), (32, 2880, 8192)):
         plan = plan_gemm(Problem("gemm", fmt, m, n, k, a="bfloat16", b_block_rows=1), H100_SXM)
-        assert plan.kernel == "hopper_fp4_stream", plan
+        assert plan.kernel == "hopper_stream", plan
         plans.add(plan)
     plan_gemm.cache_clear()
     _roundtrip_plans(plans)

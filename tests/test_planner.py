@@ -68,17 +68,17 @@ def test_forced_configs():
 
 @pytest.mark.parametrize("fmt", ["mxfp8", "mxfp4", "nvfp4"])
 def test_other_formats_and_devices(fmt, mx_kernels):
-    from blockscaled.plan import fp4_stream
+    from blockscaled.plan import stream as plan_stream
 
     for m in (1, 64, 4096):
         plan = plan_gemm(Problem("gemm", fmt, m, 4096, 4096), H100_SXM)
         # M = 1: the MX / NV decode GEMV (tests/test_mx_gemv.py); M = 64: the streaming kernel
-        # where its triton gate is open (tests/test_planner.py::test_fp4_stream_*)
+        # where its triton gate is open (tests/test_planner.py::test_stream_*)
         want = ("portable", "dequant_matmul")
         if m == 1:
             want = ("gemv",)
-        elif m == 64 and fp4_stream._TRITON_OK and fp4_stream.FP4_STREAM_ENABLED:
-            want = ("hopper_fp4_stream",)
+        elif m == 64 and plan_stream._TRITON_OK and plan_stream.STREAM_ENABLED:
+            want = ("hopper_stream",)
         assert plan.kernel in want and plan.reasons, (m, plan)
     a100 = DeviceInfo("cuda", 108, (8, 0), 166912, name="NVIDIA A100")
     for f in (fmt, "fp8_block"):
@@ -113,16 +113,16 @@ def test_device_file_is_complete():
 
 def test_dispatch_table_in_readme_is_current(monkeypatch):
     """The README's table is the planner's output on an H100 with the GPU image's Triton (3.6, where
-    the MX / NV decode GEMV and the fp4 streaming kernel run: MX_GEMV_TRITON, FP4_STREAM_TRITON),
+    the MX / NV decode GEMV and the streaming kernel run: MX_GEMV_TRITON, STREAM_TRITON),
     whichever Triton runs the test."""
     from pathlib import Path
 
     from blockscaled.plan import gemm as plan_gemm_mod
-    from blockscaled.plan import fp4_stream, mx_gemv
+    from blockscaled.plan import mx_gemv, stream as plan_stream
 
     monkeypatch.setattr(mx_gemv, "_TRITON_OK", True)
-    monkeypatch.setattr(fp4_stream, "_TRITON_OK", True)
-    monkeypatch.setattr(fp4_stream, "FP4_STREAM_ENABLED", True)
+    monkeypatch.setattr(plan_stream, "_TRITON_OK", True)
+    monkeypatch.setattr(plan_stream, "STREAM_ENABLED", True)
     plan_gemm_mod.plan_gemm.cache_clear()
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     begin, end = "<!-- dispatch-table:begin -->\n", "<!-- dispatch-table:end -->"
@@ -198,14 +198,14 @@ def test_log_plans_once(path, device, monkeypatch, caplog):
     assert len(logged) == 1 and bs.explain("gemm", a, b).describe() in logged[0].getMessage()
 
 
-# ------------------------------------------------------------------------------ fp4 streaming kernel
+# ------------------------------------------------------------------------------ streaming kernel
 @pytest.fixture
-def fp4_stream_on(monkeypatch):
-    """The fp4 streaming kernel's Triton gate open (it is GPU-checked on 3.6 only), plans uncached."""
-    from blockscaled.plan import fp4_stream, mx_gemv
+def stream_on(monkeypatch):
+    """The streaming kernel's Triton gate open (it is GPU-checked on 3.6 only), plans uncached."""
+    from blockscaled.plan import mx_gemv, stream as plan_stream
 
-    monkeypatch.setattr(fp4_stream, "_TRITON_OK", True)
-    monkeypatch.setattr(fp4_stream, "FP4_STREAM_ENABLED", True)
+    monkeypatch.setattr(plan_stream, "_TRITON_OK", True)
+    monkeypatch.setattr(plan_stream, "STREAM_ENABLED", True)
     monkeypatch.setattr(mx_gemv, "_TRITON_OK", True)
     plan_gemm.cache_clear()
     yield
@@ -217,13 +217,13 @@ def _wo(fmt, m, n=5760, k=2880, dev=H100_SXM, gluon_ok=True, **kw):
     return plan_gemm(Problem("gemm", fmt, m, n, k, b_block_rows=1, **kw), dev, gluon_ok=gluon_ok)
 
 
-def test_fp4_stream_takes_weight_only_fp4_decode(fp4_stream_on):
+def test_stream_takes_weight_only_fp4_decode(stream_on):
     """mxfp4 / nvfp4 weights x bf16 activations at the M the GEMV leaves, up to 64 rows, on sm_90:
     the streaming kernel, rows padded to the wgmma N, explained in words."""
     for fmt, ms in (("mxfp4", (3, 4, 9, 16, 17, 33, 64)), ("nvfp4", (2, 8, 32, 64)), ("mxfp8", (3, 16))):
         for m in ms:
             plan = _wo(fmt, m, n=28672, k=8192) if fmt == "mxfp8" else _wo(fmt, m)
-            assert plan.kernel == "hopper_fp4_stream", (fmt, m, plan)
+            assert plan.kernel == "hopper_stream", (fmt, m, plan)
             assert plan.config.block_m == next(s for s in (8, 16, 32, 64) if s >= m), (fmt, m, plan)
             assert "streaming kernel" in str(plan) and f"split {plan.config.split_k}" in str(plan)
     # the decode GEMV keeps its rows (mx M <= 2, nvfp4 M = 1)
@@ -233,28 +233,28 @@ def test_fp4_stream_takes_weight_only_fp4_decode(fp4_stream_on):
     assert p8.config.num_stages == 4 and "e4m3" in str(p8) and "8 KB" in str(p8)
 
 
-def test_fp4_stream_mxfp8_rule(fp4_stream_on):
-    """mxfp8 weights (plan/fp4_stream.py FP4_STREAM_FP8_*): up to 16 rows only from 32 MB of weights,
+def test_stream_mxfp8_rule(stream_on):
+    """mxfp8 weights (plan/stream.py STREAM_FP8_*): up to 16 rows only from 32 MB of weights,
     above 16 rows only W x A; the grouped form not planned for mxfp8 (not timed); explain says why."""
-    from blockscaled.plan.fp4_stream import FP4_STREAM_FP8_MIN_BYTES, fp4_stream_reason, grouped_fp4_stream_reason
+    from blockscaled.plan.stream import STREAM_FP8_MIN_BYTES, stream_reason, grouped_stream_reason
     from blockscaled.plan.grouped import plan_grouped
 
     big, small = (14336, 4096), (4096, 4096)  # 56 MB, 16 MB
-    assert big[0] * big[1] >= FP4_STREAM_FP8_MIN_BYTES > small[0] * small[1]
+    assert big[0] * big[1] >= STREAM_FP8_MIN_BYTES > small[0] * small[1]
     for a in ("bfloat16", "quantized"):
-        assert _wo("mxfp8", 16, *big, a=a).kernel == "hopper_fp4_stream"
+        assert _wo("mxfp8", 16, *big, a=a).kernel == "hopper_stream"
         small16 = _wo("mxfp8", 16, *small, a=a)
-        assert small16.kernel != "hopper_fp4_stream"
-        assert "measured faster" in fp4_stream_reason(small16.problem, H100_SXM, True)
+        assert small16.kernel != "hopper_stream"
+        assert "measured faster" in stream_reason(small16.problem, H100_SXM, True)
     for n, k in (big, small):
-        assert _wo("mxfp8", 64, n, k, a="quantized").kernel == "hopper_fp4_stream"
-        assert _wo("mxfp8", 64, n, k).kernel != "hopper_fp4_stream"
+        assert _wo("mxfp8", 64, n, k, a="quantized").kernel == "hopper_stream"
+        assert _wo("mxfp8", 64, n, k).kernel != "hopper_stream"
     g = Problem("grouped", "mxfp8", 64, 5760, 2880, "bfloat16", "float32", False, 1, "contiguous", 128, 0.5)
-    assert "grouped form is planned for" in grouped_fp4_stream_reason(g, H100_SXM)
-    assert plan_grouped(g, H100_SXM, hopper_why="not fp8_block").kernel != "hopper_fp4_stream"
+    assert "grouped form is planned for" in grouped_stream_reason(g, H100_SXM)
+    assert plan_grouped(g, H100_SXM, hopper_why="not fp8_block").kernel != "hopper_stream"
 
 
-def test_fp4_stream_takes_w_x_a_and_bias(fp4_stream_on):
+def test_stream_takes_w_x_a_and_bias(stream_on):
     """Quantized activations of the weight's format (dequantized exactly to bf16 first: the
     explanation says so) and a bias (added in the dense epilogue) take the streaming kernel with the
     weight-only plan's tiles; the grouped form takes quantized activations too."""
@@ -264,71 +264,71 @@ def test_fp4_stream_takes_w_x_a_and_bias(fp4_stream_on):
         for m in (3, 16, 64):
             wo = _wo(fmt, m)
             for plan in (_wo(fmt, m, a="quantized"), _wo(fmt, m, bias=True), _wo(fmt, m, a="quantized", bias=True)):
-                assert plan.kernel == "hopper_fp4_stream" and plan.config == wo.config, (fmt, m, plan)
+                assert plan.kernel == "hopper_stream" and plan.config == wo.config, (fmt, m, plan)
         assert "dequantized exactly to bf16" in str(_wo(fmt, 16, a="quantized"))
         g = Problem("grouped", fmt, 64, 5760, 2880, "quantized", "float32", False, 1, "contiguous", 128, 0.5)
-        assert plan_grouped(g, H100_SXM, hopper_why="not fp8_block").kernel == "hopper_fp4_stream"
+        assert plan_grouped(g, H100_SXM, hopper_why="not fp8_block").kernel == "hopper_stream"
 
 
-def test_fp4_stream_not_where_it_cannot_run(fp4_stream_on):
+def test_stream_not_where_it_cannot_run(stream_on):
     """fp16 activations, K % 32 != 0, M > 64, fp8_block, no TMA alignment, no Gluon, a non-Hopper
     device: another kernel (it decodes e2m1 / e4m3 with E8M0 or e4m3 block scales, into a bf16
     wgmma)."""
-    from blockscaled.plan.fp4_stream import fp4_stream_reason
+    from blockscaled.plan.stream import stream_reason
 
     a100 = DeviceInfo("cuda", 108, (8, 0), 166912, 40 * 2**20, 1.5e12, "A100")
     others = [_wo("mxfp4", 16, a="float16"), _wo("mxfp4", 16, k=2900, a="quantized"), _wo("mxfp4", 65),
               _wo("mxfp4", 65, a="quantized"), _wo("fp8_block", 16), _wo("fp8_block", 16, a="quantized"),
               _wo("nvfp4", 16, tma=False), _wo("nvfp4", 16, gluon_ok=False), _wo("mxfp4", 16, dev=a100)]
     for plan in others:
-        assert plan.kernel != "hopper_fp4_stream", plan
-    assert "float16" in fp4_stream_reason(Problem("gemm", "mxfp4", 16, 64, 128, a="float16"), H100_SXM, True)
-    assert "sm_90" in fp4_stream_reason(Problem("gemm", "mxfp4", 16, 64, 128, a="bfloat16"), a100, True)
-    assert "M = 65" in fp4_stream_reason(Problem("gemm", "mxfp4", 65, 64, 128, a="bfloat16"), H100_SXM, True)
-    assert "K = 2900" in fp4_stream_reason(Problem("gemm", "mxfp4", 8, 64, 2900, a="bfloat16"), H100_SXM, True)
-    assert fp4_stream_reason(Problem("gemm", "nvfp4", 8, 64, 2880, a="bfloat16"), H100_SXM, True) is None
+        assert plan.kernel != "hopper_stream", plan
+    assert "float16" in stream_reason(Problem("gemm", "mxfp4", 16, 64, 128, a="float16"), H100_SXM, True)
+    assert "sm_90" in stream_reason(Problem("gemm", "mxfp4", 16, 64, 128, a="bfloat16"), a100, True)
+    assert "M = 65" in stream_reason(Problem("gemm", "mxfp4", 65, 64, 128, a="bfloat16"), H100_SXM, True)
+    assert "K = 2900" in stream_reason(Problem("gemm", "mxfp4", 8, 64, 2900, a="bfloat16"), H100_SXM, True)
+    assert stream_reason(Problem("gemm", "nvfp4", 8, 64, 2880, a="bfloat16"), H100_SXM, True) is None
 
 
-def test_fp4_stream_switch(fp4_stream_on, monkeypatch):
-    """BLOCKSCALED_MX_KERNELS without 'stream' (FP4_STREAM_ENABLED False) keeps the other kernels,
+def test_stream_switch(stream_on, monkeypatch):
+    """BLOCKSCALED_MX_KERNELS without 'stream' (STREAM_ENABLED False) keeps the other kernels,
     dense and grouped, and says why."""
-    from blockscaled.plan import fp4_stream
-    from blockscaled.plan.fp4_stream import fp4_stream_reason, grouped_fp4_stream_reason
+    from blockscaled.plan import stream as plan_stream
+    from blockscaled.plan.stream import stream_reason, grouped_stream_reason
     from blockscaled.plan.grouped import plan_grouped
 
-    monkeypatch.setattr(fp4_stream, "FP4_STREAM_ENABLED", False)
+    monkeypatch.setattr(plan_stream, "STREAM_ENABLED", False)
     plan_gemm.cache_clear()
-    assert _wo("mxfp4", 16).kernel != "hopper_fp4_stream"
-    assert "switched off" in fp4_stream_reason(Problem("gemm", "mxfp4", 16, 64, 128, a="bfloat16"), H100_SXM, True)
+    assert _wo("mxfp4", 16).kernel != "hopper_stream"
+    assert "switched off" in stream_reason(Problem("gemm", "mxfp4", 16, 64, 128, a="bfloat16"), H100_SXM, True)
     g = Problem("grouped", "mxfp4", 64, 5760, 2880, "bfloat16", "float32", False, 1, "contiguous", 128, 0.5)
-    assert "switched off" in grouped_fp4_stream_reason(g, H100_SXM)
-    assert plan_grouped(g, H100_SXM, hopper_why="weight-only").kernel != "hopper_fp4_stream"
-    monkeypatch.setattr(fp4_stream, "FP4_STREAM_ENABLED", True)
-    assert grouped_fp4_stream_reason(g, H100_SXM) is None
-    assert plan_grouped(g, H100_SXM, hopper_why="weight-only").kernel == "hopper_fp4_stream"
+    assert "switched off" in grouped_stream_reason(g, H100_SXM)
+    assert plan_grouped(g, H100_SXM, hopper_why="weight-only").kernel != "hopper_stream"
+    monkeypatch.setattr(plan_stream, "STREAM_ENABLED", True)
+    assert grouped_stream_reason(g, H100_SXM) is None
+    assert plan_grouped(g, H100_SXM, hopper_why="weight-only").kernel == "hopper_stream"
 
 
-def test_fp4_stream_split_rule():
-    """The K split from programs per SM and 128-K steps per split (plan/fp4_stream.py), at the
+def test_stream_split_rule():
+    """The K split from programs per SM and 128-K steps per split (plan/stream.py), at the
     rows of the H200 A/B whose best split it reproduces (132 SMs)."""
-    from blockscaled.plan.fp4_stream import fp4_stream_split
+    from blockscaled.plan.stream import stream_split
 
     cases = {(8192, 8192, 16): 4, (28672, 8192, 4): 2, (4096, 14336, 16): 8, (5760, 2880, 16): 4,
              (2880, 2880, 4): 4, (4096, 14336, 64): 4, (8192, 8192, 64): 2, (5760, 2880, 64): 2,
              (7168, 2048, 32): 2, (64, 128, 1): 1}
     for (n, k, m), want in cases.items():
-        assert fp4_stream_split(n, k, m, 132) == want, (n, k, m)
+        assert stream_split(n, k, m, 132) == want, (n, k, m)
     # never an empty split, never past the cap
     for n, k, m in ((64, 128, 8), (128, 4096, 16), (200000, 1 << 16, 64)):
-        s = fp4_stream_split(n, k, m, 132)
+        s = stream_split(n, k, m, 132)
         assert 1 <= s <= 8 and -(-k // 128) >= s
 
 
-def test_fp4_stream_config_checked():
-    GemmConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=6, split_k=4, strategy="fp4_stream")
+def test_stream_config_checked():
+    GemmConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=6, split_k=4, strategy="stream")
     for bad in (dict(block_m=12), dict(block_n=128), dict(block_k=64), dict(num_warps=8), dict(num_stages=1),
                 dict(num_stages=9), dict(split_k=0)):
-        kw = dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=6, split_k=1, strategy="fp4_stream")
+        kw = dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=6, split_k=1, strategy="stream")
         kw.update(bad)
-        with pytest.raises(ValueError, match="fp4_stream|split_k"):
+        with pytest.raises(ValueError, match="stream|split_k"):
             GemmConfig(**kw)

@@ -480,16 +480,16 @@ def test_ab_resolves_variants_for_an_h100():
     assert r.returncode == 0 and "hopper_wide" in r.stdout, r.stdout + r.stderr
 
 
-def test_ab_resolves_the_fp4_stream_splits():
+def test_ab_resolves_the_stream_splits():
     """The streaming kernel's variants (the planner's split, other splits and rings) resolve for
     an H100 on the CPU, mxfp8 and W x A included; fp8_block and M > 64 are refused."""
     r = _run_py("sweeps/ab.py", "--list", "--fmt", "nvfp4", "--weight-only", "--shapes", "16x8192x8192",
                 "--variants", "stream,stream@split_k=8:num_stages=4")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert re.search(r"^  stream +hopper_fp4_stream 64x128 steps, 16 rows, 6-slot ring, split-K 4", r.stdout, flags=re.M)
+    assert re.search(r"^  stream +hopper_stream 64x128 steps, 16 rows, 6-slot ring, split-K 4", r.stdout, flags=re.M)
     assert "4-slot ring, split-K 8" in r.stdout
     r = _run_py("sweeps/ab.py", "--list", "--fmt", "mxfp8", "--shapes", "16x8192x8192", "--variants", "stream")
-    assert r.returncode == 0 and re.search(r"^  stream +hopper_fp4_stream 64x128 steps, 16 rows, 4-slot ring", r.stdout,
+    assert r.returncode == 0 and re.search(r"^  stream +hopper_stream 64x128 steps, 16 rows, 4-slot ring", r.stdout,
                                            flags=re.M), r.stdout + r.stderr
     for fmt, shape in (("fp8_block", "16x8192x8192"), ("mxfp4", "65x8192x8192")):
         r = _run_py("sweeps/ab.py", "--list", "--fmt", fmt, "--shapes", shape, "--variants", "stream")

@@ -113,7 +113,7 @@ def test_warmup_covers_the_stream_prepass_tiles(device, monkeypatch):
 
     wu = importlib.import_module("blockscaled.warmup")  # the module (bs.warmup is its function)
     w = bs.quantize(torch.randn(64, 256, dtype=torch.bfloat16, device=device), "mxfp4")
-    cfg = GemmConfig(block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=2, split_k=1, strategy="fp4_stream")
+    cfg = GemmConfig(block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=2, split_k=1, strategy="stream")
     monkeypatch.setattr(wu, "make_plan", lambda problem, dev: Plan("gemm", "cuda", cfg, problem))
     ran = []
     monkeypatch.setattr(wu, "linear", lambda x, w, bias=None, weight_only=False: ran.append(x.shape[0]))

@@ -26,9 +26,9 @@ Variants (comma list; the first is the baseline of the ratio column):
   gemv            dense fp8_block at M = 1: the decode GEMV
   dequant_matmul  dequantize to bf16 + cuBLAS
   stream          dense mxfp4 / nvfp4 / mxfp8, weight-only or W x A, M <= 64, sm_90: the streaming
-                  kernel with the planner's split and ring (plan/fp4_stream.py); stream@split_k=N
-                  times another split (the measurement behind FP4_STREAM_PROGRAMS_PER_SM /
-                  FP4_STREAM_MIN_CHUNKS)
+                  kernel with the planner's split and ring (plan/stream.py); stream@split_k=N
+                  times another split (the measurement behind STREAM_PROGRAMS_PER_SM /
+                  STREAM_MIN_CHUNKS)
   KIND@f=v:f=v    KIND's config with fields replaced, e.g. wide@block_n=128:epilogue=masked,
                   portable@split_k=2; Hopper rings are refilled to what fits unless stages= is given
   cands[:PREFIX]  dense fp8_block on sm_90: every candidate the planner ranks (plan.dense.fp8_candidates)
@@ -209,11 +209,11 @@ def resolve(case: Case, tokens: list[str], dev) -> list[tuple[str, object]]:
         elif kind == "gemv":
             cfg = _best(case, dev, lambda c: not isinstance(c, HopperConfig) and c.strategy == "gemv")
         elif kind == "stream":
-            from blockscaled.plan.fp4_stream import FP4_STREAM_FORMATS, FP4_STREAM_MAX_M, fp4_stream_config
+            from blockscaled.plan.stream import STREAM_FORMATS, STREAM_MAX_M, stream_config
 
-            if case.op != "gemm" or case.fmt not in FP4_STREAM_FORMATS or case.m > FP4_STREAM_MAX_M:
-                raise SystemExit(f"variant {tok!r}: dense {' / '.join(FP4_STREAM_FORMATS)} at M <= {FP4_STREAM_MAX_M}")
-            cfg = fp4_stream_config(p, dev)
+            if case.op != "gemm" or case.fmt not in STREAM_FORMATS or case.m > STREAM_MAX_M:
+                raise SystemExit(f"variant {tok!r}: dense {' / '.join(STREAM_FORMATS)} at M <= {STREAM_MAX_M}")
+            cfg = stream_config(p, dev)
         elif kind == "portable" and fp8_hopper:
             cfg = _best(case, dev, lambda c: not isinstance(c, HopperConfig) and c.strategy == "triton")
         elif kind == "portable" and case.op == "gemm":

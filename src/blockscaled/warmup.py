@@ -92,7 +92,7 @@ def _prepass(plan, act_format, m: int, k: int):
     quantized activations (``ops.gemm.stream_activations``; its kernel's tiles follow the rows),
     else None."""
     cfg = plan.config
-    if act_format is None or getattr(cfg, "strategy", None) != "fp4_stream":
+    if act_format is None or getattr(cfg, "strategy", None) != "stream":
         return None
     return dequant_tiles(act_format, m, k)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 __all__ = ["GemmConfig", "STRATEGIES", "GEMV_MAX_M", "gemv_config", "gemv_slice_elems"]
 
-STRATEGIES = ("triton", "dequant_matmul", "hopper", "gemv", "fp4_stream")
+STRATEGIES = ("triton", "dequant_matmul", "hopper", "gemv", "stream")
 
 
 #: Most activation rows one program of the CUDA-core decode GEMVs (strategy "gemv",
@@ -70,8 +70,8 @@ class GemmConfig:
         the epilogue, all in one launch; deterministic (bitwise, whatever the arrival order).
         Each split covers a multiple of block_k; the launcher lowers the count so that no
         split is empty (ops/gemm.py::_split_plan).
-    strategy: "triton", "gemv", "hopper", "dequant_matmul" or "fp4_stream" (see module docstring;
-        "fp4_stream": kernels/hopper/fp4_stream.py, block_m = the padded activation rows 8..64,
+    strategy: "triton", "gemv", "hopper", "dequant_matmul" or "stream" (see module docstring;
+        "stream": kernels/hopper/stream.py, block_m = the padded activation rows 8..64,
         block_n 64, block_k 128, 4 warps, num_stages = TMA ring slots, split_k). "gemv"
         reads only block_m (activation rows per program, a power of two <= GEMV_MAX_M), block_n
         (weight rows per program, a power of two <= 128; <= 8 for the MX / NV GEMV, which holds a
@@ -115,8 +115,8 @@ class GemmConfig:
         if self.strategy == "gemv":
             self._check_gemv()
             return
-        if self.strategy == "fp4_stream":
-            self._check_fp4_stream()
+        if self.strategy == "stream":
+            self._check_stream()
             return
         for name in ("block_m", "block_n", "block_k"):
             v = getattr(self, name)
@@ -146,17 +146,17 @@ class GemmConfig:
         if self.num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"GemmConfig.num_warps: expected a power of two <= 16, got {self.num_warps}")
 
-    def _check_fp4_stream(self) -> None:
-        # kernels/hopper/fp4_stream.py: one warpgroup, 64 weight rows x 128 K per step, the
+    def _check_stream(self) -> None:
+        # kernels/hopper/stream.py: one warpgroup, 64 weight rows x 128 K per step, the
         # activation rows padded to a wgmma N of 8..64, a TMA ring of num_stages slots
         if self.block_m not in (8, 16, 32, 64):
-            raise ValueError(f"GemmConfig.block_m: strategy 'fp4_stream' pads the activation rows to 8, 16, 32 or 64, "
+            raise ValueError(f"GemmConfig.block_m: strategy 'stream' pads the activation rows to 8, 16, 32 or 64, "
                              f"got {self.block_m}")
         if (self.block_n, self.block_k, self.num_warps) != (64, 128, 4):
-            raise ValueError(f"GemmConfig: strategy 'fp4_stream' runs block_n=64, block_k=128, num_warps=4, got "
+            raise ValueError(f"GemmConfig: strategy 'stream' runs block_n=64, block_k=128, num_warps=4, got "
                              f"{self.block_n}, {self.block_k}, {self.num_warps}")
         if not 2 <= self.num_stages <= 8:
-            raise ValueError(f"GemmConfig.num_stages: strategy 'fp4_stream' needs 2..8 ring slots, got {self.num_stages}")
+            raise ValueError(f"GemmConfig.num_stages: strategy 'stream' needs 2..8 ring slots, got {self.num_stages}")
         if self.split_k < 1:
             raise ValueError(f"GemmConfig.split_k: expected >= 1, got {self.split_k}")
 

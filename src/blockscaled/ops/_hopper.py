@@ -89,7 +89,7 @@ _GLUON: dict = {"reason": None, "imported": False}
 def gluon_unavailable_reason() -> str | None:
     """Why the sm_90a Gluon kernels cannot run in this process (None: they can, as far as is
     known). The first call imports the kernel modules (``kernels/hopper/wide.py``, ``skinny.py``,
-    ``fp4_stream.py``,
+    ``stream.py``,
     whose ``_compat`` resolves the Gluon spellings of the installed triton) and TMA descriptors; a
     failure there, or a compile / load failure recorded by a launcher, is returned from then on.
     No GPU work, cached (cheap enough for every dispatch).
@@ -104,7 +104,7 @@ def gluon_unavailable_reason() -> str | None:
             from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401
 
             # Local and optional: the Gluon kernels fail to import on some triton versions.
-            from ..kernels.hopper import fp4_stream, skinny, wide  # noqa: F401
+            from ..kernels.hopper import stream, skinny, wide  # noqa: F401
         except Exception as e:  # ImportError / GluonCompatError, or any error while defining the kernels
             _record_gluon_failure(f"importing the Gluon kernels failed: {type(e).__name__}: {e}")
         else:

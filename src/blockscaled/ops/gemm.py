@@ -31,7 +31,7 @@ from ..plan.types import DTYPE_NAMES
 from ..plan.portable import default_promote
 from ..plan.splits import split_plan as _split_plan
 from . import _hopper
-from ._fp4_stream import launch_fp4_stream
+from ._stream import launch_stream
 from ._splitk import splitk_scratch
 from ..formats import Format
 from ..kernels.triton._mma import FORMAT_CODES
@@ -341,20 +341,20 @@ def _launch_mx_gemv(a2, a_s2, a_gs, b_data, b_scale, b_gs, out2, bias, fmt: Form
     )
 
 
-def _check_fp4_stream(a2, a_s2, fmt: Format, m: int, k: int) -> None:
-    """A forced ``strategy="fp4_stream"`` config on operands the kernel cannot take: a clear error
-    (the planner never plans it for them: plan/fp4_stream.py)."""
-    if fmt.name not in _FP4_STREAM_FORMATS or (a_s2 is None and a2.dtype != torch.bfloat16):
-        raise ValueError(f"config.strategy: 'fp4_stream' takes mxfp4 / nvfp4 / mxfp8 weights with bf16 or quantized "
+def _check_stream(a2, a_s2, fmt: Format, m: int, k: int) -> None:
+    """A forced ``strategy="stream"`` config on operands the kernel cannot take: a clear error
+    (the planner never plans it for them: plan/stream.py)."""
+    if fmt.name not in _STREAM_FORMATS or (a_s2 is None and a2.dtype != torch.bfloat16):
+        raise ValueError(f"config.strategy: 'stream' takes mxfp4 / nvfp4 / mxfp8 weights with bf16 or quantized "
                          f"activations, got {fmt.name} weights and {a2.dtype} activations")
     if not device_info(a2.device).is_hopper:
-        raise ValueError(f"config.strategy: 'fp4_stream' is an sm_90 (Hopper) kernel, got a {a2.device} tensor")
+        raise ValueError(f"config.strategy: 'stream' is an sm_90 (Hopper) kernel, got a {a2.device} tensor")
     if m > 64 or k % 32:
-        raise ValueError(f"config.strategy: 'fp4_stream' takes M <= 64 and K % 32 == 0, got M={m}, K={k}")
+        raise ValueError(f"config.strategy: 'stream' takes M <= 64 and K % 32 == 0, got M={m}, K={k}")
 
 
 def stream_activations(a_data: torch.Tensor, a_scale: torch.Tensor | None, a_gs, fmt: Format, k: int):
-    """The fp4 streaming kernel's activation operand and extra global scale.
+    """The streaming kernel's activation operand and extra global scale.
 
     bf16 activations (``a_scale`` None, weight-only): ``(a_data, None)``. Quantized mxfp4 / nvfp4 /
     mxfp8 activations (W x A, ``a_data`` ``[..., K / 2]`` packed or ``[..., K]`` e4m3): dequantized to
@@ -501,20 +501,20 @@ def gemm_problem(a2, a_s2, b_data, b_rows: int, fmt: Format, k: int, m: int, n: 
                    interpret=b_data.device.type == "cpu" and _checks.INTERPRET)
 
 
-#: weight formats whose calls (weight-only and W x A) may take the fp4 streaming kernel (plan/fp4_stream.py)
-_FP4_STREAM_FORMATS = ("mxfp4", "nvfp4", "mxfp8")
+#: weight formats whose calls (weight-only and W x A) may take the streaming kernel (plan/stream.py)
+_STREAM_FORMATS = ("mxfp4", "nvfp4", "mxfp8")
 
 
 def _tma_ok(a2, a_s2, b_data, fmt: Format, n: int, out2) -> bool:
     """The sm_90 kernels' TMA descriptors can take the operands: A, B (16-byte aligned bases and row
     strides) and the output for the Hopper fp8_block kernels (quantized A); the packed weights for
-    the fp4 streaming kernel (mxfp4 / nvfp4 weights; A is read without TMA). False for others
+    the streaming kernel (mxfp4 / nvfp4 weights; A is read without TMA). False for others
     and off CUDA."""
     if b_data.device.type != "cuda" or not (out2 is None or out2.stride(1) == 1 or n <= 1):
         return False
     if a_s2 is not None and fmt.name == "fp8_block":
         return _hopper.tma_2d_reason("a", a2) is None and _hopper.tma_2d_reason("b", b_data) is None
-    if fmt.name in _FP4_STREAM_FORMATS:  # quantized A reaches the kernel dequantized (stream_activations)
+    if fmt.name in _STREAM_FORMATS:  # quantized A reaches the kernel dequantized (stream_activations)
         return _hopper.tma_2d_reason("b", b_data) is None
     return False
 
@@ -562,7 +562,7 @@ _PLANS: dict[tuple, Plan] = {}
 def _memo_plan(a2, a_s2, b_data, b_rows: int, fmt: Format, k: int, m: int, n: int, out_dtype, bias, out2) -> Plan:
     """``make_plan(gemm_problem(...))`` through ``_PLANS``."""
     dev = out2.device
-    sm90 = (fmt.name == "fp8_block" and a_s2 is not None) or fmt.name in _FP4_STREAM_FORMATS
+    sm90 = (fmt.name == "fp8_block" and a_s2 is not None) or fmt.name in _STREAM_FORMATS
     hopper = (_tma_ok(a2, a_s2, b_data, fmt, n, out2), _hopper.gluon_unavailable_reason() is None) if sm90 else None
     key = (plan_gemm, fmt.name, m, n, k, None if a_s2 is not None else a2.dtype, out_dtype, bias is not None, b_rows,
            dev, dev.type == "cpu" and _checks.INTERPRET, hopper)
@@ -595,10 +595,10 @@ def run_plan(plan: Plan, a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows: int, fmt
     if cfg.strategy == "dequant_matmul":
         _dequant_matmul(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows, fmt, k, out2, bias, out_dtype)
         return
-    if cfg.strategy == "fp4_stream":
-        _check_fp4_stream(a2, a_s2, fmt, m, k)
+    if cfg.strategy == "stream":
+        _check_stream(a2, a_s2, fmt, m, k)
         x, x_gs = stream_activations(a2, a_s2, a_gs, fmt, k)
-        launch_fp4_stream(x, b_data, b_scale, b_gs, fmt.name, k, out2, cfg, x_gs=x_gs, bias=bias)
+        launch_stream(x, b_data, b_scale, b_gs, fmt.name, k, out2, cfg, x_gs=x_gs, bias=bias)
         return
     a_dense = a_s2 is None
     a_dtype = a2.dtype if a_dense else None

@@ -40,7 +40,7 @@ from ._autograd import requires_grad_name
 from ._explain import emit, explaining
 from .errors import OP_GROUPED_GEMM, check_metadata, check_metadata_host
 from . import _hopper
-from ._fp4_stream import launch_fp4_stream
+from ._stream import launch_stream
 from .gemm import _DTYPE_NAMES, _cdiv, _dequant, _eager_ok, _one, stream_activations
 from .quantize import _pow2  # (host arithmetic, not triton's constexpr functions: ~2-5 us a call)
 from .gemm import gemm as _dense_gemm
@@ -326,11 +326,11 @@ def grouped_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale
     elif cfg.strategy == "dequant_matmul":
         out = _dequant_matmul(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out,
                               out_dtype, fmt_id, grouping, k, b_br)
-    elif cfg.strategy == "fp4_stream":
+    elif cfg.strategy == "stream":
         if out is None:
             out = torch.empty(_out_shape(a_data, b_data, grouping), dtype=out_dtype, device=a_data.device)
         x, x_gs = stream_activations(a_data, a_scale, a_gs, get_format(_FMT_BY_CODE[fmt_id]), k)
-        launch_fp4_stream(x, b_data, b_scale, b_gs, _FMT_BY_CODE[fmt_id], k, out, cfg, seg=seg,
+        launch_stream(x, b_data, b_scale, b_gs, _FMT_BY_CODE[fmt_id], k, out, cfg, seg=seg,
                           grouping=grouping, x_gs=x_gs)
     elif cfg.strategy == "triton":
         if out is None:
@@ -338,7 +338,7 @@ def grouped_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale
         _launch_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out,
                      fmt_id, grouping, k, b_br, cfg)
     else:
-        raise ValueError(f"cfg.strategy: the grouped ops run 'triton', 'dequant_matmul', 'fp4_stream' or a HopperConfig, "
+        raise ValueError(f"cfg.strategy: the grouped ops run 'triton', 'dequant_matmul', 'stream' or a HopperConfig, "
                          f"got {cfg.strategy!r}")
     _device_check(check_op, seg, out, a_data, grouping)
     return out
@@ -565,7 +565,7 @@ def grouped_plan(op: str, a, b: ScaledTensor, fmt: str, rows_per_expert: float, 
     a_row_stride = a_t.stride(-2) if a_t.ndim >= 2 and a_t.numel() else 0
     total = rows if rows is not None else (a_t.shape[0] * (a_t.shape[1] if mode == MODE_MASKED else 1))
     why = hopper_reason(a, b, out_dtype, mode, b2=b2) if dev.type == "cuda" else "needs a CUDA device"
-    # the fp4 streaming kernel reads the packed weights by TMA (and needs the Gluon kernels)
+    # the streaming kernel reads the packed weights by TMA (and needs the Gluon kernels)
     fp4_tma = (why is not None and dev.type == "cuda" and fmt in ("mxfp4", "nvfp4", "mxfp8")
                and b2 is None and _hopper.tma_2d_reason("b", b.data.reshape(-1, b.data.shape[-1])) is None
                and _hopper.gluon_unavailable_reason() is None)

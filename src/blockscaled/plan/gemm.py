@@ -8,7 +8,7 @@ from dataclasses import replace
 from ..config.gemm import GemmConfig
 from ..config.hopper import HopperConfig
 from .dense import plan_fp8
-from .fp4_stream import fp4_stream_config, use_fp4_stream
+from .stream import stream_config, use_stream
 from .device import DeviceInfo
 from .mx_gemv import MX_GEMV_ROWS, mx_gemv_config, use_mx_gemv
 from .portable import choose_portable, mx_bf16_applies
@@ -62,15 +62,15 @@ def plan_gemm(p: Problem, dev: DeviceInfo, forced=None, *, gluon_ok: bool = True
             f"stream the packed weights; {cfg.block_n} weight rows x {cfg.block_k} K per chunk "
             f"({chunk_kb:.1f} KB), {cfg.num_warps} warps (plan/mx_gemv.py: rows per format from the mx_decode "
             f"sweep, tiles from the instruction-count model)"))
-    if use_fp4_stream(p, dev, gluon_ok):
-        cfg = fp4_stream_config(p, dev)
+    if use_stream(p, dev, gluon_ok):
+        cfg = stream_config(p, dev)
         return Plan("gemm", "cuda", cfg, p, reasons=(
             f"{p.fmt} weight-only on {scope}" if p.weight_only else
             f"{p.fmt} x {p.fmt} on {scope}: the activations dequantized exactly to bf16 first (one pass)",
-            f"streaming kernel (kernels/hopper/fp4_stream.py): TMA ring of {cfg.num_stages} x "
+            f"streaming kernel (kernels/hopper/stream.py): TMA ring of {cfg.num_stages} x "
             f"{8 if p.fmt == 'mxfp8' else 4} KB weight steps, {'e4m3' if p.fmt == 'mxfp8' else 'e2m1'} decoded in "
             f"registers into the bf16 wgmma's register operand, {p.m} activation rows padded to "
-            f"{cfg.block_m}; {-(-p.n // 64)} tiles of 64 rows x K split {cfg.split_k} (plan/fp4_stream.py: "
+            f"{cfg.block_m}; {-(-p.n // 64)} tiles of 64 rows x K split {cfg.split_k} (plan/stream.py: "
             f"programs per SM and steps per split from the H200 fp4-stream A/B)"))
     cfg = choose_portable(p.fmt, p.m, p.n, p.k, dev, _a_dtype(p), _DTYPES[p.out_dtype])
     if cfg.strategy == "dequant_matmul":

@@ -15,7 +15,7 @@ import torch
 from ..config.hopper import HopperConfig
 from .dense import MIN_KB_PER_SPLIT, hopper_fill_stages
 from .device import DeviceInfo
-from .fp4_stream import grouped_fp4_stream_config, grouped_fp4_stream_reason
+from .stream import grouped_stream_config, grouped_stream_reason
 from .grouped_portable import check_grouped_config, choose_grouped_config
 from .splits import cdiv as _cdiv
 from .types import DTYPES, Plan, Problem
@@ -146,13 +146,13 @@ def plan_grouped(p: Problem, dev: DeviceInfo, forced=None, *, hopper_why: str | 
         cfg = check_grouped_config(forced, p.fmt, a_dtype=a_dtype, grouping=p.grouping, out_dtype=out_dtype,
                                    n=p.n, k=p.k, device=device, a_row_stride=a_row_stride)
         return Plan(p.op, backend, cfg, p, reasons=("forced by config=",))
-    if grouped_fp4_stream_reason(p, dev) is None:
-        cfg = grouped_fp4_stream_config(p)
+    if grouped_stream_reason(p, dev) is None:
+        cfg = grouped_stream_config(p)
         return Plan(p.op, backend, cfg, p, reasons=(
             f"{p.fmt} weight-only on sm_90, ~{p.rows_per_expert:g} rows per expert",
-            f"streaming kernel, grouped (kernels/hopper/fp4_stream.py): one program per expert x 64-row tile, "
-            f"an expert without rows exits at once, its rows in blocks of {cfg.block_m} (plan/fp4_stream.py, "
-            f"FP4_STREAM_GROUPED_MAX_ROWS)"))
+            f"streaming kernel, grouped (kernels/hopper/stream.py): one program per expert x 64-row tile, "
+            f"an expert without rows exits at once, its rows in blocks of {cfg.block_m} (plan/stream.py, "
+            f"STREAM_GROUPED_MAX_ROWS)"))
     cfg = choose_grouped_config(p.fmt, p.rows_per_expert, p.n, p.k, dev if dev.kind == "cuda" else device,
                                 dual=p.dual, a_dtype=a_dtype, grouping=p.grouping, experts=p.experts,
                                 out_dtype=out_dtype, a_row_stride=a_row_stride)

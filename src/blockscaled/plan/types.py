@@ -88,7 +88,7 @@ def _config_desc(cfg) -> str:
         return s
     if cfg.strategy == "dequant_matmul":
         return "dequantize to bf16 + torch.matmul"
-    if cfg.strategy == "fp4_stream":
+    if cfg.strategy == "stream":
         return (f"64x128 steps, {cfg.block_m} rows, {cfg.num_stages}-slot ring"
                 + (f", split-K {cfg.split_k}" if cfg.split_k > 1 else ""))
     if cfg.strategy == "gemv":
@@ -131,12 +131,12 @@ class Plan:
             return "quantize" if self.op in ("quantize", "dequantize") and self.backend != "reference" else "reference"
         if isinstance(cfg, HopperConfig):
             return "hopper_" + cfg.variant
-        if cfg.strategy == "fp4_stream":
-            return "hopper_fp4_stream"
+        if cfg.strategy == "stream":
+            return "hopper_stream"
         if self.op in ("grouped", "swiglu", "grouped_list") and cfg.strategy != "gemv":
             return "grouped_dequant_matmul" if cfg.strategy == "dequant_matmul" else "portable_grouped"
         return {"triton": "portable", "gemv": "gemv", "dequant_matmul": "dequant_matmul",
-                "fp4_stream": "hopper_fp4_stream"}[cfg.strategy]
+                "stream": "hopper_stream"}[cfg.strategy]
 
     def describe(self) -> str:
         """One line: kernel and tiles (the bench's config column)."""

@@ -2,7 +2,7 @@
 
 ``C[m, n] = sum_k x[m, k] * dequantize(W)[n, k]`` for decode and small-batch sizes, where the
 quantized weights are the traffic. Kernel body only; the host launcher is
-``blockscaled.ops._fp4_stream``. Written for packed e2m1 (below); mxfp8 (FMT 1) follows the same
+``blockscaled.ops._stream``. Written for packed e2m1 (below); mxfp8 (FMT 1) follows the same
 plan with 8 KB steps of e4m3 (``_DECODE_E4M3``, ``word8_layout``, ``_x_chunk``).
 
 Why a kernel of its own (H200 ncu, benchmarks/NOTES.md, seventeenth session): the portable
@@ -44,7 +44,7 @@ past N and masked loads the activation rows past M.
 
 Split-K (SPLIT > 1, dense only): as the skinny fp8_block kernel, fp32 partial tiles and a
 deterministic last-arriver sum in split order. Grouped (contiguous / masked MoE): see
-``fp4_stream_kernel``.
+``stream_kernel``.
 """
 
 from triton.experimental import gluon
@@ -54,7 +54,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from ._compat import cta_barrier, tma_load
 
-__all__ = ["fp4_stream_kernel", "BLOCK_N", "CHUNK"]
+__all__ = ["stream_kernel", "BLOCK_N", "CHUNK"]
 
 #: weight rows per program (the wgmma's M: one warpgroup)
 BLOCK_N = gl.constexpr(64)
@@ -298,7 +298,7 @@ def _decode_fp4(w2, f_use, FMT: gl.constexpr):
 
 # M and the steps per split follow the call (decode M, contiguous sum_m): one build serves them all
 @gluon.jit(do_not_specialize=["M", "kc_per_split"])
-def fp4_stream_kernel(w_desc, ws_ptr, x_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_ptr, cnt_ptr, seg_ptr, M, N, K,
+def stream_kernel(w_desc, ws_ptr, x_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_ptr, cnt_ptr, seg_ptr, M, N, K,
                       kc_per_split, SPLIT, stride_wsn, stride_wse, stride_xm, stride_xe, stride_cm, stride_ce,
                       FMT: gl.constexpr, MP: gl.constexpr, STAGES: gl.constexpr, GROUPING: gl.constexpr,
                       GS_PER_E: gl.constexpr, HAS_AGS: gl.constexpr, HAS_BIAS: gl.constexpr,

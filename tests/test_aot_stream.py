@@ -1,4 +1,4 @@
-"""The sm_90a fp4-weight streaming kernel (kernels/hopper/fp4_stream.py) built ahead of time, no GPU.
+"""The sm_90a weight-streaming kernel (kernels/hopper/stream.py) built ahead of time, no GPU.
 
 Compiled for sm_90a in a subprocess (no interpreter) for mxfp4 / nvfp4 / mxfp8 and padded
 activation rows 8..64; per build: the MMA is a bf16 wgmma m64 n<MP> k16 whose A operand is registers (the decoded
@@ -6,7 +6,7 @@ weights; the activations come from shared memory), 8 of them per 128-K step; the
 TMA and are read back as 128-bit shared loads; the decode is the packed bf16 multiplies of the
 inline PTX (one per element pair for nvfp4, two for mxfp4: 8 words x 4 pairs per thread and step);
 ptxas reports no spills, and the dense builds up to 32 padded rows stay under 96 registers
-per thread. The numerics are checked on the GPU (tests/test_fp4_stream_gpu.py).
+per thread. The numerics are checked on the GPU (tests/test_stream_gpu.py).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
-from blockscaled.kernels.hopper import fp4_stream as F
-from blockscaled.ops._fp4_stream import _w_layout
+from blockscaled.kernels.hopper import stream as F
+from blockscaled.ops._stream import _w_layout
 
 TGT = GPUTarget("cuda", 90, 32)
 
@@ -46,7 +46,7 @@ for fmt, mp, st, cdt, gr in [(2, 8, 6, "*bf16", 0), (2, 64, 6, "*fp32", 0), (3, 
                              (1, 16, 4, "*bf16", 0), (1, 8, 4, "*fp32", 1)]:
     key = f"{NAMES[fmt]}_mp{mp}_g{gr}"
     try:
-        k = triton.compile(GluonASTSource(F.fp4_stream_kernel, sig(cdt, fmt),
+        k = triton.compile(GluonASTSource(F.stream_kernel, sig(cdt, fmt),
                                           constexprs={"FMT": fmt, "MP": mp, "STAGES": st, "GROUPING": gr,
                                                       "GS_PER_E": gr == 2, "HAS_AGS": fmt == 3 and mp == 32,
                                                       "HAS_BIAS": gr == 0 and mp != 8, "num_warps": 4}),
@@ -72,7 +72,7 @@ def compiled():
     return run_compile_script(SCRIPT)
 
 
-def test_fp4_stream_builds_for_sm90(compiled):
+def test_stream_builds_for_sm90(compiled):
     assert len(compiled) == 8, compiled
     for key, c in compiled.items():
         assert "error" not in c, (key, c)

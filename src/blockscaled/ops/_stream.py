@@ -1,8 +1,8 @@
-"""Host launcher of the sm_90a weight-streaming kernel (kernels/hopper/fp4_stream.py).
+"""Host launcher of the sm_90a weight-streaming kernel (kernels/hopper/stream.py).
 
 ``out [M, N] = x [M, K] @ dequantize(w).T`` for mxfp4 / nvfp4 / mxfp8 weights and bf16 activations,
-M <= 64, K % 32 == 0, on sm_90: the plan's ``GemmConfig(strategy="fp4_stream")`` carries the
-padded rows (block_m), the K split and the ring depth; plan/fp4_stream.py decides where it runs.
+M <= 64, K % 32 == 0, on sm_90: the plan's ``GemmConfig(strategy="stream")`` carries the
+padded rows (block_m), the K split and the ring depth; plan/stream.py decides where it runs.
 No validation here (ops/gemm.py validates the call and checks a forced config).
 """
 
@@ -17,7 +17,7 @@ from ..config.gemm import GemmConfig
 from ._launch import fast
 from ._splitk import splitk_scratch
 
-__all__ = ["launch_fp4_stream"]
+__all__ = ["launch_stream"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -25,7 +25,7 @@ def _w_layout(swizzle: int = 0):
     """Shared layout of a weight box of int32 words: fp4 [64, 16] unswizzled (each thread reads 16
     contiguous bytes of a 64-byte row: a warp's 8 row pairs hit distinct banks); mxfp8 [64, 32]
     with the 128-byte swizzle (each thread reads 32 bytes of a 128-byte row: unswizzled, the rows
-    of a quarter-warp would share banks) (kernels/hopper/fp4_stream.py)."""
+    of a quarter-warp would share banks) (kernels/hopper/stream.py)."""
     from triton.experimental.gluon import language as gl
 
     return gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=32, rank=2)
@@ -42,9 +42,9 @@ def _gluon():
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     # Local and optional: the Gluon kernels fail to import on some triton versions.
-    from ..kernels.hopper.fp4_stream import fp4_stream_kernel
+    from ..kernels.hopper.stream import stream_kernel
 
-    return TensorDescriptor, fast(fp4_stream_kernel)
+    return TensorDescriptor, fast(stream_kernel)
 
 
 #: the fields of Gluon's TensorDescriptor this module fills directly (triton 3.6); another
@@ -64,7 +64,7 @@ def _descriptor(cls, base, shape, strides, block, layout):
     return d
 
 
-def launch_fp4_stream(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, w_gs, fmt_name: str, k: int,
+def launch_stream(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, w_gs, fmt_name: str, k: int,
                       out: torch.Tensor, cfg: GemmConfig, seg: torch.Tensor | None = None, grouping: int = 0,
                       x_gs: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> None:
     """One launch over ``out``. Dense (``grouping`` 0): (64-row tiles) x (K splits) programs over
@@ -91,9 +91,9 @@ def launch_fp4_stream(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tens
     gs_per_e = w_gs is not None and w_gs.numel() > 1
     if grouping:
         if bias is not None:
-            raise ValueError("bias: the grouped fp4 streaming kernel takes none")
+            raise ValueError("bias: the grouped streaming kernel takes none")
         if cfg.split_k != 1:
-            raise ValueError(f"config.split_k: the grouped fp4 streaming kernel does not split K, got {cfg.split_k}")
+            raise ValueError(f"config.split_k: the grouped streaming kernel does not split K, got {cfg.split_k}")
         e = w_data.shape[0]
         masked = grouping == 2
         m = x.shape[1] if masked else x.shape[0]

@@ -1,4 +1,4 @@
-"""The sm_90a weight-streaming kernel (kernels/hopper/fp4_stream.py) on the GPU: mxfp4 / nvfp4 /
+"""The sm_90a weight-streaming kernel (kernels/hopper/stream.py) on the GPU: mxfp4 / nvfp4 /
 mxfp8 weights x bf16 or quantized activations against the float64 reference, through forced configs (every padded
 row count, K splits that divide and do not divide the steps, ring depths, output dtypes), the
 planner's own plan (``bs.linear`` / ``bs.gemm`` weight-only), odd N, K tails (K % 128 != 0),
@@ -19,24 +19,24 @@ from blockscaled.testing.inputs import randn_like_activations
 from blockscaled.testing.tolerances import assert_gemm_close
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-                                reason="the fp4 streaming kernel is an sm_90 kernel")
+                                reason="the streaming kernel is an sm_90 kernel")
 
 FMTS = ("mxfp4", "nvfp4", "mxfp8")
 
 
 @pytest.fixture
 def planned_for_every_format(monkeypatch):
-    """The planner's mxfp8 limits (plan/fp4_stream.py: small weights and weight-only above 16 rows
+    """The planner's mxfp8 limits (plan/stream.py: small weights and weight-only above 16 rows
     keep the portable tiles; no grouped mxfp8) lifted, plan memos cleared: the planned path runs
     the kernel for every format here. Where the planner uses it: tests/test_planner.py."""
     from blockscaled.ops import gemm as ops_gemm
     from blockscaled.ops import grouped as ops_grouped
-    from blockscaled.plan import fp4_stream
+    from blockscaled.plan import stream as plan_stream
     from blockscaled.plan.gemm import plan_gemm
 
-    monkeypatch.setattr(fp4_stream, "FP4_STREAM_FP8_MIN_BYTES", 0)
-    monkeypatch.setattr(fp4_stream, "FP4_STREAM_FP8_WO_MAX_M", 64)
-    monkeypatch.setattr(fp4_stream, "FP4_STREAM_GROUPED_FORMATS", FMTS)
+    monkeypatch.setattr(plan_stream, "STREAM_FP8_MIN_BYTES", 0)
+    monkeypatch.setattr(plan_stream, "STREAM_FP8_WO_MAX_M", 64)
+    monkeypatch.setattr(plan_stream, "STREAM_GROUPED_FORMATS", FMTS)
 
     def clear():
         plan_gemm.cache_clear()
@@ -51,7 +51,7 @@ def planned_for_every_format(monkeypatch):
 def _cfg(m, split=1, stages=6):
     mp = next(s for s in (8, 16, 32, 64) if s >= m)
     return GemmConfig(block_m=mp, block_n=64, block_k=128, num_warps=4, num_stages=stages, split_k=split,
-                      strategy="fp4_stream")
+                      strategy="stream")
 
 
 def _operands(fmt, m, n, k, seed=0):
@@ -85,7 +85,7 @@ def test_planned_calls_run_it(fmt, planned_for_every_format):
     for m in (3, 16, 40):
         x, w = _operands(fmt, m, n, k, seed=m)
         plan = bs.explain("linear", x, w, weight_only=True)
-        assert plan.kernel == "hopper_fp4_stream", plan
+        assert plan.kernel == "hopper_stream", plan
         ref = ref_gemm_mod.gemm(x, w)
         y = bs.linear(x, w, weight_only=True)
         assert_gemm_close(y, ref, fmt, torch.bfloat16, what=f"m={m} {plan.describe()}")
@@ -143,7 +143,7 @@ def test_w_x_a_and_bias(fmt, planned_for_every_format):
             for b in (None, bias.to(torch.bfloat16), bias):
                 plan = bs.explain("gemm", a, w, bias=b)
                 if not (m <= 2 and fmt == "mxfp4"):
-                    assert plan.kernel == "hopper_fp4_stream", plan
+                    assert plan.kernel == "hopper_stream", plan
                 ref = ref_gemm_mod.gemm(a, w, bias=b)
                 y = bs.gemm(a, w, bias=b)
                 assert_gemm_close(y, ref, fmt, torch.bfloat16, what=f"m={m} wo={wo} bias={b is not None}")
@@ -153,7 +153,7 @@ def test_w_x_a_and_bias(fmt, planned_for_every_format):
                     assert_gemm_close(out, ref, fmt, torch.float32, what=f"m={m} wo={wo} split={split}")
         if m == 16:  # the linear layer path (quantizes x itself) plans it too, and replays in a graph
             plan = bs.explain("linear", x, w, bias)
-            assert plan.kernel == "hopper_fp4_stream", plan
+            assert plan.kernel == "hopper_stream", plan
             y = bs.linear(x, w, bias)
             static = torch.empty_like(y)
             g = torch.cuda.CUDAGraph()
@@ -198,13 +198,13 @@ def test_mxfp8_extreme_scales_nan_codes_and_subnormals():
 
 def test_forced_config_refused_where_it_cannot_run():
     x, w = _operands("mxfp4", 8, 64, 256)
-    with pytest.raises(ValueError, match="fp4_stream"):
+    with pytest.raises(ValueError, match="stream"):
         bs.gemm(x.half(), w, config=_cfg(8))  # fp16 activations
     x65, _ = _operands("mxfp4", 65, 64, 256)
-    with pytest.raises(ValueError, match="fp4_stream"):
+    with pytest.raises(ValueError, match="stream"):
         bs.gemm(x65, w, config=_cfg(64))  # M > 64
     x8, w8 = _operands("fp8_block", 8, 64, 256)
-    with pytest.raises(ValueError, match="fp4_stream"):
+    with pytest.raises(ValueError, match="stream"):
         bs.gemm(x8, w8, config=_cfg(8))
 
 
@@ -232,7 +232,7 @@ def test_grouped_decode_contiguous_and_masked(fmt, planned_for_every_format):
     x = randn_like_activations(int(counts.sum()), k, dtype=torch.bfloat16, device="cuda", seed=4)
     kw = dict(out_dtype=torch.float32, b_global_scale=gs)  # contiguous: ~3 rows per expert from the offsets
     plan = bs.explain("grouped_gemm", x, w, offsets=offsets.cuda(), **kw)
-    assert plan.kernel == "hopper_fp4_stream", plan
+    assert plan.kernel == "hopper_stream", plan
     y = bs.grouped_gemm(x, w, offsets=offsets.cuda(), **kw)
     ref = torch.cat([_grouped_ref(x[offsets[i]:offsets[i + 1]], wd, i) for i in range(e)])
     assert_gemm_close(y, ref, fmt, torch.float32, what="contiguous")
@@ -243,7 +243,7 @@ def test_grouped_decode_contiguous_and_masked(fmt, planned_for_every_format):
         xm[i, :counts[i]] = x[offsets[i]:offsets[i + 1]]
     out = torch.full((e, max_m, n), float("nan"), dtype=torch.float32, device="cuda")
     plan = bs.explain("grouped_gemm", xm, w, masked_m=counts.cuda(), out=out, expected_m=4, **kw)
-    assert plan.kernel == "hopper_fp4_stream", plan
+    assert plan.kernel == "hopper_stream", plan
     bs.grouped_gemm(xm, w, masked_m=counts.cuda(), out=out, expected_m=4, **kw)
     for i in range(e):
         c = int(counts[i])

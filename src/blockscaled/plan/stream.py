@@ -1,4 +1,4 @@
-"""Where the sm_90a weight-streaming kernel (kernels/hopper/fp4_stream.py) runs, and its K split.
+"""Where the sm_90a weight-streaming kernel (kernels/hopper/stream.py) runs, and its K split.
 
 The kernel: mxfp4 / nvfp4 (and mxfp8) weights x bf16 activations (weight-only; quantized activations of the
 same format are dequantized exactly to bf16 by one pass first), M <= 64, on Hopper, with a bias
@@ -17,10 +17,10 @@ cuBLAS bf16 on the dequantized weights 1.1-1.65x on the 8-117 MB weights at M <=
 on 2-8 MB weights (a ~10 us per-call floor: prologue, a few dependent 128-K steps per program,
 the split-K reduction) and 0.4-0.7x at M = 64.
 
-The K split (``fp4_stream_split``) from a model of what the rows showed: the kernel is bound by
+The K split (``stream_split``) from a model of what the rows showed: the kernel is bound by
 how many bytes the SMs keep in flight, so the split is the smallest that gives at least
-``FP4_STREAM_PROGRAMS_PER_SM`` programs per SM, then lowered while a split would get fewer than
-``FP4_STREAM_MIN_CHUNKS`` 128-K steps (the reduction's partial tile [64, MP] fp32 is written and
+``STREAM_PROGRAMS_PER_SM`` programs per SM, then lowered while a split would get fewer than
+``STREAM_MIN_CHUNKS`` 128-K steps (the reduction's partial tile [64, MP] fp32 is written and
 read once per split: 4-16 KB against 4 KB of weights per step). These rules were fitted to the
 same 72 rows, so this is an in-sample check, not a validation: the split chosen is within 10 % of
 the best measured split on 66 of them; the worst is 1.23x (nvfp4 28672 x 8192 at M = 64: split 1
@@ -37,35 +37,35 @@ from .mx_gemv import _triton_release
 from .splits import cdiv
 from .types import Problem
 
-__all__ = ["FP4_STREAM_FORMATS", "FP4_STREAM_ACTIVATIONS", "FP4_STREAM_MAX_M", "FP4_STREAM_MP", "FP4_STREAM_PROGRAMS_PER_SM",
-           "FP4_STREAM_MIN_CHUNKS", "FP4_STREAM_MAX_SPLIT", "FP4_STREAM_STAGES", "FP4_STREAM_STAGES_FP8", "FP4_STREAM_FP8_MIN_BYTES", "FP4_STREAM_FP8_WO_MAX_M",
-           "FP4_STREAM_GROUPED_FORMATS", "FP4_STREAM_TRITON", "use_fp4_stream",
-           "fp4_stream_split", "fp4_stream_config", "fp4_stream_reason", "FP4_STREAM_GROUPED_MAX_ROWS",
-           "grouped_fp4_stream_reason", "grouped_fp4_stream_config"]
+__all__ = ["STREAM_FORMATS", "STREAM_ACTIVATIONS", "STREAM_MAX_M", "STREAM_MP", "STREAM_PROGRAMS_PER_SM",
+           "STREAM_MIN_CHUNKS", "STREAM_MAX_SPLIT", "STREAM_STAGES", "STREAM_STAGES_FP8", "STREAM_FP8_MIN_BYTES", "STREAM_FP8_WO_MAX_M",
+           "STREAM_GROUPED_FORMATS", "STREAM_TRITON", "use_stream",
+           "stream_split", "stream_config", "stream_reason", "STREAM_GROUPED_MAX_ROWS",
+           "grouped_stream_reason", "grouped_stream_config"]
 
-FP4_STREAM_FORMATS = ("mxfp4", "nvfp4", "mxfp8")
+STREAM_FORMATS = ("mxfp4", "nvfp4", "mxfp8")
 #: Problem.a values it takes: bf16 (weight-only) and quantized (W x A: the activations, <= 64 rows,
 #: are dequantized to bf16 by one exact pass first: ops/gemm.py ``stream_activations``). fp16
 #: activations would need an fp16 wgmma and fp16 weights, where e2m1 x E8M0 is not exact.
-FP4_STREAM_ACTIVATIONS = ("bfloat16", "quantized")
+STREAM_ACTIVATIONS = ("bfloat16", "quantized")
 #: activation rows padded to the wgmma N (its minimum is 8)
-FP4_STREAM_MP = (8, 16, 32, 64)
-FP4_STREAM_MAX_M = FP4_STREAM_MP[-1]
+STREAM_MP = (8, 16, 32, 64)
+STREAM_MAX_M = STREAM_MP[-1]
 #: programs per SM the split aims for, per padded row count (the fp4-stream A/B above: 3.5 x 132
 #: programs put 8192 x 8192 at split 4 and 28672 x 8192 at split 2, each its best at M <= 16;
 #: at M = 64 the partial tiles are 4x larger and 1.5 per SM measured best)
-FP4_STREAM_PROGRAMS_PER_SM = {8: 3.5, 16: 3.5, 32: 3.5, 64: 1.5}
+STREAM_PROGRAMS_PER_SM = {8: 3.5, 16: 3.5, 32: 3.5, 64: 1.5}
 #: fewest 128-K steps per split (same A/B: M = 32 lost 28 % at 4 steps per split of 7168 x 2048,
 #: M = 64 lost 26-28 % at 14-16 steps of 4096 x 14336 / 8192 x 8192 against half the splits)
-FP4_STREAM_MIN_CHUNKS = {8: 3, 16: 3, 32: 6, 64: 8}
-FP4_STREAM_MAX_SPLIT = 8
+STREAM_MIN_CHUNKS = {8: 3, 16: 3, 32: 6, 64: 8}
+STREAM_MAX_SPLIT = 8
 #: TMA ring depth (4 KB per slot; 6 slots + the activation buffers keep 6 programs per SM within
 #: shared memory at MP <= 32)
-FP4_STREAM_STAGES = 6
+STREAM_STAGES = 6
 #: mxfp8 weights: 8 KB per slot (128 e4m3 per row); 4 slots keep the fp4 ring's shared memory
 #: within ~1.3x (AOT: 41 KB per program at 16 rows), so the same programs per SM fit. NOT MEASURED
 #: YET, nor is the split rule for mxfp8 (fitted on fp4 rows: a step there moves 4 KB, here 8 KB).
-FP4_STREAM_STAGES_FP8 = 4
+STREAM_STAGES_FP8 = 4
 #: Where mxfp8 weights take the kernel (dense). For 1-byte e4m3 weights the portable bf16 tiles
 #: (plan/portable.py) already stream well, and this kernel's fixed cost per call (prologue, a
 #: chain of dependent 128-K steps per program, the split-K reduction: ~10 us) decides small
@@ -73,80 +73,80 @@ FP4_STREAM_STAGES_FP8 = 4
 #: mx-20261127-1122 without it, same machine and day, 6 shapes of gpt-oss / Llama 3 8B / 70B):
 #: M = 16, both modes: 1.17-2.0x the portable plan on 58-470 MB of weights, 0.77-0.91x on 8-25 MB;
 #: M = 64: W x A (whose portable plan is slower) 1.02-1.29x on all six, weight-only 0.73-0.84x on
-#: all six. Hence: up to FP4_STREAM_FP8_WO_MAX_M rows only from FP4_STREAM_FP8_MIN_BYTES of
+#: all six. Hence: up to STREAM_FP8_WO_MAX_M rows only from STREAM_FP8_MIN_BYTES of
 #: weights (between the 25 MB that lost and the 58 MB that won), above that W x A only. In-sample
 #: (the rows that chose it); M between 2 and 16 other than 16 not measured.
-FP4_STREAM_FP8_MIN_BYTES = 32 << 20
-FP4_STREAM_FP8_WO_MAX_M = 16
-#: Triton releases the kernel was checked on (AOT: tests/test_aot_fp4_stream.py; GPU: the H200 A/B
+STREAM_FP8_MIN_BYTES = 32 << 20
+STREAM_FP8_WO_MAX_M = 16
+#: Triton releases the kernel was checked on (AOT: tests/test_aot_stream.py; GPU: the H200 A/B
 #: above, triton 3.6). Others keep the portable kernels until checked.
-FP4_STREAM_TRITON = ((3, 6),)
-_TRITON_OK = _triton_release() in FP4_STREAM_TRITON
+STREAM_TRITON = ((3, 6),)
+_TRITON_OK = _triton_release() in STREAM_TRITON
 #: ``BLOCKSCALED_MX_KERNELS`` without ``stream`` (e.g. ``none``) turns the kernel off
-FP4_STREAM_ENABLED = mx_kernel_enabled("stream")
+STREAM_ENABLED = mx_kernel_enabled("stream")
 
 
-def fp4_stream_reason(p: Problem, dev: DeviceInfo, gluon_ok: bool) -> str | None:
+def stream_reason(p: Problem, dev: DeviceInfo, gluon_ok: bool) -> str | None:
     """None when the kernel can take the call, else why not (plain words, for ``explain``)."""
-    if p.fmt not in FP4_STREAM_FORMATS:
-        return f"{p.fmt} weights (it takes {', '.join(FP4_STREAM_FORMATS)})"
+    if p.fmt not in STREAM_FORMATS:
+        return f"{p.fmt} weights (it takes {', '.join(STREAM_FORMATS)})"
     if not dev.is_hopper:
         return "not an sm_90 device"
     if not gluon_ok:
         return "the Gluon kernels do not build with this triton"
-    if not FP4_STREAM_ENABLED:
+    if not STREAM_ENABLED:
         return "switched off (BLOCKSCALED_MX_KERNELS without 'stream')"
     if not _TRITON_OK:
-        return f"triton {'.'.join(map(str, _triton_release()))} (checked on {FP4_STREAM_TRITON})"
-    if p.a not in FP4_STREAM_ACTIVATIONS:
+        return f"triton {'.'.join(map(str, _triton_release()))} (checked on {STREAM_TRITON})"
+    if p.a not in STREAM_ACTIVATIONS:
         return f"{p.a} activations (it takes bf16 or quantized {p.fmt}, dequantized exactly to bf16 first)"
     if p.op != "gemm" or p.grouping != "dense":
         return "not a dense GEMM"
-    if not 1 <= p.m <= FP4_STREAM_MAX_M:
-        return f"M = {p.m} outside 1..{FP4_STREAM_MAX_M}"
+    if not 1 <= p.m <= STREAM_MAX_M:
+        return f"M = {p.m} outside 1..{STREAM_MAX_M}"
     if p.k % 32 or p.k <= 0:
         return f"K = {p.k} not a positive multiple of 32 (16-byte TMA rows of packed e2m1)"
     if not p.tma:
         return "operands not 16-byte aligned for TMA"
     if p.fmt == "mxfp8":
-        if p.m > FP4_STREAM_FP8_WO_MAX_M and p.weight_only:
-            return (f"mxfp8 weight-only at M = {p.m} > {FP4_STREAM_FP8_WO_MAX_M}: the portable bf16 tiles measured "
-                    f"faster (FP4_STREAM_FP8_WO_MAX_M)")
-        if p.m <= FP4_STREAM_FP8_WO_MAX_M and p.n * p.k < FP4_STREAM_FP8_MIN_BYTES:
-            return (f"mxfp8 weights of {p.n * p.k / 2**20:.1f} MB < {FP4_STREAM_FP8_MIN_BYTES >> 20} MB at M <= "
-                    f"{FP4_STREAM_FP8_WO_MAX_M}: the portable bf16 tiles measured faster (FP4_STREAM_FP8_MIN_BYTES)")
+        if p.m > STREAM_FP8_WO_MAX_M and p.weight_only:
+            return (f"mxfp8 weight-only at M = {p.m} > {STREAM_FP8_WO_MAX_M}: the portable bf16 tiles measured "
+                    f"faster (STREAM_FP8_WO_MAX_M)")
+        if p.m <= STREAM_FP8_WO_MAX_M and p.n * p.k < STREAM_FP8_MIN_BYTES:
+            return (f"mxfp8 weights of {p.n * p.k / 2**20:.1f} MB < {STREAM_FP8_MIN_BYTES >> 20} MB at M <= "
+                    f"{STREAM_FP8_WO_MAX_M}: the portable bf16 tiles measured faster (STREAM_FP8_MIN_BYTES)")
     return None
 
 
-def use_fp4_stream(p: Problem, dev: DeviceInfo, gluon_ok: bool = True) -> bool:
-    return fp4_stream_reason(p, dev, gluon_ok) is None
+def use_stream(p: Problem, dev: DeviceInfo, gluon_ok: bool = True) -> bool:
+    return stream_reason(p, dev, gluon_ok) is None
 
 
-def fp4_stream_split(n: int, k: int, m: int, sm_count: int) -> int:
-    """K splits (a power of two <= FP4_STREAM_MAX_SPLIT), see the module docstring."""
-    mp = next(s for s in FP4_STREAM_MP if s >= m)
+def stream_split(n: int, k: int, m: int, sm_count: int) -> int:
+    """K splits (a power of two <= STREAM_MAX_SPLIT), see the module docstring."""
+    mp = next(s for s in STREAM_MP if s >= m)
     tiles = cdiv(n, 64)
     chunks = cdiv(k, 128)
-    target = FP4_STREAM_PROGRAMS_PER_SM[mp] * sm_count
+    target = STREAM_PROGRAMS_PER_SM[mp] * sm_count
     split = 1
-    while split < FP4_STREAM_MAX_SPLIT and tiles * split < target:
+    while split < STREAM_MAX_SPLIT and tiles * split < target:
         split *= 2
-    while split > 1 and chunks / split < FP4_STREAM_MIN_CHUNKS[mp]:
+    while split > 1 and chunks / split < STREAM_MIN_CHUNKS[mp]:
         split //= 2
     return split
 
 
-def fp4_stream_config(p: Problem, dev: DeviceInfo) -> GemmConfig:
+def stream_config(p: Problem, dev: DeviceInfo) -> GemmConfig:
     """The kernel's launch: block_m = padded rows, 64 x 128 tile steps, split, ring depth."""
-    mp = next(s for s in FP4_STREAM_MP if s >= p.m)
-    split = fp4_stream_split(p.n, p.k, p.m, dev.sm_count)
+    mp = next(s for s in STREAM_MP if s >= p.m)
+    split = stream_split(p.n, p.k, p.m, dev.sm_count)
     per = cdiv(cdiv(p.k, 128), split)
     return GemmConfig(block_m=mp, block_n=64, block_k=128, num_warps=4,
-                      num_stages=max(2, min(_stages(p.fmt), per)), split_k=split, strategy="fp4_stream")
+                      num_stages=max(2, min(_stages(p.fmt), per)), split_k=split, strategy="stream")
 
 
 def _stages(fmt: str) -> int:
-    return FP4_STREAM_STAGES_FP8 if fmt == "mxfp8" else FP4_STREAM_STAGES
+    return STREAM_STAGES_FP8 if fmt == "mxfp8" else STREAM_STAGES
 
 
 # ----------------------------------------------------------------------------- grouped (MoE decode)
@@ -155,34 +155,34 @@ def _stages(fmt: str) -> int:
 #: block streaming the expert's weights again, so it pays where experts hold few rows (decode;
 #: the portable grouped kernel and dequantize + torch._grouped_mm were 0.3-0.9x cuBLAS bf16 there:
 #: benchmarks/results/h200 mx-20261127-0848). NOT MEASURED YET: a first bound from that argument.
-FP4_STREAM_GROUPED_MAX_ROWS = 16.0
+STREAM_GROUPED_MAX_ROWS = 16.0
 #: weight formats of the grouped form the planner uses: mxfp8 grouped calls are checked on the GPU
-#: (tests/test_fp4_stream_gpu.py) but not timed yet, so they keep the portable grouped kernels
-FP4_STREAM_GROUPED_FORMATS = ("mxfp4", "nvfp4")
+#: (tests/test_stream_gpu.py) but not timed yet, so they keep the portable grouped kernels
+STREAM_GROUPED_FORMATS = ("mxfp4", "nvfp4")
 
 
-def grouped_fp4_stream_reason(p: Problem, dev: DeviceInfo) -> str | None:
+def grouped_stream_reason(p: Problem, dev: DeviceInfo) -> str | None:
     """None when a grouped call (``p.op == "grouped"``) can take the kernel, else why not.
     ``p.tma``: the caller's check that TMA can read the packed weights and the Gluon kernels build."""
     if p.op != "grouped" or p.dual or p.grouping not in ("contiguous", "masked"):
         return "not a contiguous / masked grouped GEMM (SwiGLU keeps its kernels)"
-    if p.fmt not in FP4_STREAM_GROUPED_FORMATS:
-        return f"{p.fmt} weights (the grouped form is planned for {', '.join(FP4_STREAM_GROUPED_FORMATS)})"
-    if not dev.is_hopper or not _TRITON_OK or not FP4_STREAM_ENABLED:
+    if p.fmt not in STREAM_GROUPED_FORMATS:
+        return f"{p.fmt} weights (the grouped form is planned for {', '.join(STREAM_GROUPED_FORMATS)})"
+    if not dev.is_hopper or not _TRITON_OK or not STREAM_ENABLED:
         return "not an sm_90 device with a checked triton (or switched off: BLOCKSCALED_MX_KERNELS)"
-    if p.a not in FP4_STREAM_ACTIVATIONS:
+    if p.a not in STREAM_ACTIVATIONS:
         return f"{p.a} activations"
     if p.k % 32 or p.k <= 0 or not p.tma:
         return f"K = {p.k} not a multiple of 32, or the weights not 16-byte aligned for TMA"
-    if p.rows_per_expert > FP4_STREAM_GROUPED_MAX_ROWS:
-        return f"~{p.rows_per_expert:g} rows per expert > {FP4_STREAM_GROUPED_MAX_ROWS:g}"
+    if p.rows_per_expert > STREAM_GROUPED_MAX_ROWS:
+        return f"~{p.rows_per_expert:g} rows per expert > {STREAM_GROUPED_MAX_ROWS:g}"
     return None
 
 
-def grouped_fp4_stream_config(p: Problem) -> GemmConfig:
+def grouped_stream_config(p: Problem) -> GemmConfig:
     """Padded rows for the expected rows per expert with room for skew (2x the mean, at least 8),
     no K split (the experts' tiles are the programs), ring min(6, K steps)."""
     want = max(8.0, 2.0 * p.rows_per_expert)
-    mp = next((s for s in FP4_STREAM_MP if s >= want), FP4_STREAM_MP[-1])
+    mp = next((s for s in STREAM_MP if s >= want), STREAM_MP[-1])
     return GemmConfig(block_m=mp, block_n=64, block_k=128, num_warps=4,
-                      num_stages=max(2, min(_stages(p.fmt), cdiv(p.k, 128))), split_k=1, strategy="fp4_stream")
+                      num_stages=max(2, min(_stages(p.fmt), cdiv(p.k, 128))), split_k=1, strategy="stream")
