@@ -10,10 +10,10 @@ read once, at import):
   planner's MX/NV bf16-tile rules for 8 < M <= 512 (plan/portable.py, ``MX_BF16_*``). Off by
   default: correct on the GPU, but its tile rules lost to the previous plan on 6 of 13 sweep rows
   and no tile beat cuBLAS bf16 at M = 16 (same NOTES entry).
-* ``stream``: the sm_90 streaming kernel (kernels/hopper/stream.py) for mxfp4 / nvfp4
-  weight-only calls at M <= 64, dense and grouped (plan/stream.py). **On by default** since
-  the seventeenth session: its GPU tests and every row of ``bench --suite mx`` passed the float64
-  checks on an H200.
+* ``stream``: the sm_90 streaming kernel (kernels/hopper/stream.py) for mxfp4 / nvfp4 (and,
+  where it measured faster, mxfp8) weights at M <= 64, weight-only or W x A, dense and grouped
+  (plan/stream.py). **On by default**: its GPU tests and every row of ``bench --suite mx`` passed
+  the float64 checks on an H200.
 * ``all`` (or ``1``): all three; ``none`` (or ``0``): none. Comma lists work:
   ``BLOCKSCALED_MX_KERNELS=gemv,bf16``. Unset: ``gemv,stream``.
 """
