@@ -246,6 +246,7 @@ def test_stream_mxfp8_rule(stream_on):
         small16 = _wo("mxfp8", 16, *small, a=a)
         assert small16.kernel != "hopper_stream"
         assert "measured faster" in stream_reason(small16.problem, H100_SXM, True)
+        assert "not the streaming kernel: mxfp8 weights of 16.0 MB < 32 MB" in str(small16)  # explain says why
     for n, k in (big, small):
         assert _wo("mxfp8", 64, n, k, a="quantized").kernel == "hopper_stream"
         assert _wo("mxfp8", 64, n, k).kernel != "hopper_stream"

@@ -8,7 +8,7 @@ from dataclasses import replace
 from ..config.gemm import GemmConfig
 from ..config.hopper import HopperConfig
 from .dense import plan_fp8
-from .stream import stream_config, use_stream
+from .stream import STREAM_FORMATS, STREAM_MAX_M, stream_config, stream_reason, use_stream
 from .device import DeviceInfo
 from .mx_gemv import MX_GEMV_ROWS, mx_gemv_config, use_mx_gemv
 from .portable import choose_portable, mx_bf16_applies
@@ -84,7 +84,10 @@ def plan_gemm(p: Problem, dev: DeviceInfo, forced=None, *, gluon_ok: bool = True
     else:
         why = "portable Triton kernel, tiles and K split from the portable rules (plan/portable.py)"
     scope = ("sm_90" if dev.is_hopper else f"sm_{dev.capability[0]}{dev.capability[1]} (portable kernels only)")
-    return Plan("gemm", "cuda", cfg, p, reasons=(f"{p.fmt}{' weight-only' if p.weight_only else ''} on {scope}", why))
+    reasons = (f"{p.fmt}{' weight-only' if p.weight_only else ''} on {scope}", why)
+    if dev.is_hopper and p.fmt in STREAM_FORMATS and 1 <= p.m <= STREAM_MAX_M:
+        reasons += (f"not the streaming kernel: {stream_reason(p, dev, gluon_ok)}",)
+    return Plan("gemm", "cuda", cfg, p, reasons=reasons)
 
 
 def _a_dtype(p: Problem):
