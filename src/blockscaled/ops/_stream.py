@@ -65,8 +65,8 @@ def _descriptor(cls, base, shape, strides, block, layout):
 
 
 def launch_stream(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, w_gs, fmt_name: str, k: int,
-                      out: torch.Tensor, cfg: GemmConfig, seg: torch.Tensor | None = None, grouping: int = 0,
-                      x_gs: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> None:
+                  out: torch.Tensor, cfg: GemmConfig, seg: torch.Tensor | None = None, grouping: int = 0,
+                  x_gs: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> None:
     """One launch over ``out``. Dense (``grouping`` 0): (64-row tiles) x (K splits) programs over
     ``out [M, N]``. Grouped (1 contiguous: ``seg`` = offsets [E+1], x [sum_m, K], out [sum_m, N];
     2 masked: ``seg`` = counts [E], x [E, max_m, K], out [E, max_m, N]): experts x 64-row tiles
@@ -74,10 +74,10 @@ def launch_stream(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, 
 
     x: bf16 (K contiguous); w_data: packed e2m1 ``[(E,) N, K / 2]`` (mxfp4 / nvfp4) or e4m3
     ``[(E,) N, K]`` (mxfp8), 16-byte aligned rows; w_scale: uint8 E8M0 ``[(E,) N, K / 32]`` (mx) or
-    e4m3 ``[(E,) N, K / 16]`` (nvfp4); w_gs: the nvfp4 global scale (0-d or one per expert, fp32) or None; out: bf16 / fp16 /
-    fp32, unit column stride; x_gs: quantized nvfp4 activations' global scale (0-d fp32; ``x`` is
-    then their exact bf16 dequantization with a unit global scale: ``ops.gemm.stream_activations``) or
-    None; bias: [N] (dense only) or None.
+    e4m3 ``[(E,) N, K / 16]`` (nvfp4); w_gs: the nvfp4 global scale (0-d or one per expert, fp32)
+    or None; out: bf16 / fp16 / fp32, unit column stride; x_gs: quantized nvfp4 activations'
+    global scale (0-d fp32; ``x`` is then their exact bf16 dequantization with a unit global
+    scale: ``ops.gemm.stream_activations``) or None; bias: [N] (dense only) or None.
     """
     desc_cls, kernel = _gluon()
     fmt, wps, swz = _FMT[fmt_name]

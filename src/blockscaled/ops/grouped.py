@@ -331,7 +331,7 @@ def grouped_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale
             out = torch.empty(_out_shape(a_data, b_data, grouping), dtype=out_dtype, device=a_data.device)
         x, x_gs = stream_activations(a_data, a_scale, a_gs, get_format(_FMT_BY_CODE[fmt_id]), k)
         launch_stream(x, b_data, b_scale, b_gs, _FMT_BY_CODE[fmt_id], k, out, cfg, seg=seg,
-                          grouping=grouping, x_gs=x_gs)
+                      grouping=grouping, x_gs=x_gs)
     elif cfg.strategy == "triton":
         if out is None:
             out = torch.empty(_out_shape(a_data, b_data, grouping), dtype=out_dtype, device=a_data.device)

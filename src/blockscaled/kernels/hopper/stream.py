@@ -299,13 +299,13 @@ def _decode_fp4(w2, f_use, FMT: gl.constexpr):
 # M and the steps per split follow the call (decode M, contiguous sum_m): one build serves them all
 @gluon.jit(do_not_specialize=["M", "kc_per_split"])
 def stream_kernel(w_desc, ws_ptr, x_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_ptr, cnt_ptr, seg_ptr, M, N, K,
-                      kc_per_split, SPLIT, stride_wsn, stride_wse, stride_xm, stride_xe, stride_cm, stride_ce,
-                      FMT: gl.constexpr, MP: gl.constexpr, STAGES: gl.constexpr, GROUPING: gl.constexpr,
-                      GS_PER_E: gl.constexpr, HAS_AGS: gl.constexpr, HAS_BIAS: gl.constexpr,
-                      num_warps: gl.constexpr):
+                  kc_per_split, SPLIT, stride_wsn, stride_wse, stride_xm, stride_xe, stride_cm, stride_ce,
+                  FMT: gl.constexpr, MP: gl.constexpr, STAGES: gl.constexpr, GROUPING: gl.constexpr,
+                  GS_PER_E: gl.constexpr, HAS_AGS: gl.constexpr, HAS_BIAS: gl.constexpr,
+                  num_warps: gl.constexpr):
     """Dense (GROUPING 0): one program per (64 weight rows, K split); ``w_desc``: TMA boxes [64, 16]
-    of the packed weights viewed as int32 [N, K / 8]; ``ws_ptr``: uint8 E8M0 [N, K / 32] (mxfp4)
-    or e4m3 [N, K / 16] (nvfp4) block scales, row stride ``stride_wsn``; ``x_ptr``: bf16 [M, K]
+    of the packed weights viewed as int32 [N, K / 8] (mxfp8: boxes [64, 32] of [N, K / 4], 128-byte
+    swizzle); ``ws_ptr``: uint8 E8M0 [N, K / 32] (mx) or e4m3 [N, K / 16] (nvfp4) block scales, row stride ``stride_wsn``; ``x_ptr``: bf16 [M, K]
     (K contiguous, M <= MP); ``gs_ptr``: nvfp4's fp32 global scale (any pointer for mxfp4);
     ``ags_ptr`` (HAS_AGS, nvfp4): the activations' fp32 global scale, for quantized activations the
     host dequantized to bf16 without it (exact: e2m1 x e4m3); ``bias_ptr`` (HAS_BIAS, dense only):
