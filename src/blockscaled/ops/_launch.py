@@ -72,7 +72,8 @@ def _desc_key(d) -> tuple:
     ``tensordesc<dtype[block_shape],layout>``), plus its padding mode. Its base address, shape and
     strides are launch-time values: the launcher encodes the tensor map from them at every launch
     (``make_tensordesc_arg``), so the direct launch passes the descriptor object as Triton's does."""
-    return (_GluonDesc, d.base.dtype, tuple(d.block_shape), d.layout, d.padding)
+    return (_GluonDesc, d.base.dtype, tuple(d.block_shape), d.layout, d.padding,
+            getattr(d, "round_f32_to_tf32", False))  # (a field from triton 3.8 on)
 
 
 def _hooked(hook) -> bool:
