@@ -19,10 +19,10 @@ would, and nothing is compiled or specialised differently.
 
 Tensors and Gluon TMA descriptors (keyed by what Triton specialises them on: ``_desc_key``) are
 never kept: positional ones pass through, and those passed by keyword (split-K scratch) are put
-in their parameter's place at each launch. Falls back to Triton's path (always correct) when: launch hooks
-are set (a non-empty hook chain: profilers such as proton read ``launch_metadata``), the grid is a
-callable, an argument is unhashable, a parameter has neither a value nor a default, or
-``BLOCKSCALED_FAST_LAUNCH=0``. Not used in the interpreter (its kernels
+in their parameter's place at each launch. Falls back to Triton's path (always correct) when:
+launch hooks are set (a non-empty hook chain: profilers such as proton read ``launch_metadata``),
+the grid is a callable, an argument is unhashable, a parameter has neither a value nor a default,
+or ``BLOCKSCALED_FAST_LAUNCH=0``. Not used in the interpreter (its kernels
 are not ``JITFunction`` objects) nor for triton releases whose launch path was not read
 (:data:`TESTED_TRITON`); the wrapper then returns the kernel unchanged. Runtime changes of
 Triton's debug / instrumentation knobs are not seen by keys already launched.
@@ -170,7 +170,8 @@ _WRAPPED: dict[int, FastKernel] = {}
 
 def fast(kernel):
     """``kernel`` with direct repeated launches (:class:`FastKernel`) where that applies: a
-    ``JITFunction`` (or Gluon's, TMA descriptor arguments included) on a tested triton with ``BLOCKSCALED_FAST_LAUNCH`` on. Anything else (the
+    ``JITFunction`` (or Gluon's, TMA descriptor arguments included) on a tested triton with
+    ``BLOCKSCALED_FAST_LAUNCH`` on. Anything else (the
     interpreter's kernels, a test's spy, a stub) comes back unchanged. One wrapper per kernel.
 
     Example::

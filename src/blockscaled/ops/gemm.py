@@ -361,9 +361,8 @@ def stream_activations(a_data: torch.Tensor, a_scale: torch.Tensor | None, a_gs,
     bf16 ``[..., K]`` by one pass of the dequantize kernel with a unit global scale. That is exact
     (e2m1 x E8M0, e2m1 x e4m3 and e4m3 x E8M0 have at most 6 significant bits, bf16 has 8 and
     reaches 2**-133; only e4m3 subnormals times E8M0 scales below 2**-117 fall under it), so the
-    kernel's result is
-    ``dequantize(a) @ dequantize(w).T`` up to the fp32 summation order; nvfp4's ``a_gs`` (0-d) goes
-    to the kernel's epilogue beside the weight's. At M <= 64 the bf16 copy (<= 64 x K x 2 bytes) is
+    kernel's result is ``dequantize(a) @ dequantize(w).T`` up to the fp32 summation order; nvfp4's
+    ``a_gs`` (0-d) goes to the kernel's epilogue beside the weight's. At M <= 64 the bf16 copy (<= 64 x K x 2 bytes) is
     small against the N x K / 2 weight bytes the kernel streams."""
     if a_scale is None:
         return a_data, None

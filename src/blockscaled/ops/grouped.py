@@ -566,19 +566,19 @@ def grouped_plan(op: str, a, b: ScaledTensor, fmt: str, rows_per_expert: float, 
     total = rows if rows is not None else (a_t.shape[0] * (a_t.shape[1] if mode == MODE_MASKED else 1))
     why = hopper_reason(a, b, out_dtype, mode, b2=b2) if dev.type == "cuda" else "needs a CUDA device"
     # the streaming kernel reads the packed weights by TMA (and needs the Gluon kernels)
-    fp4_tma = (why is not None and dev.type == "cuda" and fmt in ("mxfp4", "nvfp4", "mxfp8")
+    stream_tma = (why is not None and dev.type == "cuda" and fmt in ("mxfp4", "nvfp4", "mxfp8")
                and b2 is None and _hopper.tma_2d_reason("b", b.data.reshape(-1, b.data.shape[-1])) is None
                and _hopper.gluon_unavailable_reason() is None)
     key = None
     if config is None:
         key = (plan_grouped, op, fmt, total, n, k, a_dtype, out_dtype, b.block[0], mode, experts, rows_per_expert,
-               b2 is not None, dev, a_row_stride, dev.type == "cpu" and _checks.INTERPRET, why, fp4_tma)
+               b2 is not None, dev, a_row_stride, dev.type == "cpu" and _checks.INTERPRET, why, stream_tma)
         plan = _PLANS.get(key)
         if plan is not None:
             return plan
     p = Problem(op, fmt, total, n, k, "quantized" if a_dtype is None else _DTYPE_NAMES[a_dtype],
                 _DTYPE_NAMES[out_dtype], False, b.block[0], _GROUPING_NAMES[mode], experts, float(rows_per_expert),
-                b2 is not None, why is None or fp4_tma, dev.type == "cpu" and _checks.INTERPRET)
+                b2 is not None, why is None or stream_tma, dev.type == "cpu" and _checks.INTERPRET)
     info = device_info(dev)
     plan = plan_grouped(p, info, config, hopper_why=why, a_row_stride=a_row_stride)
     if key is not None:

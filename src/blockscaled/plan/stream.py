@@ -1,11 +1,11 @@
 """Where the sm_90a weight-streaming kernel (kernels/hopper/stream.py) runs, and its K split.
 
-The kernel: mxfp4 / nvfp4 (and mxfp8) weights x bf16 activations (weight-only; quantized activations of the
-same format are dequantized exactly to bf16 by one pass first), M <= 64, on Hopper, with a bias
-in the dense form; the packed e2m1 weights arrive by TMA and are decoded in registers straight
+The kernel: mxfp4 / nvfp4 / mxfp8 weights x bf16 activations (weight-only; quantized activations
+of the same format are dequantized exactly to bf16 by one pass first), M <= 64, on Hopper, with a
+bias in the dense form; the quantized weights arrive by TMA and are decoded in registers straight
 into the wgmma's register operand (64 weight rows per program, 128 K per step). It takes the
-calls the decode GEMV leaves
-(plan/mx_gemv.py: mxfp4 M <= 2, nvfp4 M = 1 stay there).
+calls the decode GEMV leaves (plan/mx_gemv.py: mx M <= 2, nvfp4 M = 1 stay there); mxfp8 only
+where it measured faster than the portable tiles (``STREAM_FP8_*``).
 
 Measured (H200, one run per row, CUDA-graph replays, inputs rotated past L2, every output checked
 against float64: benchmarks/results/h200/archive/fp4-stream-ab-20261127.json, from an A/B script
@@ -38,10 +38,9 @@ from .splits import cdiv
 from .types import Problem
 
 __all__ = ["STREAM_FORMATS", "STREAM_ACTIVATIONS", "STREAM_MAX_M", "STREAM_MP", "STREAM_PROGRAMS_PER_SM",
-           "STREAM_MIN_CHUNKS", "STREAM_MAX_SPLIT", "STREAM_STAGES", "STREAM_STAGES_FP8", "STREAM_FP8_MIN_BYTES", "STREAM_FP8_WO_MAX_M",
-           "STREAM_GROUPED_FORMATS", "STREAM_TRITON", "use_stream",
-           "stream_split", "stream_config", "stream_reason", "STREAM_GROUPED_MAX_ROWS",
-           "grouped_stream_reason", "grouped_stream_config"]
+           "STREAM_MIN_CHUNKS", "STREAM_MAX_SPLIT", "STREAM_STAGES", "STREAM_STAGES_FP8", "STREAM_FP8_MIN_BYTES",
+           "STREAM_FP8_WO_MAX_M", "STREAM_GROUPED_FORMATS", "STREAM_TRITON", "STREAM_GROUPED_MAX_ROWS", "use_stream",
+           "stream_split", "stream_config", "stream_reason", "grouped_stream_reason", "grouped_stream_config"]
 
 STREAM_FORMATS = ("mxfp4", "nvfp4", "mxfp8")
 #: Problem.a values it takes: bf16 (weight-only) and quantized (W x A: the activations, <= 64 rows,
