@@ -30,25 +30,30 @@ from blockscaled.ops._stream import _w_layout
 
 TGT = GPUTarget("cuda", 90, 32)
 
-def sig(out, fmt):
+def sig(out, fmt, aq):
     box = f"i32[64, 32],{_w_layout(128)!r}" if fmt == 1 else f"i32[64, 16],{_w_layout()!r}"
-    return {"w_desc": f"tensordesc<{box}>", "ws_ptr": "*u8", "x_ptr": "*bf16",
+    scale = "*fp8e4nv" if fmt == 3 else "*u8"
+    return {"w_desc": f"tensordesc<{box}>", "ws_ptr": scale, "x_ptr": "*i32" if aq else "*bf16",
+            "xs_ptr": scale if aq else "*fp32",
             "gs_ptr": "*fp32", "ags_ptr": "*fp32", "bias_ptr": "*bf16", "c_ptr": out, "part_ptr": "*fp32", "cnt_ptr": "*i32", "seg_ptr": "*i32",
             "M": "i32", "N": "i32", "K": "i32", "kc_per_split": "i32", "SPLIT": "i32", "stride_wsn": "i32",
-            "stride_wse": "i32", "stride_xm": "i32", "stride_xe": "i32", "stride_cm": "i32", "stride_ce": "i32",
+            "stride_wse": "i32", "stride_xm": "i32", "stride_xe": "i32", "stride_xsm": "i32", "stride_xse": "i32",
+            "stride_cm": "i32", "stride_ce": "i32",
             "FMT": "constexpr", "MP": "constexpr", "STAGES": "constexpr", "GROUPING": "constexpr",
-            "GS_PER_E": "constexpr", "HAS_AGS": "constexpr", "HAS_BIAS": "constexpr", "num_warps": "constexpr"}
+            "GS_PER_E": "constexpr", "A_QUANT": "constexpr", "HAS_BIAS": "constexpr", "num_warps": "constexpr"}
 
 out = {}
 NAMES = {1: "mxfp8", 2: "mxfp4", 3: "nvfp4"}
-for fmt, mp, st, cdt, gr in [(2, 8, 6, "*bf16", 0), (2, 64, 6, "*fp32", 0), (3, 16, 4, "*bf16", 0),
-                             (3, 32, 6, "*fp16", 0), (2, 8, 6, "*fp32", 1), (3, 16, 6, "*fp32", 2),
-                             (1, 16, 4, "*bf16", 0), (1, 8, 4, "*fp32", 1)]:
-    key = f"{NAMES[fmt]}_mp{mp}_g{gr}"
+# (format, padded rows, ring, output, grouping, quantized activations)
+for fmt, mp, st, cdt, gr, aq in [(2, 8, 6, "*bf16", 0, 0), (2, 64, 6, "*fp32", 0, 0), (3, 16, 4, "*bf16", 0, 0),
+                                 (3, 32, 6, "*fp16", 0, 1), (2, 8, 6, "*fp32", 1, 0), (3, 16, 6, "*fp32", 2, 0),
+                                 (1, 16, 4, "*bf16", 0, 0), (1, 8, 4, "*fp32", 1, 0), (2, 16, 6, "*bf16", 0, 1),
+                                 (1, 16, 4, "*bf16", 0, 1), (2, 8, 6, "*fp32", 1, 1)]:
+    key = f"{NAMES[fmt]}_mp{mp}_g{gr}" + ("_wxa" if aq else "")
     try:
-        k = triton.compile(GluonASTSource(F.stream_kernel, sig(cdt, fmt),
+        k = triton.compile(GluonASTSource(F.stream_kernel, sig(cdt, fmt, aq),
                                           constexprs={"FMT": fmt, "MP": mp, "STAGES": st, "GROUPING": gr,
-                                                      "GS_PER_E": gr == 2, "HAS_AGS": fmt == 3 and mp == 32,
+                                                      "GS_PER_E": gr == 2, "A_QUANT": bool(aq),
                                                       "HAS_BIAS": gr == 0 and mp != 8, "num_warps": 4}),
                            target=TGT, options={"num_warps": 4})
     except Exception as e:
@@ -73,7 +78,7 @@ def compiled():
 
 
 def test_stream_builds_for_sm90(compiled):
-    assert len(compiled) == 8, compiled
+    assert len(compiled) == 11, compiled
     for key, c in compiled.items():
         assert "error" not in c, (key, c)
         mp = int(re.search(r"mp(\d+)", key).group(1))
@@ -82,13 +87,16 @@ def test_stream_builds_for_sm90(compiled):
         assert c["wgmma_count"] == 128 // 16, (key, c)  # one 128-K step per loop iteration
         assert c["tma_load"] >= 1 and c["lds128"] >= 2, (key, c)
         per_pair = 1 if key.startswith("nvfp4") else 2  # x 2**126 (2**120) then x scale / one nvfp4 factor
-        # 32 element pairs per thread and step: 2 rows x 4 words x 4 pairs (fp4), 2 x 8 x 2 (mxfp8)
-        assert c["bf16x2_fma"] == 32 * per_pair, (key, c)
+        # 32 weight element pairs per thread and step: 2 rows x 4 words x 4 pairs (fp4), 2 x 8 x 2
+        # (mxfp8); W x A adds the activations' MP elements per thread and step (MP / 2 pairs), in the
+        # two copies of the gather (before the loop and in it)
+        act = 2 * (mp // 2) * per_pair if key.endswith("_wxa") else 0
+        assert c["bf16x2_fma"] == 32 * per_pair + act, (key, c)
         if key.startswith("mxfp8"):  # two byte placements per pair, two 128-bit loads per row
-            assert c["prmt"] == 2 * 32 and c["lds128"] >= 4, (key, c)
+            assert c["prmt"] == 2 * (32 + act // 2) and c["lds128"] >= 4, (key, c)
         if c.get("spill_stores") is not None:
             assert c["spill_stores"] == 0, (key, c)
-        if c.get("regs") is not None and key.endswith("_g0") and mp <= 16:
+        if c.get("regs") is not None and "_g0" in key and mp <= 16:
             # 77-82 registers at MP <= 16 (121 at 32, 167 at 64): 6 programs per SM; the grouped
             # row-block loop nest costs ~75 more
             # (kept out of the dense path for that reason)

@@ -256,7 +256,7 @@ def test_stream_mxfp8_rule(stream_on):
 
 
 def test_stream_takes_w_x_a_and_bias(stream_on):
-    """Quantized activations of the weight's format (dequantized exactly to bf16 first: the
+    """Quantized activations of the weight's format (decoded in the kernel's gather: the
     explanation says so) and a bias (added in the dense epilogue) take the streaming kernel with the
     weight-only plan's tiles; the grouped form takes quantized activations too."""
     from blockscaled.plan.grouped import plan_grouped
@@ -266,7 +266,7 @@ def test_stream_takes_w_x_a_and_bias(stream_on):
             wo = _wo(fmt, m)
             for plan in (_wo(fmt, m, a="quantized"), _wo(fmt, m, bias=True), _wo(fmt, m, a="quantized", bias=True)):
                 assert plan.kernel == "hopper_stream" and plan.config == wo.config, (fmt, m, plan)
-        assert "dequantized exactly to bf16" in str(_wo(fmt, 16, a="quantized"))
+        assert "decoded to bf16 in the kernel's gather" in str(_wo(fmt, 16, a="quantized"))
         g = Problem("grouped", fmt, 64, 5760, 2880, "quantized", "float32", False, 1, "contiguous", 128, 0.5)
         assert plan_grouped(g, H100_SXM, hopper_why="not fp8_block").kernel == "hopper_stream"
 

@@ -130,7 +130,7 @@ def test_extreme_and_nan_scales():
 
 @pytest.mark.parametrize("fmt", FMTS)
 def test_w_x_a_and_bias(fmt, planned_for_every_format):
-    """Quantized activations of the weight's format (W x A: dequantized exactly to bf16, nvfp4's
+    """Quantized activations of the weight's format (W x A: decoded in the kernel's gather, nvfp4's
     activation global scale applied in the epilogue beside the weight's) and a bias (bf16 / fp32,
     added in fp32 in the epilogue, also by the split-K last arriver), through the planner
     (``bs.linear``: explain names the kernel) and forced splits; against the float64 reference."""
@@ -163,6 +163,65 @@ def test_w_x_a_and_bias(fmt, planned_for_every_format):
             g.replay()
             torch.cuda.synchronize()
             assert torch.equal(static, y)
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_w_x_a_decoded_in_the_gather(fmt, planned_for_every_format):
+    """Quantized activations decoded in the kernel's gather (no pre-pass): K tails of 32 / 64 / 96
+    past a step, rows that fill and do not fill the padded count, splits that do not divide the
+    steps; an activation block scale of NaN (E8M0 255 / e4m3 NaN) makes that output row NaN and
+    leaves the others right; grouped contiguous and masked with quantized rows."""
+    for n, k in ((77, 4096), (200, 2080), (130, 352)):
+        for m in (3, 33, 64):
+            x, w = _operands(fmt, m, n, k, seed=m + n + 7)
+            xq = quantize(x, fmt)
+            ref = ref_gemm_mod.gemm(xq, w)
+            for split in (1, 3):
+                out = torch.full((m, n), float("nan"), dtype=torch.float32, device="cuda")
+                bs.gemm(xq, w, torch.float32, out=out, config=_cfg(m, split))
+                assert_gemm_close(out, ref, fmt, torch.float32, what=f"n={n} k={k} m={m} split={split}")
+    m, n, k = 8, 70, 512
+    x, w = _operands(fmt, m, n, k, seed=21)
+    xq = quantize(x, fmt)
+    sc = xq.scale.clone()
+    if fmt == "nvfp4":
+        sc.view(torch.uint8)[1, 3] = 0x7F  # e4m3 NaN
+    else:
+        sc[1, 3] = 255  # E8M0 NaN
+    xbad = ScaledTensor(xq.data, sc, xq.format, xq.shape, xq.block, xq.rounding, global_scale=xq.global_scale)
+    out = bs.gemm(xbad, w, torch.float32, config=_cfg(m))
+    assert out[1].isnan().all() and not out[torch.arange(m) != 1].isnan().any()
+    ref = ref_gemm_mod.gemm(xq, w)
+    keep = torch.arange(m, device="cuda") != 1
+    assert_gemm_close(out[keep], ref[keep], fmt, torch.float32, what="rows without the NaN scale")
+    # grouped: 6 experts, rows 0 / 1 / 3 / 0 / 5 / 2, contiguous and masked
+    e = 6
+    g = torch.Generator().manual_seed(22)
+    wg = quantize((torch.randn(e, n, k, generator=g) * 0.05).cuda(), fmt)
+    wd = wg.dequantize(torch.float32).double()
+    counts = torch.tensor([0, 1, 3, 0, 5, 2], dtype=torch.int32)
+    offsets = torch.zeros(e + 1, dtype=torch.int32)
+    offsets[1:] = counts.cumsum(0)
+    xr = randn_like_activations(int(counts.sum()), k, dtype=torch.bfloat16, device="cuda", seed=23)
+    xrq = quantize(xr, fmt)
+    xrd = xrq.dequantize(torch.float32).double()
+    plan = bs.explain("grouped_gemm", xrq, wg, offsets=offsets.cuda(), out_dtype=torch.float32)
+    assert plan.kernel == "hopper_stream", plan
+    y = bs.grouped_gemm(xrq, wg, offsets=offsets.cuda(), out_dtype=torch.float32)
+    refg = torch.cat([xrd[offsets[i]:offsets[i + 1]] @ wd[i].T for i in range(e)])
+    assert_gemm_close(y, refg, fmt, torch.float32, what="grouped contiguous W x A")
+    max_m = 8
+    xm = torch.zeros(e, max_m, k, dtype=torch.bfloat16, device="cuda")
+    for i in range(e):
+        xm[i, :counts[i]] = xr[offsets[i]:offsets[i + 1]]
+    xmq = quantize(xm, fmt, global_scale=xrq.global_scale) if fmt == "nvfp4" else quantize(xm, fmt)
+    xmd = xmq.dequantize(torch.float32).double()
+    out = torch.full((e, max_m, n), float("nan"), dtype=torch.float32, device="cuda")
+    bs.grouped_gemm(xmq, wg, masked_m=counts.cuda(), out=out, expected_m=2)
+    for i in range(e):
+        c = int(counts[i])
+        if c:
+            assert_gemm_close(out[i, :c], xmd[i, :c] @ wd[i].T, fmt, torch.float32, what=f"masked W x A e={i}")
 
 
 def test_mxfp8_extreme_scales_nan_codes_and_subnormals():

@@ -66,7 +66,8 @@ def _descriptor(cls, base, shape, strides, block, layout):
 
 def launch_stream(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, w_gs, fmt_name: str, k: int,
                   out: torch.Tensor, cfg: GemmConfig, seg: torch.Tensor | None = None, grouping: int = 0,
-                  x_gs: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> None:
+                  x_scale: torch.Tensor | None = None, x_gs: torch.Tensor | None = None,
+                  bias: torch.Tensor | None = None) -> None:
     """One launch over ``out``. Dense (``grouping`` 0): (64-row tiles) x (K splits) programs over
     ``out [M, N]``. Grouped (1 contiguous: ``seg`` = offsets [E+1], x [sum_m, K], out [sum_m, N];
     2 masked: ``seg`` = counts [E], x [E, max_m, K], out [E, max_m, N]): experts x 64-row tiles
@@ -75,9 +76,11 @@ def launch_stream(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, 
     x: bf16 (K contiguous); w_data: packed e2m1 ``[(E,) N, K / 2]`` (mxfp4 / nvfp4) or e4m3
     ``[(E,) N, K]`` (mxfp8), 16-byte aligned rows; w_scale: uint8 E8M0 ``[(E,) N, K / 32]`` (mx) or
     e4m3 ``[(E,) N, K / 16]`` (nvfp4); w_gs: the nvfp4 global scale (0-d or one per expert, fp32)
-    or None; out: bf16 / fp16 / fp32, unit column stride; x_gs: quantized nvfp4 activations'
-    global scale (0-d fp32; ``x`` is then their exact bf16 dequantization with a unit global
-    scale: ``ops.gemm.stream_activations``) or None; bias: [N] (dense only) or None.
+    or None; out: bf16 / fp16 / fp32, unit column stride; bias: [N] (dense only) or None.
+    Quantized activations (W x A, the weight's format): ``x`` their data (packed e2m1
+    ``[..., K / 2]`` uint8 or e4m3 ``[..., K]``, rows 4-byte aligned), ``x_scale`` their 1 x 32 /
+    1 x 16 block scales ``[..., K / 32 | K / 16]``, ``x_gs`` (nvfp4) their 0-d fp32 global scale;
+    the kernel decodes them in its gather.
     """
     desc_cls, kernel = _gluon()
     fmt, wps, swz = _FMT[fmt_name]
@@ -89,6 +92,15 @@ def launch_stream(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, 
     chunks = triton.cdiv(k, 128)
     gs = w_gs if w_gs is not None else w_scale  # not read unless nvfp4
     gs_per_e = w_gs is not None and w_gs.numel() > 1
+    a_quant = x_scale is not None
+    if a_quant:  # the data as int32 words (8 e2m1 / 4 e4m3 each); strides in words
+        if x.data_ptr() % 4:  # planned while torch.compile traced (no address then): say so, loudly
+            raise ValueError(f"a: the streaming kernel reads quantized activations as 4-byte words; their base "
+                             f"address is not 4-byte aligned (data_ptr % 4 = {x.data_ptr() % 4}): pass a "
+                             f"contiguous copy")
+        x = x.view(torch.int32)
+    xs = x_scale if a_quant else gs  # not read unless quantized
+    ags = x_gs if x_gs is not None else gs  # not read unless nvfp4 and quantized
     if grouping:
         if bias is not None:
             raise ValueError("bias: the grouped streaming kernel takes none")
@@ -98,11 +110,12 @@ def launch_stream(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, 
         masked = grouping == 2
         m = x.shape[1] if masked else x.shape[0]
         kernel[(e * tiles,)](
-            w_desc, w_scale, x, gs, x_gs if x_gs is not None else gs, gs, out, out, seg, seg, m, n, k, chunks, 1,
+            w_desc, w_scale, x, xs, gs, ags, gs, out, out, seg, seg, m, n, k, chunks, 1,
             w_scale.stride(-2), w_scale.stride(0), x.stride(-2), x.stride(0) if masked else 0,
+            xs.stride(-2) if a_quant else 0, xs.stride(0) if a_quant and masked else 0,
             out.stride(-2), out.stride(0) if masked else 0,
             FMT=fmt, MP=cfg.block_m, STAGES=cfg.num_stages, GROUPING=grouping, GS_PER_E=gs_per_e,
-            HAS_AGS=x_gs is not None, HAS_BIAS=False, num_warps=4)
+            A_QUANT=a_quant, HAS_BIAS=False, num_warps=4)
         return
     m = x.shape[0]
     per = triton.cdiv(chunks, cfg.split_k)
@@ -111,8 +124,8 @@ def launch_stream(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, 
     if nsplit > 1:  # flat fp32 partials [nsplit, tiles, 64, MP] (reused per stream) and zeroed counters
         part, cnt = splitk_scratch(out.device, tiles, nsplit * tiles * 64 * cfg.block_m)
     kernel[(tiles * nsplit,)](
-        w_desc, w_scale, x, gs, x_gs if x_gs is not None else gs, bias if bias is not None else gs, out, part, cnt,
-        cnt, m, n, k, per, nsplit, w_scale.stride(0), 0, x.stride(0), 0, out.stride(0), 0,
-        FMT=fmt, MP=cfg.block_m, STAGES=cfg.num_stages, GROUPING=0, GS_PER_E=False, HAS_AGS=x_gs is not None,
+        w_desc, w_scale, x, xs, gs, ags, bias if bias is not None else gs, out, part, cnt, cnt, m, n, k, per,
+        nsplit, w_scale.stride(0), 0, x.stride(0), 0, xs.stride(0) if a_quant else 0, 0, out.stride(0), 0,
+        FMT=fmt, MP=cfg.block_m, STAGES=cfg.num_stages, GROUPING=0, GS_PER_E=False, A_QUANT=a_quant,
         HAS_BIAS=bias is not None, num_warps=4)
 

@@ -41,7 +41,7 @@ from ._explain import emit, explaining
 from .errors import OP_GROUPED_GEMM, check_metadata, check_metadata_host
 from . import _hopper
 from ._stream import launch_stream
-from .gemm import _DTYPE_NAMES, _cdiv, _dequant, _eager_ok, _one, stream_activations
+from .gemm import _DTYPE_NAMES, _cdiv, _dequant, _eager_ok, _one
 from .quantize import _pow2  # (host arithmetic, not triton's constexpr functions: ~2-5 us a call)
 from .gemm import gemm as _dense_gemm
 from ._launch import fast
@@ -329,9 +329,9 @@ def grouped_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale
     elif cfg.strategy == "stream":
         if out is None:
             out = torch.empty(_out_shape(a_data, b_data, grouping), dtype=out_dtype, device=a_data.device)
-        x, x_gs = stream_activations(a_data, a_scale, a_gs, get_format(_FMT_BY_CODE[fmt_id]), k)
-        launch_stream(x, b_data, b_scale, b_gs, _FMT_BY_CODE[fmt_id], k, out, cfg, seg=seg,
-                      grouping=grouping, x_gs=x_gs)
+        nv = get_format(_FMT_BY_CODE[fmt_id]).has_global_scale
+        launch_stream(a_data, b_data, b_scale, b_gs, _FMT_BY_CODE[fmt_id], k, out, cfg, seg=seg,
+                      grouping=grouping, x_scale=a_scale, x_gs=a_gs if a_scale is not None and nv else None)
     elif cfg.strategy == "triton":
         if out is None:
             out = torch.empty(_out_shape(a_data, b_data, grouping), dtype=out_dtype, device=a_data.device)
@@ -565,9 +565,13 @@ def grouped_plan(op: str, a, b: ScaledTensor, fmt: str, rows_per_expert: float, 
     a_row_stride = a_t.stride(-2) if a_t.ndim >= 2 and a_t.numel() else 0
     total = rows if rows is not None else (a_t.shape[0] * (a_t.shape[1] if mode == MODE_MASKED else 1))
     why = hopper_reason(a, b, out_dtype, mode, b2=b2) if dev.type == "cuda" else "needs a CUDA device"
-    # the streaming kernel reads the packed weights by TMA (and needs the Gluon kernels)
+    # the streaming kernel reads the packed weights by TMA (and needs the Gluon kernels), quantized
+    # activations as int32 words (4-byte aligned base and rows)
+    # (while torch.compile traces tensors have no address: the launcher checks the real one)
+    a_words = a_dtype is not None or ((a_row_stride * a_t.element_size()) % 4 == 0 and (
+        torch.compiler.is_compiling() or a_t.data_ptr() % 4 == 0))
     stream_tma = (why is not None and dev.type == "cuda" and fmt in ("mxfp4", "nvfp4", "mxfp8")
-               and b2 is None and _hopper.tma_2d_reason("b", b.data.reshape(-1, b.data.shape[-1])) is None
+               and b2 is None and a_words and _hopper.tma_2d_reason("b", b.data.reshape(-1, b.data.shape[-1])) is None
                and _hopper.gluon_unavailable_reason() is None)
     key = None
     if config is None:

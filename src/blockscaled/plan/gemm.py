@@ -66,7 +66,7 @@ def plan_gemm(p: Problem, dev: DeviceInfo, forced=None, *, gluon_ok: bool = True
         cfg = stream_config(p, dev)
         return Plan("gemm", "cuda", cfg, p, reasons=(
             f"{p.fmt} weight-only on {scope}" if p.weight_only else
-            f"{p.fmt} x {p.fmt} on {scope}: the activations dequantized exactly to bf16 first (one pass)",
+            f"{p.fmt} x {p.fmt} on {scope}: the activations decoded to bf16 in the kernel's gather",
             f"streaming kernel (kernels/hopper/stream.py): TMA ring of {cfg.num_stages} x "
             f"{8 if p.fmt == 'mxfp8' else 4} KB weight steps, {'e4m3' if p.fmt == 'mxfp8' else 'e2m1'} decoded in "
             f"registers into the bf16 wgmma's register operand, {p.m} activation rows padded to "

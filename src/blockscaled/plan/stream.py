@@ -1,11 +1,11 @@
 """Where the sm_90a weight-streaming kernel (kernels/hopper/stream.py) runs, and its K split.
 
 The kernel: mxfp4 / nvfp4 / mxfp8 weights x bf16 activations (weight-only; quantized activations
-of the same format are dequantized exactly to bf16 by one pass first), M <= 64, on Hopper, with a
-bias in the dense form; the quantized weights arrive by TMA and are decoded in registers straight
-into the wgmma's register operand (64 weight rows per program, 128 K per step). It takes the
-calls the decode GEMV leaves (plan/mx_gemv.py: mx M <= 2, nvfp4 M = 1 stay there); mxfp8 only
-where it measured faster than the portable tiles (``STREAM_FP8_*``).
+of the same format are decoded exactly in the kernel's gather), M <= 64, on Hopper, with a bias in
+the dense form; the quantized weights arrive by TMA and are decoded in registers straight into
+the wgmma's register operand (64 weight rows per program, 128 K per step). It takes the calls the
+decode GEMV leaves (plan/mx_gemv.py: mx M <= 2, nvfp4 M = 1 stay there); mxfp8 only where it
+measured faster than the portable tiles (``STREAM_FP8_*``).
 
 Measured (H200, one run per row, CUDA-graph replays, inputs rotated past L2, every output checked
 against float64: benchmarks/results/h200/archive/fp4-stream-ab-20261127.json, from an A/B script
@@ -43,9 +43,9 @@ __all__ = ["STREAM_FORMATS", "STREAM_ACTIVATIONS", "STREAM_MAX_M", "STREAM_MP", 
            "stream_split", "stream_config", "stream_reason", "grouped_stream_reason", "grouped_stream_config"]
 
 STREAM_FORMATS = ("mxfp4", "nvfp4", "mxfp8")
-#: Problem.a values it takes: bf16 (weight-only) and quantized (W x A: the activations, <= 64 rows,
-#: are dequantized to bf16 by one exact pass first: ops/gemm.py ``stream_activations``). fp16
-#: activations would need an fp16 wgmma and fp16 weights, where e2m1 x E8M0 is not exact.
+#: Problem.a values it takes: bf16 (weight-only) and quantized (W x A: the kernel decodes the
+#: activations, <= 64 rows, in its gather, exactly, as it decodes the weights). fp16 activations
+#: would need an fp16 wgmma and fp16 weights, where e2m1 x E8M0 is not exact.
 STREAM_ACTIVATIONS = ("bfloat16", "quantized")
 #: activation rows padded to the wgmma N (its minimum is 8)
 STREAM_MP = (8, 16, 32, 64)
@@ -98,7 +98,7 @@ def stream_reason(p: Problem, dev: DeviceInfo, gluon_ok: bool) -> str | None:
     if not _TRITON_OK:
         return f"triton {'.'.join(map(str, _triton_release()))} (checked on {STREAM_TRITON})"
     if p.a not in STREAM_ACTIVATIONS:
-        return f"{p.a} activations (it takes bf16 or quantized {p.fmt}, dequantized exactly to bf16 first)"
+        return f"{p.a} activations (it takes bf16 or quantized {p.fmt}, decoded in the kernel)"
     if p.op != "gemm" or p.grouping != "dense":
         return "not a dense GEMM"
     if not 1 <= p.m <= STREAM_MAX_M:

@@ -191,6 +191,56 @@ def _x_chunk(x_ptr, rows, row_ok, g, j, k0, K, stride_xm, MP: gl.constexpr, FMT:
 
 
 @gluon.jit
+def _xq_chunk(x_ptr, xs_ptr, rows, row_ok, k0, K, stride_xm, stride_xsm, MP: gl.constexpr, FMT: gl.constexpr):
+    """Quantized activations (W x A, the weight's format) of the chunk at k0, decoded to bf16 in the
+    wgmma's K order ([MP, 128]) as the weights are: ``x_ptr`` int32 words of the packed data (8 e2m1
+    or 4 e4m3 per word), ``xs_ptr`` their block scales (row stride ``stride_xsm``). A thread takes
+    the 8 physical elements p = 8g + j of (row, g) as the bf16 path does (one word of e2m1, two of
+    e4m3), decodes them with the weights' code (nvfp4: times 2**-8 like the weights, undone in the
+    epilogue) and permutes them to q as the bf16 path does. Past K / M: zero codes."""
+    NW: gl.constexpr = 2 if FMT == _FMT_MXFP8 else 1  # words per (row, g)
+    WL: gl.constexpr = gl.BlockedLayout([1, 1, NW], [2, 16, 1], [4, 1, 1], [2, 1, 0])  # [MP, g, word]
+    SL: gl.constexpr = gl.SliceLayout(2, WL)  # [MP, g]: one scale block per (row, g)
+    r = gl.convert_layout(rows, gl.SliceLayout(1, SL))
+    rok = gl.convert_layout(row_ok, gl.SliceLayout(1, SL))
+    g = gl.arange(0, 16, layout=gl.SliceLayout(0, SL))
+    gw = gl.arange(0, 16, layout=gl.SliceLayout(1, gl.SliceLayout(0, WL)))
+    wd = gl.arange(0, NW, layout=gl.SliceLayout(0, gl.SliceLayout(0, WL)))
+    col = ((k0 // 8 + gw) * NW)[:, None] + wd[None, :]  # [16, NW] word index in the row
+    ok = rok[:, None, None] & ((k0 + g * 8) < K)[None, :, None]
+    words = gl.load(x_ptr + r.to(gl.int64)[:, None, None] * stride_xm + col[None, :, :], mask=ok, other=0)
+    srow = (gl.where(rok, r, 0).to(gl.int64) * stride_xsm)[:, None]  # rows past M: row 0's scales
+    if FMT == _FMT_NVFP4:
+        fac = _scale_factor(xs_ptr, srow, (k0 // 16 + g // 2)[None, :], gl.cdiv(K, 16), FMT)
+    else:
+        fac = _scale_factor(xs_ptr, srow, (k0 // 32 + g // 4)[None, :], gl.cdiv(K, 32), FMT)
+    fac = gl.expand_dims(fac, 2)
+    if FMT == _FMT_MXFP8:
+        p0, p1 = gl.inline_asm_elementwise(_DECODE_E4M3, "=r,=r,r,r", [words, fac], dtype=(gl.int32, gl.int32),
+                                           is_pure=True, pack=1)
+        pr = gl.join(p0, p1)  # [MP, g, word, b]: element 4 word + 2b (+ h below)
+    else:
+        if FMT == _FMT_NVFP4:
+            p0, p1, p2, p3 = gl.inline_asm_elementwise(_DECODE_NV, "=r,=r,=r,=r,r,r", [words, fac],
+                                                       dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
+                                                       is_pure=True, pack=1)
+        else:
+            p0, p1, p2, p3 = gl.inline_asm_elementwise(_DECODE_MX, "=r,=r,=r,=r,r,r", [words, fac],
+                                                       dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
+                                                       is_pure=True, pack=1)
+        pr = gl.join(gl.join(p0, p2), gl.join(p1, p3))  # [MP, g, 1, a1, a0]: pair j = 2 a1 + a0 is (j, j + 4)
+    lo = pr.to(gl.int16)
+    hi = (pr >> 16).to(gl.int16)
+    x = gl.join(lo, hi).to(gl.bfloat16, bitcast=True)  # [..., h]
+    # m, the 4 bits of g, then the element's 3 bits: fp4 (a1, a0, h) = j [h a1 a0]; mxfp8 (word, b, h) = j
+    x = gl.reshape(x, [MP, 2, 2, 2, 2, 2, 2, 2])
+    # fp4: p = [t1 t0 i1 i0 | h a1 a0] -> q = [i1 i0 a1 a0 t1 t0 h]; mxfp8: p = [t1 t0 w2 w1 | w0 b h] ->
+    # q = [w2 w1 w0 b t1 t0 h]: with the element bits held as above, one permutation serves both
+    x = gl.permute(x, (0, 3, 4, 5, 6, 1, 2, 7))
+    return gl.reshape(x, [MP, CHUNK])
+
+
+@gluon.jit
 def _scale_factor(ws_ptr, srow, scol, ncol, FMT: gl.constexpr):
     """bf16x2 factor (int32 bits, both halves equal) of the block scales at srow / scol; columns
     >= ncol (the K tail's zero-filled codes) read as 0 (nvfp4) / 2**0 (mxfp4: E8M0 127), never
@@ -208,11 +258,23 @@ def _scale_factor(ws_ptr, srow, scol, ncol, FMT: gl.constexpr):
 
 
 @gluon.jit
-def _k_loop(w_desc, w_bufs, x_bufs, bars, step0, w_row, ws_ptr, srow, scol, ncol, x_base, x_ok, xr, xg, xj,
-            stride_xm, K, c_lo, n_c, num_c, FMT: gl.constexpr, MP: gl.constexpr, STAGES: gl.constexpr):
+def _acts(x_base, xs_base, xr, x_ok, xg, xj, k0, K, stride_xm, stride_xsm, MP: gl.constexpr, FMT: gl.constexpr,
+          A_QUANT: gl.constexpr):
+    """The activation chunk at k0 as the wgmma's B operand (bf16 [MP, 128] in K order q)."""
+    if A_QUANT:
+        return _xq_chunk(x_base, xs_base, xr, x_ok, k0, K, stride_xm, stride_xsm, MP, FMT)
+    else:
+        return _x_chunk(x_base, xr, x_ok, xg, xj, k0, K, stride_xm, MP, FMT)
+
+
+@gluon.jit
+def _k_loop(w_desc, w_bufs, x_bufs, bars, step0, w_row, ws_ptr, srow, scol, ncol, x_base, xs_base, x_ok, xr, xg,
+            xj, stride_xm, stride_xsm, K, c_lo, n_c, num_c, FMT: gl.constexpr, MP: gl.constexpr,
+            STAGES: gl.constexpr, A_QUANT: gl.constexpr):
     """acc [64, MP] = the weight tile at TMA row ``w_row`` (K steps c_lo .. c_lo + n_c) times the
-    activation rows ``x_base + xr * stride_xm`` (``x_ok`` masks them). ``step0``: TMA steps this
-    program ran before (ring slot and barrier phase continue from it)."""
+    activation rows ``x_base + xr * stride_xm`` (``x_ok`` masks them; A_QUANT: quantized, scales at
+    ``xs_base + xr * stride_xsm``). ``step0``: TMA steps this program ran before (ring slot and
+    barrier phase continue from it)."""
     L4: gl.constexpr = word_layout()
     L2: gl.constexpr = word2_layout()
     L8: gl.constexpr = word8_layout()
@@ -227,7 +289,7 @@ def _k_loop(w_desc, w_bufs, x_bufs, bars, step0, w_row, ws_ptr, srow, scol, ncol
         tma_load(w_desc, [w_row, (c_lo + i) * WPS], bars.index(s0), w_bufs.index(s0), pred=i < n_c)
     f_cur = _scale_factor(ws_ptr, srow, scol + c_lo * SPC, ncol, FMT)
     f_nxt = _scale_factor(ws_ptr, srow, scol + gl.minimum(c_lo + 1, num_c - 1) * SPC, ncol, FMT)
-    x_cur = _x_chunk(x_base, xr, x_ok, xg, xj, c_lo * CHUNK, K, stride_xm, MP, FMT)
+    x_cur = _acts(x_base, xs_base, xr, x_ok, xg, xj, c_lo * CHUNK, K, stride_xm, stride_xsm, MP, FMT, A_QUANT)
     acc = gl.zeros((BLOCK_N, MP), dtype=gl.float32, layout=acc_l)
     for it in range(n_c):
         g = step0 + it
@@ -235,7 +297,8 @@ def _k_loop(w_desc, w_bufs, x_bufs, bars, step0, w_row, ws_ptr, srow, scol, ncol
         xb = x_bufs.index(it % 2)
         xb.store(x_cur)
         if it + 1 < n_c:
-            x_cur = _x_chunk(x_base, xr, x_ok, xg, xj, (c_lo + it + 1) * CHUNK, K, stride_xm, MP, FMT)
+            x_cur = _acts(x_base, xs_base, xr, x_ok, xg, xj, (c_lo + it + 1) * CHUNK, K, stride_xm, stride_xsm, MP,
+                          FMT, A_QUANT)
         f_use = f_cur
         f_cur = f_nxt
         f_nxt = _scale_factor(ws_ptr, srow, scol + gl.minimum(c_lo + it + 2, num_c - 1) * SPC, ncol, FMT)
@@ -298,18 +361,20 @@ def _decode_fp4(w2, f_use, FMT: gl.constexpr):
 
 # M and the steps per split follow the call (decode M, contiguous sum_m): one build serves them all
 @gluon.jit(do_not_specialize=["M", "kc_per_split"])
-def stream_kernel(w_desc, ws_ptr, x_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_ptr, cnt_ptr, seg_ptr, M, N, K,
-                  kc_per_split, SPLIT, stride_wsn, stride_wse, stride_xm, stride_xe, stride_cm, stride_ce,
-                  FMT: gl.constexpr, MP: gl.constexpr, STAGES: gl.constexpr, GROUPING: gl.constexpr,
-                  GS_PER_E: gl.constexpr, HAS_AGS: gl.constexpr, HAS_BIAS: gl.constexpr,
+def stream_kernel(w_desc, ws_ptr, x_ptr, xs_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_ptr, cnt_ptr, seg_ptr, M, N,
+                  K, kc_per_split, SPLIT, stride_wsn, stride_wse, stride_xm, stride_xe, stride_xsm, stride_xse,
+                  stride_cm, stride_ce, FMT: gl.constexpr, MP: gl.constexpr, STAGES: gl.constexpr,
+                  GROUPING: gl.constexpr, GS_PER_E: gl.constexpr, A_QUANT: gl.constexpr, HAS_BIAS: gl.constexpr,
                   num_warps: gl.constexpr):
     """Dense (GROUPING 0): one program per (64 weight rows, K split); ``w_desc``: TMA boxes [64, 16]
     of the packed weights viewed as int32 [N, K / 8] (mxfp8: boxes [64, 32] of [N, K / 4], 128-byte
     swizzle); ``ws_ptr``: uint8 E8M0 [N, K / 32] (mx) or e4m3 [N, K / 16] (nvfp4) block scales, row stride ``stride_wsn``; ``x_ptr``: bf16 [M, K]
     (K contiguous, M <= MP); ``gs_ptr``: nvfp4's fp32 global scale (any pointer for mxfp4);
-    ``ags_ptr`` (HAS_AGS, nvfp4): the activations' fp32 global scale, for quantized activations the
-    host dequantized to bf16 without it (exact: e2m1 x e4m3); ``bias_ptr`` (HAS_BIAS, dense only):
-    [N] added in fp32 before the output's rounding;
+    A_QUANT: ``x_ptr`` holds quantized activations of the weight's format as int32 words of their
+    data ([M, K / 8] e2m1, [M, K / 4] e4m3; strides in words), ``xs_ptr`` their block scales (row
+    stride ``stride_xsm``, expert stride ``stride_xse``), decoded in the gather (``_xq_chunk``);
+    ``ags_ptr`` (nvfp4 with A_QUANT): their fp32 global scale; ``bias_ptr`` (HAS_BIAS, dense
+    only): [N] added in fp32 before the output's rounding;
     ``c_ptr``: [M, N] (N contiguous); ``part_ptr`` / ``cnt_ptr``: the split-K workspace fp32
     [SPLIT, tiles, 64, MP] and int32 zeros [tiles] (SPLIT > 1). Every split non-empty (the host).
 
@@ -350,6 +415,7 @@ def stream_kernel(w_desc, ws_ptr, x_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_
     n_c = gl.minimum(kc_per_split, num_c - c_lo)
     e64 = e.to(gl.int64)
     x_base = x_ptr + e64 * stride_xe + row0.to(gl.int64) * stride_xm
+    xs_base = xs_ptr + e64 * stride_xse + row0.to(gl.int64) * stride_xsm
     c_base = c_ptr + e64 * stride_ce + row0.to(gl.int64) * stride_cm
     ws_e = ws_ptr + e64 * stride_wse
     w_row = e * N + off_n
@@ -397,15 +463,16 @@ def stream_kernel(w_desc, ws_ptr, x_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_
             gb = gl.load(gs_ptr + e).to(gl.float32)
         else:
             gb = gl.load(gs_ptr).to(gl.float32)
-        if HAS_AGS:
-            gb = gb * gl.load(ags_ptr).to(gl.float32)
-        out_scale = gl.div_rn(gl.full([], 256.0, gl.float32), gb)
+        if A_QUANT:  # the activations' global scale, and their 2**-8 decode factor as the weights'
+            out_scale = gl.div_rn(gl.full([], 65536.0, gl.float32), gb * gl.load(ags_ptr).to(gl.float32))
+        else:
+            out_scale = gl.div_rn(gl.full([], 256.0, gl.float32), gb)
 
     if GROUPING == 0:
         # dense: M <= MP, one row block (no loop: the loop nest cost ~75 registers per thread in
         # the sm_90 build, 77 -> 151, and with them programs per SM)
-        acc = _k_loop(w_desc, w_bufs, x_bufs, bars, 0, w_row, ws_e, srow, scol, ncol, x_base, xr < m_e, xr, xg, xj,
-                      stride_xm, K, c_lo, n_c, num_c, FMT, MP, STAGES)
+        acc = _k_loop(w_desc, w_bufs, x_bufs, bars, 0, w_row, ws_e, srow, scol, ncol, x_base, xs_base, xr < m_e, xr,
+                      xg, xj, stride_xm, stride_xsm, K, c_lo, n_c, num_c, FMT, MP, STAGES, A_QUANT)
         if FMT == _FMT_NVFP4:
             acc = acc * out_scale
         if HAS_BIAS:  # loaded after the K loop: no registers held across it
@@ -439,8 +506,9 @@ def stream_kernel(w_desc, ws_ptr, x_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_
         for rb in range(gl.cdiv(m_e, MP)):
             rows_left = m_e - rb * MP
             acc = _k_loop(w_desc, w_bufs, x_bufs, bars, rb * n_c, w_row, ws_e, srow, scol, ncol,
-                          x_base + (rb * MP).to(gl.int64) * stride_xm, xr < rows_left, xr, xg, xj,
-                          stride_xm, K, c_lo, n_c, num_c, FMT, MP, STAGES)
+                          x_base + (rb * MP).to(gl.int64) * stride_xm, xs_base + (rb * MP).to(gl.int64) * stride_xsm,
+                          xr < rows_left, xr, xg, xj, stride_xm, stride_xsm, K, c_lo, n_c, num_c, FMT, MP, STAGES,
+                          A_QUANT)
             if FMT == _FMT_NVFP4:
                 acc = acc * out_scale
             mask = (r < N - off_n)[:, None] & (c < rows_left)[None, :]
