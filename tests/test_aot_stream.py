@@ -40,7 +40,8 @@ def sig(out, fmt, aq):
             "stride_wse": "i32", "stride_xm": "i32", "stride_xe": "i32", "stride_xsm": "i32", "stride_xse": "i32",
             "stride_cm": "i32", "stride_ce": "i32",
             "FMT": "constexpr", "MP": "constexpr", "STAGES": "constexpr", "GROUPING": "constexpr",
-            "GS_PER_E": "constexpr", "A_QUANT": "constexpr", "HAS_BIAS": "constexpr", "num_warps": "constexpr"}
+            "GS_PER_E": "constexpr", "A_QUANT": "constexpr", "HAS_AGS": "constexpr", "HAS_BIAS": "constexpr",
+            "num_warps": "constexpr"}
 
 out = {}
 NAMES = {1: "mxfp8", 2: "mxfp4", 3: "nvfp4"}
@@ -54,6 +55,9 @@ for fmt, mp, st, cdt, gr, aq in [(2, 8, 6, "*bf16", 0, 0), (2, 64, 6, "*fp32", 0
         k = triton.compile(GluonASTSource(F.stream_kernel, sig(cdt, fmt, aq),
                                           constexprs={"FMT": fmt, "MP": mp, "STAGES": st, "GROUPING": gr,
                                                       "GS_PER_E": gr == 2, "A_QUANT": bool(aq),
+                                                      # nvfp4: the activations' global scale (decoded
+                                                      # or dequantized first: both builds)
+                                                      "HAS_AGS": fmt == 3,
                                                       "HAS_BIAS": gr == 0 and mp != 8, "num_warps": 4}),
                            target=TGT, options={"num_warps": 4})
     except Exception as e:

@@ -256,19 +256,33 @@ def test_stream_mxfp8_rule(stream_on):
 
 
 def test_stream_takes_w_x_a_and_bias(stream_on):
-    """Quantized activations of the weight's format (decoded in the kernel's gather: the
-    explanation says so) and a bias (added in the dense epilogue) take the streaming kernel with the
-    weight-only plan's tiles; the grouped form takes quantized activations too."""
+    """Quantized activations of the weight's format and a bias (added in the dense epilogue) take
+    the streaming kernel with the weight-only plan's tiles; quantized activations are decoded in
+    the kernel's gather up to STREAM_GATHER_MAX_MP padded rows of fp4 and dequantized by one pass
+    above it and for mxfp8 (``dequant_a``; the explanation says which); the grouped form takes
+    quantized activations too, by the same rule."""
+    import dataclasses
+
     from blockscaled.plan.grouped import plan_grouped
+    from blockscaled.plan.stream import STREAM_GATHER_MAX_MP
 
     for fmt in ("mxfp4", "nvfp4"):
         for m in (3, 16, 64):
             wo = _wo(fmt, m)
-            for plan in (_wo(fmt, m, a="quantized"), _wo(fmt, m, bias=True), _wo(fmt, m, a="quantized", bias=True)):
-                assert plan.kernel == "hopper_stream" and plan.config == wo.config, (fmt, m, plan)
-        assert "decoded to bf16 in the kernel's gather" in str(_wo(fmt, 16, a="quantized"))
-        g = Problem("grouped", fmt, 64, 5760, 2880, "quantized", "float32", False, 1, "contiguous", 128, 0.5)
-        assert plan_grouped(g, H100_SXM, hopper_why="not fp8_block").kernel == "hopper_stream"
+            assert not wo.config.dequant_a
+            pre = wo.config.block_m > STREAM_GATHER_MAX_MP[fmt]
+            assert pre == (m == 64)
+            for plan in (_wo(fmt, m, a="quantized"), _wo(fmt, m, a="quantized", bias=True)):
+                assert plan.kernel == "hopper_stream" and plan.config == dataclasses.replace(wo.config, dequant_a=pre)
+                assert ("dequantized exactly to bf16 by one pass first" if pre else
+                        "decoded to bf16 in the kernel's gather") in str(plan), plan
+            assert _wo(fmt, m, bias=True).config == wo.config
+        for rows, pre in ((0.5, False), (12.0, True)):  # padded to 8 / 32 rows per expert block
+            g = Problem("grouped", fmt, 64, 5760, 2880, "quantized", "float32", False, 1, "contiguous", 128, rows)
+            plan = plan_grouped(g, H100_SXM, hopper_why="not fp8_block")
+            assert plan.kernel == "hopper_stream" and plan.config.dequant_a == pre, plan
+    plan = _wo("mxfp8", 16, 57344, 8192, a="quantized")
+    assert plan.kernel == "hopper_stream" and plan.config.dequant_a  # mxfp8: the pass at every M
 
 
 def test_stream_not_where_it_cannot_run(stream_on):

@@ -7,6 +7,8 @@ extreme E8M0 scales, NaN scales, determinism, CUDA graphs. Needs an sm_90 GPU (s
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -27,8 +29,9 @@ FMTS = ("mxfp4", "nvfp4", "mxfp8")
 @pytest.fixture
 def planned_for_every_format(monkeypatch):
     """The planner's mxfp8 limits (plan/stream.py: small weights and weight-only above 16 rows
-    keep the portable tiles; no grouped mxfp8) lifted, plan memos cleared: the planned path runs
-    the kernel for every format here. Where the planner uses it: tests/test_planner.py."""
+    keep the portable tiles; no grouped mxfp8; its activations always dequantized first) lifted,
+    plan memos cleared: the planned path runs the kernel, both ways, for every format here. Where
+    the planner uses it: tests/test_planner.py."""
     from blockscaled.ops import gemm as ops_gemm
     from blockscaled.ops import grouped as ops_grouped
     from blockscaled.plan import stream as plan_stream
@@ -37,6 +40,7 @@ def planned_for_every_format(monkeypatch):
     monkeypatch.setattr(plan_stream, "STREAM_FP8_MIN_BYTES", 0)
     monkeypatch.setattr(plan_stream, "STREAM_FP8_WO_MAX_M", 64)
     monkeypatch.setattr(plan_stream, "STREAM_GROUPED_FORMATS", FMTS)
+    monkeypatch.setattr(plan_stream, "STREAM_GATHER_MAX_MP", {f: 16 for f in FMTS})
 
     def clear():
         plan_gemm.cache_clear()
@@ -130,8 +134,9 @@ def test_extreme_and_nan_scales():
 
 @pytest.mark.parametrize("fmt", FMTS)
 def test_w_x_a_and_bias(fmt, planned_for_every_format):
-    """Quantized activations of the weight's format (W x A: decoded in the kernel's gather, nvfp4's
-    activation global scale applied in the epilogue beside the weight's) and a bias (bf16 / fp32,
+    """Quantized activations of the weight's format (W x A: decoded in the kernel's gather or
+    dequantized to bf16 first, ``dequant_a``, as planned and forced; nvfp4's activation global
+    scale applied in the epilogue beside the weight's) and a bias (bf16 / fp32,
     added in fp32 in the epilogue, also by the split-K last arriver), through the planner
     (``bs.linear``: explain names the kernel) and forced splits; against the float64 reference."""
     n, k = 5760, 2880
@@ -147,10 +152,11 @@ def test_w_x_a_and_bias(fmt, planned_for_every_format):
                 ref = ref_gemm_mod.gemm(a, w, bias=b)
                 y = bs.gemm(a, w, bias=b)
                 assert_gemm_close(y, ref, fmt, torch.bfloat16, what=f"m={m} wo={wo} bias={b is not None}")
-                for split in (1, 3):
+                for split, dq in ((1, False), (3, True)):  # quantized activations: decoded in the gather / first
                     out = torch.full((m, n), float("nan"), dtype=torch.float32, device="cuda")
-                    bs.gemm(a, w, torch.float32, out=out, config=_cfg(m, split), bias=b)
-                    assert_gemm_close(out, ref, fmt, torch.float32, what=f"m={m} wo={wo} split={split}")
+                    cfg = dataclasses.replace(_cfg(m, split), dequant_a=dq)
+                    bs.gemm(a, w, torch.float32, out=out, config=cfg, bias=b)
+                    assert_gemm_close(out, ref, fmt, torch.float32, what=f"m={m} wo={wo} split={split} dq={dq}")
         if m == 16:  # the linear layer path (quantizes x itself) plans it too, and replays in a graph
             plan = bs.explain("linear", x, w, bias)
             assert plan.kernel == "hopper_stream", plan
@@ -210,6 +216,18 @@ def test_w_x_a_decoded_in_the_gather(fmt, planned_for_every_format):
     y = bs.grouped_gemm(xrq, wg, offsets=offsets.cuda(), out_dtype=torch.float32)
     refg = torch.cat([xrd[offsets[i]:offsets[i + 1]] @ wd[i].T for i in range(e)])
     assert_gemm_close(y, refg, fmt, torch.float32, what="grouped contiguous W x A")
+    assert not plan.config.dequant_a  # ~2 rows per expert: the gather
+    # ~9 rows per expert (padded to 32 > STREAM_GATHER_MAX_MP): the activations dequantized first
+    c2 = torch.tensor([0, 9, 20, 0, 13, 12], dtype=torch.int32)
+    o2 = torch.zeros(e + 1, dtype=torch.int32)
+    o2[1:] = c2.cumsum(0)
+    x2q = quantize(randn_like_activations(int(c2.sum()), k, dtype=torch.bfloat16, device="cuda", seed=24), fmt)
+    x2d = x2q.dequantize(torch.float32).double()
+    plan = bs.explain("grouped_gemm", x2q, wg, offsets=o2.cuda(), out_dtype=torch.float32)
+    assert plan.kernel == "hopper_stream" and plan.config.dequant_a, plan
+    y = bs.grouped_gemm(x2q, wg, offsets=o2.cuda(), out_dtype=torch.float32)
+    ref2 = torch.cat([x2d[o2[i]:o2[i + 1]] @ wd[i].T for i in range(e)])
+    assert_gemm_close(y, ref2, fmt, torch.float32, what="grouped contiguous W x A, dequantized first")
     max_m = 8
     xm = torch.zeros(e, max_m, k, dtype=torch.bfloat16, device="cuda")
     for i in range(e):
@@ -217,7 +235,7 @@ def test_w_x_a_decoded_in_the_gather(fmt, planned_for_every_format):
     xmq = quantize(xm, fmt, global_scale=xrq.global_scale) if fmt == "nvfp4" else quantize(xm, fmt)
     xmd = xmq.dequantize(torch.float32).double()
     out = torch.full((e, max_m, n), float("nan"), dtype=torch.float32, device="cuda")
-    bs.grouped_gemm(xmq, wg, masked_m=counts.cuda(), out=out, expected_m=2)
+    bs.grouped_gemm(xmq, wg, masked_m=counts.cuda(), out=out, out_dtype=torch.float32, expected_m=2)
     for i in range(e):
         c = int(counts[i])
         if c:

@@ -99,3 +99,29 @@ def test_m_derived_ints_are_not_specialised():
     skipped = {params[i] if isinstance(i, int) else i for i in k.do_not_specialize}
     assert {"num_pid_m", "split_from"} <= skipped, skipped
 
+
+def test_warmup_covers_the_stream_prepass_tiles(device, monkeypatch):
+    """Quantized activations that a streaming-kernel plan dequantizes first (W x A, ``dequant_a``): that
+    pass's kernel tiles follow M (small K: 4 / 8 / 16 rows per program), so warm-up runs every
+    distinct (plan, pre-pass tiles) pair, not only every plan. Planned as on an H100 (stubbed: the
+    streaming kernel needs one), launches recorded."""
+    import importlib
+
+    from blockscaled.config import GemmConfig
+    from blockscaled.ops.quantize import dequant_tiles
+    from blockscaled.plan import Plan
+
+    wu = importlib.import_module("blockscaled.warmup")  # the module (bs.warmup is its function)
+    w = bs.quantize(torch.randn(64, 256, dtype=torch.bfloat16, device=device), "mxfp4")
+    for dequant_a in (True, False):
+        cfg = GemmConfig(block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=2, split_k=1,
+                         strategy="stream", dequant_a=dequant_a)
+        monkeypatch.setattr(wu, "make_plan", lambda problem, dev, cfg=cfg: Plan("gemm", "cuda", cfg, problem))
+        ran = []
+        monkeypatch.setattr(wu, "linear", lambda x, w, bias=None, weight_only=False: ran.append(x.shape[0]))
+        wu.warmup(w, max_tokens=64, progress=False)
+        need = {dequant_tiles("mxfp4", m, 256) for m in range(1, 65)}
+        if dequant_a:
+            assert len(need) > 2 and {dequant_tiles("mxfp4", m, 256) for m in ran} == need, (ran, need)
+        else:  # decoded in the kernel's gather: no pre-pass, so fewer calls (the quantizer's tiles remain)
+            assert len(set(ran)) < 64, ran

@@ -21,7 +21,7 @@ from .nn.experts import Experts
 from .ops.gemm import gemm_problem, make_plan
 from .ops.linear import linear
 from .ops.moe import permute_block
-from .ops.quantize import activation_tiles
+from .ops.quantize import activation_tiles, dequant_tiles
 from .tensor import ScaledTensor
 
 __all__ = ["warmup", "WarmupReport"]
@@ -87,6 +87,16 @@ def _top_k(model: torch.nn.Module, top_k: int | None) -> int:
     return max(ks, default=1)
 
 
+def _prepass(plan, act_format, m: int, k: int):
+    """The tiles of the exact bf16 dequantization that a streaming-kernel plan with
+    ``dequant_a`` runs first on quantized activations (``ops.gemm.stream_activations``; its
+    kernel's tiles follow the rows), else None."""
+    cfg = plan.config
+    if act_format is None or getattr(cfg, "strategy", None) != "stream" or not cfg.dequant_a:
+        return None
+    return dequant_tiles(act_format, m, k)
+
+
 def _m_grid(max_tokens: int) -> list[int]:
     """Token counts whose plans stand for all M <= max_tokens: 1..64 each (decode: the plans change
     often there), then every multiple of 16 and its neighbour (Triton specialises on M % 16)."""
@@ -140,7 +150,7 @@ def warmup(model_or_weights, max_tokens: int = 8192, *, activations: torch.dtype
             if plan.backend == "reference":
                 continue
             quant = None if weight_only else activation_tiles(fmt, m, k, w.device)
-            key = (plan, m == 1, m % 16 == 0, quant)
+            key = (plan, m == 1, m % 16 == 0, quant, _prepass(plan, None if weight_only else fmt, m, k))
             lo, hi = groups.get(key, (m, m))
             groups[key] = (min(lo, m), max(hi, m))
         for (plan, *_), (lo, hi) in groups.items():
@@ -157,8 +167,9 @@ def warmup(model_or_weights, max_tokens: int = 8192, *, activations: torch.dtype
             quant = None if ex.act_format is None else tuple(
                 activation_tiles(ex.act_format, r, d, ex.w_gate.data.device) for d in (ex.hidden, ex.intermediate))
             # (the permutation kernel's size follows the rows too: ops/moe.py::permute_block)
+            pre = tuple(_prepass(p, ex.act_format, r, p.problem.k if p.problem else 0) for p in plans)
             key = (tuple(p.describe() for p in plans), r == 1, r % 16 == 0, quant,
-                   permute_block(r, ex.w_gate.data.device))
+                   permute_block(r, ex.w_gate.data.device), pre)
             lo, hi = groups.get(key, (r, r))
             groups[key] = (min(lo, r), max(hi, r))
         for (descs, *_), (lo, hi) in groups.items():

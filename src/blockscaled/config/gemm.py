@@ -85,6 +85,10 @@ class GemmConfig:
         padding A to the 64-row wgmma); a quantized A, or a dense (weight-only) A with
         promote=False (the bf16-dequantized weight is then the wgmma's register operand); with
         128x128 weight blocks block_n must divide 128. The grouped kernels ignore it.
+    dequant_a: strategy "stream" with quantized activations only: dequantize them exactly to
+        bf16 in one pass before the kernel (True) instead of decoding them in the kernel's
+        gather, where every 64-weight-row program decodes all of them again (False; see
+        plan/stream.py ``STREAM_GATHER_MAX_MP`` for where each wins). Ignored for bf16 activations.
     """
 
     block_m: int = 128
@@ -97,6 +101,7 @@ class GemmConfig:
     promote: bool | None = None
     group_m: int = 8
     swap_ab: bool = False
+    dequant_a: bool = False
 
     def __post_init__(self) -> None:
         # field types first: the eager path hands the object to the kernels as it is, and the
@@ -105,7 +110,7 @@ class GemmConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool):
                 raise TypeError(f"GemmConfig.{name}: expected an int, got {type(v).__name__} {v!r}")
-        for name in ("swap_ab",):
+        for name in ("swap_ab", "dequant_a"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"GemmConfig.{name}: expected a bool, got {getattr(self, name)!r}")
         if self.promote is not None and not isinstance(self.promote, bool):
@@ -115,6 +120,9 @@ class GemmConfig:
         if self.strategy == "gemv":
             self._check_gemv()
             return
+        if self.dequant_a and self.strategy != "stream":
+            raise ValueError(f"GemmConfig.dequant_a: only strategy 'stream' dequantizes the activations first, "
+                             f"got strategy {self.strategy!r}")
         if self.strategy == "stream":
             self._check_stream()
             return

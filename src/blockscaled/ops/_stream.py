@@ -77,10 +77,12 @@ def launch_stream(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, 
     ``[(E,) N, K]`` (mxfp8), 16-byte aligned rows; w_scale: uint8 E8M0 ``[(E,) N, K / 32]`` (mx) or
     e4m3 ``[(E,) N, K / 16]`` (nvfp4); w_gs: the nvfp4 global scale (0-d or one per expert, fp32)
     or None; out: bf16 / fp16 / fp32, unit column stride; bias: [N] (dense only) or None.
-    Quantized activations (W x A, the weight's format): ``x`` their data (packed e2m1
-    ``[..., K / 2]`` uint8 or e4m3 ``[..., K]``, rows 4-byte aligned), ``x_scale`` their 1 x 32 /
-    1 x 16 block scales ``[..., K / 32 | K / 16]``, ``x_gs`` (nvfp4) their 0-d fp32 global scale;
-    the kernel decodes them in its gather.
+    Quantized activations (W x A, the weight's format), two ways (``cfg.dequant_a``, the plan's
+    choice): decoded in the kernel's gather: ``x`` their data (packed e2m1 ``[..., K / 2]`` uint8 or
+    e4m3 ``[..., K]``, rows 4-byte aligned), ``x_scale`` their 1 x 32 / 1 x 16 block scales
+    ``[..., K / 32 | K / 16]``; or dequantized first: ``x`` their exact bf16 dequantization with a
+    unit global scale (``ops.gemm.stream_activations``), ``x_scale`` None. Either way ``x_gs``
+    (nvfp4) is their 0-d fp32 global scale, applied in the epilogue.
     """
     desc_cls, kernel = _gluon()
     fmt, wps, swz = _FMT[fmt_name]
@@ -115,7 +117,7 @@ def launch_stream(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, 
             xs.stride(-2) if a_quant else 0, xs.stride(0) if a_quant and masked else 0,
             out.stride(-2), out.stride(0) if masked else 0,
             FMT=fmt, MP=cfg.block_m, STAGES=cfg.num_stages, GROUPING=grouping, GS_PER_E=gs_per_e,
-            A_QUANT=a_quant, HAS_BIAS=False, num_warps=4)
+            A_QUANT=a_quant, HAS_AGS=x_gs is not None, HAS_BIAS=False, num_warps=4)
         return
     m = x.shape[0]
     per = triton.cdiv(chunks, cfg.split_k)
@@ -127,5 +129,5 @@ def launch_stream(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, 
         w_desc, w_scale, x, xs, gs, ags, bias if bias is not None else gs, out, part, cnt, cnt, m, n, k, per,
         nsplit, w_scale.stride(0), 0, x.stride(0), 0, xs.stride(0) if a_quant else 0, 0, out.stride(0), 0,
         FMT=fmt, MP=cfg.block_m, STAGES=cfg.num_stages, GROUPING=0, GS_PER_E=False, A_QUANT=a_quant,
-        HAS_BIAS=bias is not None, num_warps=4)
+        HAS_AGS=x_gs is not None, HAS_BIAS=bias is not None, num_warps=4)
 

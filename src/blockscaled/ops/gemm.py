@@ -353,6 +353,27 @@ def _check_stream(a2, a_s2, fmt: Format, m: int, k: int) -> None:
         raise ValueError(f"config.strategy: 'stream' takes M <= 64 and K % 32 == 0, got M={m}, K={k}")
 
 
+def stream_activations(a_data: torch.Tensor, a_scale: torch.Tensor | None, a_gs, fmt: Format, k: int,
+                       cfg: GemmConfig):
+    """The streaming kernel's activation operands ``(x, x_scale, x_gs)`` for launch_stream.
+
+    bf16 activations (``a_scale`` None, weight-only): ``(a_data, None, None)``. Quantized mxfp4 /
+    nvfp4 / mxfp8 activations (W x A) with ``cfg.dequant_a`` False: as they are, decoded in the
+    kernel's gather. With ``cfg.dequant_a`` (the plan's choice above STREAM_GATHER_MAX_MP rows):
+    dequantized to bf16 ``[..., K]`` by one pass of the dequantize kernel with a unit global scale.
+    That is exact (e2m1 x E8M0, e2m1 x e4m3 and e4m3 x E8M0 have at most 6 significant bits, bf16
+    has 8 and reaches 2**-133; only e4m3 subnormals times E8M0 scales below 2**-117 fall under
+    it), so both ways give ``dequantize(a) @ dequantize(w).T`` up to the fp32 summation order.
+    nvfp4's ``a_gs`` (0-d) goes to the kernel's epilogue either way."""
+    if a_scale is None:
+        return a_data, None, None
+    x_gs = a_gs if fmt.has_global_scale else None
+    if not cfg.dequant_a:
+        return a_data, a_scale, x_gs
+    gs = _one(a_data.device) if fmt.has_global_scale else None
+    return _dequant(a_data, a_scale, gs, fmt, (*a_data.shape[:-1], k), 1, torch.bfloat16), None, x_gs
+
+
 # --------------------------------------------------------------------------- dequant + cuBLAS
 def _dequant(data, scale, gs, fmt: Format, shape, block_rows: int, dtype) -> torch.Tensor:
     """The one call into ops/quantize.py's internal dequantize (no validation, no custom-op
@@ -582,8 +603,8 @@ def run_plan(plan: Plan, a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows: int, fmt
         return
     if cfg.strategy == "stream":
         _check_stream(a2, a_s2, fmt, m, k)
-        launch_stream(a2, b_data, b_scale, b_gs, fmt.name, k, out2, cfg, x_scale=a_s2,
-                      x_gs=a_gs if a_s2 is not None and fmt.has_global_scale else None, bias=bias)
+        x, x_scale, x_gs = stream_activations(a2, a_s2, a_gs, fmt, k, cfg)
+        launch_stream(x, b_data, b_scale, b_gs, fmt.name, k, out2, cfg, x_scale=x_scale, x_gs=x_gs, bias=bias)
         return
     a_dense = a_s2 is None
     a_dtype = a2.dtype if a_dense else None

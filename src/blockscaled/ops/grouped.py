@@ -41,7 +41,7 @@ from ._explain import emit, explaining
 from .errors import OP_GROUPED_GEMM, check_metadata, check_metadata_host
 from . import _hopper
 from ._stream import launch_stream
-from .gemm import _DTYPE_NAMES, _cdiv, _dequant, _eager_ok, _one
+from .gemm import _DTYPE_NAMES, _cdiv, _dequant, _eager_ok, _one, stream_activations
 from .quantize import _pow2  # (host arithmetic, not triton's constexpr functions: ~2-5 us a call)
 from .gemm import gemm as _dense_gemm
 from ._launch import fast
@@ -329,9 +329,9 @@ def grouped_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale
     elif cfg.strategy == "stream":
         if out is None:
             out = torch.empty(_out_shape(a_data, b_data, grouping), dtype=out_dtype, device=a_data.device)
-        nv = get_format(_FMT_BY_CODE[fmt_id]).has_global_scale
-        launch_stream(a_data, b_data, b_scale, b_gs, _FMT_BY_CODE[fmt_id], k, out, cfg, seg=seg,
-                      grouping=grouping, x_scale=a_scale, x_gs=a_gs if a_scale is not None and nv else None)
+        x, x_scale, x_gs = stream_activations(a_data, a_scale, a_gs, get_format(_FMT_BY_CODE[fmt_id]), k, cfg)
+        launch_stream(x, b_data, b_scale, b_gs, _FMT_BY_CODE[fmt_id], k, out, cfg, seg=seg, grouping=grouping,
+                      x_scale=x_scale, x_gs=x_gs)
     elif cfg.strategy == "triton":
         if out is None:
             out = torch.empty(_out_shape(a_data, b_data, grouping), dtype=out_dtype, device=a_data.device)

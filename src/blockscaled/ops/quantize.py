@@ -130,7 +130,9 @@ def activation_tiles(fmt: str | Format, m: int, k: int, device: torch.device) ->
 
 def dequant_tiles(fmt: str | Format, m: int, k: int) -> tuple[int, int]:
     """The compile-time tiles (ROWS, GROUPS) with which dequantizing ``[m, k]`` of 1 x block_k
-    blocks launches its kernel (``_dequantize_impl``); they follow ``m``."""
+    blocks launches its kernel (``_dequantize_impl``). They follow ``m``: quantized activations
+    that a plan dequantizes first (the streaming kernel's W x A pre-pass) make
+    :func:`blockscaled.warmup` run one launch per distinct value."""
     return tile_1xk(m, k, get_format(fmt).block_k)
 
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 from ..config.gemm import GemmConfig
 from ..config.hopper import HopperConfig
 from .dense import plan_fp8
-from .stream import STREAM_FORMATS, STREAM_MAX_M, stream_config, stream_reason, use_stream
+from .stream import STREAM_FORMATS, STREAM_GATHER_MAX_MP, STREAM_MAX_M, stream_config, stream_reason, use_stream
 from .device import DeviceInfo
 from .mx_gemv import MX_GEMV_ROWS, mx_gemv_config, use_mx_gemv
 from .portable import choose_portable, mx_bf16_applies
@@ -66,7 +66,10 @@ def plan_gemm(p: Problem, dev: DeviceInfo, forced=None, *, gluon_ok: bool = True
         cfg = stream_config(p, dev)
         return Plan("gemm", "cuda", cfg, p, reasons=(
             f"{p.fmt} weight-only on {scope}" if p.weight_only else
-            f"{p.fmt} x {p.fmt} on {scope}: the activations decoded to bf16 in the kernel's gather",
+            f"{p.fmt} x {p.fmt} on {scope}: the activations " + (
+                f"dequantized exactly to bf16 by one pass first ({cfg.block_m} rows > STREAM_GATHER_MAX_MP "
+                f"{STREAM_GATHER_MAX_MP[p.fmt]}: every program would decode them again)" if cfg.dequant_a else
+                "decoded to bf16 in the kernel's gather (STREAM_GATHER_MAX_MP)"),
             f"streaming kernel (kernels/hopper/stream.py): TMA ring of {cfg.num_stages} x "
             f"{8 if p.fmt == 'mxfp8' else 4} KB weight steps, {'e4m3' if p.fmt == 'mxfp8' else 'e2m1'} decoded in "
             f"registers into the bf16 wgmma's register operand, {p.m} activation rows padded to "

@@ -149,7 +149,9 @@ def plan_grouped(p: Problem, dev: DeviceInfo, forced=None, *, hopper_why: str | 
     if grouped_stream_reason(p, dev) is None:
         cfg = grouped_stream_config(p)
         return Plan(p.op, backend, cfg, p, reasons=(
-            f"{p.fmt} weight-only on sm_90, ~{p.rows_per_expert:g} rows per expert",
+            (f"{p.fmt} weight-only" if p.weight_only else f"{p.fmt} x {p.fmt} (activations " + (
+                "dequantized to bf16 by one pass first" if cfg.dequant_a else "decoded in the kernel's gather")
+             + ", STREAM_GATHER_MAX_MP)") + f" on sm_90, ~{p.rows_per_expert:g} rows per expert",
             f"streaming kernel, grouped (kernels/hopper/stream.py): one program per expert x 64-row tile, "
             f"an expert without rows exits at once, its rows in blocks of {cfg.block_m} (plan/stream.py, "
             f"STREAM_GROUPED_MAX_ROWS)"))

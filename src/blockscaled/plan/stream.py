@@ -1,7 +1,8 @@
 """Where the sm_90a weight-streaming kernel (kernels/hopper/stream.py) runs, and its K split.
 
 The kernel: mxfp4 / nvfp4 / mxfp8 weights x bf16 activations (weight-only; quantized activations
-of the same format are decoded exactly in the kernel's gather), M <= 64, on Hopper, with a bias in
+of the same format are decoded exactly in the kernel's gather or by one pass first:
+``STREAM_GATHER_MAX_MP``), M <= 64, on Hopper, with a bias in
 the dense form; the quantized weights arrive by TMA and are decoded in registers straight into
 the wgmma's register operand (64 weight rows per program, 128 K per step). It takes the calls the
 decode GEMV leaves (plan/mx_gemv.py: mx M <= 2, nvfp4 M = 1 stay there); mxfp8 only where it
@@ -39,12 +40,12 @@ from .types import Problem
 
 __all__ = ["STREAM_FORMATS", "STREAM_ACTIVATIONS", "STREAM_MAX_M", "STREAM_MP", "STREAM_PROGRAMS_PER_SM",
            "STREAM_MIN_CHUNKS", "STREAM_MAX_SPLIT", "STREAM_STAGES", "STREAM_STAGES_FP8", "STREAM_FP8_MIN_BYTES",
-           "STREAM_FP8_WO_MAX_M", "STREAM_GROUPED_FORMATS", "STREAM_TRITON", "STREAM_GROUPED_MAX_ROWS", "use_stream",
+           "STREAM_FP8_WO_MAX_M", "STREAM_GATHER_MAX_MP", "STREAM_GROUPED_FORMATS", "STREAM_TRITON", "STREAM_GROUPED_MAX_ROWS", "use_stream",
            "stream_split", "stream_config", "stream_reason", "grouped_stream_reason", "grouped_stream_config"]
 
 STREAM_FORMATS = ("mxfp4", "nvfp4", "mxfp8")
-#: Problem.a values it takes: bf16 (weight-only) and quantized (W x A: the kernel decodes the
-#: activations, <= 64 rows, in its gather, exactly, as it decodes the weights). fp16 activations
+#: Problem.a values it takes: bf16 (weight-only) and quantized (W x A: the activations, <= 64 rows,
+#: decoded exactly in the kernel's gather or dequantized to bf16 first, STREAM_GATHER_MAX_MP). fp16 activations
 #: would need an fp16 wgmma and fp16 weights, where e2m1 x E8M0 is not exact.
 STREAM_ACTIVATIONS = ("bfloat16", "quantized")
 #: activation rows padded to the wgmma N (its minimum is 8)
@@ -77,6 +78,17 @@ STREAM_STAGES_FP8 = 4
 #: (the rows that chose it); M between 2 and 16 other than 16 not measured.
 STREAM_FP8_MIN_BYTES = 32 << 20
 STREAM_FP8_WO_MAX_M = 16
+#: Quantized activations (W x A): most padded rows (block_m) whose activations the kernel decodes
+#: in its gather, per format; above it they are dequantized exactly to bf16 by one pass first
+#: (``GemmConfig.dequant_a``, ops/gemm.py ``stream_activations``). The gather decodes all MP x K of
+#: them again in every 64-weight-row program (N / 64 x split programs), the pass once, at the cost
+#: of a launch and a bf16 round trip (~2 us mxfp4, ~6.5 us nvfp4 in a graph at 16 x 2880).
+#: Measured (H200, bench --suite mx --ops gemm,linear on the six dense shapes at M = 16 and 64, the
+#: two ways in one run, CUDA graphs: benchmarks/results/h200/archive/wxa-gather-ab-20261127.json),
+#: gather time over pass time inverted (> 1: the gather faster): M = 16 mxfp4 1.00-1.16x, nvfp4
+#: 1.02-1.61x, mxfp8 0.88-1.01x; M = 64 mxfp4 0.85-1.02x, nvfp4 0.68-1.18x, mxfp8 0.82-0.97x.
+#: So the gather for fp4 up to 16 rows; mxfp8 (whose pass is the cheapest) always the pass.
+STREAM_GATHER_MAX_MP = {"mxfp4": 16, "nvfp4": 16, "mxfp8": 0}
 #: Triton releases the kernel was checked on (AOT: tests/test_aot_stream.py; GPU: the H200 A/B
 #: above, triton 3.6). Others keep the portable kernels until checked.
 STREAM_TRITON = ((3, 6),)
@@ -141,7 +153,14 @@ def stream_config(p: Problem, dev: DeviceInfo) -> GemmConfig:
     split = stream_split(p.n, p.k, p.m, dev.sm_count)
     per = cdiv(cdiv(p.k, 128), split)
     return GemmConfig(block_m=mp, block_n=64, block_k=128, num_warps=4,
-                      num_stages=max(2, min(_stages(p.fmt), per)), split_k=split, strategy="stream")
+                      num_stages=max(2, min(_stages(p.fmt), per)), split_k=split, strategy="stream",
+                      dequant_a=_dequant_a(p, mp))
+
+
+def _dequant_a(p: Problem, mp: int) -> bool:
+    """Quantized activations dequantized by one pass first (True) or in the gather (False):
+    ``STREAM_GATHER_MAX_MP``."""
+    return p.a == "quantized" and mp > STREAM_GATHER_MAX_MP[p.fmt]
 
 
 def _stages(fmt: str) -> int:
@@ -184,4 +203,5 @@ def grouped_stream_config(p: Problem) -> GemmConfig:
     want = max(8.0, 2.0 * p.rows_per_expert)
     mp = next((s for s in STREAM_MP if s >= want), STREAM_MP[-1])
     return GemmConfig(block_m=mp, block_n=64, block_k=128, num_warps=4,
-                      num_stages=max(2, min(_stages(p.fmt), cdiv(p.k, 128))), split_k=1, strategy="stream")
+                      num_stages=max(2, min(_stages(p.fmt), cdiv(p.k, 128))), split_k=1, strategy="stream",
+                      dequant_a=_dequant_a(p, mp))

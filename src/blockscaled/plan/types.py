@@ -90,7 +90,8 @@ def _config_desc(cfg) -> str:
         return "dequantize to bf16 + torch.matmul"
     if cfg.strategy == "stream":
         return (f"64x128 steps, {cfg.block_m} rows, {cfg.num_stages}-slot ring"
-                + (f", split-K {cfg.split_k}" if cfg.split_k > 1 else ""))
+                + (f", split-K {cfg.split_k}" if cfg.split_k > 1 else "")
+                + (", activations dequantized first" if cfg.dequant_a else ""))
     if cfg.strategy == "gemv":
         rows = f", {cfg.block_m} activation rows" if cfg.block_m > 1 else ""
         return f"{cfg.block_n} weight rows x {cfg.block_k} K per chunk{rows}, {cfg.num_warps} warps"

@@ -364,8 +364,8 @@ def _decode_fp4(w2, f_use, FMT: gl.constexpr):
 def stream_kernel(w_desc, ws_ptr, x_ptr, xs_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_ptr, cnt_ptr, seg_ptr, M, N,
                   K, kc_per_split, SPLIT, stride_wsn, stride_wse, stride_xm, stride_xe, stride_xsm, stride_xse,
                   stride_cm, stride_ce, FMT: gl.constexpr, MP: gl.constexpr, STAGES: gl.constexpr,
-                  GROUPING: gl.constexpr, GS_PER_E: gl.constexpr, A_QUANT: gl.constexpr, HAS_BIAS: gl.constexpr,
-                  num_warps: gl.constexpr):
+                  GROUPING: gl.constexpr, GS_PER_E: gl.constexpr, A_QUANT: gl.constexpr, HAS_AGS: gl.constexpr,
+                  HAS_BIAS: gl.constexpr, num_warps: gl.constexpr):
     """Dense (GROUPING 0): one program per (64 weight rows, K split); ``w_desc``: TMA boxes [64, 16]
     of the packed weights viewed as int32 [N, K / 8] (mxfp8: boxes [64, 32] of [N, K / 4], 128-byte
     swizzle); ``ws_ptr``: uint8 E8M0 [N, K / 32] (mx) or e4m3 [N, K / 16] (nvfp4) block scales, row stride ``stride_wsn``; ``x_ptr``: bf16 [M, K]
@@ -373,8 +373,9 @@ def stream_kernel(w_desc, ws_ptr, x_ptr, xs_ptr, gs_ptr, ags_ptr, bias_ptr, c_pt
     A_QUANT: ``x_ptr`` holds quantized activations of the weight's format as int32 words of their
     data ([M, K / 8] e2m1, [M, K / 4] e4m3; strides in words), ``xs_ptr`` their block scales (row
     stride ``stride_xsm``, expert stride ``stride_xse``), decoded in the gather (``_xq_chunk``);
-    ``ags_ptr`` (nvfp4 with A_QUANT): their fp32 global scale; ``bias_ptr`` (HAS_BIAS, dense
-    only): [N] added in fp32 before the output's rounding;
+    ``ags_ptr`` (HAS_AGS, nvfp4): the activations' fp32 global scale (decoded here, or dequantized
+    to bf16 by the host without it: exact, e2m1 x e4m3); ``bias_ptr`` (HAS_BIAS, dense only): [N]
+    added in fp32 before the output's rounding;
     ``c_ptr``: [M, N] (N contiguous); ``part_ptr`` / ``cnt_ptr``: the split-K workspace fp32
     [SPLIT, tiles, 64, MP] and int32 zeros [tiles] (SPLIT > 1). Every split non-empty (the host).
 
@@ -463,8 +464,10 @@ def stream_kernel(w_desc, ws_ptr, x_ptr, xs_ptr, gs_ptr, ags_ptr, bias_ptr, c_pt
             gb = gl.load(gs_ptr + e).to(gl.float32)
         else:
             gb = gl.load(gs_ptr).to(gl.float32)
-        if A_QUANT:  # the activations' global scale, and their 2**-8 decode factor as the weights'
-            out_scale = gl.div_rn(gl.full([], 65536.0, gl.float32), gb * gl.load(ags_ptr).to(gl.float32))
+        if HAS_AGS:  # the activations' global scale (decoded here or dequantized by the host without it)
+            gb = gb * gl.load(ags_ptr).to(gl.float32)
+        if A_QUANT:  # activations decoded here carry the weights' 2**-8 decode factor too
+            out_scale = gl.div_rn(gl.full([], 65536.0, gl.float32), gb)
         else:
             out_scale = gl.div_rn(gl.full([], 256.0, gl.float32), gb)
 
