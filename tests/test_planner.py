@@ -235,7 +235,7 @@ def test_stream_takes_weight_only_fp4_decode(stream_on):
 
 def test_stream_mxfp8_rule(stream_on):
     """mxfp8 weights (plan/stream.py STREAM_FP8_*): up to 16 rows only from 32 MB of weights,
-    above 16 rows only W x A; the grouped form not planned for mxfp8 (not timed); explain says why."""
+    above 16 rows only W x A; the grouped form planned for mxfp8 too (timed); explain says why."""
     from blockscaled.plan.stream import STREAM_FP8_MIN_BYTES, stream_reason, grouped_stream_reason
     from blockscaled.plan.grouped import plan_grouped
 
@@ -251,8 +251,8 @@ def test_stream_mxfp8_rule(stream_on):
         assert _wo("mxfp8", 64, n, k, a="quantized").kernel == "hopper_stream"
         assert _wo("mxfp8", 64, n, k).kernel != "hopper_stream"
     g = Problem("grouped", "mxfp8", 64, 5760, 2880, "bfloat16", "float32", False, 1, "contiguous", 128, 0.5)
-    assert "grouped form is planned for" in grouped_stream_reason(g, H100_SXM)
-    assert plan_grouped(g, H100_SXM, hopper_why="not fp8_block").kernel != "hopper_stream"
+    assert grouped_stream_reason(g, H100_SXM) is None
+    assert plan_grouped(g, H100_SXM, hopper_why="not fp8_block").kernel == "hopper_stream"
 
 
 def test_stream_takes_w_x_a_and_bias(stream_on):

@@ -29,7 +29,7 @@ FMTS = ("mxfp4", "nvfp4", "mxfp8")
 @pytest.fixture
 def planned_for_every_format(monkeypatch):
     """The planner's mxfp8 limits (plan/stream.py: small weights and weight-only above 16 rows
-    keep the portable tiles; no grouped mxfp8; its activations always dequantized first) lifted,
+    keep the portable tiles; its activations always dequantized first) lifted,
     plan memos cleared: the planned path runs the kernel, both ways, for every format here. Where
     the planner uses it: tests/test_planner.py."""
     from blockscaled.ops import gemm as ops_gemm

@@ -174,9 +174,12 @@ def _stages(fmt: str) -> int:
 #: the portable grouped kernel and dequantize + torch._grouped_mm were 0.3-0.9x cuBLAS bf16 there:
 #: benchmarks/results/h200 mx-20261127-0848). NOT MEASURED YET: a first bound from that argument.
 STREAM_GROUPED_MAX_ROWS = 16.0
-#: weight formats of the grouped form the planner uses: mxfp8 grouped calls are checked on the GPU
-#: (tests/test_stream_gpu.py) but not timed yet, so they keep the portable grouped kernels
-STREAM_GROUPED_FORMATS = ("mxfp4", "nvfp4")
+#: weight formats of the grouped form the planner uses. mxfp8 measured (H200, one run, CUDA graphs,
+#: each output checked against float64; contiguous, skewed routing, T = 1 / 4 / 16 / 64 tokens on
+#: gpt-oss-120b / -20b, Qwen3-30B-A3B and Mixtral expert shapes, weight-only and W x A:
+#: benchmarks/results/h200/archive/grouped-mxfp8-stream-ab-20261127.jsonl): 1.08-2.15x the
+#: portable grouped plan on all 48 rows.
+STREAM_GROUPED_FORMATS = ("mxfp4", "nvfp4", "mxfp8")
 
 
 def grouped_stream_reason(p: Problem, dev: DeviceInfo) -> str | None:
