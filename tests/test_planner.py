@@ -324,19 +324,26 @@ def test_stream_switch(stream_on, monkeypatch):
 
 
 def test_stream_split_rule():
-    """The K split from programs per SM and 128-K steps per split (plan/stream.py), at the
-    rows of the H200 A/B whose best split it reproduces (132 SMs)."""
-    from blockscaled.plan.stream import stream_split
+    """The K split from programs per SM, the programs the SMs hold at once and 128-K steps per split
+    (plan/stream.py), at rows of the H200 split A/B whose best split it picks (132 SMs): any
+    integer, never past one round of resident programs at 64 rows."""
+    from blockscaled.plan.stream import stream_resident, stream_split
 
-    cases = {(8192, 8192, 16): 4, (28672, 8192, 4): 2, (4096, 14336, 16): 8, (5760, 2880, 16): 4,
-             (2880, 2880, 4): 4, (4096, 14336, 64): 4, (8192, 8192, 64): 2, (5760, 2880, 64): 2,
-             (7168, 2048, 32): 2, (64, 128, 1): 1}
+    assert [stream_resident("mxfp4", mp) for mp in (8, 16, 32, 64)] == [6, 6, 4, 3]  # ncu: 6 at 16, 3 at 64
+    assert stream_resident("mxfp8", 16) == 5  # 8 KB ring slots
+    cases = {(8192, 8192, 64): 3, (8192, 28672, 64): 3, (3584, 18944, 64): 7, (4096, 14336, 16): 8,
+             (8192, 8192, 16): 4, (37888, 3584, 16): 1, (24576, 1536, 64): 1, (9216, 3072, 64): 2,
+             (10240, 8192, 16): 3, (64, 128, 1): 1}
     for (n, k, m), want in cases.items():
         assert stream_split(n, k, m, 132) == want, (n, k, m)
-    # never an empty split, never past the cap
-    for n, k, m in ((64, 128, 8), (128, 4096, 16), (200000, 1 << 16, 64)):
+    assert stream_split(28672, 4096, 16, 132, "mxfp8") == 1
+    # never an empty split, never past the cap, never past the SMs' resident programs
+    for n, k, m in ((64, 128, 8), (128, 4096, 16), (200000, 1 << 16, 64), (2880, 2880, 64), (100, 1 << 20, 33)):
         s = stream_split(n, k, m, 132)
-        assert 1 <= s <= 8 and -(-k // 128) >= s
+        per = -(-(-(-k // 128)) // s)
+        assert 1 <= s <= 8 and -(-(-(-k // 128)) // per) == s, (n, k, m, s)
+        mp = next(x for x in (8, 16, 32, 64) if x >= m)
+        assert s == 1 or -(-n // 64) * s <= stream_resident("mxfp4", mp) * 132
 
 
 def test_stream_config_checked():

@@ -18,15 +18,22 @@ cuBLAS bf16 on the dequantized weights 1.1-1.65x on the 8-117 MB weights at M <=
 on 2-8 MB weights (a ~10 us per-call floor: prologue, a few dependent 128-K steps per program,
 the split-K reduction) and 0.4-0.7x at M = 64.
 
-The K split (``stream_split``) from a model of what the rows showed: the kernel is bound by
-how many bytes the SMs keep in flight, so the split is the smallest that gives at least
-``STREAM_PROGRAMS_PER_SM`` programs per SM, then lowered while a split would get fewer than
-``STREAM_MIN_CHUNKS`` 128-K steps (the reduction's partial tile [64, MP] fp32 is written and
-read once per split: 4-16 KB against 4 KB of weights per step). These rules were fitted to the
-same 72 rows, so this is an in-sample check, not a validation: the split chosen is within 10 % of
-the best measured split on 66 of them; the worst is 1.23x (nvfp4 28672 x 8192 at M = 64: split 1
-chosen, split 4 was best), and the other misses are 1.10-1.18x (28672 x 8192 at M = 16 / 64,
-7168 x 2048 at M = 64).
+The K split (``stream_split``): programs are (64-row tiles) x (splits); a split adds programs (bytes
+in flight) and costs a fp32 partial [64, MP] written and summed per split. From a model of what the
+rows showed: the split is the largest (any integer <= ``STREAM_MAX_SPLIT``) whose programs stay
+within ``STREAM_PROGRAMS_PER_SM`` per SM and within what the SMs hold at once
+(``stream_resident``: registers and shared memory per program, e.g. 6 per SM at 16 rows, 3 at
+64), and whose splits keep at least ``STREAM_MIN_CHUNKS`` 128-K steps. Past the resident count a
+second partial round of programs costs as much as the first (H200, 8192 x 8192 at M = 64: 384
+programs 50.0 us, 512 programs 75.6 us, 256 programs 55.2 us). History: the first rule (powers
+of two, the smallest reaching 3.5 / 1.5 programs per SM at <= 32 / 64 rows) was fitted to the
+72 rows above (in sample: within 10 % of the best split on 66). Measured again on 17 shapes of
+8 model families none of those rows held (gpt-oss, Llama 3 8B / 70B, Qwen2.5-7B, Mistral-Small,
+Phi-3-mini, DeepSeek-V3) x M 4 / 16 / 32 / 64, every split 1..8, mxfp4 and mxfp8 weight-only, 52
+rows (benchmarks/results/h200/archive/stream-split-ab-20261127.json): the first rule was within
+5 % of the row's best split on 35 rows, geomean 1.049x the best, worst 1.53x; this rule (its
+programs-per-SM targets chosen on those rows: in sample) 39 rows, 1.037x, worst 1.31x (3072 x
+8192 at M = 64: split 8, split 5 best).
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from .splits import cdiv
 from .types import Problem
 
 __all__ = ["STREAM_FORMATS", "STREAM_ACTIVATIONS", "STREAM_MAX_M", "STREAM_MP", "STREAM_PROGRAMS_PER_SM",
-           "STREAM_MIN_CHUNKS", "STREAM_MAX_SPLIT", "STREAM_STAGES", "STREAM_STAGES_FP8", "STREAM_FP8_MIN_BYTES",
+           "STREAM_MIN_CHUNKS", "STREAM_MAX_SPLIT", "STREAM_REGS", "STREAM_SMEM_EXTRA", "stream_resident", "STREAM_STAGES", "STREAM_STAGES_FP8", "STREAM_FP8_MIN_BYTES",
            "STREAM_FP8_WO_MAX_M", "STREAM_GATHER_MAX_MP", "STREAM_GROUPED_FORMATS", "STREAM_TRITON", "STREAM_GROUPED_MAX_ROWS", "use_stream",
            "stream_split", "stream_config", "stream_reason", "grouped_stream_reason", "grouped_stream_config"]
 
@@ -51,14 +58,20 @@ STREAM_ACTIVATIONS = ("bfloat16", "quantized")
 #: activation rows padded to the wgmma N (its minimum is 8)
 STREAM_MP = (8, 16, 32, 64)
 STREAM_MAX_M = STREAM_MP[-1]
-#: programs per SM the split aims for, per padded row count (the fp4-stream A/B above: 3.5 x 132
-#: programs put 8192 x 8192 at split 4 and 28672 x 8192 at split 2, each its best at M <= 16;
-#: at M = 64 the partial tiles are 4x larger and 1.5 per SM measured best)
-STREAM_PROGRAMS_PER_SM = {8: 3.5, 16: 3.5, 32: 3.5, 64: 1.5}
-#: fewest 128-K steps per split (same A/B: M = 32 lost 28 % at 4 steps per split of 7168 x 2048,
+#: most programs per SM the split makes, per padded row count (the split A/B above: at <= 16 rows
+#: the rows' best splits put 3.5-5 programs per SM, more lost; at 64 rows the SMs' resident count, 3)
+STREAM_PROGRAMS_PER_SM = {8: 4.0, 16: 4.0, 32: 3.0, 64: 3.0}
+#: fewest 128-K steps per split (the first A/B: M = 32 lost 28 % at 4 steps per split of 7168 x 2048,
 #: M = 64 lost 26-28 % at 14-16 steps of 4096 x 14336 / 8192 x 8192 against half the splits)
 STREAM_MIN_CHUNKS = {8: 3, 16: 3, 32: 6, 64: 8}
 STREAM_MAX_SPLIT = 8
+#: registers per thread of the kernel's builds, by padded rows (AOT, tests/test_aot_stream.py, and
+#: ncu on the H200: 79-83 at <= 16 rows, 121-128 at 32, 143-159 at 64 without a bias)
+STREAM_REGS = {8: 80, 16: 80, 32: 128, 64: 160}
+#: shared memory per program beyond the ring and the two activation buffers: the 1 KB the driver
+#: keeps per block, barriers and alignment (ncu, H200: 32.8 KB dynamic at 16 rows against 32 KB
+#: of ring and buffers, 57.4 at 64 against 56)
+STREAM_SMEM_EXTRA = 2048
 #: TMA ring depth (4 KB per slot; 6 slots + the activation buffers keep 6 programs per SM within
 #: shared memory at MP <= 32)
 STREAM_STAGES = 6
@@ -133,24 +146,36 @@ def use_stream(p: Problem, dev: DeviceInfo, gluon_ok: bool = True) -> bool:
     return stream_reason(p, dev, gluon_ok) is None
 
 
-def stream_split(n: int, k: int, m: int, sm_count: int) -> int:
-    """K splits (a power of two <= STREAM_MAX_SPLIT), see the module docstring."""
+def stream_resident(fmt: str, mp: int, smem_bytes: int = 227 * 1024) -> int:
+    """Programs of the kernel one SM holds at once: the fewer of what its 64 K registers
+    (``STREAM_REGS``, 128 threads) and its shared memory (``smem_bytes``, the opt-in per block,
+    plus the 1 KB the driver keeps: 228 KB on H100 / H200) allow. ncu on the H200 (mxfp4): 6 by
+    both at 16 rows, 3 by both at 64."""
+    regs = 65536 // (STREAM_REGS[mp] * 128)
+    need = _stages(fmt) * (8192 if fmt == "mxfp8" else 4096) + 2 * mp * 128 * 2 + STREAM_SMEM_EXTRA
+    return max(1, min(regs, (smem_bytes + 1024) // need))
+
+
+def stream_split(n: int, k: int, m: int, sm_count: int, fmt: str = "mxfp4", smem_bytes: int = 227 * 1024) -> int:
+    """K splits (an integer <= STREAM_MAX_SPLIT), see the module docstring."""
     mp = next(s for s in STREAM_MP if s >= m)
     tiles = cdiv(n, 64)
     chunks = cdiv(k, 128)
-    target = STREAM_PROGRAMS_PER_SM[mp] * sm_count
+    most = min(STREAM_PROGRAMS_PER_SM[mp], stream_resident(fmt, mp, smem_bytes)) * sm_count
     split = 1
-    while split < STREAM_MAX_SPLIT and tiles * split < target:
-        split *= 2
-    while split > 1 and chunks / split < STREAM_MIN_CHUNKS[mp]:
-        split //= 2
+    for s in range(2, STREAM_MAX_SPLIT + 1):
+        per = cdiv(chunks, s)
+        if per < STREAM_MIN_CHUNKS[mp] or tiles * s > most:
+            break
+        if cdiv(chunks, per) == s:  # else the launcher would run fewer splits (none empty)
+            split = s
     return split
 
 
 def stream_config(p: Problem, dev: DeviceInfo) -> GemmConfig:
     """The kernel's launch: block_m = padded rows, 64 x 128 tile steps, split, ring depth."""
     mp = next(s for s in STREAM_MP if s >= p.m)
-    split = stream_split(p.n, p.k, p.m, dev.sm_count)
+    split = stream_split(p.n, p.k, p.m, dev.sm_count, p.fmt, dev.smem_bytes)
     per = cdiv(cdiv(p.k, 128), split)
     return GemmConfig(block_m=mp, block_n=64, block_k=128, num_warps=4,
                       num_stages=max(2, min(_stages(p.fmt), per)), split_k=split, strategy="stream",
