@@ -273,10 +273,14 @@ def test_stream_takes_w_x_a_and_bias(stream_on):
             pre = wo.config.block_m > STREAM_GATHER_MAX_MP[fmt]
             assert pre == (m == 64)
             for plan in (_wo(fmt, m, a="quantized"), _wo(fmt, m, a="quantized", bias=True)):
-                assert plan.kernel == "hopper_stream" and plan.config == dataclasses.replace(wo.config, dequant_a=pre)
+                assert plan.kernel == "hopper_stream" and plan.config == dataclasses.replace(
+                    wo.config, dequant_a=pre, split_k=plan.config.split_k)
                 assert ("dequantized exactly to bf16 by one pass first" if pre else
                         "decoded to bf16 in the kernel's gather") in str(plan), plan
-            assert _wo(fmt, m, bias=True).config == wo.config
+            # a bias costs registers at 64 rows (stream_resident): fewer programs, so no larger a split
+            wb = _wo(fmt, m, bias=True).config
+            assert wb == dataclasses.replace(wo.config, split_k=wb.split_k) and wb.split_k <= wo.config.split_k
+            assert (wb.split_k < wo.config.split_k) == (m == 64), (fmt, m, wb, wo.config)
         for rows, pre in ((0.5, False), (12.0, True)):  # padded to 8 / 32 rows per expert block
             g = Problem("grouped", fmt, 64, 5760, 2880, "quantized", "float32", False, 1, "contiguous", 128, rows)
             plan = plan_grouped(g, H100_SXM, hopper_why="not fp8_block")

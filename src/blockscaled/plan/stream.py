@@ -52,7 +52,7 @@ from .splits import cdiv
 from .types import Problem
 
 __all__ = ["STREAM_FORMATS", "STREAM_ACTIVATIONS", "STREAM_MAX_M", "STREAM_MP", "STREAM_PROGRAMS_PER_SM",
-           "STREAM_MIN_CHUNKS", "STREAM_MAX_SPLIT", "STREAM_REGS", "STREAM_SMEM_EXTRA", "stream_resident", "STREAM_STAGES", "STREAM_STAGES_FP8", "STREAM_FP8_MIN_BYTES",
+           "STREAM_MIN_CHUNKS", "STREAM_MAX_SPLIT", "STREAM_REGS", "STREAM_REGS_BIAS", "STREAM_SMEM_EXTRA", "stream_resident", "STREAM_STAGES", "STREAM_STAGES_FP8", "STREAM_FP8_MIN_BYTES",
            "STREAM_FP8_WO_MAX_M", "STREAM_GATHER_MAX_MP", "STREAM_GROUPED_FORMATS", "STREAM_TRITON", "STREAM_GROUPED_MAX_ROWS", "use_stream",
            "stream_split", "stream_config", "stream_reason", "grouped_stream_reason", "grouped_stream_config"]
 
@@ -72,9 +72,13 @@ STREAM_PROGRAMS_PER_SM = {8: 4.0, 16: 4.0, 32: 4.0, 64: 3.0}
 #: M = 64 lost 26-28 % at 14-16 steps of 4096 x 14336 / 8192 x 8192 against half the splits)
 STREAM_MIN_CHUNKS = {8: 3, 16: 3, 32: 6, 64: 8}
 STREAM_MAX_SPLIT = 8
-#: registers per thread of the kernel's builds, by padded rows (AOT, tests/test_aot_stream.py, and
-#: ncu on the H200: 79-83 at <= 16 rows, 121-128 at 32, 143-159 at 64 without a bias)
-STREAM_REGS = {8: 80, 16: 80, 32: 128, 64: 160}
+#: registers per thread of the kernel's builds, by padded rows: upper bounds from the AOT builds
+#: (tests/test_aot_stream.py checks them; 79-80 at <= 16 rows, 121-128 at 32, 164 at 64 without a
+#: bias), the runtime builds measured lower (ncu on the H200: 79 at 16, 143-159 at 64)
+STREAM_REGS = {8: 80, 16: 80, 32: 128, 64: 168}
+#: the same with a bias in the dense epilogue (AOT: 79 at 16 rows, 128 at 32, 176 at 64: 2 programs
+#: per SM there instead of 3)
+STREAM_REGS_BIAS = {8: 80, 16: 80, 32: 128, 64: 176}
 #: shared memory per program beyond the ring and the two activation buffers: the 1 KB the driver
 #: keeps per block, barriers and alignment (ncu, H200: 32.8 KB dynamic at 16 rows against 32 KB
 #: of ring and buffers, 57.4 at 64 against 56)
@@ -153,22 +157,23 @@ def use_stream(p: Problem, dev: DeviceInfo, gluon_ok: bool = True) -> bool:
     return stream_reason(p, dev, gluon_ok) is None
 
 
-def stream_resident(fmt: str, mp: int, smem_bytes: int = 227 * 1024) -> int:
+def stream_resident(fmt: str, mp: int, smem_bytes: int = 227 * 1024, bias: bool = False) -> int:
     """Programs of the kernel one SM holds at once: the fewer of what its 64 K registers
-    (``STREAM_REGS``, 128 threads) and its shared memory (``smem_bytes``, the opt-in per block,
-    plus the 1 KB the driver keeps: 228 KB on H100 / H200) allow. ncu on the H200 (mxfp4): 6 by
-    both at 16 rows, 3 by both at 64."""
-    regs = 65536 // (STREAM_REGS[mp] * 128)
+    (``STREAM_REGS`` / ``STREAM_REGS_BIAS``, 128 threads) and its shared memory (``smem_bytes``,
+    the opt-in per block, plus the 1 KB the driver keeps: 228 KB on H100 / H200) allow. ncu on
+    the H200 (mxfp4, no bias): 6 by both at 16 rows, 3 by both at 64."""
+    regs = 65536 // ((STREAM_REGS_BIAS if bias else STREAM_REGS)[mp] * 128)
     need = _stages(fmt) * (8192 if fmt == "mxfp8" else 4096) + 2 * mp * 128 * 2 + STREAM_SMEM_EXTRA
     return max(1, min(regs, (smem_bytes + 1024) // need))
 
 
-def stream_split(n: int, k: int, m: int, sm_count: int, fmt: str = "mxfp4", smem_bytes: int = 227 * 1024) -> int:
+def stream_split(n: int, k: int, m: int, sm_count: int, fmt: str = "mxfp4", smem_bytes: int = 227 * 1024,
+                 bias: bool = False) -> int:
     """K splits (an integer <= STREAM_MAX_SPLIT), see the module docstring."""
     mp = next(s for s in STREAM_MP if s >= m)
     tiles = cdiv(n, 64)
     chunks = cdiv(k, 128)
-    most = min(STREAM_PROGRAMS_PER_SM[mp], stream_resident(fmt, mp, smem_bytes)) * sm_count
+    most = min(STREAM_PROGRAMS_PER_SM[mp], stream_resident(fmt, mp, smem_bytes, bias)) * sm_count
     split = 1
     for s in range(2, STREAM_MAX_SPLIT + 1):
         per = cdiv(chunks, s)
@@ -182,7 +187,7 @@ def stream_split(n: int, k: int, m: int, sm_count: int, fmt: str = "mxfp4", smem
 def stream_config(p: Problem, dev: DeviceInfo) -> GemmConfig:
     """The kernel's launch: block_m = padded rows, 64 x 128 tile steps, split, ring depth."""
     mp = next(s for s in STREAM_MP if s >= p.m)
-    split = stream_split(p.n, p.k, p.m, dev.sm_count, p.fmt, dev.smem_bytes)
+    split = stream_split(p.n, p.k, p.m, dev.sm_count, p.fmt, dev.smem_bytes, p.bias)
     per = cdiv(cdiv(p.k, 128), split)
     return GemmConfig(block_m=mp, block_n=64, block_k=128, num_warps=4,
                       num_stages=max(2, min(_stages(p.fmt), per)), split_k=split, strategy="stream",
