@@ -555,3 +555,25 @@ def test_hopper_plans_only_where_the_kernels_can_run(device):
     forced = gemm(a, b, torch.float32, config=GemmConfig(strategy="hopper"))
     _check(a, b, "fp8_block", torch.float32, config=GemmConfig(strategy="hopper"), what="hopper fallback")
     assert torch.equal(forced, gemm(a, b, torch.float32))
+
+
+def test_a_scale_needs_unit_column_stride(device):
+    """Quantized A's scales must be K-contiguous, like its data: the streaming kernel, the
+    dequantize pass and dequant + cuBLAS read the blocks at unit stride, so a column-major scale
+    would give a wrong product there. Raised before any plan (the reference path on CPU
+    tensors without the interpreter reads any strides and gives the right product)."""
+    import blockscaled as bs
+    from blockscaled import _checks
+
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(4, 256, generator=g)).to(torch.bfloat16).to(device)
+    w = bs.quantize((torch.randn(64, 256, generator=g) * 0.1).to(device), "mxfp8")
+    q = bs.quantize(x, "mxfp8")
+    sc = q.scale.t().contiguous().t()  # the same values at strides (1, 4)
+    assert sc.stride(-1) != 1 and torch.equal(sc, q.scale)
+    bad = bs.ScaledTensor(q.data, sc, q.format, q.shape, q.block, q.rounding)
+    if _checks.use_reference(x):
+        assert torch.equal(bs.gemm(bad, w), bs.gemm(q, w))
+        return
+    with pytest.raises(ValueError, match=r"a\.scale: the last \(K\) dimension must have stride 1"):
+        bs.gemm(bad, w)

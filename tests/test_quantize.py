@@ -755,9 +755,11 @@ def test_torch_compile_fullgraph(device):
 def test_nvfp4_dequantize_every_code_scale_and_global_scale(device):
     """nvfp4 dequantize divides by the global scale twice per block (``_nvfp4_values``: (m * s) / gs
     scaled by the code's power of two) where every quotient of a program is normal, else per
-    element: bitwise the reference's ``(v * s) / gs`` for every e2m1 code under every e4m3 scale code
-    (zero, subnormal, NaN, the largest) and global scales that keep all quotients normal, push
-    some below 2**-125 or to overflow, or are 0 / inf / NaN / negative; fp32 and bf16 outputs."""
+    element: bitwise the reference's ``(v * s) / gs`` for every e2m1 code pair under 64 e4m3 scale codes
+    (zero, subnormal, NaN, the largest and a spread; with and without the zero / NaN ones, so that
+    the subnormal and largest codes reach the two-division path too) and global scales that keep all
+    quotients normal, push some below 2**-125 or to overflow, or are 0 / inf / NaN / negative; fp32
+    and bf16 outputs."""
     from blockscaled.tensor import ScaledTensor
 
     codes = torch.arange(256, dtype=torch.uint8)  # every pair of e2m1 codes, one byte each
@@ -767,9 +769,11 @@ def test_nvfp4_dequantize_every_code_scale_and_global_scale(device):
     data = codes.repeat(64, 1)  # [64 rows, 256 bytes] = K 512: 32 blocks of 16 per row
     scale = torch.tensor(sc_codes, dtype=torch.uint8).view(64, 1).repeat(1, 32)
     clean = torch.full((64, 32), 0x38, dtype=torch.uint8)  # 1.0 everywhere: the two-division path
-    for gs in (1.0, 448.0 * 6 / 3.0, 2.0**-120, 2.0**100, 2.0**126, 3.0e38, 1e-30, 0.0, float("inf"),
-               float("nan"), -7.0):
-        for sc in (scale, clean):
+    # every finite non-zero code, the specials first (no zero / NaN block in any program)
+    fin = [c for c in [0x01, 0x07, 0x08, 0x7E, 0x81, 0xFE, 0x38] + list(range(2, 255, 4)) if c & 0x7F not in (0, 0x7F)]
+    finite = torch.tensor(list(dict.fromkeys(fin))[:64], dtype=torch.uint8).view(64, 1).repeat(1, 32)
+    for gs in (1.0, 2.0**-120, 2.0**126, 3.0e38, 0.0, float("inf"), float("nan"), -7.0):
+        for sc in (scale, finite) + ((clean,) if gs in (1.0, -7.0) else ()):
             q = ScaledTensor(data.to(device), sc.view(torch.float8_e4m3fn).to(device), "nvfp4", (64, 512),
                              (1, 16), "nvfp4", global_scale=torch.tensor(gs, device=device))
             for dt in (torch.float32, torch.bfloat16):

@@ -228,18 +228,24 @@ def test_w_x_a_decoded_in_the_gather(fmt, planned_for_every_format):
     y = bs.grouped_gemm(x2q, wg, offsets=o2.cuda(), out_dtype=torch.float32)
     ref2 = torch.cat([x2d[o2[i]:o2[i + 1]] @ wd[i].T for i in range(e)])
     assert_gemm_close(y, ref2, fmt, torch.float32, what="grouped contiguous W x A, dequantized first")
-    max_m = 8
+    max_m = 16
     xm = torch.zeros(e, max_m, k, dtype=torch.bfloat16, device="cuda")
     for i in range(e):
         xm[i, :counts[i]] = xr[offsets[i]:offsets[i + 1]]
     xmq = quantize(xm, fmt, global_scale=xrq.global_scale) if fmt == "nvfp4" else quantize(xm, fmt)
     xmd = xmq.dequantize(torch.float32).double()
-    out = torch.full((e, max_m, n), float("nan"), dtype=torch.float32, device="cuda")
-    bs.grouped_gemm(xmq, wg, masked_m=counts.cuda(), out=out, out_dtype=torch.float32, expected_m=2)
-    for i in range(e):
-        c = int(counts[i])
-        if c:
-            assert_gemm_close(out[i, :c], xmd[i, :c] @ wd[i].T, fmt, torch.float32, what=f"masked W x A e={i}")
+    # masked, the gather (~2 expected rows) and the pass first (~12 expected rows: 32 padded)
+    for expected_m, dq in ((2, False), (12, True)):
+        plan = bs.explain("grouped_gemm", xmq, wg, masked_m=counts.cuda(), out_dtype=torch.float32,
+                          expected_m=expected_m)
+        assert plan.kernel == "hopper_stream" and plan.config.dequant_a == dq, plan
+        out = torch.full((e, max_m, n), float("nan"), dtype=torch.float32, device="cuda")
+        bs.grouped_gemm(xmq, wg, masked_m=counts.cuda(), out=out, out_dtype=torch.float32, expected_m=expected_m)
+        for i in range(e):
+            c = int(counts[i])
+            if c:
+                assert_gemm_close(out[i, :c], xmd[i, :c] @ wd[i].T, fmt, torch.float32,
+                                  what=f"masked W x A e={i} dequant_a={dq}")
 
 
 def test_mxfp8_extreme_scales_nan_codes_and_subnormals():

@@ -117,12 +117,12 @@ class GemmConfig:
             raise TypeError(f"GemmConfig.promote: expected None or a bool, got {self.promote!r}")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"GemmConfig.strategy: expected one of {STRATEGIES}, got {self.strategy!r}")
-        if self.strategy == "gemv":
-            self._check_gemv()
-            return
         if self.dequant_a and self.strategy != "stream":
             raise ValueError(f"GemmConfig.dequant_a: only strategy 'stream' dequantizes the activations first, "
                              f"got strategy {self.strategy!r}")
+        if self.strategy == "gemv":
+            self._check_gemv()
+            return
         if self.strategy == "stream":
             self._check_stream()
             return

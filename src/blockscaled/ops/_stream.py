@@ -1,8 +1,10 @@
 """Host launcher of the sm_90a weight-streaming kernel (kernels/hopper/stream.py).
 
-``out [M, N] = x [M, K] @ dequantize(w).T`` for mxfp4 / nvfp4 / mxfp8 weights and bf16 activations,
-M <= 64, K % 32 == 0, on sm_90: the plan's ``GemmConfig(strategy="stream")`` carries the
-padded rows (block_m), the K split and the ring depth; plan/stream.py decides where it runs.
+``out [M, N] = x [M, K] @ dequantize(w).T`` for mxfp4 / nvfp4 / mxfp8 weights and bf16 or quantized
+(the weight's format) activations, M <= 64, K % 32 == 0, on sm_90: the plan's
+``GemmConfig(strategy="stream")`` carries the padded rows (block_m), the K split, the ring depth
+and whether quantized activations were dequantized first (``dequant_a``); plan/stream.py decides
+where it runs.
 No validation here (ops/gemm.py validates the call and checks a forced config).
 """
 

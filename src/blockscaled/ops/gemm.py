@@ -704,6 +704,9 @@ def gemm(a, b: ScaledTensor, out_dtype: torch.dtype = torch.bfloat16, out: torch
         a2, a_s2, a_gs = _flatten_rows("a", a), None, None
     else:
         _check_unit_k_stride("a.data", a.data)
+        # the streaming kernel's gather, the dequantize pass and dequant + cuBLAS read a.scale's
+        # blocks at unit column stride (the portable kernel takes any): one rule for every plan
+        _check_unit_k_stride("a.scale", a.scale)
         a2 = _flatten_rows("a.data", a.data)
         a_s2 = _flatten_rows("a.scale", a.scale)
         a_gs = a.global_scale

@@ -23,7 +23,7 @@ in flight) and costs a fp32 partial [64, MP] written and summed per split. From 
 rows showed: the split is the largest (any integer <= ``STREAM_MAX_SPLIT``) whose programs stay
 within ``STREAM_PROGRAMS_PER_SM`` per SM and within what the SMs hold at once
 (``stream_resident``: registers and shared memory per program, e.g. 6 per SM at 16 rows, 3 at
-64), and whose splits keep at least ``STREAM_MIN_CHUNKS`` 128-K steps. Past the resident count a
+64), and whose splits average at least ``STREAM_MIN_CHUNKS`` 128-K steps. Past the resident count a
 second partial round of programs costs as much as the first (H200, 8192 x 8192 at M = 64: 384
 programs 50.0 us, 512 programs 75.6 us, 256 programs 55.2 us). History: the first rule (powers
 of two, the smallest reaching 3.5 / 1.5 programs per SM at <= 32 / 64 rows) was fitted to the
@@ -32,7 +32,7 @@ of two, the smallest reaching 3.5 / 1.5 programs per SM at <= 32 / 64 rows) was 
 Phi-3-mini, DeepSeek-V3) x M 4 / 16 / 32 / 64, every split 1..8, mxfp4 and mxfp8 weight-only, 52
 rows (benchmarks/results/h200/archive/stream-split-ab-20261127.json): the first rule was within
 5 % of the row's best split on 35 rows, geomean 1.049x the best, worst 1.53x; this rule (its
-programs-per-SM targets chosen on those rows: in sample) 39 rows, 1.037x, worst 1.31x (3072 x
+programs-per-SM targets chosen on those rows: in sample) 41 rows, 1.031x, worst 1.31x (3072 x
 8192 at M = 64: split 8, split 5 best). Held out (H200, same method, 11 more shapes: Llama 3.2 3B,
 Qwen3-8B, Gemma-2 2B, Mixtral, Qwen2.5-32B, DeepSeek-V3, Llama 3 405B x M 8 / 24 / 48 / 64
 mxfp4 weight-only, 44 rows, and 5 x M 16 / 64 nvfp4 W x A, 10 rows:
@@ -72,13 +72,14 @@ STREAM_PROGRAMS_PER_SM = {8: 4.0, 16: 4.0, 32: 4.0, 64: 3.0}
 #: M = 64 lost 26-28 % at 14-16 steps of 4096 x 14336 / 8192 x 8192 against half the splits)
 STREAM_MIN_CHUNKS = {8: 3, 16: 3, 32: 6, 64: 8}
 STREAM_MAX_SPLIT = 8
-#: registers per thread of the kernel's builds, by padded rows: upper bounds from the AOT builds
-#: (tests/test_aot_stream.py checks them; 79-80 at <= 16 rows, 121-128 at 32, 164 at 64 without a
-#: bias), the runtime builds measured lower (ncu on the H200: 79 at 16, 143-159 at 64)
-STREAM_REGS = {8: 80, 16: 80, 32: 128, 64: 168}
-#: the same with a bias in the dense epilogue (AOT: 79 at 16 rows, 128 at 32, 176 at 64: 2 programs
-#: per SM there instead of 3)
-STREAM_REGS_BIAS = {8: 80, 16: 80, 32: 128, 64: 176}
+#: registers per thread of the kernel's builds, by padded rows: the most of the builds a plan runs
+#: (AOT, tests/test_aot_stream.py checks them: 79-82 at <= 16 rows (82: nvfp4 decoded in the
+#: gather), 121-128 at 32, 164 at 64 without a bias); the runtime builds measured lower (ncu on the
+#: H200: 79 at 16, 143-159 at 64). Allocated in steps of 8 per thread (``stream_resident``).
+STREAM_REGS = {8: 82, 16: 82, 32: 128, 64: 164}
+#: the same with a bias in the dense epilogue (AOT: 177 at 64 rows, mxfp8: 2 programs per SM there,
+#: not 3)
+STREAM_REGS_BIAS = {8: 82, 16: 82, 32: 128, 64: 177}
 #: shared memory per program beyond the ring and the two activation buffers: the 1 KB the driver
 #: keeps per block, barriers and alignment (ncu, H200: 32.8 KB dynamic at 16 rows against 32 KB
 #: of ring and buffers, 57.4 at 64 against 56)
@@ -111,7 +112,8 @@ STREAM_FP8_WO_MAX_M = 16
 #: two ways in one run, CUDA graphs: benchmarks/results/h200/archive/wxa-gather-ab-20261127.json),
 #: gather time over pass time inverted (> 1: the gather faster): M = 16 mxfp4 1.00-1.16x, nvfp4
 #: 1.02-1.61x, mxfp8 0.88-1.01x; M = 64 mxfp4 0.85-1.02x, nvfp4 0.68-1.18x, mxfp8 0.82-0.97x.
-#: So the gather for fp4 up to 16 rows; mxfp8 (whose pass is the cheapest) always the pass.
+#: So the gather for fp4 up to 16 rows; mxfp8 (whose pass is the cheapest) always the pass. 8 and 32
+#: rows were not measured: 8 takes 16's side, 32 takes 64's (the gather's cost grows with the rows).
 STREAM_GATHER_MAX_MP = {"mxfp4": 16, "nvfp4": 16, "mxfp8": 0}
 #: Triton releases the kernel was checked on (AOT: tests/test_aot_stream.py; GPU: the H200 A/B
 #: above, triton 3.6). Others keep the portable kernels until checked.
@@ -134,7 +136,7 @@ def stream_reason(p: Problem, dev: DeviceInfo, gluon_ok: bool) -> str | None:
     if not _TRITON_OK:
         return f"triton {'.'.join(map(str, _triton_release()))} (checked on {STREAM_TRITON})"
     if p.a not in STREAM_ACTIVATIONS:
-        return f"{p.a} activations (it takes bf16 or quantized {p.fmt}, decoded in the kernel)"
+        return f"{p.a} activations (it takes bf16 or quantized {p.fmt})"
     if p.op != "gemm" or p.grouping != "dense":
         return "not a dense GEMM"
     if not 1 <= p.m <= STREAM_MAX_M:
@@ -142,7 +144,8 @@ def stream_reason(p: Problem, dev: DeviceInfo, gluon_ok: bool) -> str | None:
     if p.k % 32 or p.k <= 0:
         return f"K = {p.k} not a positive multiple of 32 (16-byte TMA rows of packed e2m1)"
     if not p.tma:
-        return "operands not 16-byte aligned for TMA"
+        return ("weights not 16-byte aligned for TMA, or quantized activations not 4-byte aligned (the "
+                "gather reads them as words)")
     if p.fmt == "mxfp8":
         if p.m > STREAM_FP8_WO_MAX_M and p.weight_only:
             return (f"mxfp8 weight-only at M = {p.m} > {STREAM_FP8_WO_MAX_M}: the portable bf16 tiles measured "
@@ -161,8 +164,9 @@ def stream_resident(fmt: str, mp: int, smem_bytes: int = 227 * 1024, bias: bool 
     """Programs of the kernel one SM holds at once: the fewer of what its 64 K registers
     (``STREAM_REGS`` / ``STREAM_REGS_BIAS``, 128 threads) and its shared memory (``smem_bytes``,
     the opt-in per block, plus the 1 KB the driver keeps: 228 KB on H100 / H200) allow. ncu on
-    the H200 (mxfp4, no bias): 6 by both at 16 rows, 3 by both at 64."""
-    regs = 65536 // ((STREAM_REGS_BIAS if bias else STREAM_REGS)[mp] * 128)
+    the H200 (mxfp4, no bias): 6 by both at 16 rows (5 here: the nvfp4 gather build's 82 registers
+    round to 88), 3 by both at 64."""
+    regs = 65536 // (cdiv((STREAM_REGS_BIAS if bias else STREAM_REGS)[mp], 8) * 8 * 128)
     need = _stages(fmt) * (8192 if fmt == "mxfp8" else 4096) + 2 * mp * 128 * 2 + STREAM_SMEM_EXTRA
     return max(1, min(regs, (smem_bytes + 1024) // need))
 
@@ -177,7 +181,7 @@ def stream_split(n: int, k: int, m: int, sm_count: int, fmt: str = "mxfp4", smem
     split = 1
     for s in range(2, STREAM_MAX_SPLIT + 1):
         per = cdiv(chunks, s)
-        if per < STREAM_MIN_CHUNKS[mp] or tiles * s > most:
+        if chunks < STREAM_MIN_CHUNKS[mp] * s or tiles * s > most:
             break
         if cdiv(chunks, per) == s:  # else the launcher would run fewer splits (none empty)
             split = s
@@ -231,7 +235,8 @@ def grouped_stream_reason(p: Problem, dev: DeviceInfo) -> str | None:
     if p.a not in STREAM_ACTIVATIONS:
         return f"{p.a} activations"
     if p.k % 32 or p.k <= 0 or not p.tma:
-        return f"K = {p.k} not a multiple of 32, or the weights not 16-byte aligned for TMA"
+        return (f"K = {p.k} not a multiple of 32, or the weights not 16-byte aligned for TMA, or quantized "
+                f"activations not 4-byte aligned")
     if p.rows_per_expert > STREAM_GROUPED_MAX_ROWS:
         return f"~{p.rows_per_expert:g} rows per expert > {STREAM_GROUPED_MAX_ROWS:g}"
     return None
