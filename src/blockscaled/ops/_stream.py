@@ -66,6 +66,13 @@ def _descriptor(cls, base, shape, strides, block, layout):
     return d
 
 
+def words_aligned(t: torch.Tensor, row_stride: int) -> bool:
+    """Quantized activations the kernel's gather can read as int32 words: 4-byte aligned rows and
+    base address. While torch.compile traces, tensors have no address: the launcher checks the
+    real one (and raises)."""
+    return (row_stride * t.element_size()) % 4 == 0 and (torch.compiler.is_compiling() or t.data_ptr() % 4 == 0)
+
+
 def launch_stream(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, w_gs, fmt_name: str, k: int,
                   out: torch.Tensor, cfg: GemmConfig, seg: torch.Tensor | None = None, grouping: int = 0,
                   x_scale: torch.Tensor | None = None, x_gs: torch.Tensor | None = None,
@@ -104,7 +111,7 @@ def launch_stream(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, 
                              f"contiguous copy")
         x = x.view(torch.int32)
     xs = x_scale if a_quant else gs  # not read unless quantized
-    ags = x_gs if x_gs is not None else gs  # not read unless nvfp4 and quantized
+    ags = x_gs if x_gs is not None else gs  # not read unless HAS_AGS
     if grouping:
         if bias is not None:
             raise ValueError("bias: the grouped streaming kernel takes none")

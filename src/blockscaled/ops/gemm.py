@@ -31,7 +31,7 @@ from ..plan.types import DTYPE_NAMES
 from ..plan.portable import default_promote
 from ..plan.splits import split_plan as _split_plan
 from . import _hopper
-from ._stream import launch_stream
+from ._stream import launch_stream, words_aligned
 from ._splitk import splitk_scratch
 from ..formats import Format
 from ..kernels.triton._mma import FORMAT_CODES
@@ -517,11 +517,8 @@ def _tma_ok(a2, a_s2, b_data, fmt: Format, n: int, out2) -> bool:
     if a_s2 is not None and fmt.name == "fp8_block":
         return _hopper.tma_2d_reason("a", a2) is None and _hopper.tma_2d_reason("b", b_data) is None
     if fmt.name in _STREAM_FORMATS:
-        # quantized A is read as int32 words (4-byte aligned base and rows); dense A elementwise
-        # (while torch.compile traces tensors have no address: the launcher checks the real one)
-        a_ok = a_s2 is None or ((a2.stride(0) * a2.element_size()) % 4 == 0 and (
-            torch.compiler.is_compiling() or a2.data_ptr() % 4 == 0))
-        return a_ok and _hopper.tma_2d_reason("b", b_data) is None
+        # quantized A is read as int32 words; dense A elementwise
+        return (a_s2 is None or words_aligned(a2, a2.stride(0))) and _hopper.tma_2d_reason("b", b_data) is None
     return False
 
 

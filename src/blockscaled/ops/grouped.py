@@ -40,7 +40,7 @@ from ._autograd import requires_grad_name
 from ._explain import emit, explaining
 from .errors import OP_GROUPED_GEMM, check_metadata, check_metadata_host
 from . import _hopper
-from ._stream import launch_stream
+from ._stream import launch_stream, words_aligned
 from .gemm import _DTYPE_NAMES, _cdiv, _dequant, _eager_ok, _one, stream_activations
 from .quantize import _pow2  # (host arithmetic, not triton's constexpr functions: ~2-5 us a call)
 from .gemm import gemm as _dense_gemm
@@ -566,10 +566,8 @@ def grouped_plan(op: str, a, b: ScaledTensor, fmt: str, rows_per_expert: float, 
     total = rows if rows is not None else (a_t.shape[0] * (a_t.shape[1] if mode == MODE_MASKED else 1))
     why = hopper_reason(a, b, out_dtype, mode, b2=b2) if dev.type == "cuda" else "needs a CUDA device"
     # the streaming kernel reads the packed weights by TMA (and needs the Gluon kernels), quantized
-    # activations as int32 words (4-byte aligned base and rows)
-    # (while torch.compile traces tensors have no address: the launcher checks the real one)
-    a_words = a_dtype is not None or ((a_row_stride * a_t.element_size()) % 4 == 0 and (
-        torch.compiler.is_compiling() or a_t.data_ptr() % 4 == 0))
+    # activations as int32 words
+    a_words = a_dtype is not None or words_aligned(a_t, a_row_stride)
     stream_tma = (why is not None and dev.type == "cuda" and fmt in ("mxfp4", "nvfp4", "mxfp8")
                and b2 is None and a_words and _hopper.tma_2d_reason("b", b.data.reshape(-1, b.data.shape[-1])) is None
                and _hopper.gluon_unavailable_reason() is None)

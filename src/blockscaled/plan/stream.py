@@ -22,7 +22,7 @@ The K split (``stream_split``): programs are (64-row tiles) x (splits); a split 
 in flight) and costs a fp32 partial [64, MP] written and summed per split. From a model of what the
 rows showed: the split is the largest (any integer <= ``STREAM_MAX_SPLIT``) whose programs stay
 within ``STREAM_PROGRAMS_PER_SM`` per SM and within what the SMs hold at once
-(``stream_resident``: registers and shared memory per program, e.g. 6 per SM at 16 rows, 3 at
+(``stream_resident``: registers and shared memory per program, e.g. 5 per SM at 16 rows, 3 at
 64), and whose splits average at least ``STREAM_MIN_CHUNKS`` 128-K steps. Past the resident count a
 second partial round of programs costs as much as the first (H200, 8192 x 8192 at M = 64: 384
 programs 50.0 us, 512 programs 75.6 us, 256 programs 55.2 us). History: the first rule (powers
@@ -52,9 +52,11 @@ from .splits import cdiv
 from .types import Problem
 
 __all__ = ["STREAM_FORMATS", "STREAM_ACTIVATIONS", "STREAM_MAX_M", "STREAM_MP", "STREAM_PROGRAMS_PER_SM",
-           "STREAM_MIN_CHUNKS", "STREAM_MAX_SPLIT", "STREAM_REGS", "STREAM_REGS_BIAS", "STREAM_SMEM_EXTRA", "stream_resident", "STREAM_STAGES", "STREAM_STAGES_FP8", "STREAM_FP8_MIN_BYTES",
-           "STREAM_FP8_WO_MAX_M", "STREAM_GATHER_MAX_MP", "STREAM_GROUPED_FORMATS", "STREAM_TRITON", "STREAM_GROUPED_MAX_ROWS", "use_stream",
-           "stream_split", "stream_config", "stream_reason", "grouped_stream_reason", "grouped_stream_config"]
+           "STREAM_MIN_CHUNKS", "STREAM_MAX_SPLIT", "STREAM_REGS", "STREAM_REGS_BIAS", "STREAM_SMEM_EXTRA",
+           "stream_resident", "STREAM_STAGES", "STREAM_STAGES_FP8", "STREAM_FP8_MIN_BYTES",
+           "STREAM_FP8_WO_MAX_M", "STREAM_GATHER_MAX_MP", "STREAM_GROUPED_FORMATS", "STREAM_TRITON",
+           "STREAM_GROUPED_MAX_ROWS", "use_stream", "stream_split", "stream_config", "stream_reason",
+           "grouped_stream_reason", "grouped_stream_config"]
 
 STREAM_FORMATS = ("mxfp4", "nvfp4", "mxfp8")
 #: Problem.a values it takes: bf16 (weight-only) and quantized (W x A: the activations, <= 64 rows,

@@ -493,7 +493,7 @@ def tensor_amax_kernel(x_ptr, part_ptr, M, K, stride_xm, tiles_k, iters,
 
 # --------------------------------------------------------------------------- dequantize
 @triton.jit
-def _nvfp4_values(code, v, s, smask, gs):
+def _nvfp4_values(code, s, smask, gs):
     """``(v * s) / gs`` per element (v the e2m1 value of ``code`` [ROWS, GROUPS, BK], s the e4m3
     block scale [ROWS, GROUPS]), bit for bit as the reference divides, with two divisions per block
     instead of one per element. An e2m1 value is +-m * 2**e with m in {1, 1.5} and e in -1..2, and
@@ -513,6 +513,7 @@ def _nvfp4_values(code, v, s, smask, gs):
         mag = tl.where(m == 0, base * 0.0, base * _f32(((m >> 1) + 126) << 23))  # 2**e, e = (m >> 1) - 1
         out = _f32(_bits(mag) ^ ((code & 8) << 28))  # the code's sign (the quotient's is in mag)
     else:
+        v = _e2m1_decode(code)
         out = tl.math.div_rn(v * tl.broadcast_to(s[:, :, None], v.shape), tl.broadcast_to(gs, v.shape))
     return out
 
@@ -541,7 +542,8 @@ def dequantize_1xk_kernel(
         pmask = rmask[:, None, None] & (pc < KP)
         byte = tl.load(q_ptr + qrow + pc, mask=pmask, other=0).to(tl.int32)
         code = tl.reshape(tl.join(byte & 15, byte >> 4), (ROWS, GROUPS, BK))
-        v = _e2m1_decode(code)
+        if FMT != FMT_NVFP4:  # (nvfp4 decodes only where it divides per element)
+            v = _e2m1_decode(code)
     if FMT == FMT_FP8_BLOCK:
         s = tl.load(s_ptr + srow + grp[None, :], mask=smask, other=1.0)
     elif FMT == FMT_NVFP4:
@@ -550,7 +552,7 @@ def dequantize_1xk_kernel(
         b = tl.load(s_ptr + srow + grp[None, :], mask=smask, other=127).to(tl.int32)
         s = _f32(tl.where(b == 0, 0x00400000, tl.where(b == 255, 0x7FC00000, b << 23)))
     if FMT == FMT_NVFP4:
-        out = _nvfp4_values(code, v, s, smask, tl.load(gs_ptr))
+        out = _nvfp4_values(code, s, smask, tl.load(gs_ptr))
     else:
         out = v * tl.broadcast_to(s[:, :, None], v.shape)
     if out_ptr.dtype.element_ty == tl.bfloat16:
