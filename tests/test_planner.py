@@ -113,16 +113,19 @@ def test_device_file_is_complete():
 
 def test_dispatch_table_in_readme_is_current(monkeypatch):
     """The README's table is the planner's output on an H100 with the GPU image's Triton (3.6, where
-    the MX / NV decode GEMV and the streaming kernel run: MX_GEMV_TRITON, STREAM_TRITON),
+    the MX / NV decode GEMV, the streaming and the tiled kernel run: MX_GEMV_TRITON, STREAM_TRITON,
+    TILED_TRITON),
     whichever Triton runs the test."""
     from pathlib import Path
 
     from blockscaled.plan import gemm as plan_gemm_mod
-    from blockscaled.plan import mx_gemv, stream as plan_stream
+    from blockscaled.plan import mx_gemv, stream as plan_stream, tiled as plan_tiled
 
     monkeypatch.setattr(mx_gemv, "_TRITON_OK", True)
     monkeypatch.setattr(plan_stream, "_TRITON_OK", True)
     monkeypatch.setattr(plan_stream, "STREAM_ENABLED", True)
+    monkeypatch.setattr(plan_tiled, "_TRITON_OK", True)
+    monkeypatch.setattr(plan_tiled, "TILED_ENABLED", True)
     plan_gemm_mod.plan_gemm.cache_clear()
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     begin, end = "<!-- dispatch-table:begin -->\n", "<!-- dispatch-table:end -->"

@@ -14,8 +14,12 @@ read once, at import):
   where it measured faster, mxfp8) weights at M <= 64, weight-only or W x A, dense and grouped
   (plan/stream.py). **On by default**: its GPU tests and every row of ``bench --suite mx`` passed
   the float64 checks on an H200.
-* ``all`` (or ``1``): all three; ``none`` (or ``0``): none. Comma lists work:
-  ``BLOCKSCALED_MX_KERNELS=gemv,bf16``. Unset: ``gemv,stream``.
+* ``tiled``: the sm_90 tiled kernel (kernels/hopper/tiled.py) for mxfp4 / nvfp4 / mxfp8 weights
+  with bf16 or quantized activations at M > 64, where its cost model predicts it faster than the
+  portable kernel or dequantize + cuBLAS (plan/tiled.py). **On by default**: its GPU tests and A/B
+  rows passed the float64 checks on an H200 (benchmarks/NOTES.md, twentieth session).
+* ``all`` (or ``1``): all four; ``none`` (or ``0``): none. Comma lists work:
+  ``BLOCKSCALED_MX_KERNELS=gemv,bf16``. Unset: ``gemv,stream,tiled``.
 """
 
 from __future__ import annotations
@@ -25,21 +29,24 @@ import os
 __all__ = ["MX_KERNELS", "mx_kernel_enabled"]
 
 
+_NAMES = frozenset({"gemv", "bf16", "stream", "tiled"})
+
+
 def _parse(value: str) -> frozenset[str]:
     parts = {p.strip().lower() for p in value.split(",") if p.strip()}
     if parts & {"1", "all", "on", "true"}:
-        return frozenset({"gemv", "bf16", "stream"})
-    unknown = parts - {"gemv", "bf16", "stream", "0", "off", "false", "none"}
+        return frozenset(_NAMES)
+    unknown = parts - _NAMES - {"0", "off", "false", "none"}
     if unknown:
-        raise ValueError(f"BLOCKSCALED_MX_KERNELS: expected 'all', 'gemv', 'bf16', 'stream' or a comma list of them, got "
-                         f"{value!r}")
-    return frozenset(parts & {"gemv", "bf16", "stream"})
+        raise ValueError(f"BLOCKSCALED_MX_KERNELS: expected 'all', 'gemv', 'bf16', 'stream', 'tiled' or a comma list of "
+                         f"them, got {value!r}")
+    return frozenset(parts & _NAMES)
 
 
 #: the experimental kernels switched on in this process
-MX_KERNELS: frozenset[str] = _parse(os.environ.get("BLOCKSCALED_MX_KERNELS", "gemv,stream"))
+MX_KERNELS: frozenset[str] = _parse(os.environ.get("BLOCKSCALED_MX_KERNELS", "gemv,stream,tiled"))
 
 
 def mx_kernel_enabled(name: str) -> bool:
-    """Whether the experimental kernel ``name`` ("gemv", "bf16" or "stream") is on in this process."""
+    """Whether the experimental kernel ``name`` ("gemv", "bf16", "stream" or "tiled") is on in this process."""
     return name in MX_KERNELS

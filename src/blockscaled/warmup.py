@@ -88,11 +88,11 @@ def _top_k(model: torch.nn.Module, top_k: int | None) -> int:
 
 
 def _prepass(plan, act_format, m: int, k: int):
-    """The tiles of the exact bf16 dequantization that a streaming-kernel plan with
+    """The tiles of the exact bf16 dequantization that a streaming- or tiled-kernel plan with
     ``dequant_a`` runs first on quantized activations (``ops.gemm.stream_activations``; its
     kernel's tiles follow the rows), else None."""
     cfg = plan.config
-    if act_format is None or getattr(cfg, "strategy", None) != "stream" or not cfg.dequant_a:
+    if act_format is None or getattr(cfg, "strategy", None) not in ("stream", "tiled") or not cfg.dequant_a:
         return None
     return dequant_tiles(act_format, m, k)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 __all__ = ["GemmConfig", "STRATEGIES", "GEMV_MAX_M", "gemv_config", "gemv_slice_elems"]
 
-STRATEGIES = ("triton", "dequant_matmul", "hopper", "gemv", "stream")
+STRATEGIES = ("triton", "dequant_matmul", "hopper", "gemv", "stream", "tiled")
 
 
 #: Most activation rows one program of the CUDA-core decode GEMVs (strategy "gemv",
@@ -70,9 +70,11 @@ class GemmConfig:
         the epilogue, all in one launch; deterministic (bitwise, whatever the arrival order).
         Each split covers a multiple of block_k; the launcher lowers the count so that no
         split is empty (ops/gemm.py::_split_plan).
-    strategy: "triton", "gemv", "hopper", "dequant_matmul" or "stream" (see module docstring;
-        "stream": kernels/hopper/stream.py, block_m = the padded activation rows 8..64,
-        block_n 64, block_k 128, 4 warps, num_stages = TMA ring slots, split_k). "gemv"
+    strategy: "triton", "gemv", "hopper", "dequant_matmul", "stream" or "tiled" (see module
+        docstring; "stream": kernels/hopper/stream.py, block_m = the padded activation rows 8..64,
+        block_n 64, block_k 128, 4 warps, num_stages = TMA ring slots, split_k; "tiled":
+        kernels/hopper/tiled.py, block_m 128, 8 warps, block_n 128, block_k 64,
+        num_stages 3..6 TMA ring slots, split_k). "gemv"
         reads only block_m (activation rows per program, a power of two <= GEMV_MAX_M), block_n
         (weight rows per program, a power of two <= 128; <= 8 for the MX / NV GEMV, which holds a
         slice of every row in each thread's registers), block_k (K elements per weight-chunk
@@ -85,7 +87,8 @@ class GemmConfig:
         padding A to the 64-row wgmma); a quantized A, or a dense (weight-only) A with
         promote=False (the bf16-dequantized weight is then the wgmma's register operand); with
         128x128 weight blocks block_n must divide 128. The grouped kernels ignore it.
-    dequant_a: strategy "stream" with quantized activations only: dequantize them exactly to
+    dequant_a: strategy "stream" or "tiled" with quantized activations only ("tiled" always does, so
+        its plans say so): dequantize them exactly to
         bf16 in one pass before the kernel (True) instead of decoding them in the kernel's
         gather, where every 64-weight-row program decodes all of them again (False; see
         plan/stream.py ``STREAM_GATHER_MAX_MP`` for where each wins). Ignored for bf16 activations.
@@ -117,14 +120,17 @@ class GemmConfig:
             raise TypeError(f"GemmConfig.promote: expected None or a bool, got {self.promote!r}")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"GemmConfig.strategy: expected one of {STRATEGIES}, got {self.strategy!r}")
-        if self.dequant_a and self.strategy != "stream":
-            raise ValueError(f"GemmConfig.dequant_a: only strategy 'stream' dequantizes the activations first, "
+        if self.dequant_a and self.strategy not in ("stream", "tiled"):
+            raise ValueError(f"GemmConfig.dequant_a: only strategies 'stream' and 'tiled' dequantize the activations first, "
                              f"got strategy {self.strategy!r}")
         if self.strategy == "gemv":
             self._check_gemv()
             return
         if self.strategy == "stream":
             self._check_stream()
+            return
+        if self.strategy == "tiled":
+            self._check_tiled()
             return
         for name in ("block_m", "block_n", "block_k"):
             v = getattr(self, name)
@@ -165,6 +171,21 @@ class GemmConfig:
                              f"{self.block_n}, {self.block_k}, {self.num_warps}")
         if not 2 <= self.num_stages <= 8:
             raise ValueError(f"GemmConfig.num_stages: strategy 'stream' needs 2..8 ring slots, got {self.num_stages}")
+        if self.split_k < 1:
+            raise ValueError(f"GemmConfig.split_k: expected >= 1, got {self.split_k}")
+
+    def _check_tiled(self) -> None:
+        # kernels/hopper/tiled.py: one warpgroup per 64 activation rows, 128 weight rows, 64-element
+        # K steps, a TMA ring of num_stages slots (the slot of step i - 2 is refilled at step i)
+        # (64-row tiles: slower on every A/B row, and 255 registers with a bias: spills)
+        if (self.block_m, self.num_warps) != (128, 8):
+            raise ValueError(f"GemmConfig: strategy 'tiled' runs block_m=128 with num_warps=8, got "
+                             f"block_m={self.block_m}, num_warps={self.num_warps}")
+        if (self.block_n, self.block_k) != (128, 64):
+            raise ValueError(f"GemmConfig: strategy 'tiled' runs block_n=128, block_k=64, got {self.block_n}, "
+                             f"{self.block_k}")
+        if not 3 <= self.num_stages <= 6:
+            raise ValueError(f"GemmConfig.num_stages: strategy 'tiled' needs 3..6 ring slots, got {self.num_stages}")
         if self.split_k < 1:
             raise ValueError(f"GemmConfig.split_k: expected >= 1, got {self.split_k}")
 

@@ -32,6 +32,7 @@ from ..plan.portable import default_promote
 from ..plan.splits import split_plan as _split_plan
 from . import _hopper
 from ._stream import launch_stream, words_aligned
+from ._tiled import launch_tiled
 from ._splitk import splitk_scratch
 from ..formats import Format
 from ..kernels.triton._mma import FORMAT_CODES
@@ -353,6 +354,32 @@ def _check_stream(a2, a_s2, fmt: Format, m: int, k: int) -> None:
         raise ValueError(f"config.strategy: 'stream' takes M <= 64 and K % 32 == 0, got M={m}, K={k}")
 
 
+def _check_tiled(a2, a_s2, fmt: Format, m: int, k: int) -> None:
+    """A forced ``strategy="tiled"`` config on operands the kernel cannot take: a clear error
+    (the planner never plans it for them: plan/tiled.py)."""
+    if fmt.name not in _STREAM_FORMATS or (a_s2 is None and a2.dtype != torch.bfloat16):
+        raise ValueError(f"config.strategy: 'tiled' takes mxfp4 / nvfp4 / mxfp8 weights with bf16 or quantized "
+                         f"activations, got {fmt.name} weights and {a2.dtype} activations")
+    if not device_info(a2.device).is_hopper:
+        raise ValueError(f"config.strategy: 'tiled' is an sm_90 (Hopper) kernel, got a {a2.device} tensor")
+    if k % 32:
+        raise ValueError(f"config.strategy: 'tiled' takes K % 32 == 0, got K={k}")
+
+
+def _tiled_activations(a2, a_s2, a_gs, fmt: Format, k: int):
+    """(bf16 x [M, K] the kernel's TMA can read, the activations' nvfp4 global scale or None):
+    quantized activations dequantized exactly to bf16 (stream_activations' pass); a bf16 x whose
+    base or row stride is not 16-byte aligned (a slice) copied."""
+    x_gs = None
+    if a_s2 is not None:
+        x_gs = a_gs if fmt.has_global_scale else None
+        gs = _one(a2.device) if fmt.has_global_scale else None
+        return _dequant(a2, a_s2, gs, fmt, (a2.shape[0], k), 1, torch.bfloat16), x_gs
+    if a2.data_ptr() % 16 or (a2.stride(0) * 2) % 16 or a2.stride(1) != 1:
+        a2 = a2.contiguous() if a2.stride(1) != 1 or (a2.stride(0) * 2) % 16 else a2.clone()
+    return a2, x_gs
+
+
 def stream_activations(a_data: torch.Tensor, a_scale: torch.Tensor | None, a_gs, fmt: Format, k: int,
                        cfg: GemmConfig):
     """The streaming kernel's activation operands ``(x, x_scale, x_gs)`` for launch_stream.
@@ -602,6 +629,11 @@ def run_plan(plan: Plan, a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows: int, fmt
         _check_stream(a2, a_s2, fmt, m, k)
         x, x_scale, x_gs = stream_activations(a2, a_s2, a_gs, fmt, k, cfg)
         launch_stream(x, b_data, b_scale, b_gs, fmt.name, k, out2, cfg, x_scale=x_scale, x_gs=x_gs, bias=bias)
+        return
+    if cfg.strategy == "tiled":
+        _check_tiled(a2, a_s2, fmt, m, k)
+        x, x_gs = _tiled_activations(a2, a_s2, a_gs, fmt, k)
+        launch_tiled(x, b_data, b_scale, b_gs, fmt.name, k, out2, cfg, bias=bias, x_gs=x_gs)
         return
     a_dense = a_s2 is None
     a_dtype = a2.dtype if a_dense else None

@@ -12,6 +12,7 @@ from .stream import STREAM_FORMATS, STREAM_GATHER_MAX_MP, STREAM_MAX_M, stream_c
 from .device import DeviceInfo
 from .mx_gemv import MX_GEMV_ROWS, mx_gemv_config, use_mx_gemv
 from .portable import choose_portable, mx_bf16_applies
+from .tiled import dequant_matmul_us, tiled_config, tiled_reason
 from .types import DTYPES, Plan, Problem
 
 __all__ = ["plan_gemm"]
@@ -75,6 +76,8 @@ def plan_gemm(p: Problem, dev: DeviceInfo, forced=None, *, gluon_ok: bool = True
             f"registers into the bf16 wgmma's register operand, {p.m} activation rows padded to "
             f"{cfg.block_m}; {-(-p.n // 64)} tiles of 64 rows x K split {cfg.split_k} (plan/stream.py: "
             f"programs per SM and steps per split from the H200 fp4-stream A/B)"))
+    if tiled_reason(p, dev, gluon_ok) is None:
+        return _plan_tiled(p, dev, scope)
     cfg = choose_portable(p.fmt, p.m, p.n, p.k, dev, _a_dtype(p), _DTYPES[p.out_dtype])
     if cfg.strategy == "dequant_matmul":
         why = ("dequantize both operands to bf16, then cuBLAS: the roofline model (or the measured MX_BF16_DEQUANT_M "
@@ -91,6 +94,26 @@ def plan_gemm(p: Problem, dev: DeviceInfo, forced=None, *, gluon_ok: bool = True
     if dev.is_hopper and p.fmt in STREAM_FORMATS and 1 <= p.m <= STREAM_MAX_M:
         reasons += (f"not the streaming kernel: {stream_reason(p, dev, gluon_ok)}",)
     return Plan("gemm", "cuda", cfg, p, reasons=reasons)
+
+
+def _plan_tiled(p: Problem, dev: DeviceInfo, scope: str) -> Plan:
+    """Above the streaming kernel's rows on sm_90: the tiled kernel or dequantize + cuBLAS, whichever
+    the cost model of plan/tiled.py predicts faster (the portable kernel lost to the tiled one on
+    all 12 M = 128 rows of the A/B it was fitted on, 1.08-3.0x, so it is not a candidate here)."""
+    cfg, t_tiled = tiled_config(p, dev)
+    t_dq = dequant_matmul_us(p, dev)
+    head = f"{p.fmt}{' weight-only' if p.weight_only else ' x ' + p.fmt} on {scope}"
+    model = (f"plan/tiled.py cost model: tiled {t_tiled:.1f} us "
+             f"({-(-p.m // 128) * -(-p.n // 128)} tiles of 128x128 x split {cfg.split_k}, "
+             f"{-(-(-(-p.k // 64)) // cfg.split_k)} K steps each), dequantize + cuBLAS {t_dq:.1f} us")
+    if t_tiled < t_dq:
+        return Plan("gemm", "cuda", cfg, p, predicted_us=t_tiled, alternatives=(("dequant_matmul", t_dq),), reasons=(
+            head, "tiled kernel (kernels/hopper/tiled.py): weights decoded to bf16 in shared memory, "
+            "both wgmma operands in shared memory, one wgmma in flight" + (
+                "; the activations dequantized exactly to bf16 by one pass first" if cfg.dequant_a else ""), model))
+    return Plan("gemm", "cuda", GemmConfig(strategy="dequant_matmul"), p, predicted_us=t_dq,
+                alternatives=(("hopper_tiled", t_tiled),), reasons=(
+                    head, "dequantize both operands to bf16, then cuBLAS", model))
 
 
 def _a_dtype(p: Problem):

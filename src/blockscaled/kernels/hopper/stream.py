@@ -404,12 +404,14 @@ def stream_kernel(w_desc, ws_ptr, x_ptr, xs_ptr, gs_ptr, ags_ptr, bias_ptr, c_pt
         e = pid // tiles
         tile = pid % tiles
         sp = 0
+        # offsets / counts clamped to [0, M]: unvalidated bad metadata gives wrong rows (the device
+        # check flags it), never an out-of-bounds access (tests/test_grouped.py, memory safety)
         if GROUPING == 1:
-            row0 = gl.load(seg_ptr + e)
-            m_e = gl.load(seg_ptr + e + 1) - row0
+            row0 = gl.minimum(gl.maximum(gl.load(seg_ptr + e), 0), M)
+            m_e = gl.maximum(gl.minimum(gl.maximum(gl.load(seg_ptr + e + 1), 0), M) - row0, 0)
         else:
             row0 = pid * 0
-            m_e = gl.minimum(gl.load(seg_ptr + e), M)
+            m_e = gl.minimum(gl.maximum(gl.load(seg_ptr + e), 0), M)
     off_n = tile * BLOCK_N
     num_c = gl.cdiv(K, CHUNK)
     c_lo = sp * kc_per_split

@@ -1,0 +1,223 @@
+"""The sm_90a tiled MX / NV GEMM in Gluon: bf16 activations x mxfp4 / nvfp4 / mxfp8 weights, M > 64.
+
+``C[m, n] = sum_k x[m, k] * dequantize(W)[n, k]`` (+ bias) for prefill-sized M, where the tensor
+cores, not the weight bytes, set the time. Kernel body only; the host launcher is
+``blockscaled.ops._tiled``.
+
+Why a kernel of its own (benchmarks/NOTES.md, twentieth session): above 64 rows the library ran
+dequantize-to-bf16 + cuBLAS (0.2-0.5x cuBLAS bf16 on the pre-dequantized weights at M = 256: the
+pass writes and cuBLAS re-reads 2 bytes per weight element), and the streaming kernel
+(``stream.py``) decodes its weights into the wgmma's register operand, which forces a wait after
+every wgmma and re-reads the whole activation block per 64 weight rows. Here the decoded weights
+go to shared memory instead, so both wgmma operands are in shared memory and one wgmma stays in
+flight while the next K step decodes:
+
+* a ring of STAGES slots, each one TMA box of the activations ([BM, 64] bf16, 128-byte swizzle)
+  and one of the packed weights ([BN, 64] elements as int32 words: 8 e2m1 or 4 e4m3 per word);
+* per K step every thread decodes 32 weight elements (one 16- or 32-byte run of a row: one MX
+  scale block, two nvfp4 blocks) with the streaming kernel's integer decode (``_DECODE_*``: exact
+  bf16 products of code and block scale), stores them in natural K order to a bf16 [BN, 64]
+  buffer (three buffers: the one a wgmma may still read is never the one being written), then
+  one wgmma [BM, 64] x [64, BN] per warpgroup is issued and the previous one waited for;
+* the slot of step i - 2 is refilled at step i, after the barrier that every warp passes only
+  once its own wgmma of step i - 2 has completed (two warpgroups do not finish in lockstep).
+
+Numerics: as the streaming kernel (exact products, fp32 accumulation in the tensor core, one
+rounding at the store; nvfp4's 2**-8 decode factor undone with the global scale in the epilogue).
+K must be a multiple of 32 (the planner checks; 16-byte TMA rows of packed e2m1): TMA zero-fills
+the codes and activations past K, N and M; scale loads past K read 2**0 / 0, never a NaN code.
+
+Split-K (SPLIT > 1): fp32 partial tiles and a deterministic last-arriver sum in split order, as
+the streaming and skinny kernels.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
+                                                               warpgroup_mma_wait)
+
+from ._common import store_layout_for
+from ._compat import cta_barrier, tma_load
+from .stream import _DECODE_E4M3, _DECODE_MX, _DECODE_NV, _FMT_MXFP8, _FMT_NVFP4, _scale_factor
+
+__all__ = ["tiled_kernel", "BLOCK_K", "word_layouts"]
+
+#: K elements per pipeline step: one 128-byte swizzled row of bf16 activations
+BLOCK_K = gl.constexpr(64)
+
+
+@gluon.constexpr_function
+def word_layouts(bn, ns, wps, num_warps):
+    """(2-D, 3-D) layouts of one step's packed weight words, [BN, NS * WPS] and [BN, NS, WPS]: NS
+    scale blocks per row and step, WPS int32 words per scale block. A thread holds 32 contiguous
+    elements of a row (half of the 64-element step: 4 e2m1 words or 8 e4m3 words), lanes take the
+    two halves and 16 rows, warps further rows, registers the rows past num_warps * 16."""
+    half = ns // 2  # scale blocks per thread
+    wb = [1 << i for i in range((wps).bit_length() - 1)]  # word bits within a scale block
+    hb = [1 << i for i in range((half).bit_length() - 1)]  # scale-block bits within a thread
+    rows_lane = [1 << i for i in range(4)]
+    rows_warp = [16 << i for i in range((num_warps).bit_length() - 1)]
+    reps = [16 * num_warps << i for i in range((bn // (16 * num_warps)).bit_length() - 1)]
+    two = gl.DistributedLinearLayout(
+        reg_bases=[[0, w] for w in wb] + [[0, wps * h] for h in hb] + [[r, 0] for r in reps],
+        lane_bases=[[0, wps * half]] + [[r, 0] for r in rows_lane],
+        warp_bases=[[r, 0] for r in rows_warp], block_bases=[], shape=[bn, ns * wps])
+    three = gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, w] for w in wb] + [[0, h, 0] for h in hb] + [[r, 0, 0] for r in reps],
+        lane_bases=[[0, half, 0]] + [[r, 0, 0] for r in rows_lane],
+        warp_bases=[[r, 0, 0] for r in rows_warp], block_bases=[], shape=[bn, ns, wps])
+    return two, three
+
+
+@gluon.constexpr_function
+def acc_layout(bm, bn, num_warps):
+    """wgmma accumulator [BM, BN]: one warpgroup per 64 rows, instruction N = BN."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, bn, 16])
+
+
+@gluon.jit
+def _decode(words, fac, FMT: gl.constexpr, BN: gl.constexpr):
+    """[BN, NS, WPS] int32 words and their [BN, NS, 1] bf16x2 factors -> bf16 [BN, 64] in natural
+    K order (element 8 w + j of a word of e2m1 is nibble j; e4m3: byte j of 4 w + j)."""
+    if FMT == _FMT_MXFP8:
+        p0, p1 = gl.inline_asm_elementwise(_DECODE_E4M3, "=r,=r,r,r", [words, fac], dtype=(gl.int32, gl.int32),
+                                           is_pure=True, pack=1)
+        pr = gl.join(p0, p1)  # [.., b]: bytes (2b, 2b + 1)
+        lo = pr.to(gl.int16)
+        hi = (pr >> 16).to(gl.int16)
+        h = gl.join(lo, hi).to(gl.bfloat16, bitcast=True)  # [.., b, h]: byte 2b + h
+        return gl.reshape(h, [BN, BLOCK_K])
+    else:
+        if FMT == _FMT_NVFP4:
+            p0, p1, p2, p3 = gl.inline_asm_elementwise(_DECODE_NV, "=r,=r,=r,=r,r,r", [words, fac],
+                                                       dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
+                                                       is_pure=True, pack=1)
+        else:
+            p0, p1, p2, p3 = gl.inline_asm_elementwise(_DECODE_MX, "=r,=r,=r,=r,r,r", [words, fac],
+                                                       dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
+                                                       is_pure=True, pack=1)
+        pr = gl.join(gl.join(p0, p2), gl.join(p1, p3))  # [.., a1, a0]: the pair j = 2 a1 + a0 is (j, j + 4)
+        lo = pr.to(gl.int16)
+        hi = (pr >> 16).to(gl.int16)
+        h = gl.join(lo, hi).to(gl.bfloat16, bitcast=True)  # [.., a1, a0, h]: nibble 4h + 2a1 + a0
+        return gl.reshape(gl.permute(h, (0, 1, 2, 5, 3, 4)), [BN, BLOCK_K])
+
+
+@gluon.jit
+def _load_step(x_desc, w_desc, x_bufs, w_bufs, bars, slot, off_m, w_row, kstep, WPR: gl.constexpr, pred):
+    bar = bars.index(slot)
+    mbarrier.expect(bar, x_desc.block_type.nbytes + w_desc.block_type.nbytes, pred=pred)
+    tma_load(x_desc, [off_m, kstep * BLOCK_K], bar, x_bufs.index(slot), pred=pred)
+    tma_load(w_desc, [w_row, kstep * WPR], bar, w_bufs.index(slot), pred=pred)
+
+
+@gluon.jit(do_not_specialize=["M", "ks_per_split"])
+def tiled_kernel(x_desc, w_desc, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_ptr, cnt_ptr, M, N, K, ks_per_split, SPLIT,
+                 stride_wsn, stride_cm, FMT: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+                 HAS_AGS: gl.constexpr, HAS_BIAS: gl.constexpr, num_warps: gl.constexpr):
+    """One program per (BM x BN output tile, K split), tiles N-major within a column of M tiles
+    (consecutive programs share the activation rows). ``x_desc``: TMA boxes [BM, 64] of bf16 x
+    [M, K]; ``w_desc``: boxes [BN, 64 elements] of the packed weights as int32 [N, K / 8] (e2m1) or
+    [N, K / 4] (e4m3); ``ws_ptr``: E8M0 [N, K / 32] (mx) or e4m3 [N, K / 16] (nvfp4) scales, row
+    stride ``stride_wsn``; ``gs_ptr``: nvfp4's fp32 global scale (any pointer otherwise); ``ags_ptr``
+    (HAS_AGS, nvfp4 W x A): the activations' fp32 global scale (they were dequantized exactly without it);
+    ``bias_ptr`` [N] (HAS_BIAS); ``c_ptr`` [M, N] (N contiguous); ``part_ptr`` / ``cnt_ptr``: fp32
+    [SPLIT, tiles, BM, BN] and int32 zeros [tiles] (SPLIT > 1). Every split non-empty (the host)."""
+    BM: gl.constexpr = x_desc.block_type.shape[0]
+    gl.static_assert(BM == 16 * num_warps, "one warpgroup per 64 rows")
+    gl.static_assert(STAGES >= 3, "the slot of step i - 2 is refilled at step i")
+    NS: gl.constexpr = 2 if FMT != _FMT_NVFP4 else 4  # scale blocks per row and step
+    WPR: gl.constexpr = 16 if FMT == _FMT_MXFP8 else 8  # int32 words per row and step
+    WPS: gl.constexpr = WPR // NS
+    SPB: gl.constexpr = 16 if FMT == _FMT_NVFP4 else 32  # elements per scale
+    L2: gl.constexpr = word_layouts(BN, NS, WPS, num_warps)[0]
+    L3: gl.constexpr = word_layouts(BN, NS, WPS, num_warps)[1]
+    SL: gl.constexpr = gl.SliceLayout(2, L3)
+    mma_l: gl.constexpr = acc_layout(BM, BN, num_warps)
+    wd_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BLOCK_K], gl.bfloat16)
+
+    pid = gl.program_id(0)
+    tile = pid // SPLIT
+    sp = pid % SPLIT
+    tiles_n = gl.cdiv(N, BN)
+    off_m = (tile // tiles_n) * BM
+    off_n = (tile % tiles_n) * BN
+    num_k = gl.cdiv(K, BLOCK_K)
+    k_lo = sp * ks_per_split
+    n_k = gl.minimum(ks_per_split, num_k - k_lo)
+
+    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BLOCK_K], x_desc.layout)
+    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES, BN, WPR], w_desc.layout)
+    wd_bufs = gl.allocate_shared_memory(gl.bfloat16, [3, BN, BLOCK_K], wd_layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(bars.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        _load_step(x_desc, w_desc, x_bufs, w_bufs, bars, i, off_m, off_n, k_lo + i, WPR, i < n_k)
+
+    # the scales of a thread's rows and blocks, one step ahead (a global load per step)
+    sr = gl.arange(0, BN, layout=gl.SliceLayout(1, SL))
+    sc = gl.arange(0, NS, layout=gl.SliceLayout(0, SL))
+    srow = (off_n + gl.minimum(sr, N - 1 - off_n)).to(gl.int64)[:, None] * stride_wsn
+    ncol = gl.cdiv(K, SPB)
+    f_cur = _scale_factor(ws_ptr, srow, (k_lo * NS + sc)[None, :], ncol, FMT)
+
+    acc = gl.zeros((BM, BN), dtype=gl.float32, layout=mma_l)
+    for i in range(n_k):
+        s = i % STAGES
+        f_nxt = _scale_factor(ws_ptr, srow, ((k_lo + gl.minimum(i + 1, n_k - 1)) * NS + sc)[None, :], ncol, FMT)
+        mbarrier.wait(bars.index(s), (i // STAGES) & 1)
+        w2 = w_bufs.index(s).load(L2)
+        words = gl.convert_layout(gl.reshape(w2, [BN, NS, WPS]), L3, assert_trivial=True)
+        vals = _decode(words, gl.expand_dims(f_cur, 2), FMT, BN)
+        wd = wd_bufs.index(i % 3)
+        wd.store(vals)
+        fence_async_shared()
+        # every warp: stored its decoded rows, read slot s, and completed its wgmma of step i - 2
+        # (the wait(1) of step i - 1): slot (i - 2) % STAGES can be refilled
+        cta_barrier()
+        p = i - 2 + STAGES
+        _load_step(x_desc, w_desc, x_bufs, w_bufs, bars, (i + STAGES - 2) % STAGES, off_m, off_n, k_lo + p, WPR,
+                   (i >= 2) & (p < n_k))
+        acc = warpgroup_mma(x_bufs.index(s), wd.permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        f_cur = f_nxt
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(i))
+
+    if FMT == _FMT_NVFP4:
+        gb = gl.load(gs_ptr).to(gl.float32)
+        if HAS_AGS:
+            gb = gb * gl.load(ags_ptr).to(gl.float32)
+        acc = acc * gl.div_rn(gl.full([], 256.0, gl.float32), gb)
+    out_l: gl.constexpr = store_layout_for(BN, num_warps)
+    rows = gl.arange(0, BM, layout=gl.SliceLayout(1, out_l))
+    cols = gl.arange(0, BN, layout=gl.SliceLayout(0, out_l))
+    mask = (rows < M - off_m)[:, None] & (cols < N - off_n)[None, :]
+    c_ptrs = c_ptr + (off_m + rows).to(gl.int64)[:, None] * stride_cm + (off_n + cols)[None, :]
+    if HAS_BIAS:
+        bias = gl.load(bias_ptr + off_n + cols, mask=cols < N - off_n, other=0.0).to(gl.float32)[None, :]
+    if SPLIT == 1:
+        res = gl.convert_layout(acc, out_l)
+        if HAS_BIAS:
+            res = res + bias
+        gl.store(c_ptrs, res.to(c_ptr.dtype.element_ty), mask=mask)
+    else:
+        tile_elems: gl.constexpr = BM * BN
+        split_stride = (gl.num_programs(0) // SPLIT).to(gl.int64) * tile_elems
+        offs = (rows * BN)[:, None] + cols[None, :]
+        base = part_ptr + tile.to(gl.int64) * tile_elems
+        gl.store(base + sp * split_stride + offs, gl.convert_layout(acc, out_l))
+        cta_barrier()  # every thread's partial store happens-before the release below
+        cnt = cnt_ptr + tile
+        arrived = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT - 1:
+            # the last unit of the tile sums the partials in split order (.cg: L2, not a stale L1)
+            tot = gl.load(base + offs, cache_modifier=".cg")
+            for s2 in range(1, SPLIT):
+                tot = tot + gl.load(base + s2 * split_stride + offs, cache_modifier=".cg")
+            if HAS_BIAS:
+                tot = tot + bias
+            gl.store(c_ptrs, tot.to(c_ptr.dtype.element_ty), mask=mask)
+            gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")

@@ -1,0 +1,83 @@
+"""The sm_90a tiled MX / NV kernel (kernels/hopper/tiled.py) built ahead of time, no GPU.
+
+Compiled for sm_90a in a subprocess (no interpreter) for mxfp4 / nvfp4 / mxfp8 (128 x 128 tiles),
+with a bias and nvfp4's activation global scale: per build the MMA is a bf16 wgmma
+m64 n128 k16 with both operands in shared memory (the decoded weights are stored there: no register
+A operand), 4 per 64-element K step, one left in flight (``wait_group 1``) and drained once after
+the loop; the activations and packed weights arrive by TMA (a full ring before the loop, one refill
+per step); the decode is the streaming kernel's packed bf16 multiplies (2 per e2m1 pair for MX, 1
+for nvfp4; 32 elements per thread and step); ptxas reports no spills and no wgmma serialisation.
+The numerics are checked on the GPU (tests/test_tiled_gpu.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from _aot import PTXAS_STATS, run_compile_script
+
+pytestmark = pytest.mark.timeout(900)
+
+SCRIPT = PTXAS_STATS + r'''
+import json, re
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from blockscaled.kernels.hopper import tiled as T
+from blockscaled.ops._tiled import TILED_FMT, _layouts
+
+TGT = GPUTarget("cuda", 90, 32)
+NAMES = {1: "mxfp8", 2: "mxfp4", 3: "nvfp4"}
+out = {}
+for fmt, bm, st, bias, ags, cdt in [(2, 128, 4, 0, 0, "*bf16"), (3, 128, 4, 1, 1, "*bf16"), (1, 128, 4, 0, 0, "*fp32"),
+                                    (2, 128, 4, 1, 0, "*fp16"), (3, 128, 3, 0, 0, "*bf16")]:
+    xl, wl = _layouts(bm)
+    wpr = TILED_FMT[NAMES[fmt]][1]
+    sig = {"x_desc": f"tensordesc<bf16[{bm}, 64],{xl!r}>", "w_desc": f"tensordesc<i32[128, {wpr}],{wl!r}>",
+           "ws_ptr": "*fp8e4nv" if fmt == 3 else "*u8", "gs_ptr": "*fp32", "ags_ptr": "*fp32", "bias_ptr": "*fp32",
+           "c_ptr": cdt, "part_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
+           "ks_per_split": "i32", "SPLIT": "i32", "stride_wsn": "i32", "stride_cm": "i32", "FMT": "constexpr",
+           "BN": "constexpr", "STAGES": "constexpr", "HAS_AGS": "constexpr", "HAS_BIAS": "constexpr",
+           "num_warps": "constexpr"}
+    key = f"{NAMES[fmt]}_bm{bm}_st{st}" + ("_bias" if bias else "") + ("_ags" if ags else "")
+    try:
+        k = triton.compile(GluonASTSource(T.tiled_kernel, sig, constexprs={
+            "FMT": fmt, "BN": 128, "STAGES": st, "HAS_AGS": bool(ags), "HAS_BIAS": bool(bias), "num_warps": bm // 16}),
+            target=TGT, options={"num_warps": bm // 16})
+    except Exception as e:
+        out[key] = {"error": f"{type(e).__name__}: {str(e)[-800:]}"}
+        continue
+    ptx = k.asm["ptx"]
+    wg = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+\.f32\.bf16\.bf16)\s+\{[^}]*\},\s*(\S)", ptx)
+    rec = {"wgmma": sorted({w for w, _ in wg}), "a_operand": sorted({"regs" if a == "{" else "desc" for _, a in wg}),
+           "wgmma_count": len(wg), "tma_load": ptx.count("cp.async.bulk.tensor.2d.shared"),
+           "wait1": ptx.count("wgmma.wait_group.sync.aligned 1;"), "wait0": ptx.count("wgmma.wait_group.sync.aligned 0;"),
+           "bf16x2_fma": ptx.count("fma.rn.bf16x2"), "shared": k.metadata.shared, "stages": st}
+    rec.update(ptxas_stats(ptx))
+    out[key] = rec
+print("JSON" + json.dumps(out))
+'''
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    return run_compile_script(SCRIPT)
+
+
+def test_tiled_builds_for_sm90(compiled):
+    assert len(compiled) == 5, compiled
+    for key, c in compiled.items():
+        assert "error" not in c, (key, c)
+        assert c["wgmma"] == ["m64n128k16.f32.bf16.bf16"], (key, c)
+        assert c["a_operand"] == ["desc"], (key, c)  # activations from shared memory, not registers
+        assert c["wgmma_count"] == 64 // 16, (key, c)  # one 64-element K step per loop iteration
+        assert c["wait1"] == 1 and c["wait0"] >= 1, (key, c)  # one wgmma in flight, drained after the loop
+        # the ring filled before the loop (activations + weights per slot) and one refill per step
+        assert c["tma_load"] == 2 * (c["stages"] + 1), (key, c)
+        # 128 x 64 weight elements per step over 8 warps' threads (32 each), as bf16
+        # pairs: 2 packed multiplies per pair (x 2**126 or 2**120, then x scale), 1 for nvfp4
+        per_thread = 128 * 64 // (32 * 8)
+        assert c["bf16x2_fma"] == per_thread // 2 * (1 if key.startswith("nvfp4") else 2), (key, c)
+        if c.get("spill_stores") is not None:
+            assert c["spill_stores"] == 0 and not c["wgmma_serialized"], (key, {k: c[k] for k in ("regs", "spill_stores")})
+        assert c["shared"] <= 227 * 1024, (key, c)

@@ -1,0 +1,107 @@
+"""The sm_90a tiled MX / NV kernel (kernels/hopper/tiled.py) on the GPU: mxfp4 / nvfp4 / mxfp8
+weights x bf16 or quantized activations against the float64 reference, through forced configs (odd
+M and N, K tails that are not a multiple of the 64-element step, K splits that do and do not divide
+the steps, ring depths, output dtypes, a bias, NaN-poisoned outputs), nvfp4 global scales of both
+operands, determinism of the split-K sum, a CUDA graph, and the planner's own plan where it picks
+the kernel. Needs an sm_90 GPU (skipped elsewhere)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import blockscaled as bs
+from blockscaled.config import GemmConfig
+from blockscaled.plan import observe_plans
+from blockscaled.reference import gemm as ref_gemm
+from blockscaled.testing.inputs import randn_like_activations
+from blockscaled.testing.tolerances import assert_gemm_close
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                                reason="the tiled kernel is an sm_90 kernel")
+
+FMTS = ("mxfp4", "nvfp4", "mxfp8")
+
+
+def _cfg(split=1, stages=4):
+    return GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=stages, split_k=split,
+                      strategy="tiled")
+
+
+def _weights(n, k, fmt, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    w = (torch.randn(n, k, device="cuda", generator=g) * 0.05).to(torch.bfloat16)
+    return bs.quantize(w, fmt)
+
+
+def _nan(m, n, dtype):
+    return torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("m,n,k,split,stages", [(65, 129, 64, 1, 3), (130, 257, 96, 1, 4), (300, 200, 1056, 3, 4),
+                                                (129, 384, 2048, 4, 6), (257, 130, 320, 2, 3)])
+def test_forced_weight_only(fmt, m, n, k, split, stages):
+    x = randn_like_activations(m, k, device="cuda", seed=m + k)
+    w = _weights(n, k, fmt, seed=n)
+    ref = ref_gemm.gemm(x, w)
+    for out_dtype in (torch.bfloat16, torch.float32, torch.float16):
+        out = _nan(m, n, out_dtype)
+        bs.gemm(x, w, out_dtype, out=out, config=_cfg(split, stages))
+        assert_gemm_close(out, ref, fmt, out_dtype, what=f"{fmt} {m}x{n}x{k} split {split} {out_dtype}")
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_w_x_a_bias_and_global_scales(fmt):
+    m, n, k = 200, 300, 544
+    xf = randn_like_activations(m, k, device="cuda", seed=3)
+    a = bs.quantize(xf, fmt)  # nvfp4: a global scale from the amax (not 1), as the weights'
+    w = _weights(n, k, fmt, seed=4)
+    bias = torch.randn(n, device="cuda")
+    for split in (1, 3):
+        out = _nan(m, n, torch.bfloat16)
+        bs.gemm(a, w, out=out, config=_cfg(split).replace(dequant_a=True), bias=bias)
+        assert_gemm_close(out, ref_gemm.gemm(a, w, bias=bias), fmt, torch.bfloat16, what=f"{fmt} W x A split {split}")
+    # bf16 activations with a bias, and a sliced (16-byte misaligned) activation tensor
+    xs = randn_like_activations(m, k + 8, device="cuda", seed=5)[:, 8:]
+    out = bs.gemm(xs, w, config=_cfg(2), bias=bias)
+    assert_gemm_close(out, ref_gemm.gemm(xs.contiguous(), w, bias=bias), fmt, torch.bfloat16, what="sliced x")
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_split_sum_is_deterministic_and_graph_replays(fmt):
+    m, n, k = 160, 512, 4096
+    w = _weights(n, k, fmt, seed=9)
+    x = randn_like_activations(m, k, device="cuda", seed=10)
+    y1 = bs.gemm(x, w, config=_cfg(5))
+    y2 = bs.gemm(x, w, config=_cfg(5))
+    assert torch.equal(y1, y2)
+    x2 = randn_like_activations(m, k, device="cuda", seed=11)
+    static_x = x.clone()
+    out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+    bs.gemm(static_x, w, out=out, config=_cfg(5))
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        bs.gemm(static_x, w, out=out, config=_cfg(5))
+    static_x.copy_(x2)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, bs.gemm(x2, w, config=_cfg(5)))
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_planned_where_the_model_picks_it(fmt):
+    """M = 256 on 8192 x 8192: the cost model predicts the kernel faster than dequantize + cuBLAS on
+    an H100 / H200 (plan/tiled.py); the plan that ran is the tiled one and its output checks."""
+    from blockscaled.plan import tiled as plan_tiled
+
+    if not plan_tiled._TRITON_OK or not plan_tiled.TILED_ENABLED:
+        pytest.skip("the planner does not run the tiled kernel with this triton / BLOCKSCALED_MX_KERNELS")
+    m, n, k = 256, 8192, 8192
+    w = _weights(n, k, fmt, seed=12)
+    x = randn_like_activations(m, k, device="cuda", seed=13)
+    with observe_plans() as plans:
+        y = bs.linear(x, w)
+    assert plans and plans[-1].kernel == "hopper_tiled", plans[-1] if plans else None
+    assert_gemm_close(y, ref_gemm.gemm(x, w), fmt, torch.bfloat16, what="planned")
