@@ -92,16 +92,21 @@ def test_split_sum_is_deterministic_and_graph_replays(fmt):
 
 @pytest.mark.parametrize("fmt", FMTS)
 def test_planned_where_the_model_picks_it(fmt):
-    """M = 256 on 8192 x 8192: the cost model predicts the kernel faster than dequantize + cuBLAS on
-    an H100 / H200 (plan/tiled.py); the plan that ran is the tiled one and its output checks."""
+    """M = 128 on 8192 x 8192: the cost model predicts the kernel faster than dequantize + cuBLAS on
+    an H100 / H200 (plan/tiled.py), weight-only (``gemm`` with bf16 activations) and W x A (``linear``
+    quantizes them); the plan that ran is the tiled one and its output checks."""
     from blockscaled.plan import tiled as plan_tiled
 
     if not plan_tiled._TRITON_OK or not plan_tiled.TILED_ENABLED:
         pytest.skip("the planner does not run the tiled kernel with this triton / BLOCKSCALED_MX_KERNELS")
-    m, n, k = 256, 8192, 8192
+    m, n, k = 128, 8192, 8192
     w = _weights(n, k, fmt, seed=12)
     x = randn_like_activations(m, k, device="cuda", seed=13)
     with observe_plans() as plans:
-        y = bs.linear(x, w)
+        y = bs.gemm(x, w)
     assert plans and plans[-1].kernel == "hopper_tiled", plans[-1] if plans else None
-    assert_gemm_close(y, ref_gemm.gemm(x, w), fmt, torch.bfloat16, what="planned")
+    assert_gemm_close(y, ref_gemm.gemm(x, w), fmt, torch.bfloat16, what="planned weight-only")
+    with observe_plans() as plans:
+        y = bs.linear(x, w)
+    assert plans and plans[-1].kernel == "hopper_tiled" and plans[-1].config.dequant_a, plans[-1] if plans else None
+    assert_gemm_close(y, ref_gemm.gemm(bs.quantize(x, fmt), w), fmt, torch.bfloat16, what="planned W x A")
