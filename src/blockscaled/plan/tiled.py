@@ -1,16 +1,26 @@
 """When the sm_90 tiled MX / NV kernel (kernels/hopper/tiled.py) runs, with which split, and what
 it costs against the other plans of an MX / NV call above the streaming kernel's rows.
 
-Cost model (per-tile time, measured): the kernel runs 128 x 128 output tiles, one program per SM
-(130 KB of shared memory), each a chain of 64-element K steps; a program's time is
-``steps x TILED_STEP_US[fmt] + TILED_FIX_US`` and the call takes
-``ceil(programs / SMs)`` such rounds. Fitted on the H200 A/B of the twentieth session
-(benchmarks/results/h200/archive/tiled-ab-20261127.json: mxfp4 / nvfp4 / mxfp8 weight-only, N x K in
-2880 x 2880, 5760 x 2880, 8192 x 8192, 28672 x 8192, M in 128 / 256 / 2048, splits 1 / 2 / 4):
-mxfp4 M = 256 8192 x 8192 (128 steps, one round) 98.4 us and M = 128 2880 x 2880 split 4 (12 steps,
-one round) 20.5 us give 0.672 us per step and 12.4 us per round; the model then gives the other
-mxfp4 rows within -7 % .. +9 % (M = 2048 28672 x 8192, 28 rounds: 2671 predicted, 2680 measured).
-nvfp4 and mxfp8 ran 8-10 % slower per step (their M = 256 8192 x 8192 rows).
+Cost model (per-program time, measured): the kernel runs 128 x 128 output tiles, each program a
+chain of 64-element K steps, in one of two regimes: a 5-slot ring (148 KB of shared memory, one
+program per SM: a program's time is ``steps x TILED_STEP_US[fmt] + TILED_FIX_US``) or, fp4 only, a
+3-slot ring (108 KB: two programs per SM, ``steps x TILED_STEP2_US[fmt] + TILED_FIX2_US`` each, the
+two overlapping each other's prologue and barriers); the call takes ``ceil(programs / (regime x
+SMs))`` such rounds, and the planner takes the regime and K split with the smallest prediction.
+Fitted on two H200 A/Bs of the twentieth session (benchmarks/results/h200/archive/tiled-ab-20261127.json
+and tiled-ab2-20261127.json: mxfp4 / nvfp4 (/ mxfp8) weight-only, N x K in 2880 x 2880, 5760 x 2880,
+6144 x 4096, 8192 x 8192, 4096 x 14336, 28672 x 8192, M 128-2048, splits 1 / 2 / 4, both rings):
+one program per SM, mxfp4: 8192 x 8192 at M = 256 (128 steps, one round) 94.9 us and 2880 x 2880 at
+M = 128 split 4 (12 steps) 20.0 us give 0.646 us per step and 12.3 us per round; two per SM, mxfp4:
+M = 512 on 2880 x 2880 / 5760 x 2880 / 6144 x 4096 / 8192 x 8192 and M = 128 on 28672 x 8192 (one
+round each, 45-128 steps) 54-159 us give 1.17 us per step, ~3 us per round (the prologue hides
+behind the other program). Within 10 % of the A/B rows the model was fitted on; the 2-per-SM
+regime measured 1.17-1.26x faster per SM wherever the grid holds two rounds or more (ncu, M = 2048
+8192 x 8192 with one per SM: 2 warps per scheduler, 41 % of the cycles stalled at CTA barriers,
+tensor pipe 37 % busy: latency-bound, so a second program per SM helps). nvfp4 and mxfp8 ran 8-10 %
+slower per step; mxfp8's 3-slot ring (120 KB) does not fit twice in an SM. Two per SM is planned
+without a K split only: with one, the A/B measured it 1.6-1.9x slower than the model (M = 256 on
+8192 x 8192, split 2: 142.7 us, as long as M = 512 unsplit with twice the steps; not understood).
 
 The alternative above 64 rows is dequantize + cuBLAS bf16 (or the portable kernel where the
 portable rules keep it): dequantize bytes (packed read, bf16 write; activations too for W x A) at
@@ -39,10 +49,15 @@ TILED_FORMATS = ("mxfp4", "nvfp4", "mxfp8")
 TILED_ACTIVATIONS = ("bfloat16", "quantized")
 #: planned above the streaming kernel's rows
 TILED_MIN_M = STREAM_MAX_M + 1
-#: per 64-element K step of a 128 x 128 tile, us (fit above, H200)
-TILED_STEP_US = {"mxfp4": 0.672, "nvfp4": 0.74, "mxfp8": 0.735}
-#: per round of programs (launch, ring fill, epilogue, split-K sum), us (fit above)
-TILED_FIX_US = 12.4
+#: one program per SM (TILED_STAGES_1 slots): per 64-element K step of a 128 x 128 tile, us (fit above,
+#: H200); per round of programs (launch, ring fill, epilogue, split-K sum), us
+TILED_STAGES_1 = 5
+TILED_STEP_US = {"mxfp4": 0.646, "nvfp4": 0.72, "mxfp8": 0.715}
+TILED_FIX_US = 12.3
+#: two programs per SM (TILED_STAGES_2 slots, fp4 only): per step and per round of 2 x SMs programs
+TILED_STAGES_2 = 3
+TILED_STEP2_US = {"mxfp4": 1.17, "nvfp4": 1.28}
+TILED_FIX2_US = 3.0
 #: splits the planner considers (each split keeps >= TILED_MIN_STEPS steps)
 TILED_MAX_SPLIT = 8
 TILED_MIN_STEPS = 4
@@ -92,12 +107,16 @@ def tiled_reason(p: Problem, dev: DeviceInfo, gluon_ok: bool) -> str | None:
     return None
 
 
-def tiled_us(p: Problem, dev: DeviceInfo, split: int) -> float:
-    """Predicted time of the kernel with ``split`` (module docstring), activation pass included."""
+def tiled_us(p: Problem, dev: DeviceInfo, split: int, per_sm: int = 1) -> float:
+    """Predicted time of the kernel with ``split`` and ``per_sm`` programs per SM (1: the
+    TILED_STAGES_1 ring, 2: TILED_STAGES_2, fp4 only) (module docstring), activation pass included."""
     steps = -(-p.k // 64)
     per = -(-steps // split)
     programs = -(-p.m // 128) * -(-p.n // 128) * -(-steps // per)
-    t = math.ceil(programs / dev.sm_count) * (per * TILED_STEP_US[p.fmt] + TILED_FIX_US)
+    if per_sm == 2:
+        t = math.ceil(programs / (2 * dev.sm_count)) * (per * TILED_STEP2_US[p.fmt] + TILED_FIX2_US)
+    else:
+        t = math.ceil(programs / dev.sm_count) * (per * TILED_STEP_US[p.fmt] + TILED_FIX_US)
     if not p.weight_only:  # the exact bf16 dequantization of the activations first
         t += _dequant_bytes(p.fmt, p.m, p.k) / (dev.mem_bw * DEQUANT_EFF[p.fmt]) * 1e6
     return t
@@ -117,15 +136,17 @@ def dequant_matmul_us(p: Problem, dev: DeviceInfo) -> float:
 
 
 def tiled_config(p: Problem, dev: DeviceInfo) -> tuple[GemmConfig, float]:
-    """(the config with the split the model predicts fastest, its predicted us)."""
+    """(the config with the ring (programs per SM) and split the model predicts fastest, its us)."""
     steps = -(-p.k // 64)
     best = None
-    for s in range(1, TILED_MAX_SPLIT + 1):
-        if s > 1 and steps < TILED_MIN_STEPS * s:
-            break
-        t = tiled_us(p, dev, s)
-        if best is None or t < best[1] - 1e-9:
-            best = (s, t)
-    split, t = best
-    return GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4, split_k=split,
+    for per_sm in ((1, 2) if p.fmt in TILED_STEP2_US else (1,)):
+        for s in range(1, TILED_MAX_SPLIT + 1 if per_sm == 1 else 2):
+            if s > 1 and steps < TILED_MIN_STEPS * s:
+                break
+            t = tiled_us(p, dev, s, per_sm)
+            if best is None or t < best[2] - 1e-9:
+                best = (per_sm, s, t)
+    per_sm, split, t = best
+    return GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8,
+                      num_stages=TILED_STAGES_2 if per_sm == 2 else TILED_STAGES_1, split_k=split,
                       strategy="tiled", dequant_a=not p.weight_only), t
