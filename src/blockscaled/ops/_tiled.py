@@ -25,9 +25,11 @@ TILED_FMT = {"mxfp8": (1, 16), "mxfp4": (2, 8), "nvfp4": (3, 8)}
 
 @functools.lru_cache(maxsize=None)
 def _gluon():
-    """(Gluon's TensorDescriptor class, the kernel with direct launches), imported once."""
+    """(Gluon's TensorDescriptor class, the kernel with direct launches), imported once (an import
+    statement per call costs microseconds of the eager host path)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    # Local and optional: the Gluon kernels fail to import on some triton versions.
     from ..kernels.hopper.tiled import tiled_kernel
 
     return TensorDescriptor, fast(tiled_kernel)

@@ -12,7 +12,7 @@ from .stream import STREAM_FORMATS, STREAM_GATHER_MAX_MP, STREAM_MAX_M, stream_c
 from .device import DeviceInfo
 from .mx_gemv import MX_GEMV_ROWS, mx_gemv_config, use_mx_gemv
 from .portable import choose_portable, mx_bf16_applies
-from .tiled import dequant_matmul_us, tiled_config, tiled_reason
+from .tiled import TILED_STAGES_2, dequant_matmul_us, tiled_config, tiled_reason
 from .types import DTYPES, Plan, Problem
 
 __all__ = ["plan_gemm"]
@@ -103,9 +103,12 @@ def _plan_tiled(p: Problem, dev: DeviceInfo, scope: str) -> Plan:
     cfg, t_tiled = tiled_config(p, dev)
     t_dq = dequant_matmul_us(p, dev)
     head = f"{p.fmt}{' weight-only' if p.weight_only else ' x ' + p.fmt} on {scope}"
+    steps = -(-p.k // 64)
+    per_sm = 2 if cfg.num_stages == TILED_STAGES_2 else 1
     model = (f"plan/tiled.py cost model: tiled {t_tiled:.1f} us "
              f"({-(-p.m // 128) * -(-p.n // 128)} tiles of 128x128 x split {cfg.split_k}, "
-             f"{-(-(-(-p.k // 64)) // cfg.split_k)} K steps each), dequantize + cuBLAS {t_dq:.1f} us")
+             f"{-(-steps // cfg.split_k)} K steps each, {per_sm} program(s) per SM), "
+             f"dequantize + cuBLAS {t_dq:.1f} us")
     if t_tiled < t_dq:
         return Plan("gemm", "cuda", cfg, p, predicted_us=t_tiled, alternatives=(("dequant_matmul", t_dq),), reasons=(
             head, "tiled kernel (kernels/hopper/tiled.py): weights decoded to bf16 in shared memory, "

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 
+from .._experimental import mx_kernel_enabled
 from ..config.gemm import GemmConfig
 from .device import DeviceInfo
 from .stream import STREAM_MAX_M, _triton_release
@@ -76,14 +77,8 @@ TILED_TRITON = ((3, 6),)
 _TRITON_OK = _triton_release() in TILED_TRITON
 
 
-def _enabled() -> bool:
-    from .._experimental import mx_kernel_enabled
-
-    return mx_kernel_enabled("tiled")
-
-
 #: ``BLOCKSCALED_MX_KERNELS`` without ``tiled`` turns the kernel off
-TILED_ENABLED = _enabled()
+TILED_ENABLED = mx_kernel_enabled("tiled")
 
 
 def tiled_reason(p: Problem, dev: DeviceInfo, gluon_ok: bool) -> str | None:
