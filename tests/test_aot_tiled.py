@@ -1,12 +1,14 @@
 """The sm_90a tiled MX / NV kernel (kernels/hopper/tiled.py) built ahead of time, no GPU.
 
 Compiled for sm_90a in a subprocess (no interpreter) for mxfp4 / nvfp4 / mxfp8 (128 x 128 tiles),
-with a bias and nvfp4's activation global scale: per build the MMA is a bf16 wgmma
-m64 n128 k16 with both operands in shared memory (the decoded weights are stored there: no register
-A operand), 4 per 64-element K step, one left in flight (``wait_group 1``) and drained once after
-the loop; the activations and packed weights arrive by TMA (a full ring before the loop, one refill
-per step); the decode is the streaming kernel's packed bf16 multiplies (2 per e2m1 pair for MX, 1
-for nvfp4; 32 elements per thread and step); ptxas reports no spills and no wgmma serialisation.
+with a bias and nvfp4's activation global scale, 3- and 4-slot rings (4 and more: a TMA producer
+warp and 8 math warps that synchronise among themselves with named barriers of 256 threads; 3: the
+math warps issue the TMA loads, a full ring before the loop and one refill per step). Per build the
+MMA is a bf16 wgmma m64 n128 k16 with both operands in shared memory (the decoded weights are
+stored there: no register A operand), 4 per 64-element K step, one left in flight
+(``wait_group 1``) and drained once after the loop; the decode is the streaming kernel's packed
+bf16 multiplies (2 per e2m1 pair for MX, 1 for nvfp4; 32 elements per thread and step); ptxas
+reports no spills and no wgmma serialisation.
 The numerics are checked on the GPU (tests/test_tiled_gpu.py).
 """
 
@@ -38,11 +40,12 @@ for fmt, bm, st, bias, ags, cdt in [(2, 128, 4, 0, 0, "*bf16"), (3, 128, 4, 1, 1
            "c_ptr": cdt, "part_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
            "ks_per_split": "i32", "SPLIT": "i32", "stride_wsn": "i32", "stride_cm": "i32", "FMT": "constexpr",
            "BN": "constexpr", "STAGES": "constexpr", "HAS_AGS": "constexpr", "HAS_BIAS": "constexpr",
-           "num_warps": "constexpr"}
+           "WS": "constexpr", "num_warps": "constexpr"}
     key = f"{NAMES[fmt]}_bm{bm}_st{st}" + ("_bias" if bias else "") + ("_ags" if ags else "")
     try:
         k = triton.compile(GluonASTSource(T.tiled_kernel, sig, constexprs={
-            "FMT": fmt, "BN": 128, "STAGES": st, "HAS_AGS": bool(ags), "HAS_BIAS": bool(bias), "num_warps": bm // 16}),
+            "FMT": fmt, "BN": 128, "STAGES": st, "HAS_AGS": bool(ags), "HAS_BIAS": bool(bias), "WS": st >= 4,
+            "num_warps": bm // 16}),
             target=TGT, options={"num_warps": bm // 16})
     except Exception as e:
         out[key] = {"error": f"{type(e).__name__}: {str(e)[-800:]}"}
@@ -52,7 +55,9 @@ for fmt, bm, st, bias, ags, cdt in [(2, 128, 4, 0, 0, "*bf16"), (3, 128, 4, 1, 1
     rec = {"wgmma": sorted({w for w, _ in wg}), "a_operand": sorted({"regs" if a == "{" else "desc" for _, a in wg}),
            "wgmma_count": len(wg), "tma_load": ptx.count("cp.async.bulk.tensor.2d.shared"),
            "wait1": ptx.count("wgmma.wait_group.sync.aligned 1;"), "wait0": ptx.count("wgmma.wait_group.sync.aligned 0;"),
-           "bf16x2_fma": ptx.count("fma.rn.bf16x2"), "shared": k.metadata.shared, "stages": st}
+           "bf16x2_fma": ptx.count("fma.rn.bf16x2"), "shared": k.metadata.shared, "stages": st,
+           "named_barriers": len(re.findall(r"bar\.sync\s+\d+, 256;", ptx)),
+           "cta_barriers": len(re.findall(r"bar\.sync\s+0;", ptx))}
     rec.update(ptxas_stats(ptx))
     out[key] = rec
 print("JSON" + json.dumps(out))
@@ -72,8 +77,11 @@ def test_tiled_builds_for_sm90(compiled):
         assert c["a_operand"] == ["desc"], (key, c)  # activations from shared memory, not registers
         assert c["wgmma_count"] == 64 // 16, (key, c)  # one 64-element K step per loop iteration
         assert c["wait1"] == 1 and c["wait0"] >= 1, (key, c)  # one wgmma in flight, drained after the loop
-        # the ring filled before the loop (activations + weights per slot) and one refill per step
-        assert c["tma_load"] == 2 * (c["stages"] + 1), (key, c)
+        if c["stages"] >= 4:  # warp-specialised: the producer warp's loop, one activation and one weight box per step
+            assert c["tma_load"] == 2, (key, c)
+            assert c["named_barriers"] >= 1 and c["cta_barriers"] == 0, (key, c)  # the math warps sync alone
+        else:  # the math warps load: the ring filled before the loop, one refill per step
+            assert c["tma_load"] == 2 * (c["stages"] + 1) and c["named_barriers"] == 0, (key, c)
         # 128 x 64 weight elements per step over 8 warps' threads (32 each), as bf16
         # pairs: 2 packed multiplies per pair (x 2**126 or 2**120, then x scale), 1 for nvfp4
         per_thread = 128 * 64 // (32 * 8)

@@ -74,7 +74,8 @@ class GemmConfig:
         docstring; "stream": kernels/hopper/stream.py, block_m = the padded activation rows 8..64,
         block_n 64, block_k 128, 4 warps, num_stages = TMA ring slots, split_k; "tiled":
         kernels/hopper/tiled.py, block_m 128, 8 warps, block_n 128, block_k 64,
-        num_stages 3..6 TMA ring slots, split_k). "gemv"
+        num_stages 3..6 TMA ring slots (4 and more add a TMA producer warp; 3 fits two programs
+        per SM without one: ops/_tiled.py TILED_WS_MIN_STAGES), split_k). "gemv"
         reads only block_m (activation rows per program, a power of two <= GEMV_MAX_M), block_n
         (weight rows per program, a power of two <= 128; <= 8 for the MX / NV GEMV, which holds a
         slice of every row in each thread's registers), block_k (K elements per weight-chunk

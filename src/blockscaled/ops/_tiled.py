@@ -17,8 +17,13 @@ from ._launch import fast
 from ._splitk import splitk_scratch
 from ._stream import _descriptor
 
-__all__ = ["launch_tiled", "TILED_FMT"]
+__all__ = ["launch_tiled", "TILED_FMT", "TILED_WS_MIN_STAGES"]
 
+#: rings of at least this many slots run with a TMA producer warp (warp-specialised: the math warps
+#: keep one barrier of their own per step instead of four; H200 A/B, twentieth session: 1.03-1.12x
+#: at one program per SM); the 3-slot ring runs without it, two programs per SM (the producer's
+#: registers would not let two fit: the warp-specialised 3-slot ring measured 1.3-1.8x slower there)
+TILED_WS_MIN_STAGES = 4
 #: per weight format: (kernel FMT code, int32 words per row and 64-element K step)
 TILED_FMT = {"mxfp8": (1, 16), "mxfp4": (2, 8), "nvfp4": (3, 8)}
 
@@ -74,4 +79,5 @@ def launch_tiled(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, w
         x_desc, w_desc, w_scale, gs, x_gs if x_gs is not None else gs, bias if bias is not None else gs, out, part,
         cnt, m, n, k, per, nsplit,
         w_scale.stride(0), out.stride(0), FMT=fmt, BN=cfg.block_n, STAGES=cfg.num_stages,
-        HAS_AGS=x_gs is not None, HAS_BIAS=bias is not None, num_warps=cfg.num_warps)
+        HAS_AGS=x_gs is not None, HAS_BIAS=bias is not None, WS=cfg.num_stages >= TILED_WS_MIN_STAGES,
+        num_warps=cfg.num_warps)

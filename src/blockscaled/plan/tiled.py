@@ -10,8 +10,10 @@ SMs))`` such rounds, and the planner takes the regime and K split with the small
 Fitted on two H200 A/Bs of the twentieth session (benchmarks/results/h200/archive/tiled-ab-20261127.json
 and tiled-ab2-20261127.json: mxfp4 / nvfp4 (/ mxfp8) weight-only, N x K in 2880 x 2880, 5760 x 2880,
 6144 x 4096, 8192 x 8192, 4096 x 14336, 28672 x 8192, M 128-2048, splits 1 / 2 / 4, both rings):
-one program per SM, mxfp4: 8192 x 8192 at M = 256 (128 steps, one round) 94.9 us and 2880 x 2880 at
-M = 128 split 4 (12 steps) 20.0 us give 0.646 us per step and 12.3 us per round; two per SM, mxfp4:
+one program per SM (since the TMA producer warp, ops/_tiled.py TILED_WS_MIN_STAGES; its A/B against
+the kernel without it: archive/tiled-ws-ab-20261127.json), mxfp4: 8192 x 8192 at M = 256 (128 steps,
+one round) 87.7 us and 2880 x 2880 at M = 256 split 2 (23 steps) 26.0 us give 0.588 us per step and
+12.5 us per round (nvfp4 0.662, mxfp8 0.703 from their M = 256 8192 x 8192 rows); two per SM, mxfp4:
 M = 512 on 2880 x 2880 / 5760 x 2880 / 6144 x 4096 / 8192 x 8192 and M = 128 on 28672 x 8192 (one
 round each, 45-128 steps) 54-159 us give 1.17 us per step, ~3 us per round (the prologue hides
 behind the other program). Within 10 % of the A/B rows the model was fitted on; the 2-per-SM
@@ -53,8 +55,8 @@ TILED_MIN_M = STREAM_MAX_M + 1
 #: one program per SM (TILED_STAGES_1 slots): per 64-element K step of a 128 x 128 tile, us (fit above,
 #: H200); per round of programs (launch, ring fill, epilogue, split-K sum), us
 TILED_STAGES_1 = 5
-TILED_STEP_US = {"mxfp4": 0.646, "nvfp4": 0.72, "mxfp8": 0.715}
-TILED_FIX_US = 12.3
+TILED_STEP_US = {"mxfp4": 0.588, "nvfp4": 0.662, "mxfp8": 0.703}
+TILED_FIX_US = 12.5
 #: two programs per SM (TILED_STAGES_2 slots, fp4 only): per step and per round of 2 x SMs programs
 TILED_STAGES_2 = 3
 TILED_STEP2_US = {"mxfp4": 1.17, "nvfp4": 1.28}

@@ -111,21 +111,29 @@ def _load_step(x_desc, w_desc, x_bufs, w_bufs, bars, slot, off_m, w_row, kstep, 
     tma_load(w_desc, [w_row, kstep * WPR], bar, w_bufs.index(slot), pred=pred)
 
 
-@gluon.jit(do_not_specialize=["M", "ks_per_split"])
-def tiled_kernel(x_desc, w_desc, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_ptr, cnt_ptr, M, N, K, ks_per_split, SPLIT,
-                 stride_wsn, stride_cm, FMT: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-                 HAS_AGS: gl.constexpr, HAS_BIAS: gl.constexpr, num_warps: gl.constexpr):
-    """One program per (BM x BN output tile, K split), tiles N-major within a column of M tiles
-    (consecutive programs share the activation rows). ``x_desc``: TMA boxes [BM, 64] of bf16 x
-    [M, K]; ``w_desc``: boxes [BN, 64 elements] of the packed weights as int32 [N, K / 8] (e2m1) or
-    [N, K / 4] (e4m3); ``ws_ptr``: E8M0 [N, K / 32] (mx) or e4m3 [N, K / 16] (nvfp4) scales, row
-    stride ``stride_wsn``; ``gs_ptr``: nvfp4's fp32 global scale (any pointer otherwise); ``ags_ptr``
-    (HAS_AGS, nvfp4 W x A): the activations' fp32 global scale (they were dequantized exactly without it);
-    ``bias_ptr`` [N] (HAS_BIAS); ``c_ptr`` [M, N] (N contiguous); ``part_ptr`` / ``cnt_ptr``: fp32
-    [SPLIT, tiles, BM, BN] and int32 zeros [tiles] (SPLIT > 1). Every split non-empty (the host)."""
-    BM: gl.constexpr = x_desc.block_type.shape[0]
-    gl.static_assert(BM == 16 * num_warps, "one warpgroup per 64 rows")
-    gl.static_assert(STAGES >= 3, "the slot of step i - 2 is refilled at step i")
+@gluon.jit
+def _tiled_producer(x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, off_n, k_lo, n_k, WPR: gl.constexpr,
+                    STAGES: gl.constexpr):
+    """TMA producer (1 warp): the activation and packed-weight boxes of each K step into ring slot
+    ``it % STAGES`` once the consumers released it (``empty``), tracked by the slot's ``ready``."""
+    for it in range(n_k):
+        s = it % STAGES
+        # slot s is free once the consumers released use (it // STAGES) - 1; the first pass is free
+        mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1, pred=it >= STAGES)
+        bar = ready.index(s)
+        mbarrier.expect(bar, x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+        tma_load(x_desc, [off_m, (k_lo + it) * BLOCK_K], bar, x_bufs.index(s))
+        tma_load(w_desc, [off_n, (k_lo + it) * WPR], bar, w_bufs.index(s))
+
+
+@gluon.jit
+def _tiled_consumer(x_desc, w_desc, x_bufs, w_bufs, wd_bufs, ready, empty, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr,
+                    part_ptr, cnt_ptr, M, N, K, SPLIT, stride_wsn, stride_cm, tile, sp, off_m, off_n, k_lo, n_k,
+                    FMT: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+                    HAS_AGS: gl.constexpr, HAS_BIAS: gl.constexpr, WS: gl.constexpr, num_warps: gl.constexpr):
+    """The math warps (two warpgroups): per K step, decode the weight slot into a bf16 buffer, one
+    wgmma per warpgroup left in flight, and free the slot of step i - 2 (WS: release it to the
+    producer warp; else refill it here); then the epilogue."""
     NS: gl.constexpr = 2 if FMT != _FMT_NVFP4 else 4  # scale blocks per row and step
     WPR: gl.constexpr = 16 if FMT == _FMT_MXFP8 else 8  # int32 words per row and step
     WPS: gl.constexpr = WPR // NS
@@ -134,26 +142,6 @@ def tiled_kernel(x_desc, w_desc, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_
     L3: gl.constexpr = word_layouts(BN, NS, WPS, num_warps)[1]
     SL: gl.constexpr = gl.SliceLayout(2, L3)
     mma_l: gl.constexpr = acc_layout(BM, BN, num_warps)
-    wd_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BLOCK_K], gl.bfloat16)
-
-    pid = gl.program_id(0)
-    tile = pid // SPLIT
-    sp = pid % SPLIT
-    tiles_n = gl.cdiv(N, BN)
-    off_m = (tile // tiles_n) * BM
-    off_n = (tile % tiles_n) * BN
-    num_k = gl.cdiv(K, BLOCK_K)
-    k_lo = sp * ks_per_split
-    n_k = gl.minimum(ks_per_split, num_k - k_lo)
-
-    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BLOCK_K], x_desc.layout)
-    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES, BN, WPR], w_desc.layout)
-    wd_bufs = gl.allocate_shared_memory(gl.bfloat16, [3, BN, BLOCK_K], wd_layout)
-    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(bars.index(i), count=1)
-    for i in gl.static_range(STAGES):
-        _load_step(x_desc, w_desc, x_bufs, w_bufs, bars, i, off_m, off_n, k_lo + i, WPR, i < n_k)
 
     # the scales of a thread's rows and blocks, one step ahead (a global load per step)
     sr = gl.arange(0, BN, layout=gl.SliceLayout(1, SL))
@@ -166,25 +154,25 @@ def tiled_kernel(x_desc, w_desc, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_
     for i in range(n_k):
         s = i % STAGES
         f_nxt = _scale_factor(ws_ptr, srow, ((k_lo + gl.minimum(i + 1, n_k - 1)) * NS + sc)[None, :], ncol, FMT)
-        mbarrier.wait(bars.index(s), (i // STAGES) & 1)
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
         w2 = w_bufs.index(s).load(L2)
         words = gl.convert_layout(gl.reshape(w2, [BN, NS, WPS]), L3, assert_trivial=True)
         vals = _decode(words, gl.expand_dims(f_cur, 2), FMT, BN)
-        wd = wd_bufs.index(i % 3)
+        wd = wd_bufs.index(i % 3)  # last read by the wgmma of step i - 3
         wd.store(vals)
         fence_async_shared()
-        # every warp: stored its decoded rows, read slot s, and completed its wgmma of step i - 2
-        # (the wait(1) of step i - 1): slot (i - 2) % STAGES can be refilled
+        # every math warp: stored its decoded rows, read slot s, and completed its wgmma of step
+        # i - 2 (the wait(1) of step i - 1): the producer may refill the slot of step i - 2
         cta_barrier()
-        p = i - 2 + STAGES
-        _load_step(x_desc, w_desc, x_bufs, w_bufs, bars, (i + STAGES - 2) % STAGES, off_m, off_n, k_lo + p, WPR,
-                   (i >= 2) & (p < n_k))
+        if WS:
+            mbarrier.arrive(empty.index((i + STAGES - 2) % STAGES), count=1, pred=i >= 2)
+        else:
+            _load_step(x_desc, w_desc, x_bufs, w_bufs, ready, (i + STAGES - 2) % STAGES, off_m, off_n,
+                       k_lo + i - 2 + STAGES, WPR, (i >= 2) & (i - 2 + STAGES < n_k))
         acc = warpgroup_mma(x_bufs.index(s), wd.permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
         f_cur = f_nxt
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(bars.index(i))
 
     if FMT == _FMT_NVFP4:
         gb = gl.load(gs_ptr).to(gl.float32)
@@ -221,3 +209,64 @@ def tiled_kernel(x_desc, w_desc, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_
                 tot = tot + bias
             gl.store(c_ptrs, tot.to(c_ptr.dtype.element_ty), mask=mask)
             gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+
+
+#: registers of the TMA producer warp (it holds a few indices)
+PRODUCER_REGS = gl.constexpr(40)
+
+
+@gluon.jit(do_not_specialize=["M", "ks_per_split"])
+def tiled_kernel(x_desc, w_desc, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_ptr, cnt_ptr, M, N, K, ks_per_split, SPLIT,
+                 stride_wsn, stride_cm, FMT: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+                 HAS_AGS: gl.constexpr, HAS_BIAS: gl.constexpr, WS: gl.constexpr, num_warps: gl.constexpr):
+    """One program per (BM x BN output tile, K split), tiles N-major within a column of M tiles
+    (consecutive programs share the activation rows). ``x_desc``: TMA boxes [BM, 64] of bf16 x
+    [M, K]; ``w_desc``: boxes [BN, 64 elements] of the packed weights as int32 [N, K / 8] (e2m1) or
+    [N, K / 4] (e4m3); ``ws_ptr``: E8M0 [N, K / 32] (mx) or e4m3 [N, K / 16] (nvfp4) scales, row
+    stride ``stride_wsn``; ``gs_ptr``: nvfp4's fp32 global scale (any pointer otherwise); ``ags_ptr``
+    (HAS_AGS, nvfp4 W x A): the activations' fp32 global scale (they were dequantized exactly without it);
+    ``bias_ptr`` [N] (HAS_BIAS); ``c_ptr`` [M, N] (N contiguous); ``part_ptr`` / ``cnt_ptr``: fp32
+    [SPLIT, tiles, BM, BN] and int32 zeros [tiles] (SPLIT > 1). Every split non-empty (the host)."""
+    BM: gl.constexpr = x_desc.block_type.shape[0]
+    gl.static_assert(BM == 16 * num_warps, "one warpgroup per 64 rows")
+    gl.static_assert(STAGES >= 3, "the slot of step i - 2 is refilled at step i")
+    WPR: gl.constexpr = 16 if FMT == _FMT_MXFP8 else 8  # int32 words per row and step
+    wd_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BLOCK_K], gl.bfloat16)
+
+    pid = gl.program_id(0)
+    tile = pid // SPLIT
+    sp = pid % SPLIT
+    tiles_n = gl.cdiv(N, BN)
+    off_m = (tile // tiles_n) * BM
+    off_n = (tile % tiles_n) * BN
+    num_k = gl.cdiv(K, BLOCK_K)
+    k_lo = sp * ks_per_split
+    n_k = gl.minimum(ks_per_split, num_k - k_lo)
+
+    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BLOCK_K], x_desc.layout)
+    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES, BN, WPR], w_desc.layout)
+    wd_bufs = gl.allocate_shared_memory(gl.bfloat16, [3, BN, BLOCK_K], wd_layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    if WS:
+        gl.warp_specialize([
+            (_tiled_consumer, (x_desc, w_desc, x_bufs, w_bufs, wd_bufs, ready, empty, ws_ptr, gs_ptr, ags_ptr, bias_ptr,
+                               c_ptr, part_ptr, cnt_ptr, M, N, K, SPLIT, stride_wsn, stride_cm, tile, sp, off_m, off_n,
+                               k_lo, n_k, FMT, BM, BN, STAGES, HAS_AGS, HAS_BIAS, True, num_warps)),
+            (_tiled_producer, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, off_n, k_lo, n_k, WPR, STAGES)),
+        ], [1], [PRODUCER_REGS])
+        # no mbarrier.invalidate after the warp-specialised region (as kernels/hopper/wide.py: nothing
+        # reuses the barrier memory, and the invalidates raced with the partition-switch loop there)
+    else:
+        # the math warps issue the TMA loads themselves: the ring filled here, then one refill per step
+        for i in gl.static_range(STAGES):
+            _load_step(x_desc, w_desc, x_bufs, w_bufs, ready, i, off_m, off_n, k_lo + i, WPR, i < n_k)
+        _tiled_consumer(x_desc, w_desc, x_bufs, w_bufs, wd_bufs, ready, empty, ws_ptr, gs_ptr, ags_ptr, bias_ptr,
+                        c_ptr, part_ptr, cnt_ptr, M, N, K, SPLIT, stride_wsn, stride_cm, tile, sp, off_m, off_n, k_lo,
+                        n_k, FMT, BM, BN, STAGES, HAS_AGS, HAS_BIAS, False, num_warps)
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(i))
+            mbarrier.invalidate(empty.index(i))
