@@ -52,6 +52,20 @@ def test_forced_weight_only(fmt, m, n, k, split, stages):
 
 
 @pytest.mark.parametrize("fmt", FMTS)
+def test_forced_256_row_tiles(fmt):
+    """256 x 128 tiles (16 math warps sharing one decoded weight tile, the planner's R3 regime)."""
+    cfg = GemmConfig(block_m=256, block_n=128, block_k=64, num_warps=16, num_stages=4, split_k=1, strategy="tiled")
+    for m, n, k, split in ((300, 257, 1056, 1), (257, 384, 2048, 3), (513, 130, 320, 1)):
+        x = randn_like_activations(m, k, device="cuda", seed=m + k)
+        w = _weights(n, k, fmt, seed=n)
+        ref = ref_gemm.gemm(x, w)
+        for out_dtype in (torch.bfloat16, torch.float32):
+            out = _nan(m, n, out_dtype)
+            bs.gemm(x, w, out_dtype, out=out, config=cfg.replace(split_k=split))
+            assert_gemm_close(out, ref, fmt, out_dtype, what=f"{fmt} 256-row tiles {m}x{n}x{k} split {split}")
+
+
+@pytest.mark.parametrize("fmt", FMTS)
 def test_w_x_a_bias_and_global_scales(fmt):
     m, n, k = 200, 300, 544
     xf = randn_like_activations(m, k, device="cuda", seed=3)

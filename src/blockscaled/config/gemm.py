@@ -73,7 +73,7 @@ class GemmConfig:
     strategy: "triton", "gemv", "hopper", "dequant_matmul", "stream" or "tiled" (see module
         docstring; "stream": kernels/hopper/stream.py, block_m = the padded activation rows 8..64,
         block_n 64, block_k 128, 4 warps, num_stages = TMA ring slots, split_k; "tiled":
-        kernels/hopper/tiled.py, block_m 128, 8 warps, block_n 128, block_k 64,
+        kernels/hopper/tiled.py, block_m 128 with 8 warps or 256 with 16, block_n 128, block_k 64,
         num_stages 3..6 TMA ring slots (4 and more add a TMA producer warp; 3 fits two programs
         per SM without one: ops/_tiled.py TILED_WS_MIN_STAGES), split_k). "gemv"
         reads only block_m (activation rows per program, a power of two <= GEMV_MAX_M), block_n
@@ -178,10 +178,11 @@ class GemmConfig:
     def _check_tiled(self) -> None:
         # kernels/hopper/tiled.py: one warpgroup per 64 activation rows, 128 weight rows, 64-element
         # K steps, a TMA ring of num_stages slots (the slot of step i - 2 is refilled at step i)
-        # (64-row tiles: slower on every A/B row, and 255 registers with a bias: spills)
-        if (self.block_m, self.num_warps) != (128, 8):
-            raise ValueError(f"GemmConfig: strategy 'tiled' runs block_m=128 with num_warps=8, got "
-                             f"block_m={self.block_m}, num_warps={self.num_warps}")
+        # one warpgroup per 64 activation rows (64-row tiles: slower on every A/B row, and 255
+        # registers with a bias: spills)
+        if (self.block_m, self.num_warps) not in ((128, 8), (256, 16)):
+            raise ValueError(f"GemmConfig: strategy 'tiled' runs block_m=128 with num_warps=8 or block_m=256 with "
+                             f"num_warps=16, got block_m={self.block_m}, num_warps={self.num_warps}")
         if (self.block_n, self.block_k) != (128, 64):
             raise ValueError(f"GemmConfig: strategy 'tiled' runs block_n=128, block_k=64, got {self.block_n}, "
                              f"{self.block_k}")

@@ -106,7 +106,7 @@ def _plan_tiled(p: Problem, dev: DeviceInfo, scope: str) -> Plan:
     steps = -(-p.k // 64)
     per_sm = 2 if cfg.num_stages == TILED_STAGES_2 else 1
     model = (f"plan/tiled.py cost model: tiled {t_tiled:.1f} us "
-             f"({-(-p.m // 128) * -(-p.n // 128)} tiles of 128x128 x split {cfg.split_k}, "
+             f"({-(-p.m // cfg.block_m) * -(-p.n // 128)} tiles of {cfg.block_m}x128 x split {cfg.split_k}, "
              f"{-(-steps // cfg.split_k)} K steps each, {per_sm} program(s) per SM), "
              f"dequantize + cuBLAS {t_dq:.1f} us")
     if t_tiled < t_dq:

@@ -1,28 +1,26 @@
 """When the sm_90 tiled MX / NV kernel (kernels/hopper/tiled.py) runs, with which split, and what
 it costs against the other plans of an MX / NV call above the streaming kernel's rows.
 
-Cost model (per-program time, measured): the kernel runs 128 x 128 output tiles, each program a
-chain of 64-element K steps, in one of two regimes: a 5-slot ring (148 KB of shared memory, one
-program per SM: a program's time is ``steps x TILED_STEP_US[fmt] + TILED_FIX_US``) or, fp4 only, a
-3-slot ring (108 KB: two programs per SM, ``steps x TILED_STEP2_US[fmt] + TILED_FIX2_US`` each, the
-two overlapping each other's prologue and barriers); the call takes ``ceil(programs / (regime x
-SMs))`` such rounds, and the planner takes the regime and K split with the smallest prediction.
-Fitted on two H200 A/Bs of the twentieth session (benchmarks/results/h200/archive/tiled-ab-20261127.json
-and tiled-ab2-20261127.json: mxfp4 / nvfp4 (/ mxfp8) weight-only, N x K in 2880 x 2880, 5760 x 2880,
-6144 x 4096, 8192 x 8192, 4096 x 14336, 28672 x 8192, M 128-2048, splits 1 / 2 / 4, both rings):
-one program per SM (since the TMA producer warp, ops/_tiled.py TILED_WS_MIN_STAGES; its A/B against
-the kernel without it: archive/tiled-ws-ab-20261127.json), mxfp4: 8192 x 8192 at M = 256 (128 steps,
-one round) 87.7 us and 2880 x 2880 at M = 256 split 2 (23 steps) 26.0 us give 0.588 us per step and
-12.5 us per round (nvfp4 0.662, mxfp8 0.703 from their M = 256 8192 x 8192 rows); two per SM, mxfp4:
-M = 512 on 2880 x 2880 / 5760 x 2880 / 6144 x 4096 / 8192 x 8192 and M = 128 on 28672 x 8192 (one
-round each, 45-128 steps) 54-159 us give 1.17 us per step, ~3 us per round (the prologue hides
-behind the other program). Within 10 % of the A/B rows the model was fitted on; the 2-per-SM
-regime measured 1.17-1.26x faster per SM wherever the grid holds two rounds or more (ncu, M = 2048
-8192 x 8192 with one per SM: 2 warps per scheduler, 41 % of the cycles stalled at CTA barriers,
-tensor pipe 37 % busy: latency-bound, so a second program per SM helps). nvfp4 and mxfp8 ran 8-10 %
-slower per step; mxfp8's 3-slot ring (120 KB) does not fit twice in an SM. Two per SM is planned
-without a K split only: with one, the A/B measured it 1.6-1.9x slower than the model (M = 256 on
-8192 x 8192, split 2: 142.7 us, as long as M = 512 unsplit with twice the steps; not understood).
+Cost model (per-program time, measured). The kernel runs in one of three regimes, each a chain of
+64-element K steps per program, ``rounds = ceil(programs / (programs per SM x SMs))``:
+
+* R1: 128 x 128 tiles, a 5-slot ring with a TMA producer warp, one program per SM, any K split
+  <= 8: ``rounds x (steps x TILED_STEP_US[fmt] + TILED_SPLIT_US if split)``;
+* R2 (fp4): 128 x 128 tiles, a 3-slot ring without the producer, two programs per SM, unsplit,
+  planned only where the grid has more programs than SMs: ``rounds x steps x TILED_STEP2_US``;
+* R3 (fp4, no bias): 256 x 128 tiles (4 math warpgroups share one decoded weight tile: half the
+  decode per MAC), a 4-slot ring with the producer, unsplit: ``rounds x steps x TILED_STEP3_US``.
+
+The planner takes the regime and split with the smallest prediction. Fitted (least squares) on the
+H200 A/B of the head's kernel (benchmarks/results/h200/archive/tiled-ab4-20261127.json: mxfp4 /
+nvfp4 weight-only, 2880 x 2880, 5760 x 2880, 8192 x 8192, 28672 x 8192 at M = 256-2048, every
+regime, splits 1 / 2 / 4): unsplit rows within -8 / +4 % (R1, R3) and -16 / +4 % (R2) of the fit;
+the fixed cost per round came out near zero once the epilogue stored straight from the wgmma
+layout; a K split costs 5-8 us more per round (TILED_SPLIT_US: the fp32 partial tiles). ncu of an
+earlier build (M = 2048, 8192 x 8192, no producer warp): 2 warps per scheduler, 41 % of the cycles
+stalled at CTA barriers, tensor pipe 37 %: latency-bound, hence the producer warp, the second
+program per SM and the 256-row tiles. mxfp8 (R1 only; its 256-row build spills with a bias) runs
+~17 % slower per step than mxfp4 (tiled-ws-ab).
 
 The alternative above 64 rows is dequantize + cuBLAS bf16 (or the portable kernel where the
 portable rules keep it): dequantize bytes (packed read, bf16 write; activations too for W x A) at
@@ -52,15 +50,17 @@ TILED_FORMATS = ("mxfp4", "nvfp4", "mxfp8")
 TILED_ACTIVATIONS = ("bfloat16", "quantized")
 #: planned above the streaming kernel's rows
 TILED_MIN_M = STREAM_MAX_M + 1
-#: one program per SM (TILED_STAGES_1 slots): per 64-element K step of a 128 x 128 tile, us (fit above,
-#: H200); per round of programs (launch, ring fill, epilogue, split-K sum), us
+#: R1: 5-slot ring (producer warp), one 128 x 128 program per SM: us per 64-element K step (fit above)
 TILED_STAGES_1 = 5
-TILED_STEP_US = {"mxfp4": 0.588, "nvfp4": 0.662, "mxfp8": 0.703}
-TILED_FIX_US = 12.5
-#: two programs per SM (TILED_STAGES_2 slots, fp4 only): per step and per round of 2 x SMs programs
+TILED_STEP_US = {"mxfp4": 0.62, "nvfp4": 0.69, "mxfp8": 0.725}
+#: a K split's extra cost per round of programs, us (fit above: 5.1-8.2)
+TILED_SPLIT_US = 7.0
+#: R2: 3-slot ring without the producer, two 128 x 128 programs per SM (fp4): us per step and program
 TILED_STAGES_2 = 3
-TILED_STEP2_US = {"mxfp4": 1.17, "nvfp4": 1.28}
-TILED_FIX2_US = 3.0
+TILED_STEP2_US = {"mxfp4": 1.255, "nvfp4": 1.347}
+#: R3: 4-slot ring (producer warp), one 256 x 128 program per SM (fp4, no bias): us per step
+TILED_STAGES_3 = 4
+TILED_STEP3_US = {"mxfp4": 1.088, "nvfp4": 1.137}
 #: splits the planner considers (each split keeps >= TILED_MIN_STEPS steps)
 TILED_MAX_SPLIT = 8
 TILED_MIN_STEPS = 4
@@ -104,16 +104,19 @@ def tiled_reason(p: Problem, dev: DeviceInfo, gluon_ok: bool) -> str | None:
     return None
 
 
-def tiled_us(p: Problem, dev: DeviceInfo, split: int, per_sm: int = 1) -> float:
-    """Predicted time of the kernel with ``split`` and ``per_sm`` programs per SM (1: the
-    TILED_STAGES_1 ring, 2: TILED_STAGES_2, fp4 only) (module docstring), activation pass included."""
+def tiled_us(p: Problem, dev: DeviceInfo, split: int, regime: int = 1) -> float:
+    """Predicted time of the kernel in ``regime`` (1, 2 or 3: module docstring) with ``split``,
+    the activations' dequantize pass included (W x A)."""
     steps = -(-p.k // 64)
     per = -(-steps // split)
-    programs = -(-p.m // 128) * -(-p.n // 128) * -(-steps // per)
-    if per_sm == 2:
-        t = math.ceil(programs / (2 * dev.sm_count)) * (per * TILED_STEP2_US[p.fmt] + TILED_FIX2_US)
+    bm = 256 if regime == 3 else 128
+    programs = -(-p.m // bm) * -(-p.n // 128) * -(-steps // per)
+    if regime == 2:
+        t = math.ceil(programs / (2 * dev.sm_count)) * per * TILED_STEP2_US[p.fmt]
+    elif regime == 3:
+        t = math.ceil(programs / dev.sm_count) * per * TILED_STEP3_US[p.fmt]
     else:
-        t = math.ceil(programs / dev.sm_count) * (per * TILED_STEP_US[p.fmt] + TILED_FIX_US)
+        t = math.ceil(programs / dev.sm_count) * (per * TILED_STEP_US[p.fmt] + (TILED_SPLIT_US if split > 1 else 0.0))
     if not p.weight_only:  # the exact bf16 dequantization of the activations first
         t += _dequant_bytes(p.fmt, p.m, p.k) / (dev.mem_bw * DEQUANT_EFF[p.fmt]) * 1e6
     return t
@@ -133,17 +136,14 @@ def dequant_matmul_us(p: Problem, dev: DeviceInfo) -> float:
 
 
 def tiled_config(p: Problem, dev: DeviceInfo) -> tuple[GemmConfig, float]:
-    """(the config with the ring (programs per SM) and split the model predicts fastest, its us)."""
+    """(the config of the regime and split the model predicts fastest, its predicted us)."""
     steps = -(-p.k // 64)
-    best = None
-    for per_sm in ((1, 2) if p.fmt in TILED_STEP2_US else (1,)):
-        for s in range(1, TILED_MAX_SPLIT + 1 if per_sm == 1 else 2):
-            if s > 1 and steps < TILED_MIN_STEPS * s:
-                break
-            t = tiled_us(p, dev, s, per_sm)
-            if best is None or t < best[2] - 1e-9:
-                best = (per_sm, s, t)
-    per_sm, split, t = best
-    return GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8,
-                      num_stages=TILED_STAGES_2 if per_sm == 2 else TILED_STAGES_1, split_k=split,
+    cands = [(1, s) for s in range(1, TILED_MAX_SPLIT + 1) if s == 1 or steps >= TILED_MIN_STEPS * s]
+    if p.fmt in TILED_STEP2_US and -(-p.m // 128) * -(-p.n // 128) > dev.sm_count:
+        cands.append((2, 1))
+    if p.fmt in TILED_STEP3_US and not p.bias:
+        cands.append((3, 1))
+    regime, split, t = min(((r, s, tiled_us(p, dev, s, r)) for r, s in cands), key=lambda c: c[2])
+    bm, stages = {1: (128, TILED_STAGES_1), 2: (128, TILED_STAGES_2), 3: (256, TILED_STAGES_3)}[regime]
+    return GemmConfig(block_m=bm, block_n=128, block_k=64, num_warps=bm // 16, num_stages=stages, split_k=split,
                       strategy="tiled", dequant_a=not p.weight_only), t

@@ -36,7 +36,6 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-from ._common import store_layout_for
 from ._compat import cta_barrier, tma_load
 from .stream import _DECODE_E4M3, _DECODE_MX, _DECODE_NV, _FMT_MXFP8, _FMT_NVFP4, _scale_factor
 
@@ -49,23 +48,30 @@ BLOCK_K = gl.constexpr(64)
 @gluon.constexpr_function
 def word_layouts(bn, ns, wps, num_warps):
     """(2-D, 3-D) layouts of one step's packed weight words, [BN, NS * WPS] and [BN, NS, WPS]: NS
-    scale blocks per row and step, WPS int32 words per scale block. A thread holds 32 contiguous
-    elements of a row (half of the 64-element step: 4 e2m1 words or 8 e4m3 words), lanes take the
-    two halves and 16 rows, warps further rows, registers the rows past num_warps * 16."""
-    half = ns // 2  # scale blocks per thread
-    wb = [1 << i for i in range((wps).bit_length() - 1)]  # word bits within a scale block
-    hb = [1 << i for i in range((half).bit_length() - 1)]  # scale-block bits within a thread
-    rows_lane = [1 << i for i in range(4)]
-    rows_warp = [16 << i for i in range((num_warps).bit_length() - 1)]
-    reps = [16 * num_warps << i for i in range((bn // (16 * num_warps)).bit_length() - 1)]
+    scale blocks per row and step, WPS int32 words per scale block. A thread holds ``wt`` contiguous
+    words of a row (the step's BN x 64 elements over the threads: 32 elements each with 8 warps, 16
+    with 16), lanes the next word bit and 16 rows, warps the remaining word bits and further rows,
+    registers the rows past what the warps cover."""
+    wpr = ns * wps
+    wt = bn * wpr // (32 * num_warps)  # words per thread
+    lg = lambda v: (v).bit_length() - 1  # noqa: E731 (log2 of a power of two)
+    cols = [1 << i for i in range(lg(wpr))]
+    reg_c, lane_c, warp_c = cols[:lg(wt)], cols[lg(wt):lg(wt) + 1], cols[lg(wt) + 1:]
+    warp_r = [16 << i for i in range(lg(num_warps) - len(warp_c))]
+    covered = 16 << len(warp_r)
+    reps = [covered << i for i in range(lg(bn // covered))]
+
+    def c3(c):  # word index c = block * WPS + word -> [row, block, word]
+        return [0, 0, c] if c < wps else [0, c // wps, 0]
+
     two = gl.DistributedLinearLayout(
-        reg_bases=[[0, w] for w in wb] + [[0, wps * h] for h in hb] + [[r, 0] for r in reps],
-        lane_bases=[[0, wps * half]] + [[r, 0] for r in rows_lane],
-        warp_bases=[[r, 0] for r in rows_warp], block_bases=[], shape=[bn, ns * wps])
+        reg_bases=[[0, c] for c in reg_c] + [[r, 0] for r in reps],
+        lane_bases=[[0, c] for c in lane_c] + [[1 << i, 0] for i in range(4)],
+        warp_bases=[[0, c] for c in warp_c] + [[r, 0] for r in warp_r], block_bases=[], shape=[bn, wpr])
     three = gl.DistributedLinearLayout(
-        reg_bases=[[0, 0, w] for w in wb] + [[0, h, 0] for h in hb] + [[r, 0, 0] for r in reps],
-        lane_bases=[[0, half, 0]] + [[r, 0, 0] for r in rows_lane],
-        warp_bases=[[r, 0, 0] for r in rows_warp], block_bases=[], shape=[bn, ns, wps])
+        reg_bases=[c3(c) for c in reg_c] + [[r, 0, 0] for r in reps],
+        lane_bases=[c3(c) for c in lane_c] + [[1 << i, 0, 0] for i in range(4)],
+        warp_bases=[c3(c) for c in warp_c] + [[r, 0, 0] for r in warp_r], block_bases=[], shape=[bn, ns, wps])
     return two, three
 
 
@@ -179,7 +185,11 @@ def _tiled_consumer(x_desc, w_desc, x_bufs, w_bufs, wd_bufs, ready, empty, ws_pt
         if HAS_AGS:
             gb = gb * gl.load(ags_ptr).to(gl.float32)
         acc = acc * gl.div_rn(gl.full([], 256.0, gl.float32), gb)
-    out_l: gl.constexpr = store_layout_for(BN, num_warps)
+    # stored from the wgmma layout itself (pairs of adjacent columns per thread): a layout
+    # conversion needs shared-memory scratch, which the warp-specialised kernel cannot take from
+    # its ring (allocated for the whole kernel): 128-row tiles would use 160 KB, 256-row tiles
+    # more than an SM has
+    out_l: gl.constexpr = mma_l
     rows = gl.arange(0, BM, layout=gl.SliceLayout(1, out_l))
     cols = gl.arange(0, BN, layout=gl.SliceLayout(0, out_l))
     mask = (rows < M - off_m)[:, None] & (cols < N - off_n)[None, :]
@@ -187,7 +197,7 @@ def _tiled_consumer(x_desc, w_desc, x_bufs, w_bufs, wd_bufs, ready, empty, ws_pt
     if HAS_BIAS:
         bias = gl.load(bias_ptr + off_n + cols, mask=cols < N - off_n, other=0.0).to(gl.float32)[None, :]
     if SPLIT == 1:
-        res = gl.convert_layout(acc, out_l)
+        res = acc
         if HAS_BIAS:
             res = res + bias
         gl.store(c_ptrs, res.to(c_ptr.dtype.element_ty), mask=mask)
@@ -196,7 +206,7 @@ def _tiled_consumer(x_desc, w_desc, x_bufs, w_bufs, wd_bufs, ready, empty, ws_pt
         split_stride = (gl.num_programs(0) // SPLIT).to(gl.int64) * tile_elems
         offs = (rows * BN)[:, None] + cols[None, :]
         base = part_ptr + tile.to(gl.int64) * tile_elems
-        gl.store(base + sp * split_stride + offs, gl.convert_layout(acc, out_l))
+        gl.store(base + sp * split_stride + offs, acc)
         cta_barrier()  # every thread's partial store happens-before the release below
         cnt = cnt_ptr + tile
         arrived = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
