@@ -370,3 +370,42 @@ def test_stream_config_checked():
         kw.update(bad)
         with pytest.raises(ValueError, match="stream|split_k"):
             GemmConfig(**kw)
+
+
+def test_tiled_plans_and_config_checks(monkeypatch):
+    """plan/tiled.py on an H100 (any machine): above the streaming kernel's rows an MX / NV call with
+    bf16 or quantized activations gets the tiled kernel or dequantize + cuBLAS, whichever the cost
+    model predicts faster (large weights at M = 128-256: tiled; M = 8192: dequantize), its config
+    valid and its reasons naming both predictions; fp16 activations say why not; a bias keeps the
+    256-row regime out; GemmConfig rejects tiles and rings the kernel cannot build."""
+    from blockscaled.config.gemm import GemmConfig
+    from blockscaled.plan import H100_SXM, Problem
+    from blockscaled.plan import gemm as plan_gemm_mod
+    from blockscaled.plan import tiled as plan_tiled
+
+    monkeypatch.setattr(plan_tiled, "_TRITON_OK", True)
+    monkeypatch.setattr(plan_tiled, "TILED_ENABLED", True)
+    plan_gemm_mod.plan_gemm.cache_clear()
+    try:
+        for fmt in ("mxfp4", "nvfp4", "mxfp8"):
+            for a in ("bfloat16", "quantized"):
+                p = plan_gemm_mod.plan_gemm(Problem("gemm", fmt, 128, 28672, 8192, a, tma=True), H100_SXM)
+                assert p.kernel == "hopper_tiled" and p.config.dequant_a == (a == "quantized"), str(p)
+                assert "dequantize + cuBLAS" in str(p) and p.alternatives[0][0] == "dequant_matmul", str(p)
+                big = plan_gemm_mod.plan_gemm(Problem("gemm", fmt, 8192, 8192, 8192, a, tma=True), H100_SXM)
+                assert big.kernel == "dequant_matmul" and big.alternatives[0][0] == "hopper_tiled", str(big)
+            fp16 = plan_gemm_mod.plan_gemm(Problem("gemm", fmt, 128, 28672, 8192, "float16", tma=True), H100_SXM)
+            assert fp16.kernel != "hopper_tiled" and "not the tiled kernel: float16 activations" in str(fp16)
+        for bias in (False, True):
+            p = plan_gemm_mod.plan_gemm(Problem("gemm", "mxfp4", 256, 28672, 8192, "bfloat16", bias=bias, tma=True),
+                                        H100_SXM)
+            assert p.kernel == "hopper_tiled" and (p.config.block_m == 256) == (not bias), str(p)
+    finally:
+        plan_gemm_mod.plan_gemm.cache_clear()
+    base = dict(block_n=128, block_k=64, split_k=1, strategy="tiled")
+    GemmConfig(block_m=128, num_warps=8, num_stages=6, **base)
+    GemmConfig(block_m=256, num_warps=16, num_stages=4, **base)
+    for bad in (dict(block_m=256, num_warps=16, num_stages=5), dict(block_m=64, num_warps=4, num_stages=4),
+                dict(block_m=128, num_warps=8, num_stages=2)):
+        with pytest.raises(ValueError, match="GemmConfig"):
+            GemmConfig(**bad, **base)

@@ -76,10 +76,16 @@ def test_w_x_a_bias_and_global_scales(fmt):
         out = _nan(m, n, torch.bfloat16)
         bs.gemm(a, w, out=out, config=_cfg(split).replace(dequant_a=True), bias=bias)
         assert_gemm_close(out, ref_gemm.gemm(a, w, bias=bias), fmt, torch.bfloat16, what=f"{fmt} W x A split {split}")
-    # bf16 activations with a bias, and a sliced (16-byte misaligned) activation tensor
-    xs = randn_like_activations(m, k + 8, device="cuda", seed=5)[:, 8:]
-    out = bs.gemm(xs, w, config=_cfg(2), bias=bias)
-    assert_gemm_close(out, ref_gemm.gemm(xs.contiguous(), w, bias=bias), fmt, torch.bfloat16, what="sliced x")
+    # bf16 activations with a bias, and activations TMA cannot read as they are (copied first): a
+    # row stride that is not a multiple of 16 bytes, and a base 8 bytes off
+    wide = randn_like_activations(m, k + 4, device="cuda", seed=5)
+    flat = randn_like_activations(m * k + 4, device="cuda", seed=6)
+    for xs in (wide[:, 4:], flat[4:].view(m, k)):
+        assert xs.data_ptr() % 16 or (xs.stride(0) * 2) % 16
+        out = bs.gemm(xs, w, config=_cfg(2), bias=bias)
+        assert_gemm_close(out, ref_gemm.gemm(xs.contiguous(), w, bias=bias), fmt, torch.bfloat16, what="unaligned x")
+    with pytest.raises(ValueError, match="dequant_a"):
+        bs.gemm(a, w, config=_cfg(1))  # quantized activations need the pass the config must name
 
 
 @pytest.mark.parametrize("fmt", FMTS)

@@ -186,8 +186,10 @@ class GemmConfig:
         if (self.block_n, self.block_k) != (128, 64):
             raise ValueError(f"GemmConfig: strategy 'tiled' runs block_n=128, block_k=64, got {self.block_n}, "
                              f"{self.block_k}")
-        if not 3 <= self.num_stages <= 6:
-            raise ValueError(f"GemmConfig.num_stages: strategy 'tiled' needs 3..6 ring slots, got {self.num_stages}")
+        if not 3 <= self.num_stages <= (4 if self.block_m == 256 else 6):
+            # 256-row tiles: 32 KB of activations per slot; 5 slots need 233 KB of shared memory
+            raise ValueError(f"GemmConfig.num_stages: strategy 'tiled' needs 3..6 ring slots (3..4 with block_m=256), "
+                             f"got {self.num_stages} with block_m={self.block_m}")
         if self.split_k < 1:
             raise ValueError(f"GemmConfig.split_k: expected >= 1, got {self.split_k}")
 

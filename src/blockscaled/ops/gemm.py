@@ -354,7 +354,7 @@ def _check_stream(a2, a_s2, fmt: Format, m: int, k: int) -> None:
         raise ValueError(f"config.strategy: 'stream' takes M <= 64 and K % 32 == 0, got M={m}, K={k}")
 
 
-def _check_tiled(a2, a_s2, fmt: Format, m: int, k: int) -> None:
+def _check_tiled(a2, a_s2, fmt: Format, m: int, k: int, cfg: GemmConfig) -> None:
     """A forced ``strategy="tiled"`` config on operands the kernel cannot take: a clear error
     (the planner never plans it for them: plan/tiled.py)."""
     if fmt.name not in _STREAM_FORMATS or (a_s2 is None and a2.dtype != torch.bfloat16):
@@ -364,6 +364,9 @@ def _check_tiled(a2, a_s2, fmt: Format, m: int, k: int) -> None:
         raise ValueError(f"config.strategy: 'tiled' is an sm_90 (Hopper) kernel, got a {a2.device} tensor")
     if k % 32:
         raise ValueError(f"config.strategy: 'tiled' takes K % 32 == 0, got K={k}")
+    if a_s2 is not None and not cfg.dequant_a:
+        raise ValueError("config.dequant_a: strategy 'tiled' dequantizes quantized activations to bf16 first; pass "
+                         "dequant_a=True (the planner's configs do)")
 
 
 def _tiled_activations(a2, a_s2, a_gs, fmt: Format, k: int):
@@ -376,7 +379,7 @@ def _tiled_activations(a2, a_s2, a_gs, fmt: Format, k: int):
         gs = _one(a2.device) if fmt.has_global_scale else None
         return _dequant(a2, a_s2, gs, fmt, (a2.shape[0], k), 1, torch.bfloat16), x_gs
     if a2.data_ptr() % 16 or (a2.stride(0) * 2) % 16 or a2.stride(1) != 1:
-        a2 = a2.contiguous() if a2.stride(1) != 1 or (a2.stride(0) * 2) % 16 else a2.clone()
+        a2 = a2.clone(memory_format=torch.contiguous_format)  # always a fresh, aligned copy
     return a2, x_gs
 
 
@@ -631,7 +634,7 @@ def run_plan(plan: Plan, a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows: int, fmt
         launch_stream(x, b_data, b_scale, b_gs, fmt.name, k, out2, cfg, x_scale=x_scale, x_gs=x_gs, bias=bias)
         return
     if cfg.strategy == "tiled":
-        _check_tiled(a2, a_s2, fmt, m, k)
+        _check_tiled(a2, a_s2, fmt, m, k, cfg)
         x, x_gs = _tiled_activations(a2, a_s2, a_gs, fmt, k)
         launch_tiled(x, b_data, b_scale, b_gs, fmt.name, k, out2, cfg, bias=bias, x_gs=x_gs)
         return

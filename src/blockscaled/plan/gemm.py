@@ -93,6 +93,8 @@ def plan_gemm(p: Problem, dev: DeviceInfo, forced=None, *, gluon_ok: bool = True
     reasons = (f"{p.fmt}{' weight-only' if p.weight_only else ''} on {scope}", why)
     if dev.is_hopper and p.fmt in STREAM_FORMATS and 1 <= p.m <= STREAM_MAX_M:
         reasons += (f"not the streaming kernel: {stream_reason(p, dev, gluon_ok)}",)
+    elif dev.is_hopper and p.fmt in STREAM_FORMATS and p.m > STREAM_MAX_M:
+        reasons += (f"not the tiled kernel: {tiled_reason(p, dev, gluon_ok)}",)
     return Plan("gemm", "cuda", cfg, p, reasons=reasons)
 
 

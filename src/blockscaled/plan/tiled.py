@@ -22,8 +22,9 @@ stalled at CTA barriers, tensor pipe 37 %: latency-bound, hence the producer war
 program per SM and the 256-row tiles. mxfp8 (R1 only; its 256-row build spills with a bias) runs
 ~17 % slower per step than mxfp4 (tiled-ws-ab).
 
-The alternative above 64 rows is dequantize + cuBLAS bf16 (or the portable kernel where the
-portable rules keep it): dequantize bytes (packed read, bf16 write; activations too for W x A) at
+The alternative above 64 rows is dequantize + cuBLAS bf16 (the portable kernel, and the experimental
+bf16 tiles, are not candidates where the tiled kernel can run: plan/gemm.py ``_plan_tiled``):
+dequantize bytes (packed read, bf16 write; activations too for W x A) at
 the copy bandwidth times the dequantize kernel's measured efficiency ``DEQUANT_EFF`` (H200, same
 session: mxfp4 58 %, nvfp4 46 %, mxfp8 86 % of a same-run copy), then cuBLAS at
 ``max(flops / bf16 rate, bytes / bandwidth)``. On the A/B rows that model picks the faster of the
