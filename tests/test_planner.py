@@ -409,3 +409,25 @@ def test_tiled_plans_and_config_checks(monkeypatch):
                 dict(block_m=128, num_warps=8, num_stages=2)):
         with pytest.raises(ValueError, match="GemmConfig"):
             GemmConfig(**bad, **base)
+
+
+def test_forced_sm90_mx_configs_fail_loudly_elsewhere():
+    """A forced ``strategy="stream"`` / ``"tiled"`` config on operands those sm_90 kernels cannot take
+    raises naming the strategy and what came (ops/gemm.py ``_check_sm90_mx``), never runs another
+    kernel silently: CPU tensors (not an sm_90 device) and fp16 activations."""
+    import torch
+
+    import blockscaled as bs
+    from blockscaled import _checks
+    from blockscaled.config.gemm import GemmConfig
+
+    if not _checks.INTERPRET:
+        pytest.skip("the reference path makes no kernel plan (needs TRITON_INTERPRET=1)")
+    cfgs = {"stream": GemmConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4, strategy="stream"),
+            "tiled": GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4, strategy="tiled")}
+    w = bs.quantize(torch.randn(64, 64), "mxfp4")
+    for name, cfg in cfgs.items():
+        with pytest.raises(ValueError, match=f"'{name}' is an sm_90"):
+            bs.gemm(torch.randn(4, 64, dtype=torch.bfloat16), w, config=cfg)
+        with pytest.raises(ValueError, match=f"'{name}' takes mxfp4 / nvfp4 / mxfp8 weights with bf16"):
+            bs.gemm(torch.randn(4, 64, dtype=torch.float16), w, config=cfg)

@@ -342,45 +342,32 @@ def _launch_mx_gemv(a2, a_s2, a_gs, b_data, b_scale, b_gs, out2, bias, fmt: Form
     )
 
 
-def _check_stream(a2, a_s2, fmt: Format, m: int, k: int) -> None:
-    """A forced ``strategy="stream"`` config on operands the kernel cannot take: a clear error
-    (the planner never plans it for them: plan/stream.py)."""
+def _check_sm90_mx(strategy: str, a2, a_s2, fmt: Format, m: int, k: int, cfg: GemmConfig) -> None:
+    """A forced ``strategy="stream"`` / ``"tiled"`` config on operands the kernel cannot take: a
+    clear error (the planner never plans them there: plan/stream.py, plan/tiled.py)."""
     if fmt.name not in _STREAM_FORMATS or (a_s2 is None and a2.dtype != torch.bfloat16):
-        raise ValueError(f"config.strategy: 'stream' takes mxfp4 / nvfp4 / mxfp8 weights with bf16 or quantized "
+        raise ValueError(f"config.strategy: {strategy!r} takes mxfp4 / nvfp4 / mxfp8 weights with bf16 or quantized "
                          f"activations, got {fmt.name} weights and {a2.dtype} activations")
     if not device_info(a2.device).is_hopper:
-        raise ValueError(f"config.strategy: 'stream' is an sm_90 (Hopper) kernel, got a {a2.device} tensor")
-    if m > 64 or k % 32:
-        raise ValueError(f"config.strategy: 'stream' takes M <= 64 and K % 32 == 0, got M={m}, K={k}")
-
-
-def _check_tiled(a2, a_s2, fmt: Format, m: int, k: int, cfg: GemmConfig) -> None:
-    """A forced ``strategy="tiled"`` config on operands the kernel cannot take: a clear error
-    (the planner never plans it for them: plan/tiled.py)."""
-    if fmt.name not in _STREAM_FORMATS or (a_s2 is None and a2.dtype != torch.bfloat16):
-        raise ValueError(f"config.strategy: 'tiled' takes mxfp4 / nvfp4 / mxfp8 weights with bf16 or quantized "
-                         f"activations, got {fmt.name} weights and {a2.dtype} activations")
-    if not device_info(a2.device).is_hopper:
-        raise ValueError(f"config.strategy: 'tiled' is an sm_90 (Hopper) kernel, got a {a2.device} tensor")
-    if k % 32:
-        raise ValueError(f"config.strategy: 'tiled' takes K % 32 == 0, got K={k}")
-    if a_s2 is not None and not cfg.dequant_a:
+        raise ValueError(f"config.strategy: {strategy!r} is an sm_90 (Hopper) kernel, got a {a2.device} tensor")
+    if (strategy == "stream" and m > 64) or k % 32:
+        raise ValueError(f"config.strategy: {strategy!r} takes " + ("M <= 64 and " if strategy == "stream" else "")
+                         + f"K % 32 == 0, got M={m}, K={k}")
+    if strategy == "tiled" and a_s2 is not None and not cfg.dequant_a:
         raise ValueError("config.dequant_a: strategy 'tiled' dequantizes quantized activations to bf16 first; pass "
                          "dequant_a=True (the planner's configs do)")
 
 
-def _tiled_activations(a2, a_s2, a_gs, fmt: Format, k: int):
+def _tiled_activations(a2, a_s2, a_gs, fmt: Format, k: int, cfg: GemmConfig):
     """(bf16 x [M, K] the kernel's TMA can read, the activations' nvfp4 global scale or None):
-    quantized activations dequantized exactly to bf16 (stream_activations' pass); a bf16 x whose
-    base or row stride is not 16-byte aligned (a slice) copied."""
-    x_gs = None
+    quantized activations through stream_activations' exact dequantize pass (``cfg.dequant_a``,
+    checked); a bf16 x whose base or row stride is not 16-byte aligned (a slice) copied."""
     if a_s2 is not None:
-        x_gs = a_gs if fmt.has_global_scale else None
-        gs = _one(a2.device) if fmt.has_global_scale else None
-        return _dequant(a2, a_s2, gs, fmt, (a2.shape[0], k), 1, torch.bfloat16), x_gs
+        x, _, x_gs = stream_activations(a2, a_s2, a_gs, fmt, k, cfg)
+        return x, x_gs
     if a2.data_ptr() % 16 or (a2.stride(0) * 2) % 16 or a2.stride(1) != 1:
         a2 = a2.clone(memory_format=torch.contiguous_format)  # always a fresh, aligned copy
-    return a2, x_gs
+    return a2, None
 
 
 def stream_activations(a_data: torch.Tensor, a_scale: torch.Tensor | None, a_gs, fmt: Format, k: int,
@@ -629,13 +616,13 @@ def run_plan(plan: Plan, a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows: int, fmt
         _dequant_matmul(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows, fmt, k, out2, bias, out_dtype)
         return
     if cfg.strategy == "stream":
-        _check_stream(a2, a_s2, fmt, m, k)
+        _check_sm90_mx("stream", a2, a_s2, fmt, m, k, cfg)
         x, x_scale, x_gs = stream_activations(a2, a_s2, a_gs, fmt, k, cfg)
         launch_stream(x, b_data, b_scale, b_gs, fmt.name, k, out2, cfg, x_scale=x_scale, x_gs=x_gs, bias=bias)
         return
     if cfg.strategy == "tiled":
-        _check_tiled(a2, a_s2, fmt, m, k, cfg)
-        x, x_gs = _tiled_activations(a2, a_s2, a_gs, fmt, k)
+        _check_sm90_mx("tiled", a2, a_s2, fmt, m, k, cfg)
+        x, x_gs = _tiled_activations(a2, a_s2, a_gs, fmt, k, cfg)
         launch_tiled(x, b_data, b_scale, b_gs, fmt.name, k, out2, cfg, bias=bias, x_gs=x_gs)
         return
     a_dense = a_s2 is None
