@@ -353,9 +353,34 @@ def test_stream_split_rule():
         per = -(-(-(-k // 128)) // s)
         assert 1 <= s <= 8 and -(-(-(-k // 128)) // per) == s, (n, k, m, s)
         mp = next(x for x in (8, 16, 32, 64) if x >= m)
-        assert s == 1 or -(-n // 64) * s <= stream_resident("mxfp4", mp) * 132
+        cap = min({8: 4, 16: 4, 32: 4, 64: 3}[mp], stream_resident("mxfp4", mp)) * 132
+        # past one round of resident programs only where the tiles alone exceed the cap (rounds model)
+        assert s == 1 or -(-n // 64) * s <= stream_resident("mxfp4", mp) * 132 or -(-n // 64) > cap
         assert s == 1 or -(-k // 128) >= {8: 3, 16: 3, 32: 6, 64: 8}[mp] * s  # steps per split, on average
     assert stream_split(64, 13 * 128, 16, 132) == 4  # not 5: 13 steps would split 3-3-3-3-1
+
+
+def test_stream_rounds_split():
+    """More tiles than the programs-per-SM cap: rounds of resident programs, a partial last round
+    costing a whole program (plan/stream.py ``stream_rounds_split``; H200 split sweep: 57344 x 8192
+    at 16 rows 180 us unsplit, 143 split 2; at 64 rows 330 / 292 split 3; 43008 x 5120 nvfp4
+    93 / 85 split 4; 36864 x 7168 flat within 3 %: unsplit)."""
+    from blockscaled.plan.stream import STREAM_PROGRAM_FIXED_STEPS, stream_rounds_split, stream_split
+
+    assert STREAM_PROGRAM_FIXED_STEPS == 2
+    assert stream_split(57344, 8192, 16, 132) == 2
+    assert stream_split(57344, 8192, 64, 132) == 3
+    assert stream_split(43008, 5120, 16, 132, "nvfp4") == 4
+    assert stream_split(36864, 7168, 16, 132) == 1
+    assert stream_split(37888, 3584, 16, 132) == 1  # 28 steps: 1.8 rounds of 16 cost more than one of 30
+    # one round of slots or less: unsplit; the split limits hold (steps per split, no empty split)
+    assert stream_rounds_split(600, 64, 16, 660) == 1
+    assert stream_rounds_split(700, 64, 16, 660) == 4  # unsplit 2 rounds x 66; split 4: 5 x 18
+    for tiles in (529, 700, 896, 1500, 5000):
+        for chunks in (3, 13, 40, 64, 200):
+            s = stream_rounds_split(tiles, chunks, 16, 660)
+            per = -(-chunks // s)
+            assert 1 <= s <= 8 and -(-chunks // per) == s and (s == 1 or chunks >= 3 * s), (tiles, chunks, s)
 
 
 def test_stream_config_checked():

@@ -55,7 +55,8 @@ __all__ = ["STREAM_FORMATS", "STREAM_ACTIVATIONS", "STREAM_MAX_M", "STREAM_MP", 
            "STREAM_MIN_CHUNKS", "STREAM_MAX_SPLIT", "STREAM_REGS", "STREAM_REGS_BIAS", "STREAM_SMEM_EXTRA",
            "stream_resident", "STREAM_STAGES", "STREAM_STAGES_FP8", "STREAM_FP8_MIN_BYTES",
            "STREAM_FP8_WO_MAX_M", "STREAM_GATHER_MAX_MP", "STREAM_GROUPED_FORMATS", "STREAM_TRITON",
-           "STREAM_GROUPED_MAX_ROWS", "use_stream", "stream_split", "stream_config", "stream_reason",
+           "STREAM_GROUPED_MAX_ROWS", "STREAM_PROGRAM_FIXED_STEPS", "use_stream", "stream_split",
+           "stream_rounds_split", "stream_config", "stream_reason",
            "grouped_stream_reason", "grouped_stream_config"]
 
 STREAM_FORMATS = ("mxfp4", "nvfp4", "mxfp8")
@@ -75,13 +76,15 @@ STREAM_PROGRAMS_PER_SM = {8: 4.0, 16: 4.0, 32: 4.0, 64: 3.0}
 STREAM_MIN_CHUNKS = {8: 3, 16: 3, 32: 6, 64: 8}
 STREAM_MAX_SPLIT = 8
 #: registers per thread of the kernel's builds, by padded rows: the most of the builds a plan runs
-#: (AOT, tests/test_aot_stream.py checks them: 79-82 at <= 16 rows (82: nvfp4 decoded in the
-#: gather), 121-128 at 32, 164 at 64 without a bias); the runtime builds measured lower (ncu on the
-#: H200: 79 at 16, 143-159 at 64). Allocated in steps of 8 per thread (``stream_resident``).
-STREAM_REGS = {8: 82, 16: 82, 32: 128, 64: 164}
+#: (AOT, tests/test_aot_stream.py checks them: 71-80 at <= 16 rows weight-only, 86 / 96 with mxfp4 /
+#: nvfp4 activations decoded in the gather (their words loaded two steps ahead: 79 / 82 when the
+#: load was one step ahead), 121-128 at 32, 164 at 64 without a bias); the runtime builds measured
+#: lower (ncu on the H200: 79-87 at 16, 143-159 at 64). Allocated in steps of 8 per thread
+#: (``stream_resident``): 96 still leaves 5 programs per SM, as 82 did.
+STREAM_REGS = {8: 96, 16: 96, 32: 128, 64: 164}
 #: the same with a bias in the dense epilogue (AOT: 177 at 64 rows, mxfp8: 2 programs per SM there,
 #: not 3)
-STREAM_REGS_BIAS = {8: 82, 16: 82, 32: 128, 64: 177}
+STREAM_REGS_BIAS = {8: 96, 16: 96, 32: 128, 64: 177}
 #: shared memory per program beyond the ring and the two activation buffers: the 1 KB the driver
 #: keeps per block, barriers and alignment (ncu, H200: 32.8 KB dynamic at 16 rows against 32 KB
 #: of ring and buffers, 57.4 at 64 against 56)
@@ -175,11 +178,15 @@ def stream_resident(fmt: str, mp: int, smem_bytes: int = 227 * 1024, bias: bool 
 
 def stream_split(n: int, k: int, m: int, sm_count: int, fmt: str = "mxfp4", smem_bytes: int = 227 * 1024,
                  bias: bool = False) -> int:
-    """K splits (an integer <= STREAM_MAX_SPLIT), see the module docstring."""
+    """K splits (an integer <= STREAM_MAX_SPLIT), see the module docstring; more tiles than the
+    programs-per-SM cap allows: ``stream_rounds_split``."""
     mp = next(s for s in STREAM_MP if s >= m)
     tiles = cdiv(n, 64)
     chunks = cdiv(k, 128)
-    most = min(STREAM_PROGRAMS_PER_SM[mp], stream_resident(fmt, mp, smem_bytes, bias)) * sm_count
+    resident = stream_resident(fmt, mp, smem_bytes, bias)
+    most = min(STREAM_PROGRAMS_PER_SM[mp], resident) * sm_count
+    if tiles > most:
+        return stream_rounds_split(tiles, chunks, mp, resident * sm_count)
     split = 1
     for s in range(2, STREAM_MAX_SPLIT + 1):
         per = cdiv(chunks, s)
@@ -188,6 +195,33 @@ def stream_split(n: int, k: int, m: int, sm_count: int, fmt: str = "mxfp4", smem
         if cdiv(chunks, per) == s:  # else the launcher would run fewer splits (none empty)
             split = s
     return split
+
+
+#: a program's fixed cost in 128-K steps (its prologue's ring fill and first loads, the epilogue):
+#: the rounds model of ``stream_rounds_split``. Chosen with it on the H200 split sweep of the 21st
+#: session (in sample, benchmarks/results/h200/archive/stream-rounds-20261127.json): 1-3 pick the
+#: same splits there.
+STREAM_PROGRAM_FIXED_STEPS = 2
+
+
+def stream_rounds_split(tiles: int, chunks: int, mp: int, slots: int) -> int:
+    """The K split when the tiles alone exceed the programs-per-SM cap (``stream_split``): the
+    grid then runs in rounds of ``slots`` resident programs (SMs x ``stream_resident``), and a
+    program runs at its own latency-bound pace whatever shares its SM (ncu, H200, mxfp4 at 16 rows
+    on 57344 x 8192: 0.5 issued instructions per cycle and scheduler, long-scoreboard and barrier
+    stalls ahead). A partial last round therefore costs a whole program: 896 tiles of 64 steps on
+    660 slots ran 180 us unsplit, 143 in three rounds of 32-step programs (split 2). Model:
+    ``ceil(tiles x s / slots) x (steps per split + STREAM_PROGRAM_FIXED_STEPS)``, the smallest s at
+    the minimum, with the splits' own limits (``STREAM_MIN_CHUNKS``, no empty split)."""
+    best, best_t = 1, None
+    for s in range(1, STREAM_MAX_SPLIT + 1):
+        per = cdiv(chunks, s)
+        if s > 1 and (chunks < STREAM_MIN_CHUNKS[mp] * s or cdiv(chunks, per) != s):
+            continue
+        t = cdiv(tiles * s, slots) * (per + STREAM_PROGRAM_FIXED_STEPS)
+        if best_t is None or t < best_t:
+            best, best_t = s, t
+    return best
 
 
 def stream_config(p: Problem, dev: DeviceInfo) -> GemmConfig:

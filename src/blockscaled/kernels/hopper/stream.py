@@ -191,13 +191,13 @@ def _x_chunk(x_ptr, rows, row_ok, g, j, k0, K, stride_xm, MP: gl.constexpr, FMT:
 
 
 @gluon.jit
-def _xq_chunk(x_ptr, xs_ptr, rows, row_ok, k0, K, stride_xm, stride_xsm, MP: gl.constexpr, FMT: gl.constexpr):
-    """Quantized activations (W x A, the weight's format) of the chunk at k0, decoded to bf16 in the
-    wgmma's K order ([MP, 128]) as the weights are: ``x_ptr`` int32 words of the packed data (8 e2m1
-    or 4 e4m3 per word), ``xs_ptr`` their block scales (row stride ``stride_xsm``). A thread takes
-    the 8 physical elements p = 8g + j of (row, g) as the bf16 path does (one word of e2m1, two of
-    e4m3), decodes them with the weights' code (nvfp4: times 2**-8 like the weights, undone in the
-    epilogue) and permutes them to q as the bf16 path does. Past K / M: zero codes."""
+def _xq_load(x_ptr, xs_ptr, rows, row_ok, k0, K, stride_xm, stride_xsm, MP: gl.constexpr, FMT: gl.constexpr):
+    """Quantized activations (W x A, the weight's format) of the chunk at k0, as stored: ``x_ptr``
+    int32 words of the packed data (8 e2m1 or 4 e4m3 per word), ``xs_ptr`` their block scales (row
+    stride ``stride_xsm``). A thread takes the 8 physical elements p = 8g + j of (row, g) as the
+    bf16 path does (one word of e2m1, two of e4m3) and their block scale: (words [MP, 16, NW],
+    scales [MP, 16]); past K / M: zero codes. ``_xq_decode`` turns them into the B operand; the K
+    loop loads a step ahead of that (``_scale_raw``: a decode right after the load waits for it)."""
     NW: gl.constexpr = 2 if FMT == _FMT_MXFP8 else 1  # words per (row, g)
     WL: gl.constexpr = gl.BlockedLayout([1, 1, NW], [2, 16, 1], [4, 1, 1], [2, 1, 0])  # [MP, g, word]
     SL: gl.constexpr = gl.SliceLayout(2, WL)  # [MP, g]: one scale block per (row, g)
@@ -211,10 +211,18 @@ def _xq_chunk(x_ptr, xs_ptr, rows, row_ok, k0, K, stride_xm, stride_xsm, MP: gl.
     words = gl.load(x_ptr + r.to(gl.int64)[:, None, None] * stride_xm + col[None, :, :], mask=ok, other=0)
     srow = (gl.where(rok, r, 0).to(gl.int64) * stride_xsm)[:, None]  # rows past M: row 0's scales
     if FMT == _FMT_NVFP4:
-        fac = _scale_factor(xs_ptr, srow, (k0 // 16 + g // 2)[None, :], gl.cdiv(K, 16), FMT)
+        sc = _scale_raw(xs_ptr, srow, (k0 // 16 + g // 2)[None, :], gl.cdiv(K, 16), FMT)
     else:
-        fac = _scale_factor(xs_ptr, srow, (k0 // 32 + g // 4)[None, :], gl.cdiv(K, 32), FMT)
-    fac = gl.expand_dims(fac, 2)
+        sc = _scale_raw(xs_ptr, srow, (k0 // 32 + g // 4)[None, :], gl.cdiv(K, 32), FMT)
+    return words, sc
+
+
+@gluon.jit
+def _xq_decode(words, sc, MP: gl.constexpr, FMT: gl.constexpr):
+    """``_xq_load``'s words and scales -> bf16 [MP, 128] in the wgmma's K order, decoded with the
+    weights' code (nvfp4: times 2**-8 like the weights, undone in the epilogue) and permuted to q
+    as the bf16 path does."""
+    fac = gl.expand_dims(_scale_bits(sc, FMT), 2)
     if FMT == _FMT_MXFP8:
         p0, p1 = gl.inline_asm_elementwise(_DECODE_E4M3, "=r,=r,r,r", [words, fac], dtype=(gl.int32, gl.int32),
                                            is_pure=True, pack=1)
@@ -241,30 +249,35 @@ def _xq_chunk(x_ptr, xs_ptr, rows, row_ok, k0, K, stride_xm, stride_xsm, MP: gl.
 
 
 @gluon.jit
-def _scale_factor(ws_ptr, srow, scol, ncol, FMT: gl.constexpr):
-    """bf16x2 factor (int32 bits, both halves equal) of the block scales at srow / scol; columns
-    >= ncol (the K tail's zero-filled codes) read as 0 (nvfp4) / 2**0 (mxfp4: E8M0 127), never
-    a NaN code."""
+def _scale_raw(ws_ptr, srow, scol, ncol, FMT: gl.constexpr):
+    """The stored block scales at srow / scol; columns >= ncol (the K tail's zero-filled codes)
+    read as 0 (nvfp4) / 2**0 (mxfp4: E8M0 127), never a NaN code. Apart from ``_scale_bits`` so
+    that a K loop can load them a step before it converts them: a conversion right after the load
+    waits out the L2 latency (ncu, H200, mxfp4 M = 16 on 57344 x 8192: long-scoreboard stalls were
+    the largest share of the warps' cycles, 2.1 of 7.2 per issued instruction)."""
     if FMT == _FMT_NVFP4:
         s = gl.load(ws_ptr + srow + scol, mask=scol < ncol, other=0.0)
     else:
         s = gl.load(ws_ptr + srow + scol, mask=scol < ncol, other=127)
+    return s
+
+
+@gluon.jit
+def _scale_factor(ws_ptr, srow, scol, ncol, FMT: gl.constexpr):
+    """bf16x2 factor (int32 bits, both halves equal) of the block scales at srow / scol
+    (``_scale_raw`` then ``_scale_bits``)."""
+    return _scale_bits(_scale_raw(ws_ptr, srow, scol, ncol, FMT), FMT)
+
+
+@gluon.jit
+def _scale_bits(s, FMT: gl.constexpr):
+    """Stored block scales -> their bf16x2 decode factor (int32 bits, both halves equal)."""
     if FMT == _FMT_NVFP4:
         f = (s.to(gl.float32) * 2.0 ** 118).to(gl.bfloat16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
     else:
         e = s.to(gl.int32)
         f = gl.where(e == 0, 0x0040, gl.where(e == 255, 0x7FC0, e << 7))
     return f | (f << 16)
-
-
-@gluon.jit
-def _acts(x_base, xs_base, xr, x_ok, xg, xj, k0, K, stride_xm, stride_xsm, MP: gl.constexpr, FMT: gl.constexpr,
-          A_QUANT: gl.constexpr):
-    """The activation chunk at k0 as the wgmma's B operand (bf16 [MP, 128] in K order q)."""
-    if A_QUANT:
-        return _xq_chunk(x_base, xs_base, xr, x_ok, k0, K, stride_xm, stride_xsm, MP, FMT)
-    else:
-        return _x_chunk(x_base, xr, x_ok, xg, xj, k0, K, stride_xm, MP, FMT)
 
 
 @gluon.jit
@@ -287,21 +300,42 @@ def _k_loop(w_desc, w_bufs, x_bufs, bars, step0, w_row, ws_ptr, srow, scol, ncol
         s0 = (step0 + i) % STAGES
         mbarrier.expect(bars.index(s0), w_desc.block_type.nbytes, pred=i < n_c)
         tma_load(w_desc, [w_row, (c_lo + i) * WPS], bars.index(s0), w_bufs.index(s0), pred=i < n_c)
+    # Global loads run a step ahead of their use. The weight scales: the factor of step i, the
+    # raw scales of step i + 1 (converted one iteration after their load: ``_scale_raw``). The
+    # activations: bf16, loaded a step ahead (their first use is the next iteration's store);
+    # quantized (A_QUANT), loaded two steps ahead and decoded one step ahead.
     f_cur = _scale_factor(ws_ptr, srow, scol + c_lo * SPC, ncol, FMT)
-    f_nxt = _scale_factor(ws_ptr, srow, scol + gl.minimum(c_lo + 1, num_c - 1) * SPC, ncol, FMT)
-    x_cur = _acts(x_base, xs_base, xr, x_ok, xg, xj, c_lo * CHUNK, K, stride_xm, stride_xsm, MP, FMT, A_QUANT)
+    s_nxt = _scale_raw(ws_ptr, srow, scol + gl.minimum(c_lo + 1, num_c - 1) * SPC, ncol, FMT)
+    # (Two steps ahead only for fp4 up to 16 rows, where the planner decodes in the gather: at 32
+    # rows the words in flight cost 15 registers, 128 -> 143 with a bias; mxfp8, 83 -> 105.)
+    XQ2: gl.constexpr = A_QUANT and MP <= 16 and FMT != _FMT_MXFP8
+    if A_QUANT:
+        xw, xsc = _xq_load(x_base, xs_base, xr, x_ok, c_lo * CHUNK, K, stride_xm, stride_xsm, MP, FMT)
+        x_cur = _xq_decode(xw, xsc, MP, FMT)
+        if XQ2:
+            xw, xsc = _xq_load(x_base, xs_base, xr, x_ok, (c_lo + 1) * CHUNK, K, stride_xm, stride_xsm, MP, FMT)
+    else:
+        x_cur = _x_chunk(x_base, xr, x_ok, xg, xj, c_lo * CHUNK, K, stride_xm, MP, FMT)
     acc = gl.zeros((BLOCK_N, MP), dtype=gl.float32, layout=acc_l)
     for it in range(n_c):
         g = step0 + it
         s = g % STAGES
         xb = x_bufs.index(it % 2)
         xb.store(x_cur)
-        if it + 1 < n_c:
-            x_cur = _acts(x_base, xs_base, xr, x_ok, xg, xj, (c_lo + it + 1) * CHUNK, K, stride_xm, stride_xsm, MP,
-                          FMT, A_QUANT)
+        if XQ2:  # (past the split's last step: decodes / loads masked zeros, unused)
+            x_cur = _xq_decode(xw, xsc, MP, FMT)
+            xw, xsc = _xq_load(x_base, xs_base, xr, x_ok, (c_lo + it + 2) * CHUNK, K, stride_xm, stride_xsm, MP,
+                               FMT)
+        elif it + 1 < n_c:
+            if A_QUANT:
+                xw1, xsc1 = _xq_load(x_base, xs_base, xr, x_ok, (c_lo + it + 1) * CHUNK, K, stride_xm, stride_xsm,
+                                     MP, FMT)
+                x_cur = _xq_decode(xw1, xsc1, MP, FMT)
+            else:
+                x_cur = _x_chunk(x_base, xr, x_ok, xg, xj, (c_lo + it + 1) * CHUNK, K, stride_xm, MP, FMT)
         f_use = f_cur
-        f_cur = f_nxt
-        f_nxt = _scale_factor(ws_ptr, srow, scol + gl.minimum(c_lo + it + 2, num_c - 1) * SPC, ncol, FMT)
+        f_cur = _scale_bits(s_nxt, FMT)
+        s_nxt = _scale_raw(ws_ptr, srow, scol + gl.minimum(c_lo + it + 2, num_c - 1) * SPC, ncol, FMT)
         mbarrier.wait(bars.index(s), (g // STAGES) & 1)
         if FMT == _FMT_MXFP8:
             w2 = w_bufs.index(s).load(L82)
@@ -372,7 +406,7 @@ def stream_kernel(w_desc, ws_ptr, x_ptr, xs_ptr, gs_ptr, ags_ptr, bias_ptr, c_pt
     (K contiguous, M <= MP); ``gs_ptr``: nvfp4's fp32 global scale (any pointer for mxfp4);
     A_QUANT: ``x_ptr`` holds quantized activations of the weight's format as int32 words of their
     data ([M, K / 8] e2m1, [M, K / 4] e4m3; strides in words), ``xs_ptr`` their block scales (row
-    stride ``stride_xsm``, expert stride ``stride_xse``), decoded in the gather (``_xq_chunk``);
+    stride ``stride_xsm``, expert stride ``stride_xse``), decoded in the gather (``_xq_load`` / ``_xq_decode``);
     ``ags_ptr`` (HAS_AGS, nvfp4): the activations' fp32 global scale (decoded here, or dequantized
     to bf16 by the host without it: exact, e2m1 x e4m3); ``bias_ptr`` (HAS_BIAS, dense only): [N]
     added in fp32 before the output's rounding;

@@ -37,7 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_wait)
 
 from ._compat import cta_barrier, tma_load
-from .stream import _DECODE_E4M3, _DECODE_MX, _DECODE_NV, _FMT_MXFP8, _FMT_NVFP4, _scale_factor
+from .stream import _DECODE_E4M3, _DECODE_MX, _DECODE_NV, _FMT_MXFP8, _FMT_NVFP4, _scale_bits, _scale_factor, _scale_raw
 
 __all__ = ["tiled_kernel", "BLOCK_K", "word_layouts"]
 
@@ -149,21 +149,25 @@ def _tiled_consumer(x_desc, w_desc, x_bufs, w_bufs, wd_bufs, ready, empty, ws_pt
     SL: gl.constexpr = gl.SliceLayout(2, L3)
     mma_l: gl.constexpr = acc_layout(BM, BN, num_warps)
 
-    # the scales of a thread's rows and blocks, one step ahead (a global load per step)
+    # the scales of a thread's rows and blocks (a global load per step): the factor of step i,
+    # the raw scales of step i + 1, converted an iteration after their load (stream._scale_raw)
     sr = gl.arange(0, BN, layout=gl.SliceLayout(1, SL))
     sc = gl.arange(0, NS, layout=gl.SliceLayout(0, SL))
     srow = (off_n + gl.minimum(sr, N - 1 - off_n)).to(gl.int64)[:, None] * stride_wsn
     ncol = gl.cdiv(K, SPB)
     f_cur = _scale_factor(ws_ptr, srow, (k_lo * NS + sc)[None, :], ncol, FMT)
+    s_nxt = _scale_raw(ws_ptr, srow, ((k_lo + gl.minimum(1, n_k - 1)) * NS + sc)[None, :], ncol, FMT)
 
     acc = gl.zeros((BM, BN), dtype=gl.float32, layout=mma_l)
     for i in range(n_k):
         s = i % STAGES
-        f_nxt = _scale_factor(ws_ptr, srow, ((k_lo + gl.minimum(i + 1, n_k - 1)) * NS + sc)[None, :], ncol, FMT)
+        f_use = f_cur
+        f_cur = _scale_bits(s_nxt, FMT)
+        s_nxt = _scale_raw(ws_ptr, srow, ((k_lo + gl.minimum(i + 2, n_k - 1)) * NS + sc)[None, :], ncol, FMT)
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
         w2 = w_bufs.index(s).load(L2)
         words = gl.convert_layout(gl.reshape(w2, [BN, NS, WPS]), L3, assert_trivial=True)
-        vals = _decode(words, gl.expand_dims(f_cur, 2), FMT, BN)
+        vals = _decode(words, gl.expand_dims(f_use, 2), FMT, BN)
         wd = wd_bufs.index(i % 3)  # last read by the wgmma of step i - 3
         wd.store(vals)
         fence_async_shared()
@@ -177,7 +181,6 @@ def _tiled_consumer(x_desc, w_desc, x_bufs, w_bufs, wd_bufs, ready, empty, ws_pt
                        k_lo + i - 2 + STAGES, WPR, (i >= 2) & (i - 2 + STAGES < n_k))
         acc = warpgroup_mma(x_bufs.index(s), wd.permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-        f_cur = f_nxt
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
 
     if FMT == _FMT_NVFP4:
