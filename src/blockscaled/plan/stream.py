@@ -40,6 +40,10 @@ archive/stream-split-validate-20261127.json): mxfp4 31 of 44 within 5 %, geomean
 worst 1.26x (the first rule 26, 1.077x, 1.31x; 1.030x faster than it, rows 0.86-1.31x); nvfp4 7 of
 10, 1.051x (the first rule 8, 1.051x). The 32-row target was set to 4 after that run (it ran
 3, which lost 1.55x at 24 x 16384 x 16384; 3 and 4 were tied on the fit rows).
+
+Where the tiles alone exceed that cap (large N), the rule above can only run unsplit, and the grid
+runs in partial waves: ``stream_rounds_split`` models the rounds instead (its docstring; H200 sweep
+and held-out check: archive/stream-rounds-20261127.json, stream-rounds-validate-20261127.json).
 """
 
 from __future__ import annotations
