@@ -202,9 +202,8 @@ def stream_split(n: int, k: int, m: int, sm_count: int, fmt: str = "mxfp4", smem
 
 
 #: a program's fixed cost in 128-K steps (its prologue's ring fill and first loads, the epilogue):
-#: the rounds model of ``stream_rounds_split``. Chosen with it on the H200 split sweep of the 21st
-#: session (in sample, benchmarks/results/h200/archive/stream-rounds-20261127.json): 1-3 pick the
-#: same splits there.
+#: the rounds model of ``stream_rounds_split``. Chosen with it on an H200 split sweep (in sample,
+#: benchmarks/results/h200/archive/stream-rounds-20261127.json): 1-3 pick the same splits there.
 STREAM_PROGRAM_FIXED_STEPS = 2
 
 

@@ -196,8 +196,9 @@ def _xq_load(x_ptr, xs_ptr, rows, row_ok, k0, K, stride_xm, stride_xsm, MP: gl.c
     int32 words of the packed data (8 e2m1 or 4 e4m3 per word), ``xs_ptr`` their block scales (row
     stride ``stride_xsm``). A thread takes the 8 physical elements p = 8g + j of (row, g) as the
     bf16 path does (one word of e2m1, two of e4m3) and their block scale: (words [MP, 16, NW],
-    scales [MP, 16]); past K / M: zero codes. ``_xq_decode`` turns them into the B operand; the K
-    loop loads a step ahead of that (``_scale_raw``: a decode right after the load waits for it)."""
+    scales [MP, 16]); past K / M: zero codes. ``_xq_decode`` turns them into the B operand. The K
+    loop loads them a step before it decodes them: a decode right after the load waits out the L2
+    latency (H200, mxfp4 W x A at 16 rows on 57344 x 8192: 160 -> 128 us)."""
     NW: gl.constexpr = 2 if FMT == _FMT_MXFP8 else 1  # words per (row, g)
     WL: gl.constexpr = gl.BlockedLayout([1, 1, NW], [2, 16, 1], [4, 1, 1], [2, 1, 0])  # [MP, g, word]
     SL: gl.constexpr = gl.SliceLayout(2, WL)  # [MP, g]: one scale block per (row, g)
@@ -251,10 +252,8 @@ def _xq_decode(words, sc, MP: gl.constexpr, FMT: gl.constexpr):
 @gluon.jit
 def _scale_raw(ws_ptr, srow, scol, ncol, FMT: gl.constexpr):
     """The stored block scales at srow / scol; columns >= ncol (the K tail's zero-filled codes)
-    read as 0 (nvfp4) / 2**0 (mxfp4: E8M0 127), never a NaN code. Apart from ``_scale_bits`` so
-    that a K loop can load them a step before it converts them: a conversion right after the load
-    waits out the L2 latency (ncu, H200, mxfp4 M = 16 on 57344 x 8192: long-scoreboard stalls were
-    the largest share of the warps' cycles, 2.1 of 7.2 per issued instruction)."""
+    read as 0 (nvfp4) / 2**0 (mxfp4: E8M0 127), never a NaN code. Apart from ``_scale_bits`` for
+    the gather of quantized activations, which decodes a step after its loads (``_xq_load``)."""
     if FMT == _FMT_NVFP4:
         s = gl.load(ws_ptr + srow + scol, mask=scol < ncol, other=0.0)
     else:
@@ -281,6 +280,18 @@ def _scale_bits(s, FMT: gl.constexpr):
 
 
 @gluon.jit
+def _acts(x_base, xs_base, xr, x_ok, xg, xj, k0, K, stride_xm, stride_xsm, MP: gl.constexpr, FMT: gl.constexpr,
+          A_QUANT: gl.constexpr):
+    """The activation chunk at k0 as the wgmma's B operand (bf16 [MP, 128] in K order q), loaded
+    and (A_QUANT) decoded at once."""
+    if A_QUANT:
+        xw, xsc = _xq_load(x_base, xs_base, xr, x_ok, k0, K, stride_xm, stride_xsm, MP, FMT)
+        return _xq_decode(xw, xsc, MP, FMT)
+    else:
+        return _x_chunk(x_base, xr, x_ok, xg, xj, k0, K, stride_xm, MP, FMT)
+
+
+@gluon.jit
 def _k_loop(w_desc, w_bufs, x_bufs, bars, step0, w_row, ws_ptr, srow, scol, ncol, x_base, xs_base, x_ok, xr, xg,
             xj, stride_xm, stride_xsm, K, c_lo, n_c, num_c, FMT: gl.constexpr, MP: gl.constexpr,
             STAGES: gl.constexpr, A_QUANT: gl.constexpr):
@@ -300,22 +311,16 @@ def _k_loop(w_desc, w_bufs, x_bufs, bars, step0, w_row, ws_ptr, srow, scol, ncol
         s0 = (step0 + i) % STAGES
         mbarrier.expect(bars.index(s0), w_desc.block_type.nbytes, pred=i < n_c)
         tma_load(w_desc, [w_row, (c_lo + i) * WPS], bars.index(s0), w_bufs.index(s0), pred=i < n_c)
-    # Global loads run a step ahead of their use. The weight scales: the factor of step i, the
-    # raw scales of step i + 1 (converted one iteration after their load: ``_scale_raw``). The
-    # activations: bf16, loaded a step ahead (their first use is the next iteration's store);
-    # quantized (A_QUANT), loaded two steps ahead and decoded one step ahead.
     f_cur = _scale_factor(ws_ptr, srow, scol + c_lo * SPC, ncol, FMT)
-    s_nxt = _scale_raw(ws_ptr, srow, scol + gl.minimum(c_lo + 1, num_c - 1) * SPC, ncol, FMT)
-    # (Two steps ahead only for fp4 up to 16 rows, where the planner decodes in the gather: at 32
-    # rows the words in flight cost 15 registers, 128 -> 143 with a bias; mxfp8, 83 -> 105.)
+    f_nxt = _scale_factor(ws_ptr, srow, scol + gl.minimum(c_lo + 1, num_c - 1) * SPC, ncol, FMT)
+    x_cur = _acts(x_base, xs_base, xr, x_ok, xg, xj, c_lo * CHUNK, K, stride_xm, stride_xsm, MP, FMT, A_QUANT)
+    # The activations are loaded a step ahead (their first use is the next iteration's store).
+    # Quantized ones (fp4 up to 16 rows, where the planner decodes in the gather: XQ2) are loaded
+    # two steps ahead and decoded one step ahead (``_xq_load``); at 32 rows the words in flight
+    # cost 15 registers (128 -> 143 with a bias), for mxfp8 22: there load and decode stay together.
     XQ2: gl.constexpr = A_QUANT and MP <= 16 and FMT != _FMT_MXFP8
-    if A_QUANT:
-        xw, xsc = _xq_load(x_base, xs_base, xr, x_ok, c_lo * CHUNK, K, stride_xm, stride_xsm, MP, FMT)
-        x_cur = _xq_decode(xw, xsc, MP, FMT)
-        if XQ2:
-            xw, xsc = _xq_load(x_base, xs_base, xr, x_ok, (c_lo + 1) * CHUNK, K, stride_xm, stride_xsm, MP, FMT)
-    else:
-        x_cur = _x_chunk(x_base, xr, x_ok, xg, xj, c_lo * CHUNK, K, stride_xm, MP, FMT)
+    if XQ2:
+        xw, xsc = _xq_load(x_base, xs_base, xr, x_ok, (c_lo + 1) * CHUNK, K, stride_xm, stride_xsm, MP, FMT)
     acc = gl.zeros((BLOCK_N, MP), dtype=gl.float32, layout=acc_l)
     for it in range(n_c):
         g = step0 + it
@@ -327,15 +332,11 @@ def _k_loop(w_desc, w_bufs, x_bufs, bars, step0, w_row, ws_ptr, srow, scol, ncol
             xw, xsc = _xq_load(x_base, xs_base, xr, x_ok, (c_lo + it + 2) * CHUNK, K, stride_xm, stride_xsm, MP,
                                FMT)
         elif it + 1 < n_c:
-            if A_QUANT:
-                xw1, xsc1 = _xq_load(x_base, xs_base, xr, x_ok, (c_lo + it + 1) * CHUNK, K, stride_xm, stride_xsm,
-                                     MP, FMT)
-                x_cur = _xq_decode(xw1, xsc1, MP, FMT)
-            else:
-                x_cur = _x_chunk(x_base, xr, x_ok, xg, xj, (c_lo + it + 1) * CHUNK, K, stride_xm, MP, FMT)
+            x_cur = _acts(x_base, xs_base, xr, x_ok, xg, xj, (c_lo + it + 1) * CHUNK, K, stride_xm, stride_xsm, MP,
+                          FMT, A_QUANT)
         f_use = f_cur
-        f_cur = _scale_bits(s_nxt, FMT)
-        s_nxt = _scale_raw(ws_ptr, srow, scol + gl.minimum(c_lo + it + 2, num_c - 1) * SPC, ncol, FMT)
+        f_cur = f_nxt
+        f_nxt = _scale_factor(ws_ptr, srow, scol + gl.minimum(c_lo + it + 2, num_c - 1) * SPC, ncol, FMT)
         mbarrier.wait(bars.index(s), (g // STAGES) & 1)
         if FMT == _FMT_MXFP8:
             w2 = w_bufs.index(s).load(L82)
@@ -391,6 +392,30 @@ def _decode_fp4(w2, f_use, FMT: gl.constexpr):
     hi = (pr >> 16).to(gl.int16)
     h = gl.join(lo, hi).to(gl.bfloat16, bitcast=True)  # [..., h]
     return gl.reshape(gl.permute(h, (0, 2, 3, 4, 5, 1, 6)), [BLOCK_N, CHUNK])
+
+
+@gluon.jit
+def _splitk_sum_store(part, part_ptr, cnt_ptr, tile, sp, SPLIT, offs, c_ptrs, mask, bias, TILE_ELEMS: gl.constexpr,
+                      HAS_BIAS: gl.constexpr):
+    """Split-K epilogue of this kernel and the tiled one: store this split's fp32 partial tile
+    (``part`` at ``offs``) to the workspace [SPLIT, tiles, TILE_ELEMS]; the last split of the tile
+    to arrive sums the partials in split order (deterministic), adds ``bias`` (HAS_BIAS), stores
+    the output and resets the tile's counter."""
+    split_stride = (gl.num_programs(0) // SPLIT).to(gl.int64) * TILE_ELEMS
+    base = part_ptr + tile.to(gl.int64) * TILE_ELEMS
+    gl.store(base + sp * split_stride + offs, part)
+    cta_barrier()  # every thread's partial store happens-before the release below
+    cnt = cnt_ptr + tile
+    arrived = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+    if arrived == SPLIT - 1:
+        # the last unit of the tile sums the partials in split order (.cg: L2, not a stale L1)
+        tot = gl.load(base + offs, cache_modifier=".cg")
+        for s2 in range(1, SPLIT):
+            tot = tot + gl.load(base + s2 * split_stride + offs, cache_modifier=".cg")
+        if HAS_BIAS:
+            tot = tot + bias
+        gl.store(c_ptrs, tot.to(c_ptrs.dtype.element_ty), mask=mask)
+        gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
 
 
 # M and the steps per split follow the call (decode M, contiguous sum_m): one build serves them all
@@ -516,6 +541,8 @@ def stream_kernel(w_desc, ws_ptr, x_ptr, xs_ptr, gs_ptr, ags_ptr, bias_ptr, c_pt
             acc = acc * out_scale
         if HAS_BIAS:  # loaded after the K loop: no registers held across it
             bias = gl.load(bias_ptr + off_n + r, mask=r < N - off_n, other=0.0).to(gl.float32)[:, None]
+        else:
+            bias = 0.0
         mask = (r < N - off_n)[:, None] & (c < m_e)[None, :]
         c_ptrs = c_base + c.to(gl.int64)[None, :] * stride_cm + (off_n + r)[:, None]
         if SPLIT == 1:
@@ -524,22 +551,9 @@ def stream_kernel(w_desc, ws_ptr, x_ptr, xs_ptr, gs_ptr, ags_ptr, bias_ptr, c_pt
                 res = res + bias
             gl.store(c_ptrs, res.to(c_ptr.dtype.element_ty), mask=mask)
         else:
-            tile_elems: gl.constexpr = BLOCK_N * MP
-            split_stride = (gl.num_programs(0) // SPLIT).to(gl.int64) * tile_elems
             offs = (r * MP)[:, None] + c[None, :]
-            base = part_ptr + tile.to(gl.int64) * tile_elems
-            gl.store(base + sp * split_stride + offs, gl.convert_layout(acc, out_l))
-            cta_barrier()
-            cnt = cnt_ptr + tile
-            arrived = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-            if arrived == SPLIT - 1:
-                tot = gl.load(base + offs, cache_modifier=".cg")
-                for s2 in range(1, SPLIT):
-                    tot = tot + gl.load(base + s2 * split_stride + offs, cache_modifier=".cg")
-                if HAS_BIAS:
-                    tot = tot + bias
-                gl.store(c_ptrs, tot.to(c_ptr.dtype.element_ty), mask=mask)
-                gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+            _splitk_sum_store(gl.convert_layout(acc, out_l), part_ptr, cnt_ptr, tile, sp, SPLIT, offs, c_ptrs, mask,
+                              bias, BLOCK_N * MP, HAS_BIAS)
     else:
         gl.static_assert(not HAS_BIAS, "the grouped form takes no bias")
         for rb in range(gl.cdiv(m_e, MP)):

@@ -37,7 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_wait)
 
 from ._compat import cta_barrier, tma_load
-from .stream import _DECODE_E4M3, _DECODE_MX, _DECODE_NV, _FMT_MXFP8, _FMT_NVFP4, _scale_bits, _scale_factor, _scale_raw
+from .stream import _DECODE_E4M3, _DECODE_MX, _DECODE_NV, _FMT_MXFP8, _FMT_NVFP4, _scale_factor, _splitk_sum_store
 
 __all__ = ["tiled_kernel", "BLOCK_K", "word_layouts"]
 
@@ -149,25 +149,21 @@ def _tiled_consumer(x_desc, w_desc, x_bufs, w_bufs, wd_bufs, ready, empty, ws_pt
     SL: gl.constexpr = gl.SliceLayout(2, L3)
     mma_l: gl.constexpr = acc_layout(BM, BN, num_warps)
 
-    # the scales of a thread's rows and blocks (a global load per step): the factor of step i,
-    # the raw scales of step i + 1, converted an iteration after their load (stream._scale_raw)
+    # the scales of a thread's rows and blocks, one step ahead (a global load per step)
     sr = gl.arange(0, BN, layout=gl.SliceLayout(1, SL))
     sc = gl.arange(0, NS, layout=gl.SliceLayout(0, SL))
     srow = (off_n + gl.minimum(sr, N - 1 - off_n)).to(gl.int64)[:, None] * stride_wsn
     ncol = gl.cdiv(K, SPB)
     f_cur = _scale_factor(ws_ptr, srow, (k_lo * NS + sc)[None, :], ncol, FMT)
-    s_nxt = _scale_raw(ws_ptr, srow, ((k_lo + gl.minimum(1, n_k - 1)) * NS + sc)[None, :], ncol, FMT)
 
     acc = gl.zeros((BM, BN), dtype=gl.float32, layout=mma_l)
     for i in range(n_k):
         s = i % STAGES
-        f_use = f_cur
-        f_cur = _scale_bits(s_nxt, FMT)
-        s_nxt = _scale_raw(ws_ptr, srow, ((k_lo + gl.minimum(i + 2, n_k - 1)) * NS + sc)[None, :], ncol, FMT)
+        f_nxt = _scale_factor(ws_ptr, srow, ((k_lo + gl.minimum(i + 1, n_k - 1)) * NS + sc)[None, :], ncol, FMT)
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
         w2 = w_bufs.index(s).load(L2)
         words = gl.convert_layout(gl.reshape(w2, [BN, NS, WPS]), L3, assert_trivial=True)
-        vals = _decode(words, gl.expand_dims(f_use, 2), FMT, BN)
+        vals = _decode(words, gl.expand_dims(f_cur, 2), FMT, BN)
         wd = wd_bufs.index(i % 3)  # last read by the wgmma of step i - 3
         wd.store(vals)
         fence_async_shared()
@@ -181,6 +177,7 @@ def _tiled_consumer(x_desc, w_desc, x_bufs, w_bufs, wd_bufs, ready, empty, ws_pt
                        k_lo + i - 2 + STAGES, WPR, (i >= 2) & (i - 2 + STAGES < n_k))
         acc = warpgroup_mma(x_bufs.index(s), wd.permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        f_cur = f_nxt
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
 
     if FMT == _FMT_NVFP4:
@@ -199,29 +196,16 @@ def _tiled_consumer(x_desc, w_desc, x_bufs, w_bufs, wd_bufs, ready, empty, ws_pt
     c_ptrs = c_ptr + (off_m + rows).to(gl.int64)[:, None] * stride_cm + (off_n + cols)[None, :]
     if HAS_BIAS:
         bias = gl.load(bias_ptr + off_n + cols, mask=cols < N - off_n, other=0.0).to(gl.float32)[None, :]
+    else:
+        bias = 0.0
     if SPLIT == 1:
         res = acc
         if HAS_BIAS:
             res = res + bias
         gl.store(c_ptrs, res.to(c_ptr.dtype.element_ty), mask=mask)
     else:
-        tile_elems: gl.constexpr = BM * BN
-        split_stride = (gl.num_programs(0) // SPLIT).to(gl.int64) * tile_elems
         offs = (rows * BN)[:, None] + cols[None, :]
-        base = part_ptr + tile.to(gl.int64) * tile_elems
-        gl.store(base + sp * split_stride + offs, acc)
-        cta_barrier()  # every thread's partial store happens-before the release below
-        cnt = cnt_ptr + tile
-        arrived = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLIT - 1:
-            # the last unit of the tile sums the partials in split order (.cg: L2, not a stale L1)
-            tot = gl.load(base + offs, cache_modifier=".cg")
-            for s2 in range(1, SPLIT):
-                tot = tot + gl.load(base + s2 * split_stride + offs, cache_modifier=".cg")
-            if HAS_BIAS:
-                tot = tot + bias
-            gl.store(c_ptrs, tot.to(c_ptr.dtype.element_ty), mask=mask)
-            gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+        _splitk_sum_store(acc, part_ptr, cnt_ptr, tile, sp, SPLIT, offs, c_ptrs, mask, bias, BM * BN, HAS_BIAS)
 
 
 #: registers of the TMA producer warp (it holds a few indices)
