@@ -234,6 +234,10 @@ def test_stream_takes_weight_only_fp4_decode(stream_on):
     # mxfp8: 8 KB steps, a 4-slot ring; e4m3 named in the explanation
     p8 = _wo("mxfp8", 16, n=28672, k=8192)
     assert p8.config.num_stages == 4 and "e4m3" in str(p8) and "8 KB" in str(p8)
+    # explain names the split rule that decided: the per-SM cap, or rounds where the tiles exceed it
+    assert "programs per SM" in str(_wo("mxfp4", 16, n=8192, k=8192))
+    big = _wo("mxfp4", 16, n=57344, k=8192)
+    assert big.config.split_k == 2 and "896 tiles > 528" in str(big) and "stream_rounds_split" in str(big), str(big)
 
 
 def test_stream_mxfp8_rule(stream_on):

@@ -8,7 +8,8 @@ from dataclasses import replace
 from ..config.gemm import GemmConfig
 from ..config.hopper import HopperConfig
 from .dense import plan_fp8
-from .stream import STREAM_FORMATS, STREAM_GATHER_MAX_MP, STREAM_MAX_M, stream_config, stream_reason, use_stream
+from .stream import (STREAM_FORMATS, STREAM_GATHER_MAX_MP, STREAM_MAX_M, stream_config, stream_reason,
+                     stream_split_why, use_stream)
 from .device import DeviceInfo
 from .mx_gemv import MX_GEMV_ROWS, mx_gemv_config, use_mx_gemv
 from .portable import choose_portable, mx_bf16_applies
@@ -75,7 +76,7 @@ def plan_gemm(p: Problem, dev: DeviceInfo, forced=None, *, gluon_ok: bool = True
             f"{8 if p.fmt == 'mxfp8' else 4} KB weight steps, {'e4m3' if p.fmt == 'mxfp8' else 'e2m1'} decoded in "
             f"registers into the bf16 wgmma's register operand, {p.m} activation rows padded to "
             f"{cfg.block_m}; {-(-p.n // 64)} tiles of 64 rows x K split {cfg.split_k} (plan/stream.py: "
-            f"programs per SM and steps per split from the H200 fp4-stream A/B)"))
+            f"{stream_split_why(p.n, p.k, p.m, dev.sm_count, p.fmt, dev.smem_bytes, p.bias)[1]})"))
     if tiled_reason(p, dev, gluon_ok) is None:
         return _plan_tiled(p, dev, scope)
     cfg = choose_portable(p.fmt, p.m, p.n, p.k, dev, _a_dtype(p), _DTYPES[p.out_dtype])

@@ -60,7 +60,7 @@ __all__ = ["STREAM_FORMATS", "STREAM_ACTIVATIONS", "STREAM_MAX_M", "STREAM_MP", 
            "stream_resident", "STREAM_STAGES", "STREAM_STAGES_FP8", "STREAM_FP8_MIN_BYTES",
            "STREAM_FP8_WO_MAX_M", "STREAM_GATHER_MAX_MP", "STREAM_GROUPED_FORMATS", "STREAM_TRITON",
            "STREAM_GROUPED_MAX_ROWS", "STREAM_PROGRAM_FIXED_STEPS", "use_stream", "stream_split",
-           "stream_rounds_split", "stream_config", "stream_reason",
+           "stream_split_why", "stream_rounds_split", "stream_config", "stream_reason",
            "grouped_stream_reason", "grouped_stream_config"]
 
 STREAM_FORMATS = ("mxfp4", "nvfp4", "mxfp8")
@@ -184,13 +184,22 @@ def stream_split(n: int, k: int, m: int, sm_count: int, fmt: str = "mxfp4", smem
                  bias: bool = False) -> int:
     """K splits (an integer <= STREAM_MAX_SPLIT), see the module docstring; more tiles than the
     programs-per-SM cap allows: ``stream_rounds_split``."""
+    return stream_split_why(n, k, m, sm_count, fmt, smem_bytes, bias)[0]
+
+
+def stream_split_why(n: int, k: int, m: int, sm_count: int, fmt: str = "mxfp4", smem_bytes: int = 227 * 1024,
+                     bias: bool = False) -> tuple[int, str]:
+    """``stream_split`` and the rule that chose it, in words (for ``explain``)."""
     mp = next(s for s in STREAM_MP if s >= m)
     tiles = cdiv(n, 64)
     chunks = cdiv(k, 128)
     resident = stream_resident(fmt, mp, smem_bytes, bias)
-    most = min(STREAM_PROGRAMS_PER_SM[mp], resident) * sm_count
+    most = int(min(STREAM_PROGRAMS_PER_SM[mp], resident) * sm_count)
     if tiles > most:
-        return stream_rounds_split(tiles, chunks, mp, resident * sm_count)
+        slots = resident * sm_count
+        s = stream_rounds_split(tiles, chunks, mp, slots)
+        return s, (f"{tiles} tiles > {most} (the programs-per-SM cap): {cdiv(tiles * s, slots)} round(s) of "
+                   f"{slots} resident programs x {cdiv(chunks, s)} steps (stream_rounds_split)")
     split = 1
     for s in range(2, STREAM_MAX_SPLIT + 1):
         per = cdiv(chunks, s)
@@ -198,7 +207,8 @@ def stream_split(n: int, k: int, m: int, sm_count: int, fmt: str = "mxfp4", smem
             break
         if cdiv(chunks, per) == s:  # else the launcher would run fewer splits (none empty)
             split = s
-    return split
+    return split, (f"at most {most} programs ({STREAM_PROGRAMS_PER_SM[mp]:g} programs per SM, {resident} resident) "
+                   f"and >= {STREAM_MIN_CHUNKS[mp]} steps per split (the H200 fp4-stream split A/Bs)")
 
 
 #: a program's fixed cost in 128-K steps (its prologue's ring fill and first loads, the epilogue):
