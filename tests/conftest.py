@@ -71,7 +71,8 @@ def path(request, monkeypatch, device):
 @pytest.fixture
 def mx_kernels(monkeypatch):
     """Switch the experimental MX/NV planner rules on for one test (blockscaled._experimental: the
-    decode GEMV at M <= 8, the bf16 tiles at 8 < M <= 512), with the plan caches cleared before and
+    decode GEMV at M <= 8, the bf16 tiles at 8 < M <= 512; the register-streaming kernel off, so
+    that the GEMV keeps its rows), with the plan caches cleared before and
     after. Only the planner's choices: the compiled kernels' bf16 decode is a module constant set
     at import (AOT tests set BLOCKSCALED_MX_KERNELS in their compile subprocess)."""
     from blockscaled.plan import gemm as plan_gemm_mod
@@ -90,6 +91,12 @@ def mx_kernels(monkeypatch):
         from blockscaled.plan import mx_gemv
     except ImportError:  # before the decode GEMV
         mx_gemv = None
+    try:  # the register-streaming kernel takes fp4 weight-only 2..8 rows before the GEMV: off here
+        from blockscaled.plan import direct as plan_direct
+    except ImportError:  # before it
+        plan_direct = None
+    if plan_direct is not None:
+        monkeypatch.setattr(plan_direct, "DIRECT_ENABLED", False)
     if mx_gemv is not None:
         monkeypatch.setattr(mx_gemv, "MX_GEMV_ENABLED", True)
         if hasattr(mx_gemv, "_TRITON_OK"):  # the planner's rules are tested on every triton release

@@ -225,7 +225,7 @@ def test_gemv_on_by_default():
     from blockscaled.plan import mx_gemv
 
     assert "gemv" in _parse("gemv") and not _parse("none") and _parse("bf16") == {"bf16"}
-    assert _parse("all") == {"gemv", "bf16", "stream", "tiled"} and _parse("gemv,stream") == {"gemv", "stream"}
+    assert _parse("all") == {"gemv", "bf16", "stream", "tiled", "direct"} and _parse("gemv,stream") == {"gemv", "stream"}
     if "BLOCKSCALED_MX_KERNELS" not in os.environ:
         assert mx_gemv.MX_GEMV_ENABLED
     assert mx_gemv.MX_GEMV_ROWS == {"mxfp8": 2, "mxfp4": 2, "nvfp4": 1}

@@ -93,8 +93,9 @@ def test_mx_gemv_plans_roundtrip(mx_kernels, monkeypatch):
     both modes, odd K): every field comes back, and the configs differ from each other where the
     tiles differ (block_m, block_n, chunk, warps). The planner's row thresholds are raised to the
     kernel's 8 rows so that every block_m is planned."""
-    from blockscaled.plan import mx_gemv
+    from blockscaled.plan import direct, mx_gemv
 
+    monkeypatch.setattr(direct, "DIRECT_ENABLED", False)  # it takes fp4 weight-only 2..8 rows first
     monkeypatch.setattr(mx_gemv, "MX_GEMV_ROWS", dict.fromkeys(mx_gemv.MX_GEMV_ROWS, mx_gemv.MX_GEMV_MAX_M))
     plans = set()
     for dev, fmt, a, m, n, k in itertools.product(DEVICES[:2], ("mxfp8", "mxfp4", "nvfp4"), A_KINDS,
@@ -275,13 +276,38 @@ def test_devices_are_plain_values():
     assert plan_gemm(p, dev) == plan_gemm(p, H100_SXM)
 
 
+def test_direct_plans_roundtrip(monkeypatch):
+    """The register-streaming kernel's plans (strategy "direct": 8 padded rows, the split; forced
+    with dequant_a for quantized activations) cross the custom-op boundary whole."""
+    from blockscaled.config.gemm import GemmConfig
+    from blockscaled.plan import direct as plan_direct
+
+    monkeypatch.setattr(plan_direct, "_TRITON_OK", True)
+    monkeypatch.setattr(plan_direct, "DIRECT_ENABLED", True)
+    plan_gemm.cache_clear()
+    plans = set()
+    for fmt, m, n, k in itertools.product(("mxfp4", "nvfp4"), (2, 5, 8), (7, 2880, 28672, 57344), (32, 2880, 8192)):
+        plan = plan_gemm(Problem("gemm", fmt, m, n, k, a="bfloat16", b_block_rows=1), H100_SXM)
+        if fmt == "mxfp4" and m == 2 and n * k // 2 < plan_direct.DIRECT_GEMV_MIN_BYTES:
+            continue
+        assert plan.kernel == "hopper_direct", plan
+        plans.add(plan)
+    plan_gemm.cache_clear()
+    forced = GemmConfig(block_m=8, block_n=64, block_k=128, num_warps=4, num_stages=1, split_k=3, strategy="direct",
+                        dequant_a=True)
+    plans.add(Plan("gemm", "cuda", forced))
+    _roundtrip_plans(plans)
+    assert len({p.config.split_k for p in plans}) > 2
+
+
 def test_stream_plans_roundtrip(monkeypatch):
     """The streaming kernel's plans (strategy "stream": padded rows, split, ring depth)
     cross the custom-op boundary whole."""
-    from blockscaled.plan import stream as plan_stream
+    from blockscaled.plan import direct as plan_direct, stream as plan_stream
 
     monkeypatch.setattr(plan_stream, "_TRITON_OK", True)
     monkeypatch.setattr(plan_stream, "STREAM_ENABLED", True)
+    monkeypatch.setattr(plan_direct, "DIRECT_ENABLED", False)  # it takes 2..8 rows first (below)
     plan_gemm.cache_clear()
     plans = set()
     for fmt, m, n, k in itertools.product(("mxfp4", "nvfp4"), (3, 8, 16, 32, 64), (7, 2880, 28672), (32, 2880, 8192)):

@@ -113,14 +113,17 @@ def test_device_file_is_complete():
 
 def test_dispatch_table_in_readme_is_current(monkeypatch):
     """The README's table is the planner's output on an H100 with the GPU image's Triton (3.6, where
-    the MX / NV decode GEMV, the streaming and the tiled kernel run: MX_GEMV_TRITON, STREAM_TRITON,
-    TILED_TRITON),
+    the MX / NV decode GEMV, the streaming, the register-streaming and the tiled kernel run:
+    MX_GEMV_TRITON, STREAM_TRITON, DIRECT_TRITON, TILED_TRITON),
     whichever Triton runs the test."""
     from pathlib import Path
 
+    from blockscaled.plan import direct as plan_direct
     from blockscaled.plan import gemm as plan_gemm_mod
     from blockscaled.plan import mx_gemv, stream as plan_stream, tiled as plan_tiled
 
+    monkeypatch.setattr(plan_direct, "_TRITON_OK", True)
+    monkeypatch.setattr(plan_direct, "DIRECT_ENABLED", True)
     monkeypatch.setattr(mx_gemv, "_TRITON_OK", True)
     monkeypatch.setattr(plan_stream, "_TRITON_OK", True)
     monkeypatch.setattr(plan_stream, "STREAM_ENABLED", True)
@@ -204,9 +207,11 @@ def test_log_plans_once(path, device, monkeypatch, caplog):
 # ------------------------------------------------------------------------------ streaming kernel
 @pytest.fixture
 def stream_on(monkeypatch):
-    """The streaming kernel's Triton gate open (it is GPU-checked on 3.6 only), plans uncached."""
-    from blockscaled.plan import mx_gemv, stream as plan_stream
+    """The streaming kernel's Triton gate open (it is GPU-checked on 3.6 only), plans uncached; the
+    register-streaming kernel off (it takes fp4 weight-only 2..8 rows first: ``direct_on``)."""
+    from blockscaled.plan import direct as plan_direct, mx_gemv, stream as plan_stream
 
+    monkeypatch.setattr(plan_direct, "DIRECT_ENABLED", False)
     monkeypatch.setattr(plan_stream, "_TRITON_OK", True)
     monkeypatch.setattr(plan_stream, "STREAM_ENABLED", True)
     monkeypatch.setattr(mx_gemv, "_TRITON_OK", True)
@@ -238,6 +243,72 @@ def test_stream_takes_weight_only_fp4_decode(stream_on):
     assert "programs per SM" in str(_wo("mxfp4", 16, n=8192, k=8192))
     big = _wo("mxfp4", 16, n=57344, k=8192)
     assert big.config.split_k == 2 and "896 tiles > 528" in str(big) and "stream_rounds_split" in str(big), str(big)
+
+
+@pytest.fixture
+def direct_on(stream_on, monkeypatch):
+    """``stream_on`` with the register-streaming kernel on too (the default planner on sm_90)."""
+    from blockscaled.plan import direct as plan_direct
+
+    monkeypatch.setattr(plan_direct, "DIRECT_ENABLED", True)
+    monkeypatch.setattr(plan_direct, "_TRITON_OK", True)
+    plan_gemm.cache_clear()
+    yield
+    plan_gemm.cache_clear()
+
+
+def test_direct_takes_fp4_weight_only_2_to_8_rows(direct_on):
+    """mxfp4 / nvfp4 weights x bf16 activations at 2..8 rows on sm_90: the register-streaming kernel
+    (8 padded rows, its split model named in explain); 1 row stays on the GEMV, 9+ rows and W x A on
+    the wgmma streaming kernel, mxfp4 at 2 rows on small weights on the GEMV; off Hopper, with fp16
+    activations, K % 32 != 0 or unaligned weights it does not run, and explain says why."""
+    from blockscaled.plan.direct import DIRECT_GEMV_MIN_BYTES, direct_reason, direct_split
+
+    for fmt in ("mxfp4", "nvfp4"):
+        for m in range(2, 9):
+            plan = _wo(fmt, m, n=8192, k=8192)
+            assert plan.kernel == "hopper_direct", (fmt, m, plan)
+            assert plan.config.block_m == 8 and plan.config.split_k == direct_split(8192, 8192, fmt, 132)
+            assert "register-streaming" in str(plan) and "direct_split" in str(plan), str(plan)
+        assert _wo(fmt, 1, n=8192, k=8192).kernel == "gemv"
+        assert _wo(fmt, 9, n=8192, k=8192).kernel == "hopper_stream"
+        assert _wo(fmt, 4, n=8192, k=8192, a="quantized").kernel == "hopper_stream"
+        for bad in (dict(a="float16"), dict(k=8192 + 16), dict(tma=False)):
+            p = _wo(fmt, 4, **{"n": 8192, "k": 8192, **bad})
+            assert p.kernel != "hopper_direct", (bad, p)
+            assert direct_reason(p.problem, H100_SXM, True) is not None
+        a100 = DeviceInfo("cuda", 108, (8, 0), 166912, 40 * 2**20, 2.0e12, "A100")
+        assert _wo(fmt, 4, n=8192, k=8192, dev=a100).kernel != "hopper_direct"
+        assert _wo(fmt, 4, n=8192, k=8192, gluon_ok=False).kernel != "hopper_direct"
+    # mxfp4 at 2 rows: the GEMV below DIRECT_GEMV_MIN_BYTES of weights (explained), the kernel above
+    small = _wo("mxfp4", 2, n=2880, k=2880)
+    assert 2880 * 2880 // 2 < DIRECT_GEMV_MIN_BYTES and small.kernel == "gemv"
+    assert "not the register-streaming kernel" not in str(small)  # the GEMV's plan explains itself
+    assert "DIRECT_GEMV_MIN_BYTES" in direct_reason(small.problem, H100_SXM, True)
+    assert _wo("nvfp4", 2, n=2880, k=2880).kernel == "hopper_direct"
+
+
+def test_direct_split_model():
+    """The split model of plan/direct.py on the A/B rows it was chosen on (H200 132 SMs, the
+    measured best splits): small weights split to ~4 programs per SM with >= 4 steps per split,
+    large N splits no more than its resident rounds pay for (nvfp4 holds 6 programs per SM, mxfp4 8)."""
+    from blockscaled.plan.direct import direct_resident, direct_split
+
+    assert direct_resident("mxfp4") == 8 and direct_resident("nvfp4") == 6
+    # the best measured splits (1..4, 6, 8 timed): 4 / 8; 5760 x 2880 and 6144 x 4096 best at 4 of
+    # those, the model picks the untimed 5 between them
+    measured_best = {(4096, 14336): (8,), (8192, 8192): (4,), (5760, 2880): (4, 5), (6144, 4096): (4, 5)}
+    for (n, k), best in measured_best.items():
+        for fmt in ("mxfp4", "nvfp4"):
+            assert direct_split(n, k, fmt, 132) in best, (n, k, fmt)
+    # measured: mxfp4 best 2, nvfp4 best 3 with 4 within 3 %
+    assert direct_split(28672, 8192, "mxfp4", 132) == 2 and direct_split(28672, 8192, "nvfp4", 132) in (3, 4)
+    assert direct_split(57344, 8192, "nvfp4", 132) > 1  # one partial round unsplit: 896 programs > 792 resident
+    for n, k in ((64, 32), (130, 96), (100000, 128), (64, 65536)):
+        for fmt in ("mxfp4", "nvfp4"):
+            s = direct_split(n, k, fmt, 132)
+            chunks = -(-k // 128)
+            assert 1 <= s <= 8 and (s == 1 or -(-chunks // s) >= 4), (n, k, s)
 
 
 def test_stream_mxfp8_rule(stream_on):

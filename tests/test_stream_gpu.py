@@ -34,9 +34,11 @@ def planned_for_every_format(monkeypatch):
     the planner uses it: tests/test_planner.py."""
     from blockscaled.ops import gemm as ops_gemm
     from blockscaled.ops import grouped as ops_grouped
+    from blockscaled.plan import direct as plan_direct
     from blockscaled.plan import stream as plan_stream
     from blockscaled.plan.gemm import plan_gemm
 
+    monkeypatch.setattr(plan_direct, "DIRECT_ENABLED", False)  # fp4 weight-only 2..8 rows: tests/test_direct_gpu.py
     monkeypatch.setattr(plan_stream, "STREAM_FP8_MIN_BYTES", 0)
     monkeypatch.setattr(plan_stream, "STREAM_FP8_WO_MAX_M", 64)
     monkeypatch.setattr(plan_stream, "STREAM_GROUPED_FORMATS", FMTS)

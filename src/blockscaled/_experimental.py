@@ -18,8 +18,12 @@ read once, at import):
   with bf16 or quantized activations at M > 64, where its cost model predicts it faster than the
   portable kernel or dequantize + cuBLAS (plan/tiled.py). **On by default**: its GPU tests and A/B
   rows passed the float64 checks on an H200 (benchmarks/NOTES.md, twentieth session).
-* ``all`` (or ``1``): all four; ``none`` (or ``0``): none. Comma lists work:
-  ``BLOCKSCALED_MX_KERNELS=gemv,bf16``. Unset: ``gemv,stream,tiled``.
+* ``direct``: the sm_90 register-streaming decode kernel (kernels/hopper/direct.py) for mxfp4 /
+  nvfp4 weights with bf16 activations at 2 <= M <= 8 (plan/direct.py). **On by default**: its A/B
+  rows and corner checks passed the float64 checks on an H200 (benchmarks/NOTES.md,
+  twenty-second session).
+* ``all`` (or ``1``): all five; ``none`` (or ``0``): none. Comma lists work:
+  ``BLOCKSCALED_MX_KERNELS=gemv,bf16``. Unset: ``gemv,stream,tiled,direct``.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import os
 __all__ = ["MX_KERNELS", "mx_kernel_enabled"]
 
 
-_NAMES = frozenset({"gemv", "bf16", "stream", "tiled"})
+_NAMES = frozenset({"gemv", "bf16", "stream", "tiled", "direct"})
 
 
 def _parse(value: str) -> frozenset[str]:
@@ -38,15 +42,15 @@ def _parse(value: str) -> frozenset[str]:
         return frozenset(_NAMES)
     unknown = parts - _NAMES - {"0", "off", "false", "none"}
     if unknown:
-        raise ValueError(f"BLOCKSCALED_MX_KERNELS: expected 'all', 'gemv', 'bf16', 'stream', 'tiled' or a comma list of "
-                         f"them, got {value!r}")
+        raise ValueError(f"BLOCKSCALED_MX_KERNELS: expected 'all', 'gemv', 'bf16', 'stream', 'tiled', 'direct' or a comma "
+                         f"list of them, got {value!r}")
     return frozenset(parts & _NAMES)
 
 
 #: the experimental kernels switched on in this process
-MX_KERNELS: frozenset[str] = _parse(os.environ.get("BLOCKSCALED_MX_KERNELS", "gemv,stream,tiled"))
+MX_KERNELS: frozenset[str] = _parse(os.environ.get("BLOCKSCALED_MX_KERNELS", "gemv,stream,tiled,direct"))
 
 
 def mx_kernel_enabled(name: str) -> bool:
-    """Whether the experimental kernel ``name`` ("gemv", "bf16", "stream" or "tiled") is on in this process."""
+    """Whether the experimental kernel ``name`` ("gemv", "bf16", "stream", "tiled" or "direct") is on in this process."""
     return name in MX_KERNELS

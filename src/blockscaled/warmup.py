@@ -92,7 +92,7 @@ def _prepass(plan, act_format, m: int, k: int):
     ``dequant_a`` runs first on quantized activations (``ops.gemm.stream_activations``; its
     kernel's tiles follow the rows), else None."""
     cfg = plan.config
-    if act_format is None or getattr(cfg, "strategy", None) not in ("stream", "tiled") or not cfg.dequant_a:
+    if act_format is None or getattr(cfg, "strategy", None) not in ("stream", "tiled", "direct") or not cfg.dequant_a:
         return None
     return dequant_tiles(act_format, m, k)
 

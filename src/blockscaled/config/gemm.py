@@ -8,7 +8,9 @@ Strategies: ``"triton"`` (the portable block-scaled kernel, kernels/triton/gemm.
 (the CUDA-core decode GEMVs: fp8_block with quantized A, kernels/triton/gemv.py; mxfp8 / mxfp4 /
 nvfp4 weights with dense or quantized A, kernels/triton/mx_gemv.py), ``"hopper"``
 (forced only: "the best Hopper tiles", which the planner turns into a :class:`HopperConfig`),
-``"dequant_matmul"`` (dequantize both operands to bf16 with our Triton kernel, then cuBLAS).
+``"dequant_matmul"`` (dequantize both operands to bf16 with our Triton kernel, then cuBLAS), and the
+sm_90 Gluon kernels for MX / NV weights: ``"stream"`` (kernels/hopper/stream.py), ``"tiled"``
+(kernels/hopper/tiled.py) and ``"direct"`` (kernels/hopper/direct.py).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from dataclasses import dataclass, replace
 
 __all__ = ["GemmConfig", "STRATEGIES", "GEMV_MAX_M", "gemv_config", "gemv_slice_elems"]
 
-STRATEGIES = ("triton", "dequant_matmul", "hopper", "gemv", "stream", "tiled")
+#: (appended, never reordered: plan/encoding.py carries a strategy as its index here)
+STRATEGIES = ("triton", "dequant_matmul", "hopper", "gemv", "stream", "tiled", "direct")
 
 
 #: Most activation rows one program of the CUDA-core decode GEMVs (strategy "gemv",
@@ -70,12 +73,15 @@ class GemmConfig:
         the epilogue, all in one launch; deterministic (bitwise, whatever the arrival order).
         Each split covers a multiple of block_k; the launcher lowers the count so that no
         split is empty (ops/gemm.py::_split_plan).
-    strategy: "triton", "gemv", "hopper", "dequant_matmul", "stream" or "tiled" (see module
+    strategy: "triton", "gemv", "hopper", "dequant_matmul", "stream", "tiled" or "direct" (see module
         docstring; "stream": kernels/hopper/stream.py, block_m = the padded activation rows 8..64,
         block_n 64, block_k 128, 4 warps, num_stages = TMA ring slots, split_k; "tiled":
         kernels/hopper/tiled.py, block_m 128 with 8 warps or 256 with 16, block_n 128, block_k 64,
         num_stages 3..6 TMA ring slots (4 and more add a TMA producer warp; 3 fits two programs
-        per SM without one: ops/_tiled.py TILED_WS_MIN_STAGES), split_k). "gemv"
+        per SM without one: ops/_tiled.py TILED_WS_MIN_STAGES), split_k; "direct":
+        kernels/hopper/direct.py, mxfp4 / nvfp4 weights, block_m 8 padded activation rows, block_n
+        64, block_k 128, 4 warps, num_stages 1 (no ring: loads a step ahead in registers),
+        split_k). "gemv"
         reads only block_m (activation rows per program, a power of two <= GEMV_MAX_M), block_n
         (weight rows per program, a power of two <= 128; <= 8 for the MX / NV GEMV, which holds a
         slice of every row in each thread's registers), block_k (K elements per weight-chunk
@@ -88,7 +94,7 @@ class GemmConfig:
         padding A to the 64-row wgmma); a quantized A, or a dense (weight-only) A with
         promote=False (the bf16-dequantized weight is then the wgmma's register operand); with
         128x128 weight blocks block_n must divide 128. The grouped kernels ignore it.
-    dequant_a: strategy "stream" or "tiled" with quantized activations only ("tiled" always does, so
+    dequant_a: strategy "stream", "tiled" or "direct" with quantized activations only ("tiled" always does, so
         its plans say so): dequantize them exactly to
         bf16 in one pass before the kernel (True) instead of decoding them in the kernel's
         gather, where every 64-weight-row program decodes all of them again (False; see
@@ -121,8 +127,9 @@ class GemmConfig:
             raise TypeError(f"GemmConfig.promote: expected None or a bool, got {self.promote!r}")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"GemmConfig.strategy: expected one of {STRATEGIES}, got {self.strategy!r}")
-        if self.dequant_a and self.strategy not in ("stream", "tiled"):
-            raise ValueError(f"GemmConfig.dequant_a: only strategies 'stream' and 'tiled' dequantize the activations first, "
+        if self.dequant_a and self.strategy not in ("stream", "tiled", "direct"):
+            raise ValueError(f"GemmConfig.dequant_a: only strategies 'stream', 'tiled' and 'direct' dequantize the "
+                             f"activations first, "
                              f"got strategy {self.strategy!r}")
         if self.strategy == "gemv":
             self._check_gemv()
@@ -132,6 +139,9 @@ class GemmConfig:
             return
         if self.strategy == "tiled":
             self._check_tiled()
+            return
+        if self.strategy == "direct":
+            self._check_direct()
             return
         for name in ("block_m", "block_n", "block_k"):
             v = getattr(self, name)
@@ -172,6 +182,16 @@ class GemmConfig:
                              f"{self.block_n}, {self.block_k}, {self.num_warps}")
         if not 2 <= self.num_stages <= 8:
             raise ValueError(f"GemmConfig.num_stages: strategy 'stream' needs 2..8 ring slots, got {self.num_stages}")
+        if self.split_k < 1:
+            raise ValueError(f"GemmConfig.split_k: expected >= 1, got {self.split_k}")
+
+    def _check_direct(self) -> None:
+        # kernels/hopper/direct.py: four warps of 16 weight rows x 128 K per step on mma.sync
+        # m16n8k16, the activation rows padded to its N of 8, no ring
+        if (self.block_m, self.block_n, self.block_k, self.num_warps, self.num_stages) != (8, 64, 128, 4, 1):
+            raise ValueError(f"GemmConfig: strategy 'direct' runs block_m=8, block_n=64, block_k=128, num_warps=4, "
+                             f"num_stages=1, got {self.block_m}, {self.block_n}, {self.block_k}, {self.num_warps}, "
+                             f"{self.num_stages}")
         if self.split_k < 1:
             raise ValueError(f"GemmConfig.split_k: expected >= 1, got {self.split_k}")
 

@@ -31,6 +31,7 @@ from ..plan.types import DTYPE_NAMES
 from ..plan.portable import default_promote
 from ..plan.splits import split_plan as _split_plan
 from . import _hopper
+from ._direct import launch_direct
 from ._stream import launch_stream, words_aligned
 from ._tiled import launch_tiled
 from ._splitk import splitk_scratch
@@ -343,8 +344,16 @@ def _launch_mx_gemv(a2, a_s2, a_gs, b_data, b_scale, b_gs, out2, bias, fmt: Form
 
 
 def _check_sm90_mx(strategy: str, a2, a_s2, fmt: Format, m: int, k: int, cfg: GemmConfig) -> None:
-    """A forced ``strategy="stream"`` / ``"tiled"`` config on operands the kernel cannot take: a
-    clear error (the planner never plans them there: plan/stream.py, plan/tiled.py)."""
+    """A forced ``strategy="stream"`` / ``"tiled"`` / ``"direct"`` config on operands the kernel cannot
+    take: a clear error (the planner never plans them there: plan/stream.py, plan/tiled.py,
+    plan/direct.py)."""
+    if strategy == "direct" and fmt.name not in ("mxfp4", "nvfp4"):
+        raise ValueError(f"config.strategy: 'direct' takes mxfp4 / nvfp4 weights, got {fmt.name}")
+    if strategy == "direct" and m > cfg.block_m:
+        raise ValueError(f"config.strategy: 'direct' takes M <= {cfg.block_m} rows, got M={m}")
+    if strategy == "direct" and a_s2 is not None and not cfg.dequant_a:
+        raise ValueError("config.dequant_a: strategy 'direct' takes bf16 activations; pass dequant_a=True to "
+                         "dequantize quantized ones to bf16 first")
     if fmt.name not in _STREAM_FORMATS or (a_s2 is None and a2.dtype != torch.bfloat16):
         raise ValueError(f"config.strategy: {strategy!r} takes mxfp4 / nvfp4 / mxfp8 weights with bf16 or quantized "
                          f"activations, got {fmt.name} weights and {a2.dtype} activations")
@@ -619,6 +628,11 @@ def run_plan(plan: Plan, a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows: int, fmt
         _check_sm90_mx("stream", a2, a_s2, fmt, m, k, cfg)
         x, x_scale, x_gs = stream_activations(a2, a_s2, a_gs, fmt, k, cfg)
         launch_stream(x, b_data, b_scale, b_gs, fmt.name, k, out2, cfg, x_scale=x_scale, x_gs=x_gs, bias=bias)
+        return
+    if cfg.strategy == "direct":
+        _check_sm90_mx("direct", a2, a_s2, fmt, m, k, cfg)
+        x, _, x_gs = stream_activations(a2, a_s2, a_gs, fmt, k, cfg)
+        launch_direct(x, b_data, b_scale, b_gs, fmt.name, k, out2, cfg, x_gs=x_gs, bias=bias)
         return
     if cfg.strategy == "tiled":
         _check_sm90_mx("tiled", a2, a_s2, fmt, m, k, cfg)

@@ -8,6 +8,7 @@ from dataclasses import replace
 from ..config.gemm import GemmConfig
 from ..config.hopper import HopperConfig
 from .dense import plan_fp8
+from .direct import DIRECT_FORMATS, DIRECT_MAX_M, DIRECT_MIN_M, direct_config, direct_reason, direct_split_why
 from .stream import (STREAM_FORMATS, STREAM_GATHER_MAX_MP, STREAM_MAX_M, stream_config, stream_reason,
                      stream_split_why, use_stream)
 from .device import DeviceInfo
@@ -55,6 +56,14 @@ def plan_gemm(p: Problem, dev: DeviceInfo, forced=None, *, gluon_ok: bool = True
             strat = None
         return plan_fp8(p, dev, hopper=hopper_ok, forced_strategy=strat)
     scope = ("sm_90" if dev.is_hopper else f"sm_{dev.capability[0]}{dev.capability[1]} (portable kernels only)")
+    if direct_reason(p, dev, gluon_ok) is None:
+        cfg = direct_config(p, dev)
+        return Plan("gemm", "cuda", cfg, p, reasons=(
+            f"{p.fmt} weight-only on {scope}",
+            f"register-streaming decode kernel (kernels/hopper/direct.py): {DIRECT_MIN_M} <= M = {p.m} <= "
+            f"{DIRECT_MAX_M} rows padded to the mma.sync N of {cfg.block_m}; each warp loads its 16 weight rows "
+            f"straight into registers a 128-K step ahead, decodes them into the A fragment, no shared memory "
+            f"or barrier in the K loop; {direct_split_why(p.n, p.k, p.fmt, dev.sm_count)[1]}"))
     if use_mx_gemv(p.fmt, p.m, p.k):
         cfg = mx_gemv_config(p.fmt, p.m, p.n, p.k, dev)
         chunk_kb = cfg.block_n * min(p.k, cfg.block_k) * (1 if p.fmt == "mxfp8" else 0.5) / 1024
@@ -92,6 +101,8 @@ def plan_gemm(p: Problem, dev: DeviceInfo, forced=None, *, gluon_ok: bool = True
         why = "portable Triton kernel, tiles and K split from the portable rules (plan/portable.py)"
     scope = ("sm_90" if dev.is_hopper else f"sm_{dev.capability[0]}{dev.capability[1]} (portable kernels only)")
     reasons = (f"{p.fmt}{' weight-only' if p.weight_only else ''} on {scope}", why)
+    if dev.is_hopper and p.fmt in DIRECT_FORMATS and DIRECT_MIN_M <= p.m <= DIRECT_MAX_M:
+        reasons += (f"not the register-streaming kernel: {direct_reason(p, dev, gluon_ok)}",)
     if dev.is_hopper and p.fmt in STREAM_FORMATS and 1 <= p.m <= STREAM_MAX_M:
         reasons += (f"not the streaming kernel: {stream_reason(p, dev, gluon_ok)}",)
     elif dev.is_hopper and p.fmt in STREAM_FORMATS and p.m > STREAM_MAX_M:

@@ -20,7 +20,7 @@ __all__ = ["dispatch_table", "TABLE_SHAPES"]
 #: Llama 3 70B gate|up, DeepSeek-V3 kv_b)
 TABLE_SHAPES = (("Llama 3 8B qkv", 6144, 4096), ("Llama 3 70B gate_up", 57344, 8192),
                 ("DeepSeek-V3 kv_b", 32768, 512))
-TABLE_MS = (1, 16, 64, 256, 1024, 8192)
+TABLE_MS = (1, 4, 16, 64, 256, 1024, 8192)
 
 
 def dispatch_table(dev: DeviceInfo = H100_SXM) -> str:

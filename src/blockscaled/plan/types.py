@@ -22,7 +22,7 @@ OPS = ("gemm", "grouped", "swiglu", "grouped_list", "quantize", "dequantize")
 BACKENDS = ("cuda", "interpreter", "reference")
 #: Plan.kernel values (derived from the config)
 KERNELS = ("portable", "gemv", "dequant_matmul", "hopper_wide", "hopper_skinny", "portable_grouped",
-           "grouped_dequant_matmul", "quantize", "reference", "hopper_stream", "hopper_tiled")
+           "grouped_dequant_matmul", "quantize", "reference", "hopper_stream", "hopper_tiled", "hopper_direct")
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,10 @@ def _config_desc(cfg) -> str:
         return (f"64x128 steps, {cfg.block_m} rows, {cfg.num_stages}-slot ring"
                 + (f", split-K {cfg.split_k}" if cfg.split_k > 1 else "")
                 + (", activations dequantized first" if cfg.dequant_a else ""))
+    if cfg.strategy == "direct":
+        return (f"64x128 steps, {cfg.block_m} rows, mma.sync, no ring"
+                + (f", split-K {cfg.split_k}" if cfg.split_k > 1 else "")
+                + (", activations dequantized first" if cfg.dequant_a else ""))
     if cfg.strategy == "tiled":
         return (f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} tiles, {cfg.num_stages}-slot ring"
                 + (f", split-K {cfg.split_k}" if cfg.split_k > 1 else "")
@@ -136,12 +140,12 @@ class Plan:
             return "quantize" if self.op in ("quantize", "dequantize") and self.backend != "reference" else "reference"
         if isinstance(cfg, HopperConfig):
             return "hopper_" + cfg.variant
-        if cfg.strategy in ("stream", "tiled"):
+        if cfg.strategy in ("stream", "tiled", "direct"):
             return "hopper_" + cfg.strategy
         if self.op in ("grouped", "swiglu", "grouped_list") and cfg.strategy != "gemv":
             return "grouped_dequant_matmul" if cfg.strategy == "dequant_matmul" else "portable_grouped"
         return {"triton": "portable", "gemv": "gemv", "dequant_matmul": "dequant_matmul",
-                "stream": "hopper_stream", "tiled": "hopper_tiled"}[cfg.strategy]
+                "stream": "hopper_stream", "tiled": "hopper_tiled", "direct": "hopper_direct"}[cfg.strategy]
 
     def describe(self) -> str:
         """One line: kernel and tiles (the bench's config column)."""
