@@ -41,7 +41,7 @@ def sig(out, fmt, aq):
             "stride_cm": "i32", "stride_ce": "i32",
             "FMT": "constexpr", "MP": "constexpr", "STAGES": "constexpr", "GROUPING": "constexpr",
             "GS_PER_E": "constexpr", "A_QUANT": "constexpr", "HAS_AGS": "constexpr", "HAS_BIAS": "constexpr",
-            "num_warps": "constexpr"}
+            "num_warps": "constexpr", "NUM_E": "constexpr"}
 
 out = {}
 NAMES = {1: "mxfp8", 2: "mxfp4", 3: "nvfp4"}
@@ -51,10 +51,11 @@ for fmt, mp, st, cdt, gr, aq in [(2, 8, 6, "*bf16", 0, 0), (2, 64, 6, "*fp32", 0
                                  (3, 32, 6, "*fp16", 0, 1), (2, 8, 6, "*fp32", 1, 0), (3, 16, 6, "*fp32", 2, 0),
                                  (1, 16, 4, "*bf16", 0, 0), (1, 8, 4, "*fp32", 1, 0), (2, 16, 6, "*bf16", 0, 1),
                                  (1, 16, 4, "*bf16", 0, 1), (2, 8, 6, "*fp32", 1, 1), (2, 64, 6, "*bf16", 0, 2),
-                                 (3, 16, 6, "*bf16", 0, 1), (1, 64, 4, "*bf16", 0, 0)]:
+                                 (3, 16, 6, "*bf16", 0, 1), (1, 64, 4, "*bf16", 0, 0), (2, 8, 6, "*fp32", 1, 3)]:
     bias = gr == 0 and mp != 8 and aq != 2
+    num_e = 128 if aq == 3 else 0  # the contiguous grid compacted to the experts with rows (of 128)
     aq = aq == 1
-    key = f"{NAMES[fmt]}_mp{mp}_g{gr}" + ("_bias" if bias else "") + ("_wxa" if aq else "")
+    key = f"{NAMES[fmt]}_mp{mp}_g{gr}" + ("_bias" if bias else "") + ("_wxa" if aq else "") + ("_e128" if num_e else "")
     try:
         k = triton.compile(GluonASTSource(F.stream_kernel, sig(cdt, fmt, aq),
                                           constexprs={"FMT": fmt, "MP": mp, "STAGES": st, "GROUPING": gr,
@@ -62,7 +63,7 @@ for fmt, mp, st, cdt, gr, aq in [(2, 8, 6, "*bf16", 0, 0), (2, 64, 6, "*fp32", 0
                                                       # nvfp4: the activations' global scale (decoded
                                                       # or dequantized first: both builds)
                                                       "HAS_AGS": fmt == 3,
-                                                      "HAS_BIAS": bias, "num_warps": 4}),
+                                                      "HAS_BIAS": bias, "num_warps": 4, "NUM_E": num_e}),
                            target=TGT, options={"num_warps": 4})
     except Exception as e:
         out[key] = {"error": f"{type(e).__name__}: {str(e)[-800:]}"}
@@ -86,7 +87,7 @@ def compiled():
 
 
 def test_stream_builds_for_sm90(compiled):
-    assert len(compiled) == 14, compiled
+    assert len(compiled) == 15, compiled
     for key, c in compiled.items():
         assert "error" not in c, (key, c)
         mp = int(re.search(r"mp(\d+)", key).group(1))

@@ -33,6 +33,10 @@ def _w_layout(swizzle: int = 0):
     return gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=32, rank=2)
 
 
+#: contiguous grouped launches compact their grid to min(E, sum_m) expert slots (the kernel's
+#: ``NUM_E``); False launches E x tiles programs as before (the A/B switch)
+GROUPED_COMPACT = True
+
 #: per weight format: (kernel FMT code, int32 words per row and 128-K step, box swizzle)
 _FMT = {"mxfp8": (1, 32, 128), "mxfp4": (2, 16, 0), "nvfp4": (3, 16, 0)}
 
@@ -120,13 +124,15 @@ def launch_stream(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, 
         e = w_data.shape[0]
         masked = grouping == 2
         m = x.shape[1] if masked else x.shape[0]
-        kernel[(e * tiles,)](
+        # contiguous: at most sum_m experts hold rows; fewer slots than experts compact the grid
+        slots = e if masked or m >= e or not GROUPED_COMPACT else max(m, 1)
+        kernel[(slots * tiles,)](
             w_desc, w_scale, x, xs, gs, ags, gs, out, out, seg, seg, m, n, k, chunks, 1,
             w_scale.stride(-2), w_scale.stride(0), x.stride(-2), x.stride(0) if masked else 0,
             xs.stride(-2) if a_quant else 0, xs.stride(0) if a_quant and masked else 0,
             out.stride(-2), out.stride(0) if masked else 0,
             FMT=fmt, MP=cfg.block_m, STAGES=cfg.num_stages, GROUPING=grouping, GS_PER_E=gs_per_e,
-            A_QUANT=a_quant, HAS_AGS=x_gs is not None, HAS_BIAS=False, num_warps=4)
+            A_QUANT=a_quant, HAS_AGS=x_gs is not None, HAS_BIAS=False, num_warps=4, NUM_E=e if slots < e else 0)
         return
     m = x.shape[0]
     per = triton.cdiv(chunks, cfg.split_k)

@@ -418,13 +418,38 @@ def _splitk_sum_store(part, part_ptr, cnt_ptr, tile, sp, SPLIT, offs, c_ptrs, ma
         gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
 
 
+@gluon.jit
+def _add_i32(a, b):
+    return a + b
+
+
+@gluon.jit
+def _active_expert(seg_ptr, slot, M, NUM_E: gl.constexpr):
+    """(the ``slot``-th expert, counting from 0, whose clamped offsets hold rows; whether there is
+    one) from the contiguous offsets ``seg [NUM_E + 1]``; without one, expert 0 (its rows unused)."""
+    P: gl.constexpr = _pow2(NUM_E)
+    L: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    idx = gl.arange(0, P, layout=L)
+    ok = idx < NUM_E
+    lo = gl.minimum(gl.maximum(gl.load(seg_ptr + idx, mask=ok, other=0), 0), M)
+    hi = gl.minimum(gl.maximum(gl.load(seg_ptr + idx + 1, mask=ok, other=0), 0), M)
+    act = ok & (hi > lo)
+    hit = act & (gl.associative_scan(act.to(gl.int32), 0, _add_i32) == slot + 1)
+    return gl.sum(gl.where(hit, idx, 0), axis=0), gl.sum(hit.to(gl.int32), axis=0) > 0
+
+
+@gluon.constexpr_function
+def _pow2(n):
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
 # M and the steps per split follow the call (decode M, contiguous sum_m): one build serves them all
 @gluon.jit(do_not_specialize=["M", "kc_per_split"])
 def stream_kernel(w_desc, ws_ptr, x_ptr, xs_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_ptr, cnt_ptr, seg_ptr, M, N,
                   K, kc_per_split, SPLIT, stride_wsn, stride_wse, stride_xm, stride_xe, stride_xsm, stride_xse,
                   stride_cm, stride_ce, FMT: gl.constexpr, MP: gl.constexpr, STAGES: gl.constexpr,
                   GROUPING: gl.constexpr, GS_PER_E: gl.constexpr, A_QUANT: gl.constexpr, HAS_AGS: gl.constexpr,
-                  HAS_BIAS: gl.constexpr, num_warps: gl.constexpr):
+                  HAS_BIAS: gl.constexpr, num_warps: gl.constexpr, NUM_E: gl.constexpr = 0):
     """Dense (GROUPING 0): one program per (64 weight rows, K split); ``w_desc``: TMA boxes [64, 16]
     of the packed weights viewed as int32 [N, K / 8] (mxfp8: boxes [64, 32] of [N, K / 4], 128-byte
     swizzle); ``ws_ptr``: uint8 E8M0 [N, K / 32] (mx) or e4m3 [N, K / 16] (nvfp4) block scales, row stride ``stride_wsn``; ``x_ptr``: bf16 [M, K]
@@ -444,7 +469,11 @@ def stream_kernel(w_desc, ws_ptr, x_ptr, xs_ptr, gs_ptr, ags_ptr, bias_ptr, c_pt
     e owns rows ``seg[e] .. seg[e + 1]`` of x [sum_m, K] / c [sum_m, N]; GROUPING 2 (masked):
     ``seg[e]`` rows (at most M = max_m) of x [E, max_m, K] / c [E, max_m, N] (expert strides
     ``stride_xe`` / ``stride_ce``). An expert's rows run in blocks of MP, each streaming the tile's
-    weights again; an expert without rows exits at once (decode: most of them)."""
+    weights again; an expert without rows exits at once (decode: most of them). NUM_E > 0
+    (contiguous only): the grid is compacted to fewer expert slots than the NUM_E experts (the host
+    launches min(E, sum_m) slots x tiles: at most sum_m experts have rows), slot j taking the j-th
+    expert with rows (``_active_expert``): at decode most of E x tiles programs would exit at once
+    (gpt-oss-120b, T = 1: 4 of 128 experts)."""
     gl.static_assert(num_warps == 4, "one warpgroup")
     gl.static_assert(STAGES >= 2, "need at least 2 pipeline stages")
     L4: gl.constexpr = word_layout()
@@ -466,8 +495,12 @@ def stream_kernel(w_desc, ws_ptr, x_ptr, xs_ptr, gs_ptr, ags_ptr, bias_ptr, c_pt
         # offsets / counts clamped to [0, M]: unvalidated bad metadata gives wrong rows (the device
         # check flags it), never an out-of-bounds access (tests/test_grouped.py, memory safety)
         if GROUPING == 1:
+            if NUM_E > 0:  # a compacted grid: program slot e takes the e-th expert that has rows
+                e, has = _active_expert(seg_ptr, e, M, NUM_E)
             row0 = gl.minimum(gl.maximum(gl.load(seg_ptr + e), 0), M)
             m_e = gl.maximum(gl.minimum(gl.maximum(gl.load(seg_ptr + e + 1), 0), M) - row0, 0)
+            if NUM_E > 0:
+                m_e = gl.where(has, m_e, 0)
         else:
             row0 = pid * 0
             m_e = gl.minimum(gl.maximum(gl.load(seg_ptr + e), 0), M)
