@@ -335,3 +335,65 @@ def test_grouped_decode_contiguous_and_masked(fmt, planned_for_every_format):
         if c:
             assert_gemm_close(out[i, :c], _grouped_ref(xm[i, :c], wd, i), fmt, torch.float32, what=f"masked e={i}")
         assert out[i, c:].isnan().all()  # rows past the count are not written
+
+
+@pytest.mark.parametrize("fmt", ("mxfp4", "nvfp4"))
+def test_grouped_compacted_grid_and_k_split(fmt, planned_for_every_format, monkeypatch):
+    """Contiguous decode calls launch min(E, sum_m) expert slots (the grid compacted to the
+    experts with rows, found on the device), times a K split (partials of every row block at their
+    rows, the last split to arrive sums them in split order): splits 1..4 (the planner's split rule
+    patched) on 32 experts with most empty, one past the padded rows and the last expert holding
+    rows, bf16 and quantized activations, against float64 and bitwise repeatable; the full grid
+    (GROUPED_COMPACT off) gives the same bits; T = 1 on 128 experts plans a split by itself and
+    explain says so; masked calls never split."""
+    from blockscaled.ops import _stream
+    from blockscaled.ops import grouped as ops_grouped
+    from blockscaled.plan import stream as plan_stream
+
+    e, n, k = 32, 130, 2080
+    g = torch.Generator().manual_seed(9)
+    w = quantize((torch.randn(e, n, k, generator=g) * 0.05).cuda(), fmt)
+    wd = w.dequantize(torch.float32).double()
+    counts = torch.zeros(e, dtype=torch.int32)
+    counts[[2, 7, 19, 31]] = torch.tensor([1, 20, 3, 2], dtype=torch.int32)
+    offsets = torch.zeros(e + 1, dtype=torch.int32)
+    offsets[1:] = counts.cumsum(0)
+    offs = offsets.cuda()
+    x = randn_like_activations(int(counts.sum()), k, dtype=torch.bfloat16, device="cuda", seed=5)
+    real_rule = plan_stream.grouped_stream_split_why
+    for a in (x, bs.quantize(x, fmt)):
+        xa = x if a is x else bs.dequantize(a)
+        ref = torch.cat([_grouped_ref(xa[offsets[i]:offsets[i + 1]], wd, i) for i in range(e)])
+        for split in (1, 2, 3, 4):
+            monkeypatch.setattr(plan_stream, "grouped_stream_split_why", lambda p, mp, dev, s=split: (s, f"split {s}"))
+            ops_grouped._PLANS.clear()
+            plan = bs.explain("grouped_gemm", a, w, offsets=offs, out_dtype=torch.float32)
+            assert plan.kernel == "hopper_stream" and plan.config.split_k == split, plan
+            y = bs.grouped_gemm(a, w, offsets=offs, out_dtype=torch.float32)
+            assert_gemm_close(y, ref, fmt, torch.float32, what=f"split {split}")
+            assert torch.equal(y, bs.grouped_gemm(a, w, offsets=offs, out_dtype=torch.float32))
+            _stream.GROUPED_COMPACT = False
+            try:
+                full = bs.grouped_gemm(a, w, offsets=offs, out_dtype=torch.float32)
+            finally:
+                _stream.GROUPED_COMPACT = True
+            assert torch.equal(y, full), f"split {split}: compacted and full grids differ"
+    monkeypatch.setattr(plan_stream, "grouped_stream_split_why", real_rule)
+    ops_grouped._PLANS.clear()
+    # T = 1 of gpt-oss-120b-like experts: 4 of 128 experts hold one row each; the plan splits K
+    e2, n2, k2 = 128, 256, 2880
+    w2 = quantize((torch.randn(e2, n2, k2, generator=g) * 0.05).cuda(), fmt)
+    c2 = torch.zeros(e2, dtype=torch.int32)
+    c2[[3, 40, 77, 127]] = 1
+    o2 = torch.zeros(e2 + 1, dtype=torch.int32)
+    o2[1:] = c2.cumsum(0)
+    x2 = randn_like_activations(4, k2, dtype=torch.bfloat16, device="cuda", seed=6)
+    plan = bs.explain("grouped_gemm", x2, w2, offsets=o2.cuda(), out_dtype=torch.float32)
+    assert plan.kernel == "hopper_stream" and plan.config.split_k > 1 and "K split" in str(plan), str(plan)
+    y2 = bs.grouped_gemm(x2, w2, offsets=o2.cuda(), out_dtype=torch.float32)
+    wd2 = w2.dequantize(torch.float32).double()
+    ref2 = torch.cat([_grouped_ref(x2[o2[i]:o2[i + 1]], wd2, i) for i in range(e2)])
+    assert_gemm_close(y2, ref2, fmt, torch.float32, what="T = 1, planned split")
+    xm = torch.zeros(e2, 8, k2, dtype=torch.bfloat16, device="cuda")
+    plan = bs.explain("grouped_gemm", xm, w2, masked_m=c2.cuda(), expected_m=1, out_dtype=torch.float32)
+    assert plan.kernel == "hopper_stream" and plan.config.split_k == 1, plan

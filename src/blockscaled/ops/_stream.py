@@ -84,7 +84,8 @@ def launch_stream(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, 
     """One launch over ``out``. Dense (``grouping`` 0): (64-row tiles) x (K splits) programs over
     ``out [M, N]``. Grouped (1 contiguous: ``seg`` = offsets [E+1], x [sum_m, K], out [sum_m, N];
     2 masked: ``seg`` = counts [E], x [E, max_m, K], out [E, max_m, N]): experts x 64-row tiles
-    programs, no K split (``cfg.split_k`` must be 1).
+    programs (contiguous: min(E, sum_m) expert slots, x ``cfg.split_k`` K splits; masked: no K
+    split, ``cfg.split_k`` must be 1).
 
     x: bf16 (K contiguous); w_data: packed e2m1 ``[(E,) N, K / 2]`` (mxfp4 / nvfp4) or e4m3
     ``[(E,) N, K]`` (mxfp8), 16-byte aligned rows; w_scale: uint8 E8M0 ``[(E,) N, K / 32]`` (mx) or
@@ -119,15 +120,20 @@ def launch_stream(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, 
     if grouping:
         if bias is not None:
             raise ValueError("bias: the grouped streaming kernel takes none")
-        if cfg.split_k != 1:
-            raise ValueError(f"config.split_k: the grouped streaming kernel does not split K, got {cfg.split_k}")
         e = w_data.shape[0]
         masked = grouping == 2
+        if masked and cfg.split_k != 1:
+            raise ValueError(f"config.split_k: the masked grouped streaming kernel does not split K, got {cfg.split_k}")
         m = x.shape[1] if masked else x.shape[0]
         # contiguous: at most sum_m experts hold rows; fewer slots than experts compact the grid
         slots = e if masked or m >= e or not GROUPED_COMPACT else max(m, 1)
-        kernel[(slots * tiles,)](
-            w_desc, w_scale, x, xs, gs, ags, gs, out, out, seg, seg, m, n, k, chunks, 1,
+        per = triton.cdiv(chunks, cfg.split_k)
+        nsplit = triton.cdiv(chunks, per)  # no empty split
+        part = cnt = out  # not read unless split (SPLIT = 1 is specialised away)
+        if nsplit > 1:  # fp32 partials [nsplit, sum_m, N] and one counter per (slot, tile)
+            part, cnt = splitk_scratch(out.device, slots * tiles, nsplit * m * n)
+        kernel[(slots * tiles * nsplit,)](
+            w_desc, w_scale, x, xs, gs, ags, gs, out, part, cnt, seg, m, n, k, per, nsplit,
             w_scale.stride(-2), w_scale.stride(0), x.stride(-2), x.stride(0) if masked else 0,
             xs.stride(-2) if a_quant else 0, xs.stride(0) if a_quant and masked else 0,
             out.stride(-2), out.stride(0) if masked else 0,

@@ -15,7 +15,7 @@ import torch
 from ..config.hopper import HopperConfig
 from .dense import MIN_KB_PER_SPLIT, hopper_fill_stages
 from .device import DeviceInfo
-from .stream import grouped_stream_config, grouped_stream_reason
+from .stream import grouped_stream_config, grouped_stream_reason, grouped_stream_split_why
 from .grouped_portable import check_grouped_config, choose_grouped_config
 from .splits import cdiv as _cdiv
 from .types import DTYPES, Plan, Problem
@@ -147,14 +147,14 @@ def plan_grouped(p: Problem, dev: DeviceInfo, forced=None, *, hopper_why: str | 
                                    n=p.n, k=p.k, device=device, a_row_stride=a_row_stride)
         return Plan(p.op, backend, cfg, p, reasons=("forced by config=",))
     if grouped_stream_reason(p, dev) is None:
-        cfg = grouped_stream_config(p)
+        cfg = grouped_stream_config(p, dev)
         return Plan(p.op, backend, cfg, p, reasons=(
             (f"{p.fmt} weight-only" if p.weight_only else f"{p.fmt} x {p.fmt} (activations " + (
                 "dequantized to bf16 by one pass first" if cfg.dequant_a else "decoded in the kernel's gather")
              + ", STREAM_GATHER_MAX_MP)") + f" on sm_90, ~{p.rows_per_expert:g} rows per expert",
             f"streaming kernel, grouped (kernels/hopper/stream.py): one program per expert x 64-row tile, "
             f"an expert without rows exits at once, its rows in blocks of {cfg.block_m} (plan/stream.py, "
-            f"STREAM_GROUPED_MAX_ROWS)"))
+            f"STREAM_GROUPED_MAX_ROWS); {grouped_stream_split_why(p, cfg.block_m, dev)[1]}"))
     cfg = choose_grouped_config(p.fmt, p.rows_per_expert, p.n, p.k, dev if dev.kind == "cuda" else device,
                                 dual=p.dual, a_dtype=a_dtype, grouping=p.grouping, experts=p.experts,
                                 out_dtype=out_dtype, a_row_stride=a_row_stride)

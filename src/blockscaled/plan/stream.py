@@ -61,7 +61,8 @@ __all__ = ["STREAM_FORMATS", "STREAM_ACTIVATIONS", "STREAM_MAX_M", "STREAM_MP", 
            "STREAM_FP8_WO_MAX_M", "STREAM_GATHER_MAX_MP", "STREAM_GROUPED_FORMATS", "STREAM_TRITON",
            "STREAM_GROUPED_MAX_ROWS", "STREAM_PROGRAM_FIXED_STEPS", "use_stream", "stream_split",
            "stream_split_why", "stream_rounds_split", "stream_config", "stream_reason",
-           "grouped_stream_reason", "grouped_stream_config"]
+           "grouped_stream_reason", "grouped_stream_config", "grouped_stream_split_why",
+           "STREAM_GROUPED_FIXED_STEPS", "STREAM_GROUPED_PROGRAMS_PER_SM", "STREAM_GROUPED_MIN_STEPS"]
 
 STREAM_FORMATS = ("mxfp4", "nvfp4", "mxfp8")
 #: Problem.a values it takes: bf16 (weight-only) and quantized (W x A: the activations, <= 64 rows,
@@ -291,11 +292,60 @@ def grouped_stream_reason(p: Problem, dev: DeviceInfo) -> str | None:
     return None
 
 
-def grouped_stream_config(p: Problem) -> GemmConfig:
+#: the grouped form's K split (``grouped_stream_split_why``): a program's fixed cost in 128-K steps, the
+#: programs per SM past which the SM's issue rate limits, and the fewest steps per split. EMPIRICAL
+#: (the cost is far above the dense kernel's 2 steps: the expert lookup of the compacted grid, two
+#: dependent loads of the offsets before the first TMA load, the ring fill, the partial write and
+#: last-arriver sum; not profiled). H200 sweeps of splits 1..4, CUDA graphs, skewed routing, every
+#: output checked against float64: benchmarks/results/h200/archive/grouped-split-ab-20261127.json
+#: (gpt-oss-120b / -20b, Qwen3-30B-A3B, Mixtral, DeepSeek-V3 expert shapes x T 1 / 2 / 4 / 8, 64 rows)
+#: and grouped-split-validate-20261127.json (Qwen2-57B-A14B, OLMoE, DBRX, Phi-3.5-MoE, Mixtral
+#: gate_up, DeepSeek-V2-Lite, 50 rows). The first constants (6 steps, 6 steps, chosen on the
+#: first sweep: 61 of 64 within 5 % of the best split, 1.047x over no split) held out at 42 of 50
+#: and 1.012x, with a row 0.74x (OLMoE gate_up at T = 1); these (chosen on both, in sample) give
+#: 61 of 64 and 43 of 50 within 5 %, 1.047x and 1.024x over no split, and no row of either sweep
+#: slower than no split. The splits that pay: few experts with long K (Mixtral down at T = 1
+#: 98 -> 41 us, Phi-3.5-MoE down 35 -> 21 us).
+STREAM_GROUPED_FIXED_STEPS = 24
+STREAM_GROUPED_PROGRAMS_PER_SM = 3
+STREAM_GROUPED_MIN_STEPS = 8
+
+
+def grouped_stream_split_why(p: Problem, mp: int, dev: DeviceInfo) -> tuple[int, str]:
+    """The K split of a grouped call (contiguous only; masked: 1) and its account in words.
+
+    At decode a contiguous call's grid is compacted to min(E, sum_m) expert slots (ops/_stream.py);
+    with few experts x tiles (Mixtral down at T = 1: 2 experts x 64 tiles of 112 steps) the
+    programs are too few to keep the SMs busy, and a split multiplies them. Model:
+    ``(steps per split + STREAM_GROUPED_FIXED_STEPS) x max(rounds of resident programs, programs
+    per SM / STREAM_GROUPED_PROGRAMS_PER_SM)``, the slots as the programs' upper bound (skewed
+    routing leaves fewer experts with more rows each), at least ``STREAM_GROUPED_MIN_STEPS`` steps
+    per split, splits 1..4 (the measured range)."""
+    if p.grouping != "contiguous":
+        return 1, "masked: no K split"
+    active = max(1, min(p.experts, p.m))
+    tiles, chunks = cdiv(p.n, 64), cdiv(p.k, 128)
+    slots = stream_resident(p.fmt, mp, dev.smem_bytes) * dev.sm_count
+    best, best_t = 1, None
+    for sp in range(1, 5):
+        per = cdiv(chunks, sp)
+        if sp > 1 and (per < STREAM_GROUPED_MIN_STEPS or cdiv(chunks, per) != sp):
+            continue
+        progs = active * tiles * sp
+        t = (per + STREAM_GROUPED_FIXED_STEPS) * max(cdiv(progs, slots),
+                                                     cdiv(progs, dev.sm_count) / STREAM_GROUPED_PROGRAMS_PER_SM)
+        if best_t is None or t < best_t - 1e-9:
+            best, best_t = sp, t
+    return best, (f"<= {active} expert slot(s) x {tiles} tiles x {best} K split(s), {cdiv(chunks, best)} steps each "
+                  f"(plan/stream.py grouped_stream_split_why)")
+
+
+def grouped_stream_config(p: Problem, dev: DeviceInfo) -> GemmConfig:
     """Padded rows for the expected rows per expert with room for skew (2x the mean, at least 8),
-    no K split (the experts' tiles are the programs), ring min(6, K steps)."""
+    the K split of ``grouped_stream_split_why``, ring min(6, steps per split)."""
     want = max(8.0, 2.0 * p.rows_per_expert)
     mp = next((s for s in STREAM_MP if s >= want), STREAM_MP[-1])
+    split = grouped_stream_split_why(p, mp, dev)[0]
     return GemmConfig(block_m=mp, block_n=64, block_k=128, num_warps=4,
-                      num_stages=max(2, min(_stages(p.fmt), cdiv(p.k, 128))), split_k=1, strategy="stream",
-                      dequant_a=_dequant_a(p, mp))
+                      num_stages=max(2, min(_stages(p.fmt), cdiv(cdiv(p.k, 128), split))), split_k=split,
+                      strategy="stream", dequant_a=_dequant_a(p, mp))

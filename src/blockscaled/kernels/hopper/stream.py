@@ -443,6 +443,27 @@ def _pow2(n):
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
+@gluon.jit
+def _grouped_split_sum(part_ptr, cnt, SPLIT, M, N, m_e, row0, off_n, c_base, stride_cm, r, c, MP: gl.constexpr):
+    """Split-K epilogue of the contiguous grouped form: after every row block's partial is stored
+    (``[SPLIT, M, N]`` fp32 at the rows' places), arrive at the (slot, tile) counter ``cnt``; the
+    last split to arrive sums the partials of every row block in split order (deterministic),
+    stores the output and resets the counter. Every program arrives, with rows or without."""
+    cta_barrier()  # every thread's partial stores happen-before the release below
+    arrived = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+    if arrived == SPLIT - 1:
+        for rb in range(gl.cdiv(m_e, MP)):
+            mask = (r < N - off_n)[:, None] & (c < m_e - rb * MP)[None, :]
+            prow = (row0 + rb * MP + c).to(gl.int64)[None, :] * N + (off_n + r)[:, None]
+            tot = gl.load(part_ptr + prow, mask=mask, other=0.0, cache_modifier=".cg")
+            for s2 in range(1, SPLIT):
+                tot = tot + gl.load(part_ptr + s2 * M.to(gl.int64) * N + prow, mask=mask, other=0.0,
+                                    cache_modifier=".cg")
+            c_ptrs = c_base + (rb * MP + c).to(gl.int64)[None, :] * stride_cm + (off_n + r)[:, None]
+            gl.store(c_ptrs, tot.to(c_base.dtype.element_ty), mask=mask)
+        gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+
+
 # M and the steps per split follow the call (decode M, contiguous sum_m): one build serves them all
 @gluon.jit(do_not_specialize=["M", "kc_per_split"])
 def stream_kernel(w_desc, ws_ptr, x_ptr, xs_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_ptr, cnt_ptr, seg_ptr, M, N,
@@ -463,7 +484,9 @@ def stream_kernel(w_desc, ws_ptr, x_ptr, xs_ptr, gs_ptr, ags_ptr, bias_ptr, c_pt
     ``c_ptr``: [M, N] (N contiguous); ``part_ptr`` / ``cnt_ptr``: the split-K workspace fp32
     [SPLIT, tiles, 64, MP] and int32 zeros [tiles] (SPLIT > 1). Every split non-empty (the host).
 
-    Grouped (SPLIT 1): one program per (expert e, 64-row tile); weights [E, N, K / 2] as int32
+    Grouped: one program per (expert e, 64-row tile) (x SPLIT K splits, contiguous only: the
+    partials go to ``part_ptr`` as fp32 [SPLIT, M, N], the counters ``cnt_ptr`` are one per
+    (slot, tile), ``_grouped_split_sum``); weights [E, N, K / 2] as int32
     [E * N, K / 8] (a tile's box may run into the next expert's rows: never stored), scales with
     expert stride ``stride_wse``, ``gs_ptr`` [E] where GS_PER_E. GROUPING 1 (contiguous): expert
     e owns rows ``seg[e] .. seg[e + 1]`` of x [sum_m, K] / c [sum_m, N]; GROUPING 2 (masked):
@@ -489,9 +512,11 @@ def stream_kernel(w_desc, ws_ptr, x_ptr, xs_ptr, gs_ptr, ags_ptr, bias_ptr, c_pt
         m_e = M
     else:
         tiles = gl.cdiv(N, BLOCK_N)
-        e = pid // tiles
-        tile = pid % tiles
-        sp = 0
+        # contiguous grids may split K (SPLIT > 1): pid = (slot x tiles + tile) x SPLIT + split
+        sp = pid % SPLIT
+        e = (pid // SPLIT) // tiles
+        tile = (pid // SPLIT) % tiles
+        unit = pid // SPLIT  # the (slot, tile) whose split-K counter this program arrives at
         # offsets / counts clamped to [0, M]: unvalidated bad metadata gives wrong rows (the device
         # check flags it), never an out-of-bounds access (tests/test_grouped.py, memory safety)
         if GROUPING == 1:
@@ -598,7 +623,13 @@ def stream_kernel(w_desc, ws_ptr, x_ptr, xs_ptr, gs_ptr, ags_ptr, bias_ptr, c_pt
             if FMT == _FMT_NVFP4:
                 acc = acc * out_scale
             mask = (r < N - off_n)[:, None] & (c < rows_left)[None, :]
-            c_ptrs = c_base + (rb * MP + c).to(gl.int64)[None, :] * stride_cm + (off_n + r)[:, None]
-            gl.store(c_ptrs, gl.convert_layout(acc, out_l).to(c_ptr.dtype.element_ty), mask=mask)
+            if SPLIT == 1:
+                c_ptrs = c_base + (rb * MP + c).to(gl.int64)[None, :] * stride_cm + (off_n + r)[:, None]
+                gl.store(c_ptrs, gl.convert_layout(acc, out_l).to(c_ptr.dtype.element_ty), mask=mask)
+            else:  # this split's fp32 partial of the rows, at their place in [SPLIT, M, N]
+                prow = (row0 + rb * MP + c).to(gl.int64)[None, :] * N + (off_n + r)[:, None]
+                gl.store(part_ptr + sp.to(gl.int64) * M * N + prow, gl.convert_layout(acc, out_l), mask=mask)
+        if SPLIT > 1:
+            _grouped_split_sum(part_ptr, cnt_ptr + unit, SPLIT, M, N, m_e, row0, off_n, c_base, stride_cm, r, c, MP)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))
