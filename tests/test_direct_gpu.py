@@ -130,3 +130,73 @@ def test_forced_config_errors():
         bs.gemm(x2, w2, config=_cfg())
     with pytest.raises(ValueError, match="bf16"):
         bs.gemm(x[:4].half(), w, config=_cfg())
+
+
+def _grouped_ref(x_rows, wd, e):
+    return x_rows.double() @ wd[e].double().T
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_grouped_decode_contiguous_and_masked(fmt, monkeypatch):
+    """MoE decode, weight-only: 32 experts, most empty, a few with 1-3 rows, one with 20 (past the 8
+    padded rows: its rows run in blocks) and the last holding rows; per-expert nvfp4 global scales;
+    contiguous (offsets) planned to the kernel with the grouped split forced to 1..3, the grid
+    compacted or full (bitwise equal), replayed from a CUDA graph; masked (counts) planned to it
+    too, rows past a count not written."""
+    from blockscaled.ops import _stream
+    from blockscaled.ops import grouped as ops_grouped
+    from blockscaled.plan import grouped as plan_grouped_mod
+
+    e, n, k = 32, 130, 2080
+    g = torch.Generator().manual_seed(3)
+    w = quantize((torch.randn(e, n, k, generator=g) * 0.05).cuda(), fmt)
+    wd = w.dequantize(torch.float32).double()
+    gs = None
+    if fmt == "nvfp4":
+        gs = w.global_scale.float() * torch.tensor([1.0, 2.0, 0.5, 4.0] * 8, device="cuda")
+        wd = wd * (w.global_scale.double() / gs.double())[:, None, None]
+    counts = torch.zeros(e, dtype=torch.int32)
+    counts[[1, 3, 8, 12, 31]] = torch.tensor([1, 3, 20, 2, 1], dtype=torch.int32)
+    offsets = torch.zeros(e + 1, dtype=torch.int32)
+    offsets[1:] = counts.cumsum(0)
+    offs = offsets.cuda()
+    x = randn_like_activations(int(counts.sum()), k, dtype=torch.bfloat16, device="cuda", seed=4)
+    ref = torch.cat([_grouped_ref(x[offsets[i]:offsets[i + 1]], wd, i) for i in range(e)])
+    kw = dict(out_dtype=torch.float32, b_global_scale=gs)
+    real_rule = plan_grouped_mod.grouped_stream_split_why
+    for split in (1, 2, 3):
+        monkeypatch.setattr(plan_grouped_mod, "grouped_stream_split_why", lambda p, mp, dev, s=split: (s, f"split {s}"))
+        ops_grouped._PLANS.clear()
+        plan = bs.explain("grouped_gemm", x, w, offsets=offs, **kw)
+        assert plan.kernel == "hopper_direct" and plan.config.split_k == split, plan
+        y = bs.grouped_gemm(x, w, offsets=offs, **kw)
+        assert_gemm_close(y, ref, fmt, torch.float32, what=f"contiguous split {split}")
+        _stream.GROUPED_COMPACT = False
+        try:
+            assert torch.equal(y, bs.grouped_gemm(x, w, offsets=offs, **kw)), "compacted and full grids differ"
+        finally:
+            _stream.GROUPED_COMPACT = True
+    static = torch.empty_like(y)
+    bs.grouped_gemm(x, w, offsets=offs, out=static, **kw)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        bs.grouped_gemm(x, w, offsets=offs, out=static, **kw)
+    static.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static, y)
+    monkeypatch.setattr(plan_grouped_mod, "grouped_stream_split_why", real_rule)
+    ops_grouped._PLANS.clear()
+    max_m = 24
+    xm = torch.zeros(e, max_m, k, dtype=torch.bfloat16, device="cuda")
+    for i in range(e):
+        xm[i, :counts[i]] = x[offsets[i]:offsets[i + 1]]
+    out = torch.full((e, max_m, n), float("nan"), dtype=torch.float32, device="cuda")
+    plan = bs.explain("grouped_gemm", xm, w, masked_m=counts.cuda(), out=out, expected_m=2, **kw)
+    assert plan.kernel == "hopper_direct", plan
+    bs.grouped_gemm(xm, w, masked_m=counts.cuda(), out=out, expected_m=2, **kw)
+    for i in range(e):
+        c = int(counts[i])
+        if c:
+            assert_gemm_close(out[i, :c], _grouped_ref(xm[i, :c], wd, i), fmt, torch.float32, what=f"masked e={i}")
+        assert out[i, c:].isnan().all()  # rows past the count are not written

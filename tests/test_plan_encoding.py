@@ -152,11 +152,14 @@ def test_every_grouped_plan_roundtrips():
             plans.add(plan_grouped(dataclasses.replace(p, interpret=it), CPU_INTERPRETER, hopper_why=HOPPER_WHY[1]))
     seen = _roundtrip_plans(plans)
     assert len(seen) == len(plans)
+    from blockscaled.plan import direct as plan_direct
     from blockscaled.plan import stream as plan_stream
 
     kinds = {"hopper_wide", "portable_grouped", "grouped_dequant_matmul", "reference"}
-    if plan_stream._TRITON_OK and plan_stream.STREAM_ENABLED:  # bf16 mxfp4 / nvfp4 decode problems
+    if plan_stream._TRITON_OK and plan_stream.STREAM_ENABLED:  # mxfp4 / nvfp4 decode problems
         kinds.add("hopper_stream")
+        if plan_direct._TRITON_OK and plan_direct.DIRECT_ENABLED:  # the bf16 ones at <= 4 rows per expert
+            kinds.add("hopper_direct")
     assert {p.kernel for p in plans} == kinds
     assert {p.op for p in plans} == {"grouped", "swiglu"}
     hop = [p.config for p in plans if isinstance(p.config, HopperConfig)]

@@ -531,3 +531,34 @@ def test_forced_sm90_mx_configs_fail_loudly_elsewhere():
             bs.gemm(torch.randn(4, 64, dtype=torch.bfloat16), w, config=cfg)
         with pytest.raises(ValueError, match=f"'{name}' takes mxfp4 / nvfp4 / mxfp8 weights with bf16"):
             bs.gemm(torch.randn(4, 64, dtype=torch.float16), w, config=cfg)
+
+
+def test_grouped_fp4_weight_only_decode_takes_the_register_streaming_kernel(direct_on):
+    """MoE decode with mxfp4 / nvfp4 experts and bf16 activations (<= DIRECT_GROUPED_MAX_ROWS rows per
+    expert, contiguous or masked): the register-streaming kernel's grouped form, the grouped split
+    in its account; quantized activations, more rows per expert and a switched-off kernel keep the
+    wgmma streaming kernel."""
+    from blockscaled.plan import direct as plan_direct
+    from blockscaled.plan.grouped import plan_grouped
+
+    def g(fmt, m, rows, a="bfloat16", grouping="contiguous", e=128):
+        return plan_grouped(Problem("grouped", fmt, m, 5760, 2880, a, "bfloat16", False, 1, grouping, e, rows), H100_SXM,
+                            hopper_why="not fp8_block")
+
+    for fmt in ("mxfp4", "nvfp4"):
+        for grouping in ("contiguous", "masked"):
+            p = g(fmt, 4, 4 / 128, grouping=grouping)
+            assert p.kernel == "hopper_direct" and p.config.block_m == 8, p
+            assert "register-streaming" in str(p), str(p)
+            if grouping == "masked":
+                assert p.config.split_k == 1 and "masked: no K split" in str(p)
+            else:
+                assert "grouped_stream_split_why" in str(p), str(p)
+        assert g(fmt, 4, 4 / 128, a="quantized").kernel == "hopper_stream"
+        assert g(fmt, 1024, 8.0).kernel == "hopper_stream"  # > DIRECT_GROUPED_MAX_ROWS
+    assert g("mxfp8", 4, 4 / 128).kernel == "hopper_stream"
+    plan_direct.DIRECT_ENABLED = False
+    try:
+        assert g("mxfp4", 4, 4 / 128).kernel == "hopper_stream"
+    finally:
+        plan_direct.DIRECT_ENABLED = True

@@ -39,9 +39,10 @@ from .mx_gemv import _triton_release
 from .splits import cdiv
 from .types import Problem
 
-__all__ = ["DIRECT_FORMATS", "DIRECT_MIN_M", "DIRECT_MAX_M", "DIRECT_MP", "DIRECT_REGS", "DIRECT_GEMV_MIN_BYTES",
+__all__ = ["DIRECT_GROUPED_REGS", "DIRECT_FORMATS", "DIRECT_MIN_M", "DIRECT_MAX_M", "DIRECT_MP", "DIRECT_REGS", "DIRECT_GEMV_MIN_BYTES",
            "DIRECT_SATURATION", "DIRECT_FIXED_STEPS", "DIRECT_MIN_STEPS", "DIRECT_MAX_SPLIT", "DIRECT_TRITON",
-           "direct_reason", "use_direct", "direct_resident", "direct_split", "direct_split_why", "direct_config"]
+           "direct_reason", "use_direct", "direct_resident", "direct_split", "direct_split_why", "direct_config",
+           "DIRECT_GROUPED_MAX_ROWS", "grouped_direct_reason", "grouped_direct_config"]
 
 DIRECT_FORMATS = ("mxfp4", "nvfp4")
 #: rows the planner sends to the kernel (the A/B above: the GEMV wins at 1 row, the wgmma streaming
@@ -53,6 +54,9 @@ DIRECT_MP = 8
 #: registers per thread of the sm_90 builds (AOT, tests/test_aot_direct.py pins them; with or
 #: without a bias, any output dtype): 8 programs of 128 threads per SM for mxfp4, 6 for nvfp4
 DIRECT_REGS = {"mxfp4": 64, "nvfp4": 80}
+#: registers per thread of the grouped builds (AOT, tests/test_aot_direct.py: 92 contiguous mxfp4,
+#: 128 masked nvfp4 with per-expert global scales; the row-block loop nest and the expert lookup)
+DIRECT_GROUPED_REGS = 128
 #: mxfp4 at M = 2 (where the mxfp4 GEMV also runs, plan/mx_gemv.py ``MX_GEMV_ROWS``): the kernel
 #: from this many weight bytes (the A/B above: 0.84x on 4 MB of weights, 0.985-1.52x from 8 MB:
 #: both kernels are fixed-cost bound on small weights, and the GEMV's fixed cost is lower: no K
@@ -135,5 +139,41 @@ def direct_split_why(n: int, k: int, fmt: str, sm_count: int) -> tuple[int, str]
 def direct_config(p: Problem, dev: DeviceInfo) -> GemmConfig:
     """The kernel's launch: 8 padded rows, 64 x 128 steps, 4 warps, the split."""
     split = direct_split(p.n, p.k, p.fmt, dev.sm_count)
+    return GemmConfig(block_m=DIRECT_MP, block_n=64, block_k=128, num_warps=4, num_stages=1, split_k=split,
+                      strategy="direct")
+
+
+# ----------------------------------------------------------------------------- grouped (MoE decode)
+#: Most rows per expert (the call's hint: the mean T x top-k / E, or expected_m masked) for which the
+#: grouped calls take the kernel: its 8 padded rows with the streaming kernel's room for skew (it pads
+#: to 2x the hint, plan/stream.py ``grouped_stream_config``); more rows run in further blocks of 8.
+#: Measured (H200, same process, CUDA graphs, skewed routing, every output checked against float64:
+#: benchmarks/results/h200/archive/grouped-direct-ab-20261127.json; gpt-oss-120b / -20b, Qwen3-30B-A3B,
+#: Mixtral, DBRX, OLMoE expert shapes x T 1..16, weight-only, 40 rows): against the wgmma streaming
+#: kernel's grouped form with the same split 0.99-1.68x, geomean 1.18x; below 1.0 only Mixtral down
+#: at T = 1 / 2 (0.987 / 0.991x).
+DIRECT_GROUPED_MAX_ROWS = 4.0
+
+
+def grouped_direct_reason(p: Problem, dev: DeviceInfo, stream_why: str | None) -> str | None:
+    """None when a grouped call takes the kernel's grouped form, else why not. ``stream_why``: the
+    streaming kernel's grouped verdict (plan/stream.py ``grouped_stream_reason``: format, device,
+    layout, K, alignment, rows), whose conditions this form shares."""
+    if stream_why is not None:
+        return stream_why
+    if p.fmt not in DIRECT_FORMATS:
+        return f"{p.fmt} weights (it takes {', '.join(DIRECT_FORMATS)})"
+    if not _TRITON_OK or not DIRECT_ENABLED:
+        return "the register-streaming kernel off (a triton it was not checked on, or BLOCKSCALED_MX_KERNELS)"
+    if p.a != "bfloat16":
+        return f"{p.a} activations (it takes bf16, weight-only)"
+    if p.rows_per_expert > DIRECT_GROUPED_MAX_ROWS:
+        return f"~{p.rows_per_expert:g} rows per expert > {DIRECT_GROUPED_MAX_ROWS:g}"
+    return None
+
+
+def grouped_direct_config(p: Problem, split: int) -> GemmConfig:
+    """8 padded rows, 64 x 128 steps, the grouped split (plan/stream.py ``grouped_stream_split_why``, whose
+    resident count at 8 rows, 5 programs per SM, is this form's too: 92-128 registers)."""
     return GemmConfig(block_m=DIRECT_MP, block_n=64, block_k=128, num_warps=4, num_stages=1, split_k=split,
                       strategy="direct")

@@ -14,6 +14,7 @@ import torch
 
 from ..config.hopper import HopperConfig
 from .dense import MIN_KB_PER_SPLIT, hopper_fill_stages
+from .direct import grouped_direct_config, grouped_direct_reason
 from .device import DeviceInfo
 from .stream import grouped_stream_config, grouped_stream_reason, grouped_stream_split_why
 from .grouped_portable import check_grouped_config, choose_grouped_config
@@ -146,7 +147,16 @@ def plan_grouped(p: Problem, dev: DeviceInfo, forced=None, *, hopper_why: str | 
         cfg = check_grouped_config(forced, p.fmt, a_dtype=a_dtype, grouping=p.grouping, out_dtype=out_dtype,
                                    n=p.n, k=p.k, device=device, a_row_stride=a_row_stride)
         return Plan(p.op, backend, cfg, p, reasons=("forced by config=",))
-    if grouped_stream_reason(p, dev) is None:
+    stream_why = grouped_stream_reason(p, dev)
+    if grouped_direct_reason(p, dev, stream_why) is None:
+        split, split_why = grouped_stream_split_why(p, 8, dev)
+        cfg = grouped_direct_config(p, split)
+        return Plan(p.op, backend, cfg, p, reasons=(
+            f"{p.fmt} weight-only on sm_90, ~{p.rows_per_expert:g} rows per expert",
+            f"register-streaming kernel, grouped (kernels/hopper/direct.py): one program per expert slot x 64-row "
+            f"tile, the experts' rows in blocks of 8 on mma.sync, no shared memory in the K loop (plan/direct.py "
+            f"DIRECT_GROUPED_MAX_ROWS); {split_why}"))
+    if stream_why is None:
         cfg = grouped_stream_config(p, dev)
         return Plan(p.op, backend, cfg, p, reasons=(
             (f"{p.fmt} weight-only" if p.weight_only else f"{p.fmt} x {p.fmt} (activations " + (
