@@ -225,7 +225,8 @@ def test_every_field_travels():
         {"block_m": 128}, {"block_n": 64}, {"block_k": 128}, {"num_warps": 8}, {"num_stages": 5}, {"split_k": 2},
         {"strategy": "dequant_matmul"}, {"strategy": "hopper"}, {"promote": False}, {"promote": None},
         {"group_m": 4}, {"swap_ab": True})]
-    variants_g += [GemmConfig(16, 64, 128, 4, 4, 2, "stream", dequant_a=True)]
+    variants_g += [GemmConfig(16, 64, 128, 4, 4, 2, "stream", dequant_a=True),
+                   GemmConfig(8, 64, 128, 4, 1, 3, "direct", maxnreg=128)]
     for base, variants in ((base_h, variants_h), (base_g, variants_g)):
         seen = _roundtrip_configs([base, *variants])
         assert len(seen) == 1 + len(variants)

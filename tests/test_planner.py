@@ -562,3 +562,21 @@ def test_grouped_fp4_weight_only_decode_takes_the_register_streaming_kernel(dire
         assert g("mxfp4", 4, 4 / 128).kernel == "hopper_stream"
     finally:
         plan_direct.DIRECT_ENABLED = True
+
+
+def test_direct_register_budget(direct_on):
+    """The register-streaming plan asks ptxas for 128 registers (loads issued before the MMAs) where
+    its grid needs no more than 4 programs per SM, and leaves the budget to ptxas where more
+    programs must be resident; only strategy 'direct' takes a budget (a multiple of 8 in 32..255)."""
+    from blockscaled.config.gemm import GemmConfig
+    from blockscaled.plan.direct import DIRECT_HOIST_REGS
+
+    small = _wo("mxfp4", 4, n=8192, k=8192)  # 128 tiles x split 4 = 512 programs <= 528
+    assert small.config.maxnreg == DIRECT_HOIST_REGS and f"{DIRECT_HOIST_REGS} registers" in small.describe()
+    big = _wo("mxfp4", 4, n=57344, k=8192)  # 896 programs: 8 resident per SM at ptxas' own 64 registers
+    assert big.kernel == "hopper_direct" and big.config.maxnreg == 0
+    with pytest.raises(ValueError, match="maxnreg"):
+        GemmConfig(8, 64, 128, 4, 1, 1, "stream", maxnreg=128)
+    with pytest.raises(ValueError, match="maxnreg"):
+        GemmConfig(8, 64, 128, 4, 1, 1, "direct", maxnreg=100)
+    assert GemmConfig(8, 64, 128, 4, 1, 1, "direct", maxnreg=96).maxnreg == 96

@@ -99,6 +99,10 @@ class GemmConfig:
         bf16 in one pass before the kernel (True) instead of decoding them in the kernel's
         gather, where every 64-weight-row program decodes all of them again (False; see
         plan/stream.py ``STREAM_GATHER_MAX_MP`` for where each wins). Ignored for bf16 activations.
+    maxnreg: strategy "direct" only: the registers per thread ptxas may use (0: its own choice). With
+        128 (4 programs of 128 threads per SM) ptxas issues a step's loads before its MMAs instead of
+        after them; the planner asks for it where the grid needs no more than 4 programs per SM
+        (plan/direct.py ``DIRECT_HOIST_REGS``).
     """
 
     block_m: int = 128
@@ -112,11 +116,12 @@ class GemmConfig:
     group_m: int = 8
     swap_ab: bool = False
     dequant_a: bool = False
+    maxnreg: int = 0
 
     def __post_init__(self) -> None:
         # field types first: the eager path hands the object to the kernels as it is, and the
         # custom-op encoding (plan/encoding.py) rejects non-ints, so both must agree
-        for name in ("block_m", "block_n", "block_k", "num_warps", "num_stages", "split_k", "group_m"):
+        for name in ("block_m", "block_n", "block_k", "num_warps", "num_stages", "split_k", "group_m", "maxnreg"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool):
                 raise TypeError(f"GemmConfig.{name}: expected an int, got {type(v).__name__} {v!r}")
@@ -127,6 +132,9 @@ class GemmConfig:
             raise TypeError(f"GemmConfig.promote: expected None or a bool, got {self.promote!r}")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"GemmConfig.strategy: expected one of {STRATEGIES}, got {self.strategy!r}")
+        if self.maxnreg and (self.strategy != "direct" or not 32 <= self.maxnreg <= 255 or self.maxnreg % 8):
+            raise ValueError(f"GemmConfig.maxnreg: only strategy 'direct' takes a register budget (a multiple of 8 in "
+                             f"32..255; 0: the compiler's choice), got {self.maxnreg} with strategy {self.strategy!r}")
         if self.dequant_a and self.strategy not in ("stream", "tiled", "direct"):
             raise ValueError(f"GemmConfig.dequant_a: only strategies 'stream', 'tiled' and 'direct' dequantize the "
                              f"activations first, "

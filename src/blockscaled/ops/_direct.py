@@ -85,4 +85,5 @@ def launch_direct(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, 
     kernel[(tiles * nsplit,)](
         w32, w_scale, x, gs, ags, bias if bias is not None else gs, out, part, cnt, cnt, x.shape[0], n, k, per, nsplit,
         w32.stride(0), w_scale.stride(0), 0, x.stride(0), 0, out.stride(0), 0,
-        FMT=_FMT[fmt_name], MP=cfg.block_m, HAS_AGS=x_gs is not None, HAS_BIAS=bias is not None, num_warps=4)
+        FMT=_FMT[fmt_name], MP=cfg.block_m, HAS_AGS=x_gs is not None, HAS_BIAS=bias is not None, num_warps=4,
+        **({"maxnreg": cfg.maxnreg} if getattr(cfg, "maxnreg", 0) else {}))

@@ -39,7 +39,7 @@ from .mx_gemv import _triton_release
 from .splits import cdiv
 from .types import Problem
 
-__all__ = ["DIRECT_GROUPED_REGS", "DIRECT_FORMATS", "DIRECT_MIN_M", "DIRECT_MAX_M", "DIRECT_MP", "DIRECT_REGS", "DIRECT_GEMV_MIN_BYTES",
+__all__ = ["DIRECT_HOIST_REGS", "DIRECT_GROUPED_REGS", "DIRECT_FORMATS", "DIRECT_MIN_M", "DIRECT_MAX_M", "DIRECT_MP", "DIRECT_REGS", "DIRECT_GEMV_MIN_BYTES",
            "DIRECT_SATURATION", "DIRECT_FIXED_STEPS", "DIRECT_MIN_STEPS", "DIRECT_MAX_SPLIT", "DIRECT_TRITON",
            "direct_reason", "use_direct", "direct_resident", "direct_split", "direct_split_why", "direct_config",
            "DIRECT_GROUPED_MAX_ROWS", "grouped_direct_reason", "grouped_direct_config"]
@@ -57,6 +57,19 @@ DIRECT_REGS = {"mxfp4": 64, "nvfp4": 80}
 #: registers per thread of the grouped builds (AOT, tests/test_aot_direct.py: 92 contiguous mxfp4,
 #: 128 masked nvfp4 with per-expert global scales; the row-block loop nest and the expert lookup)
 DIRECT_GROUPED_REGS = 128
+#: the register budget (GemmConfig.maxnreg) of grids that need no more than 4 programs per SM (one
+#: round at DIRECT_SATURATION's 4 per SM, which 128 registers x 128 threads still allow). ptxas left
+#: to itself keeps the builds at 64 / 80 registers by placing each step's loads after most of the
+#: step's MMAs, so a load is waited on right after it is issued (ncu: long-scoreboard stalls 5.3 of
+#: 9.6 cycles per instruction); with 128 it issues them at the top of the step. Measured (H200, same
+#: process, bitwise equal, benchmarks/results/h200/archive/direct-maxnreg-ab-20261127.json, 8 shapes x
+#: M 2 / 8 x both formats): 1.01-1.11x on the grids of <= 4 programs per SM, 0.84x on Llama 3 70B
+#: gate_up / 28672 x 8192 mxfp4 (896+ programs: 8 per SM at 64 registers, 4 at 128). Held out
+#: (direct-maxnreg-validate-20261127.json, the 14 shapes of direct-validate x M 3 / 8 x both
+#: formats): where the rule asks for 128, 1.02-1.21x (geomean 1.076x, 32 rows); where it does not, 128
+#: would have cost 1.106x geomean (24 rows; on 6 of them, 640-1184 programs, it would have gained
+#: 4-9 %: the threshold is conservative).
+DIRECT_HOIST_REGS = 128
 #: mxfp4 at M = 2 (where the mxfp4 GEMV also runs, plan/mx_gemv.py ``MX_GEMV_ROWS``): the kernel
 #: from this many weight bytes (the A/B above: 0.84x on 4 MB of weights, 0.985-1.52x from 8 MB:
 #: both kernels are fixed-cost bound on small weights, and the GEMV's fixed cost is lower: no K
@@ -137,10 +150,14 @@ def direct_split_why(n: int, k: int, fmt: str, sm_count: int) -> tuple[int, str]
 
 
 def direct_config(p: Problem, dev: DeviceInfo) -> GemmConfig:
-    """The kernel's launch: 8 padded rows, 64 x 128 steps, 4 warps, the split."""
+    """The kernel's launch: 8 padded rows, 64 x 128 steps, 4 warps, the split, and
+    ``DIRECT_HOIST_REGS`` registers where the grid needs no more than 4 programs per SM."""
     split = direct_split(p.n, p.k, p.fmt, dev.sm_count)
+    chunks = cdiv(p.k, 128)
+    programs = cdiv(p.n, 64) * cdiv(chunks, cdiv(chunks, split))  # the launcher's non-empty splits
+    hoist = programs <= int(dev.sm_count / DIRECT_SATURATION)
     return GemmConfig(block_m=DIRECT_MP, block_n=64, block_k=128, num_warps=4, num_stages=1, split_k=split,
-                      strategy="direct")
+                      strategy="direct", maxnreg=DIRECT_HOIST_REGS if hoist else 0)
 
 
 # ----------------------------------------------------------------------------- grouped (MoE decode)

@@ -95,6 +95,7 @@ def _config_desc(cfg) -> str:
     if cfg.strategy == "direct":
         return (f"64x128 steps, {cfg.block_m} rows, mma.sync, no ring"
                 + (f", split-K {cfg.split_k}" if cfg.split_k > 1 else "")
+                + (f", {cfg.maxnreg} registers" if cfg.maxnreg else "")
                 + (", activations dequantized first" if cfg.dequant_a else ""))
     if cfg.strategy == "tiled":
         return (f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} tiles, {cfg.num_stages}-slot ring"
