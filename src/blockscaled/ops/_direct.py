@@ -1,9 +1,9 @@
 """Host launcher of the sm_90 register-streaming decode kernel (kernels/hopper/direct.py).
 
 ``out [M, N] = x [M, K] @ dequantize(w).T`` for mxfp4 / nvfp4 weights and bf16 activations (quantized
-ones arrive dequantized to bf16 by ``ops.gemm.stream_activations``), M <= 16, K % 32 == 0, on sm_90:
-the plan's ``GemmConfig(strategy="direct")`` carries the padded rows (block_m) and the K split;
-plan/stream.py decides where it runs. No validation here (ops/gemm.py validates the call and
+ones arrive dequantized to bf16 by ``ops.gemm.stream_activations``), M <= 8 (dense) or grouped,
+K % 32 == 0, on sm_90: the plan's ``GemmConfig(strategy="direct")`` carries the padded rows
+(block_m), the K split and the register budget (maxnreg); plan/direct.py decides where it runs. No validation here (ops/gemm.py validates the call and
 checks a forced config).
 """
 

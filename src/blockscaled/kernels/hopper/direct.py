@@ -1,8 +1,10 @@
 """The sm_90 register-streaming decode GEMM in Gluon: mxfp4 / nvfp4 weights x bf16 activations,
-M <= 16, on ``mma.sync`` tensor cores with no shared memory and no barrier in the K loop.
+8 or 16 padded rows (the planner runs 8: 2..8 rows dense, <= 4 rows per expert grouped), on
+``mma.sync`` tensor cores with no shared memory and no barrier in the K loop.
 
-``C[m, n] = sum_k x[m, k] * dequantize(W)[n, k]``. Kernel body only; the host launcher is
-``blockscaled.ops._direct``, plan/stream.py decides where it runs.
+``C[m, n] = sum_k x[m, k] * dequantize(W)[n, k]``, dense or grouped (MoE: contiguous / masked, as
+the stream kernel's grouped form). Kernel body only; the host launcher is ``blockscaled.ops._direct``,
+plan/direct.py decides where it runs (and the register budget: ``GemmConfig.maxnreg``).
 
 Why a second streaming kernel. The wgmma kernel (kernels/hopper/stream.py) needs its B operand
 (the activations) in shared memory, so every 128-K step stores them there and the warpgroup meets
