@@ -36,7 +36,7 @@ from .._experimental import mx_kernel_enabled
 from ..config.gemm import GemmConfig
 from .device import DeviceInfo
 from .mx_gemv import _triton_release
-from .splits import cdiv
+from .splits import cdiv, saturation_split, split_plan_kb
 from .types import Problem
 
 __all__ = ["DIRECT_HOIST_REGS", "DIRECT_GROUPED_REGS", "DIRECT_FORMATS", "DIRECT_MIN_M", "DIRECT_MAX_M", "DIRECT_MP", "DIRECT_REGS", "DIRECT_GEMV_MIN_BYTES",
@@ -135,14 +135,8 @@ def direct_split_why(n: int, k: int, fmt: str, sm_count: int) -> tuple[int, str]
     """The K split (module docstring) and its account in words (for ``explain``)."""
     tiles, chunks = cdiv(n, 64), cdiv(k, 128)
     slots = direct_resident(fmt) * sm_count
-    best, best_t = 1, None
-    for s in range(1, DIRECT_MAX_SPLIT + 1):
-        per = cdiv(chunks, s)
-        if s > 1 and (per < DIRECT_MIN_STEPS or cdiv(chunks, per) != s):
-            continue
-        t = (per + DIRECT_FIXED_STEPS) * max(cdiv(tiles * s, slots), DIRECT_SATURATION * cdiv(tiles * s, sm_count))
-        if best_t is None or t < best_t - 1e-9:
-            best, best_t = s, t
+    best, best_t = saturation_split(tiles, chunks, slots, sm_count, DIRECT_FIXED_STEPS, 1 / DIRECT_SATURATION,
+                                    DIRECT_MIN_STEPS, DIRECT_MAX_SPLIT)
     per = cdiv(chunks, best)
     return best, (f"{tiles} tiles x {best} split(s) = {tiles * best} programs on {sm_count} SMs ({slots} resident): "
                   f"{per} steps per split, cost {best_t:g} step-units, the least over splits 1..{DIRECT_MAX_SPLIT} "
@@ -153,8 +147,7 @@ def direct_config(p: Problem, dev: DeviceInfo) -> GemmConfig:
     """The kernel's launch: 8 padded rows, 64 x 128 steps, 4 warps, the split, and
     ``DIRECT_HOIST_REGS`` registers where the grid needs no more than 4 programs per SM."""
     split = direct_split(p.n, p.k, p.fmt, dev.sm_count)
-    chunks = cdiv(p.k, 128)
-    programs = cdiv(p.n, 64) * cdiv(chunks, cdiv(chunks, split))  # the launcher's non-empty splits
+    programs = cdiv(p.n, 64) * split_plan_kb(cdiv(p.k, 128), split)[0]  # the splits the launcher runs
     hoist = programs <= int(dev.sm_count / DIRECT_SATURATION)
     return GemmConfig(block_m=DIRECT_MP, block_n=64, block_k=128, num_warps=4, num_stages=1, split_k=split,
                       strategy="direct", maxnreg=DIRECT_HOIST_REGS if hoist else 0)

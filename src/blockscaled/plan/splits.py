@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["split_plan", "split_plan_kb", "split_counts", "cdiv"]
+__all__ = ["split_plan", "split_plan_kb", "split_counts", "saturation_split", "cdiv"]
 
 
 def cdiv(a: int, b: int) -> int:
@@ -39,3 +39,26 @@ def split_counts(kiters: int, max_split: int):
         per = _cdiv(kiters, want)
         if _cdiv(kiters, per) == want:
             yield want
+
+
+def saturation_split(units: int, chunks: int, slots: int, sm_count: int, fixed_steps: float, per_sm: float,
+                     min_steps: int, max_split: int) -> tuple[int, float]:
+    """(K split, its cost in 128-K step units) of a grid of ``units`` programs per split over
+    ``chunks`` K steps, on ``sm_count`` SMs that hold ``slots`` programs at once: each program runs at
+    its own latency-bound pace until ``per_sm`` share an SM, past which the SM's issue rate limits,
+    and past the resident slots a partial round costs a whole program. Cost of split s:
+    ``(steps per split + fixed_steps) x max(ceil(units x s / slots), ceil(units x s / sm_count) /
+    per_sm)``; the smallest s at the minimum among the launched counts (``split_counts``) with at
+    least ``min_steps`` steps each (split 1 always a candidate). The register-streaming kernel's
+    split (plan/direct.py) and the grouped streaming kernels' (plan/stream.py) are this model with
+    their own constants."""
+    best, best_t = 1, None
+    for s in split_counts(chunks, max_split):
+        per = _cdiv(chunks, s)
+        if s > 1 and per < min_steps:
+            continue
+        progs = units * s
+        t = (per + fixed_steps) * max(_cdiv(progs, slots), _cdiv(progs, sm_count) / per_sm)
+        if best_t is None or t < best_t - 1e-9:
+            best, best_t = s, t
+    return best, best_t

@@ -52,7 +52,7 @@ from .._experimental import mx_kernel_enabled
 from ..config.gemm import GemmConfig
 from .device import DeviceInfo
 from .mx_gemv import _triton_release
-from .splits import cdiv
+from .splits import cdiv, saturation_split
 from .types import Problem
 
 __all__ = ["STREAM_FORMATS", "STREAM_ACTIVATIONS", "STREAM_MAX_M", "STREAM_MP", "STREAM_PROGRAMS_PER_SM",
@@ -326,16 +326,8 @@ def grouped_stream_split_why(p: Problem, mp: int, dev: DeviceInfo) -> tuple[int,
     active = max(1, min(p.experts, p.m))
     tiles, chunks = cdiv(p.n, 64), cdiv(p.k, 128)
     slots = stream_resident(p.fmt, mp, dev.smem_bytes) * dev.sm_count
-    best, best_t = 1, None
-    for sp in range(1, 5):
-        per = cdiv(chunks, sp)
-        if sp > 1 and (per < STREAM_GROUPED_MIN_STEPS or cdiv(chunks, per) != sp):
-            continue
-        progs = active * tiles * sp
-        t = (per + STREAM_GROUPED_FIXED_STEPS) * max(cdiv(progs, slots),
-                                                     cdiv(progs, dev.sm_count) / STREAM_GROUPED_PROGRAMS_PER_SM)
-        if best_t is None or t < best_t - 1e-9:
-            best, best_t = sp, t
+    best = saturation_split(active * tiles, chunks, slots, dev.sm_count, STREAM_GROUPED_FIXED_STEPS,
+                            STREAM_GROUPED_PROGRAMS_PER_SM, STREAM_GROUPED_MIN_STEPS, 4)[0]
     return best, (f"<= {active} expert slot(s) x {tiles} tiles x {best} K split(s), {cdiv(chunks, best)} steps each "
                   f"(plan/stream.py grouped_stream_split_why)")
 
