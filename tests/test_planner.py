@@ -573,8 +573,9 @@ def test_direct_register_budget(direct_on):
 
     small = _wo("mxfp4", 4, n=8192, k=8192)  # 128 tiles x split 4 = 512 programs <= 528
     assert small.config.maxnreg == DIRECT_HOIST_REGS and f"{DIRECT_HOIST_REGS} registers" in small.describe()
+    assert f"{DIRECT_HOIST_REGS} registers per thread for ptxas" in str(small)  # explain says why
     big = _wo("mxfp4", 4, n=57344, k=8192)  # 896 programs: 8 resident per SM at ptxas' own 64 registers
-    assert big.kernel == "hopper_direct" and big.config.maxnreg == 0
+    assert big.kernel == "hopper_direct" and big.config.maxnreg == 0 and "registers left to ptxas" in str(big)
     with pytest.raises(ValueError, match="maxnreg"):
         GemmConfig(8, 64, 128, 4, 1, 1, "stream", maxnreg=128)
     with pytest.raises(ValueError, match="maxnreg"):
