@@ -660,3 +660,66 @@ def test_time_op_events_path_with_fake_cuda(monkeypatch):
     # the time budget caps slow functions at >= 5 samples
     t = timing.time_op(fn, [(0,)], warmup=1, iterations=1000, use_graph=False, budget_ms=20)
     assert 5 <= t.runs < 1000
+
+
+def test_families_suite_and_issue19_checks():
+    """The ``families`` suite is the broad dense set (every FAMILY_PAIRS shape at every M band,
+    fp8_block), and the bar reports issue 19's targets per M band from its rows only: the geomean and
+    the worst row against DeepGEMM, the geomean against cuBLAS fp8_block at M >= 2048."""
+    from blockscaled.bench.models import FAMILY_PAIRS
+    from blockscaled.bench.report import bar_checks
+    from blockscaled.bench.suites import DEFAULT_FORMATS, FAMILIES_M, get_suite
+
+    from blockscaled.bench.models import MODEL_LINEARS
+
+    cases = get_suite("families")
+    shapes = {(n, k) for f, layer, n, k in MODEL_LINEARS if (f, layer) in FAMILY_PAIRS}
+    assert len(cases) == len(shapes) * len(FAMILIES_M) and DEFAULT_FORMATS["families"] == ("fp8_block",)
+    assert {c.m for c in cases} == set(FAMILIES_M) and {(c.n, c.k) for c in cases} == shapes
+    assert any(c.label == "llama3-70b gate_up" and (c.n, c.k) == (57344, 8192) for c in cases)
+
+    def row(case, m, impl, ms, suite="families"):
+        return {"suite": suite, "kind": "gemm", "case": case, "format": "fp8_block", "op": "gemm", "impl": impl,
+                "status": "ok", "median_ms": ms, "M": m, "N": 64, "K": 128}
+
+    rows = []
+    # M = 32: ratios 1.2 and 0.85 (geomean 1.01, worst 0.85 -> MISS); M = 2048: 1.1 / 1.3 vs DeepGEMM and
+    # 1.2 / 1.2 vs cuBLAS (PASS both); a deepseek-suite row must not count
+    for case, m, ours, dg, cub in (("a", 32, 1.0, 1.2, None), ("b", 32, 1.0, 0.85, None), ("c", 2048, 1.0, 1.1, 1.2),
+                                   ("d", 2048, 1.0, 1.3, 1.2)):
+        rows += [row(case, m, "blockscaled", ours), row(case, m, "deepgemm", dg)]
+        if cub:
+            rows.append(row(case, m, "cublas-fp8-block", cub))
+    rows += [row("z", 32, "blockscaled", 1.0, "deepseek"), row("z", 32, "deepgemm", 0.1, "deepseek")]
+    bar = {b[0]: b for b in bar_checks(rows)}
+    m32 = bar["families fp8_block GEMM M=32 vs deepgemm (geomean; worst of 2)"]
+    assert m32[1] == "1.01x; 0.85x" and m32[3] == "MISS"
+    m2k = bar["families fp8_block GEMM M=2048 vs deepgemm (geomean; worst of 2)"]
+    assert m2k[1] == "1.20x; 1.10x" and m2k[3] == "PASS"
+    cub = bar["families fp8_block GEMM M=2048 vs cublas-fp8-block (geomean; worst of 2)"]
+    assert cub[1] == "1.20x; 1.20x" and cub[3] == "PASS"
+    assert not any("M=32 vs cublas" in k for k in bar)
+
+
+def test_skip_and_limit_select_a_part_of_each_suite():
+    """--skip N --limit L runs cases N .. N + L - 1 of each suite (a long suite in parts)."""
+    from blockscaled.bench.cli import parse_args, select_cases
+    from blockscaled.bench.suites import get_suite
+
+    full = get_suite("families")
+    (_, part), = select_cases(parse_args(["--suite", "families", "--skip", "5", "--limit", "3"]))
+    assert part == full[5:8]
+    (_, rest), = select_cases(parse_args(["--suite", "families", "--skip", "100"]))
+    assert rest == full[100:]
+
+
+def test_cublas_block_baseline_refuses_what_cublas_gets_wrong():
+    """cuBLAS' block-scaled fp8 GEMM is a baseline only where it computes the right answer (H200: K / 128
+    not a multiple of 4 gives wrong outputs silently) and runs at all (M % 4 == 0)."""
+    from blockscaled.bench.baselines import _cublas_block_unavailable
+
+    assert _cublas_block_unavailable(128, 8192) is None and _cublas_block_unavailable(None, 7168) is None
+    assert "K % 128" in _cublas_block_unavailable(128, 2880)
+    assert "wrong outputs" in _cublas_block_unavailable(128, 8960)  # 70 K blocks
+    assert "wrong outputs" in _cublas_block_unavailable(32, 1408)  # 11
+    assert "M % 4" in _cublas_block_unavailable(1, 4096)

@@ -72,6 +72,22 @@ def _rowwise_fp8(t: torch.Tensor):
     return (t / s[..., None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), s
 
 
+def _cublas_block_unavailable(m: int | None, k: int) -> str | None:
+    """Why cuBLAS' block-scaled fp8 GEMM (torch._scaled_mm with 1x128 / 128x128 scales) cannot take an
+    M x K problem, else None. Measured (H200, torch 2.11 + CUDA 13.0, benchmarks/NOTES.md twenty-third
+    session): with K / 128 not a multiple of 4 (e.g. K = 1408, 8960, 9088) it returns wrong outputs
+    (relative error 0.09 to 1e3, inf / nan) without an error; the scales' leading dimension is then
+    not 16-byte aligned, and torch accepts no padded layout ("Invalid scaling configuration"). M % 4 !=
+    0 raises CUBLAS_STATUS_NOT_SUPPORTED."""
+    if k % 128:
+        return f"cuBLAS fp8_block needs K % 128 == 0 (K={k})"
+    if (k // 128) % 4:
+        return f"cuBLAS fp8_block computes wrong outputs unless K / 128 % 4 == 0 (K={k})"
+    if m is not None and m % 4:
+        return f"cuBLAS fp8_block needs M % 4 == 0 (M={m})"
+    return None
+
+
 def _need_scaled_mm():
     if not hasattr(torch, "_scaled_mm"):
         raise Unavailable("torch._scaled_mm missing in this torch")
@@ -174,8 +190,9 @@ class CublasFp8Block(Baseline):
 
     def check(self, case, fmt):
         _need_scaled_mm()
-        if case.k % 128:
-            raise Unavailable(f"cuBLAS fp8_block needs K % 128 == 0 (K={case.k})")
+        why = _cublas_block_unavailable(case.m, case.k)
+        if why:
+            raise Unavailable(why)
 
     def prepare(self, inp):
         sa = inp.qa.scale.t().contiguous().t()  # [M, K/128] column-major
@@ -251,8 +268,9 @@ class TorchExpertLoop(Baseline):
 
     def check(self, case, fmt):
         _need_scaled_mm()
-        if case.k % 128:
-            raise Unavailable(f"cuBLAS fp8_block needs K % 128 == 0 (K={case.k})")
+        why = _cublas_block_unavailable(None, case.k)
+        if why:
+            raise Unavailable(why)
 
     def prepare(self, inp):
         segs = []

@@ -40,7 +40,7 @@ from .runner import RunConfig, Runner, measure_roofline
 __all__ = ["main", "build_parser", "parse_args", "select_cases"]
 
 TEST_CASE_NAMES = ("small", "medium", "large")
-SUITE_NAMES = ("deepseek", "moe", "masked", "nvfp4-group", "dual-gemm", "quantize", "mx", "moe-layer", "model")
+SUITE_NAMES = ("deepseek", "families", "moe", "masked", "nvfp4-group", "dual-gemm", "quantize", "mx", "moe-layer", "model")
 OP_NAMES = ("quantize", "gemm", "linear", "grouped", "swiglu", "weight-only", "moe", "moe-weight-only", "prefill",
             "decode", "generate")
 FORMAT_NAMES = ("fp8_block", "mxfp8", "mxfp4", "nvfp4")
@@ -116,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
                    metavar="all|none|" + ",".join(BASELINE_NAMES), help="baselines to run (default all available)")
     g.add_argument("--deepseek-small-m", action="store_true", help="deepseek suite: also M in {1, 16}")
     g.add_argument("--limit", type=_positive, default=None, help="run only the first N cases (quick looks)")
+    g.add_argument("--skip", type=_nonneg, default=0,
+                   help="leave out the first N cases of each suite (with --limit: a suite run in parts)")
     g.add_argument("--full-shapes", action="store_true",
                    help="without a GPU: run the requested shapes as given instead of small stand-ins "
                         "(slow: the interpreter needs minutes once M, N, K reach the hundreds); no effect on a GPU")
@@ -176,8 +178,8 @@ def select_cases(a: argparse.Namespace):
         out.append(("custom", suites.custom_cases(a.custom)))
     for s in a.suite:
         out.append((s, suites.get_suite(s, deepseek_small_m=a.deepseek_small_m)))
-    if a.limit:
-        out = [(s, cs[: a.limit]) for s, cs in out]
+    if a.skip or a.limit:
+        out = [(s, cs[a.skip:][: a.limit]) for s, cs in out]
     return out
 
 

@@ -8,7 +8,7 @@ intermediate; MoE experts: the per-expert gate|up and down.
 
 from __future__ import annotations
 
-__all__ = ["MODEL_LINEARS", "families", "M_VALUES"]
+__all__ = ["MODEL_LINEARS", "families", "M_VALUES", "FAMILY_PAIRS"]
 
 #: token counts of the planner's validation (decode to long prefill)
 M_VALUES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -51,6 +51,18 @@ MODEL_LINEARS: tuple[tuple[str, str, int, int], ...] = (
     # Phi-3 medium / Phi-4 (14B): hidden 5120, 40 heads, 10 kv, intermediate 17920
     ("phi3-medium", "qkv", 7680, 5120), ("phi3-medium", "o", 5120, 5120),
     ("phi3-medium", "gate_up", 35840, 5120), ("phi3-medium", "down", 5120, 17920),
+)
+
+#: (family, layer) pairs of the broad dense shape set (the planner's validation, scripts/checks/
+#: validate_plans.py, and the bench's ``families`` suite): every family, its attention and MLP shapes
+FAMILY_PAIRS = (
+    ("llama3-8b", "qkv"), ("llama3-8b", "down"), ("llama3-70b", "o"), ("llama3-70b", "gate_up"),
+    ("qwen2.5-7b", "qkv"), ("qwen2.5-7b", "down"), ("qwen3-32b", "o"), ("qwen3-32b", "gate_up"),
+    ("qwen3-30b-a3b", "qkv"), ("qwen3-30b-a3b", "expert_gate_up"), ("mixtral-8x7b", "expert_down"),
+    ("mistral-large-2", "qkv"), ("mistral-large-2", "down"), ("deepseek-v3", "q_a+kv_a"),
+    ("deepseek-v3", "kv_b"), ("deepseek-v3", "o"), ("deepseek-v2-lite", "gate_up"),
+    ("deepseek-v2-lite", "expert_down"), ("gpt-oss-120b", "qkv"), ("gpt-oss-120b", "expert_down"),
+    ("gemma2-27b", "o"), ("gemma2-27b", "gate_up"), ("phi3-medium", "qkv"), ("phi3-medium", "down"),
 )
 
 

@@ -38,23 +38,12 @@ from ..plan.dense import fp8_candidates
 from ..reference.gemm import gemm as ref_gemm
 from ..tensor import ScaledTensor
 from ..testing.tolerances import gemm_errors, gemm_tolerance
+from .models import FAMILY_PAIRS as VALIDATION_PAIRS
 from .models import M_VALUES, MODEL_LINEARS
 from .timing import rotation_count, time_op
 
 __all__ = ["validation_shapes", "calibration_shapes", "sweep_shape", "run_sweep", "load_records",
            "config_key", "config_from_key"]
-
-#: (family, layer) pairs of the validation set: every family, its attention and MLP shapes
-VALIDATION_PAIRS = (
-    ("llama3-8b", "qkv"), ("llama3-8b", "down"), ("llama3-70b", "o"), ("llama3-70b", "gate_up"),
-    ("qwen2.5-7b", "qkv"), ("qwen2.5-7b", "down"), ("qwen3-32b", "o"), ("qwen3-32b", "gate_up"),
-    ("qwen3-30b-a3b", "qkv"), ("qwen3-30b-a3b", "expert_gate_up"), ("mixtral-8x7b", "expert_down"),
-    ("mistral-large-2", "qkv"), ("mistral-large-2", "down"), ("deepseek-v3", "q_a+kv_a"),
-    ("deepseek-v3", "kv_b"), ("deepseek-v3", "o"), ("deepseek-v2-lite", "gate_up"),
-    ("deepseek-v2-lite", "expert_down"), ("gpt-oss-120b", "qkv"), ("gpt-oss-120b", "expert_down"),
-    ("gemma2-27b", "o"), ("gemma2-27b", "gate_up"), ("phi3-medium", "qkv"), ("phi3-medium", "down"),
-)
-
 
 def validation_shapes(ms=M_VALUES, pairs=VALIDATION_PAIRS, max_flop: float = 4e13) -> list[dict]:
     """The model-family shapes at every M (skipping rows above ``max_flop``)."""

@@ -29,6 +29,9 @@ Sources:
   quantize     16384x7168 bf16 (the quantizer target of docs/design.md, "The bar": >= 2500 GB/s)
                plus a few engine shapes.
   small/medium/large  an MXFP8 profiling script's test cases.
+  families     issue 19's broad dense fp8_block set (:func:`_families`): the attention and MLP linears
+               of 11 public model families (bench/models.py FAMILY_PAIRS, the planner's validation
+               pairs) x M in {1, 32, 128, 2048, 8192}, against DeepGEMM and cuBLAS fp8_block.
   mx           issue 18's MX/NV suite (:func:`_mx`): gpt-oss and Llama 3 8B / 70B linears x M in
                {1, 16, 64, 256, 2048, 8192} (``mx`` cases), gpt-oss-120b / -20b MoE (mxfp4) and
                Qwen3-30B-A3B MoE (nvfp4) at the same token counts (``mx-moe`` cases).
@@ -45,6 +48,7 @@ import itertools
 from dataclasses import dataclass, field, replace
 
 from .layers import ARCHS, LAYER_TOKENS, tiny_arch
+from .models import FAMILY_PAIRS, MODEL_LINEARS
 from .model_suite import CONTEXT, DECODE_BATCH, MODELS, PREFILL_TOKENS
 
 __all__ = [
@@ -61,6 +65,7 @@ __all__ = [
     "MX_LINEARS",
     "MX_MOE",
     "MX_M",
+    "FAMILIES_M",
     "skewed_routing",
     "DEFAULT_FORMATS",
     "DEFAULT_OPS",
@@ -119,6 +124,18 @@ DEEPSEEK_NK = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 
 def _deepseek(small_m: bool = False) -> list[Case]:
     ms = (1, 16, 64, 128, 4096) if small_m else (64, 128, 4096)
     return [Case("deepseek", "gemm", m, n, k) for m in ms for (n, k) in DEEPSEEK_NK]
+
+
+#: issue 19's M bands (its targets: per band, the geomean against DeepGEMM and the worst row)
+FAMILIES_M = (1, 32, 128, 2048, 8192)
+
+
+def _families() -> list[Case]:
+    nk = {(f, layer): (n, k) for f, layer, n, k in MODEL_LINEARS}
+    shapes: dict[tuple[int, int], str] = {}  # one case per shape (Mixtral's expert down is Llama 3 8B's down)
+    for pair in FAMILY_PAIRS:
+        shapes.setdefault(nk[pair], " ".join(pair))
+    return [Case("families", "gemm", m, n, k, label=label) for m in FAMILIES_M for (n, k), label in shapes.items()]
 
 
 def _moe() -> list[Case]:
@@ -257,6 +274,7 @@ def custom_cases(triples: list[tuple[int, int, int]]) -> list[Case]:
 
 SUITES = {
     "deepseek": _deepseek,
+    "families": _families,
     "moe": _moe,
     "masked": _masked,
     "nvfp4-group": _nvfp4_group,
@@ -270,6 +288,7 @@ SUITES = {
 #: formats run when --formats is not given
 DEFAULT_FORMATS = {
     "deepseek": ("fp8_block",),
+    "families": ("fp8_block",),
     "moe": ("fp8_block",),
     "masked": ("fp8_block",),
     "nvfp4-group": ("nvfp4",),
