@@ -98,6 +98,12 @@ def test_unknown_gpu_uses_scaled_h100_constants():
     slow = predict_us(plan.config, "fp8_block", 1, 7168, 16384, H100_SXM,
                       cal_mod.load_calibration(H100_SXM.name, 132, H100_SXM.mem_bw)).us
     assert fast < slow  # more bandwidth, faster weight stream
+    # only what the device changes is scaled: DRAM bandwidth; the L2 -> SM bandwidth with the SM count;
+    # per-program streaming rates (latency-bound) and per-unit times stay the H100's
+    h100 = cal_mod.load_calibration(H100_SXM.name, 132, H100_SXM.mem_bw)
+    assert cal["l2_bw"] == h100["l2_bw"] and cal["tiles"] == h100["tiles"]
+    half = cal_mod.load_calibration("NVIDIA Hopper with 66 SMs (test)", 66, 2.0e12)
+    assert half["l2_bw"] == h100["l2_bw"] / 2 and half["mem_bw"] == 2.0e12 and half["tiles"] == h100["tiles"]
 
 
 def test_device_file_is_complete():

@@ -3,8 +3,8 @@
 ``scripts/checks/calibrate.py`` measures them (per-tile times of every kernel and tile size the
 planner can choose, the copy bandwidth, the split-K reduction's fixed cost, cuBLAS bf16 rates for
 the dequantize + matmul path) and writes ``plan/devices/<key>.json``. The planner loads the file
-whose ``match`` string occurs in the device name; a device without one uses the H100 file with its
-rates scaled by SM count and bandwidth (said in the plan's reasons).
+whose ``match`` string occurs in the device name; a device without one uses the H100 file scaled to
+it (``load_calibration``: its DRAM bandwidth, the L2 bandwidth by SM count; said in the plan's reasons).
 
 Layout of a file (all times in microseconds, bandwidths in bytes/s):
     {"device": name, "match": substring, "measured": {"date", "git", "torch", "triton"},
@@ -63,10 +63,19 @@ def measured_bandwidth(name: str) -> float | None:
     return None
 
 
+#: SMs of the device the H100 file was measured on (H100 SXM)
+BASE_SMS = 132
+
+
 @functools.lru_cache(maxsize=64)
 def load_calibration(name: str, sm_count: int, mem_bw: float) -> Calibration:
-    """Constants for a device: its own file, else the H100 file scaled (per-unit compute times
-    unchanged per SM, bandwidths by ``mem_bw`` / the file's)."""
+    """Constants for a device: its own file, else the H100 file scaled to it. Only what the device
+    changes is scaled: the DRAM bandwidth is ``mem_bw``; the L2 -> SM bandwidth scales with the SM
+    count (the L2 fabric feeds the SMs); per-unit compute times and one program's streaming rate
+    (``bw_cta``: bytes in flight over the memory latency, a property of the SM) stay. An H200 is the
+    H100's die with faster HBM: scaling the L2 and per-program rates by its DRAM bandwidth too (1.4x,
+    the rule before) made the planner expect 1.4x faster tiles than the H200 runs and pick narrower,
+    split plans: benchmarks/NOTES.md, twenty-third session, measured both rules on the H200."""
     files = _files()
     for fname, d in files:
         if d.get("match", "\0") in name:
@@ -74,12 +83,9 @@ def load_calibration(name: str, sm_count: int, mem_bw: float) -> Calibration:
             c.source = f"plan/devices/{fname}"
             return c
     base = dict(next(d for f, d in files if f == "h100.json"))
-    ratio = mem_bw / base["mem_bw"]
     base = json.loads(json.dumps(base))
     base["mem_bw"] = mem_bw
-    base["l2_bw"] *= ratio
-    for t in base["tiles"].values():
-        t["bw_cta"] *= ratio
+    base["l2_bw"] *= sm_count / BASE_SMS
     c = Calibration(base)
     c.source = f"plan/devices/h100.json scaled to {name or 'this device'} ({sm_count} SMs, {mem_bw / 1e12:.2f} TB/s)"
     return c
