@@ -723,3 +723,42 @@ def test_cublas_block_baseline_refuses_what_cublas_gets_wrong():
     assert "wrong outputs" in _cublas_block_unavailable(128, 8960)  # 70 K blocks
     assert "wrong outputs" in _cublas_block_unavailable(32, 1408)  # 11
     assert "M % 4" in _cublas_block_unavailable(1, 4096)
+
+
+def test_deepgemm_prewarm_shapes_and_no_op_without_deepgemm(monkeypatch):
+    """The DeepGEMM JIT warm-up takes the distinct dense fp8_block shapes DeepGEMM will run (K % 128 == 0),
+    splits them over the processes, and starts none where deep_gemm cannot be imported or there is one
+    shape."""
+    import io
+    import subprocess
+    import types
+
+    from blockscaled.bench import baselines
+    from blockscaled.bench.suites import Case
+
+    cases = [Case("x", "gemm", 4, 256, 1024), Case("x", "gemm", 4, 256, 1024), Case("x", "gemm", 8, 256, 2880),
+             Case("x", "grouped", 8, 256, 1024, ms=(4, 4)), Case("x", "gemm", 16, 512, 2048),
+             Case("x", "gemm", 32, 512, 4096)]
+    jobs = [(c, f) for c in cases for f in ("fp8_block", "mxfp4")]
+    shapes = baselines.deepgemm_shapes(jobs)
+    assert shapes == [(4, 256, 1024), (16, 512, 2048), (32, 512, 4096)]
+
+    started = []
+
+    class FakeProc:
+        def __init__(self, cmd, stdin=None, text=None, env=None):
+            assert cmd[0] == sys.executable and "_deepgemm_warm_worker" in cmd[-1]
+            self.stdin = io.StringIO()
+            self.stdin.close = lambda: started.append(json.loads(self.stdin.getvalue()))
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", FakeProc)
+    monkeypatch.setitem(sys.modules, "deep_gemm", None)  # not importable
+    assert baselines.prewarm_deepgemm(shapes, 4) is None and not started
+    monkeypatch.setitem(sys.modules, "deep_gemm", types.ModuleType("deep_gemm"))
+    assert baselines.prewarm_deepgemm(shapes[:1], 4) is None and not started
+    note = baselines.prewarm_deepgemm(shapes, 2)
+    assert "3 shapes in 2 processes" in note
+    assert started == [[[4, 256, 1024], [32, 512, 4096]], [[16, 512, 2048]]]

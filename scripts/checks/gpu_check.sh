@@ -117,8 +117,8 @@ want dual-gemm && bench dual-gemm 45 --suite dual-gemm --iterations 20 --warmup 
 # fp8_block SwiGLU on the DeepSeek-V3 shapes (the Hopper DUAL kernel from M = 128)
 want swiglu && bench swiglu 120 --suite deepseek --ops swiglu --formats fp8_block --iterations 20 --warmup 3
 want test-cases && bench test-cases 55 --iterations 30 --warmup 5
-# issue 19's broad dense set vs DeepGEMM / cuBLAS (115 cases, ~50 s on an H200 once DeepGEMM's JIT cache
-# is warm; its first compile of each shape takes seconds: alone, BENCH_STEPS=families SKIP_PYTEST=1)
+# issue 19's broad dense set vs DeepGEMM / cuBLAS (115 cases: ~50 s of timing on an H200 after the bench
+# fills DeepGEMM's JIT cache in parallel processes, ~55 s; alone: BENCH_STEPS=families SKIP_PYTEST=1)
 want families && bench families 300 --suite families --ops gemm --baselines deepgemm,cublas-fp8-block --iterations 15 --warmup 2 --rounds 2
 # issue 18's MX/NV suite (576 rows; alone it needs most of a device call: BENCH_STEPS=mx SKIP_PYTEST=1)
 want mx && bench mx 420 --suite mx --iterations 15 --warmup 2

@@ -9,6 +9,11 @@ the runner prints ``baseline <name> skipped: <reason>`` once and goes on.
 from __future__ import annotations
 
 import importlib
+import json
+import os
+import subprocess
+import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -253,6 +258,65 @@ class DeepGemmDense(Baseline):
         f = getattr(dg, "fp8_gemm_nt", None) or dg.gemm_fp8_fp8_bf16_nt
         f(a, b, out)
         return out
+
+
+def deepgemm_shapes(jobs) -> list[tuple[int, int, int]]:
+    """The distinct (M, N, K) that :class:`DeepGemmDense` will run among ``jobs`` ((case, format)
+    pairs): dense fp8_block cases whose K DeepGEMM takes (K % 128 == 0), in first-seen order."""
+    out: dict[tuple[int, int, int], None] = {}
+    for case, fmt in jobs:
+        if fmt == "fp8_block" and case.kind == "gemm" and case.m > 0 and case.n > 0 and case.k > 0 and case.k % 128 == 0:
+            out.setdefault((case.m, case.n, case.k), None)
+    return list(out)
+
+
+def _deepgemm_warm_worker(shapes: list[list[int]]) -> None:
+    """One process of :func:`prewarm_deepgemm`: one call per shape (compiles and caches its kernel)."""
+    from ..layouts import to_deepgemm_fp32
+    from ..ops.quantize import quantize
+
+    dg = importlib.import_module("deep_gemm")
+    for m, n, k in shapes:
+        try:
+            a = quantize(torch.randn(m, k, device="cuda", dtype=torch.bfloat16), "fp8_block")
+            b = quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), "fp8_block", block=(128, 128))
+            out = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
+            f = getattr(dg, "fp8_gemm_nt", None) or dg.gemm_fp8_fp8_bf16_nt
+            f((a.data, to_deepgemm_fp32(a.scale)), (b.data, b.scale), out)
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - the bench's own first call reports it
+            print(f"deepgemm warm-up M={m} N={n} K={k}: {type(e).__name__}: {e}", file=sys.stderr)
+
+
+def prewarm_deepgemm(shapes: list[tuple[int, int, int]], processes: int) -> str | None:
+    """Fill DeepGEMM's on-disk JIT cache for ``shapes`` in ``processes`` parallel processes before the
+    bench times anything, and say so (None: nothing done: DeepGEMM not importable, or fewer than two
+    shapes). Why: DeepGEMM compiles each shape's kernel with nvcc at its first call, seconds each
+    (minutes for the 115 cases of ``--suite families`` one after the other); 14 processes filled
+    the cache for all of them in ~55 s (H200 host, benchmarks/NOTES.md twenty-third session). The processes share the cache
+    through the environment (``DG_JIT_CACHE_DIR``); a shape that fails here compiles at the bench's
+    own first call, which reports any error."""
+    if len(shapes) < 2 or processes < 2:
+        return None
+    try:
+        importlib.import_module("deep_gemm")
+    except Exception:  # noqa: BLE001 - not importable: the baseline reports itself unavailable
+        return None
+    t0 = time.time()
+    code = ("import json, sys; from blockscaled.bench.baselines import _deepgemm_warm_worker; "
+            "_deepgemm_warm_worker(json.loads(sys.stdin.read()))")
+    procs = []
+    for j in range(processes):
+        part = [list(s) for s in shapes[j::processes]]
+        if not part:
+            continue
+        pr = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, text=True, env=dict(os.environ))
+        pr.stdin.write(json.dumps(part))
+        pr.stdin.close()
+        procs.append(pr)
+    for pr in procs:
+        pr.wait()
+    return f"DeepGEMM's JIT cache filled for {len(shapes)} shapes in {len(procs)} processes: {time.time() - t0:.0f} s"
 
 
 # --------------------------------------------------------------------------- grouped GEMM

@@ -30,7 +30,7 @@ import signal
 import sys
 import time
 
-from . import suites
+from . import baselines, suites
 from .baselines import BASELINE_NAMES
 from .env import environment, has_cuda
 from .plot import has_plot_data, plot_results
@@ -308,6 +308,12 @@ def main(argv: list[str] | None = None) -> int:
     for suite, cases in plan:
         fmts = a.formats or suites.DEFAULT_FORMATS.get(suite, suites.DEFAULT_FORMATS["test-cases"])
         jobs += [(suite, c, f) for c in cases for f in fmts if not c.formats or f in c.formats]
+    if "deepgemm" in cfg.baselines and (a.ops is None or "gemm" in a.ops or "linear" in a.ops):
+        note = baselines.prewarm_deepgemm(baselines.deepgemm_shapes([(c, f) for _, c, f in jobs]),
+                                          min(14, os.cpu_count() or 1))
+        if note:
+            console.print(note)
+            runner.note(note)
     # SIGTERM (e.g. `timeout`) ends the sweep early but still reports and writes what was measured.
     def _term(signum, frame):
         raise KeyboardInterrupt
