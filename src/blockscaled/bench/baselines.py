@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from ..formats import E4M3_MAX, get_format
-from ..ops.quantize import dequantize
+from ..layouts import to_deepgemm_fp32
+from ..ops.quantize import dequantize, quantize
 from ..reference.quantize import quantize as reference_quantize
 
 __all__ = ["Baseline", "BASELINE_NAMES", "baselines_for", "Unavailable", "GemmInputs", "GroupedInputs", "SwigluInputs"]
@@ -272,9 +273,6 @@ def deepgemm_shapes(jobs) -> list[tuple[int, int, int]]:
 
 def _deepgemm_warm_worker(shapes: list[list[int]]) -> None:
     """One process of :func:`prewarm_deepgemm`: one call per shape (compiles and caches its kernel)."""
-    from ..layouts import to_deepgemm_fp32
-    from ..ops.quantize import quantize
-
     dg = importlib.import_module("deep_gemm")
     for m, n, k in shapes:
         try:
