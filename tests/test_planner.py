@@ -106,6 +106,16 @@ def test_unknown_gpu_uses_scaled_h100_constants():
     assert half["l2_bw"] == h100["l2_bw"] / 2 and half["mem_bw"] == 2.0e12 and half["tiles"] == h100["tiles"]
 
 
+def test_device_files_are_physical():
+    """No tile reaches more than the measured copy bandwidth (dram_eff <= 1; a fitted 282.7 for the GEMV
+    switched its DRAM bound off), and rates and times are positive."""
+    for path in cal_mod.DEVICES_DIR.glob("*.json"):
+        d = json.loads(path.read_text())
+        for key, t in d["tiles"].items():
+            assert 0 < t["dram_eff"] <= 1.0, (path.name, key, t["dram_eff"])
+            assert t["bw_cta"] > 0 and t["ckb_us"] >= 0 and t["c0_us"] >= 0 and t["split_us"] >= 0, (path.name, key)
+
+
 def test_device_file_is_complete():
     d = json.loads((cal_mod.DEVICES_DIR / "h100.json").read_text())
     assert d["measured"].get("git") and d["measured"].get("shapes", 0) >= 50, "constants must come from a calibration run"

@@ -693,3 +693,19 @@ def test_compile_time_smoke(tmp_path):
     assert all(len(x["calls"]) == 2 and x["library_s"] > 0 for x in data["runs"])
     assert all(len(x["experts_calls"]) == 2 and x["phases"]["warmup"] > 0 for x in data["runs"])
     assert "after bs.warmup the first calls built" in r.stdout
+
+
+def test_validate_plans_judges_records_made_before_new_config_fields():
+    """A sweep record's candidate key written before ``GemmConfig`` gained ``dequant_a`` / ``maxnreg`` names
+    the same config as today's key (the fields take their defaults), so the report judges that shape
+    instead of counting the plan as untimed."""
+    import json
+
+    from blockscaled.bench.plan_sweep import config_key
+    from blockscaled.config.gemm import GemmConfig
+
+    vp = _load("checks/validate_plans.py")
+    cfg = GemmConfig(strategy="gemv", block_m=1, block_n=2, block_k=4096, num_warps=4, num_stages=1)
+    old = json.loads(config_key(cfg))
+    old.pop("dequant_a"), old.pop("maxnreg")
+    assert vp._canonical(json.dumps(old, sort_keys=True)) == config_key(cfg)

@@ -155,7 +155,10 @@ def fit(records: list[dict], start: dict, log=print) -> dict:
     for sweep in range(4):
         for key in sorted(samples):
             if key in cal["tiles"]:
-                params = [_setter(lambda c, key=key: c["tiles"][key], f)
+                # dram_eff at most 1: no kernel streams DRAM faster than the copy bandwidth (a fit of
+                # 282.7 for the GEMV switched its DRAM bound off and let it win M = 1 shapes of
+                # 90+ MB at 1.2-1.5x the best candidate's time: NOTES, twenty-third session)
+                params = [_setter(lambda c, key=key: c["tiles"][key], f, cap=1.0 if f == "dram_eff" else None)
                           for f in ("c0_us", "ckb_us", "bw_cta", "split_us", "odd_k", "dram_eff")]
             else:
                 params = [_setter(lambda c: c["cublas_bf16"], "tflops"), _setter(lambda c: c["cublas_bf16"], "k_half")]
