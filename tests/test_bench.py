@@ -762,3 +762,19 @@ def test_deepgemm_prewarm_shapes_and_no_op_without_deepgemm(monkeypatch):
     note = baselines.prewarm_deepgemm(shapes, 2)
     assert "3 shapes in 2 processes" in note
     assert started == [[[4, 256, 1024], [32, 512, 4096]], [[16, 512, 2048]]]
+
+
+def test_run_in_processes_deals_items_round_robin(tmp_path, monkeypatch):
+    """The warm-ups' process split: each process gets items[j::processes] as JSON and runs to the end."""
+    from blockscaled.bench.workers import run_in_processes
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "_rip_target.py").write_text(
+        "import json, os\n"
+        "def record(part):\n"
+        "    open(f'part-{os.getpid()}.json', 'w').write(json.dumps(part))\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    assert run_in_processes("_rip_target", "record", [[1, 2], [3, 4], [5, 6]], 2) == 2
+    parts = sorted(json.loads(p.read_text()) for p in tmp_path.glob("part-*.json"))
+    assert parts == [[[1, 2], [5, 6]], [[3, 4]]]
+    assert run_in_processes("_rip_target", "record", [], 4) == 0

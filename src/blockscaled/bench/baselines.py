@@ -9,9 +9,6 @@ the runner prints ``baseline <name> skipped: <reason>`` once and goes on.
 from __future__ import annotations
 
 import importlib
-import json
-import os
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -23,6 +20,7 @@ from ..formats import E4M3_MAX, get_format
 from ..layouts import to_deepgemm_fp32
 from ..ops.quantize import dequantize, quantize
 from ..reference.quantize import quantize as reference_quantize
+from .workers import run_in_processes
 
 __all__ = ["Baseline", "BASELINE_NAMES", "baselines_for", "Unavailable", "GemmInputs", "GroupedInputs", "SwigluInputs"]
 
@@ -301,20 +299,8 @@ def prewarm_deepgemm(shapes: list[tuple[int, int, int]], processes: int) -> str 
     except Exception:  # noqa: BLE001 - not importable: the baseline reports itself unavailable
         return None
     t0 = time.time()
-    code = ("import json, sys; from blockscaled.bench.baselines import _deepgemm_warm_worker; "
-            "_deepgemm_warm_worker(json.loads(sys.stdin.read()))")
-    procs = []
-    for j in range(processes):
-        part = [list(s) for s in shapes[j::processes]]
-        if not part:
-            continue
-        pr = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, text=True, env=dict(os.environ))
-        pr.stdin.write(json.dumps(part))
-        pr.stdin.close()
-        procs.append(pr)
-    for pr in procs:
-        pr.wait()
-    return f"DeepGEMM's JIT cache filled for {len(shapes)} shapes in {len(procs)} processes: {time.time() - t0:.0f} s"
+    started = run_in_processes(__name__, "_deepgemm_warm_worker", [list(s) for s in shapes], processes)
+    return f"DeepGEMM's JIT cache filled for {len(shapes)} shapes in {started} processes: {time.time() - t0:.0f} s"
 
 
 # --------------------------------------------------------------------------- grouped GEMM

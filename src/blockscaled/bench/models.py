@@ -8,7 +8,7 @@ intermediate; MoE experts: the per-expert gate|up and down.
 
 from __future__ import annotations
 
-__all__ = ["MODEL_LINEARS", "families", "M_VALUES", "FAMILY_PAIRS"]
+__all__ = ["MODEL_LINEARS", "families", "M_VALUES", "FAMILY_PAIRS", "linear_nk"]
 
 #: token counts of the planner's validation (decode to long prefill)
 M_VALUES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -64,6 +64,13 @@ FAMILY_PAIRS = (
     ("deepseek-v2-lite", "expert_down"), ("gpt-oss-120b", "qkv"), ("gpt-oss-120b", "expert_down"),
     ("gemma2-27b", "o"), ("gemma2-27b", "gate_up"), ("phi3-medium", "qkv"), ("phi3-medium", "down"),
 )
+
+_NK = {(f, layer): (n, k) for f, layer, n, k in MODEL_LINEARS}
+
+
+def linear_nk(family: str, layer: str) -> tuple[int, int]:
+    """(N, K) of a family's layer in :data:`MODEL_LINEARS`, e.g. ``linear_nk("llama3-8b", "qkv")``."""
+    return _NK[(family, layer)]
 
 
 def families() -> list[str]:

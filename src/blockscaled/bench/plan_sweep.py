@@ -17,9 +17,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
-import os
 import random
-import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -38,19 +36,18 @@ from ..plan.dense import fp8_candidates
 from ..reference.gemm import gemm as ref_gemm
 from ..tensor import ScaledTensor
 from ..testing.tolerances import gemm_errors, gemm_tolerance
-from .models import FAMILY_PAIRS as VALIDATION_PAIRS
-from .models import M_VALUES, MODEL_LINEARS
+from .models import FAMILY_PAIRS, M_VALUES, linear_nk
 from .timing import rotation_count, time_op
+from .workers import run_in_processes
 
 __all__ = ["validation_shapes", "calibration_shapes", "sweep_shape", "run_sweep", "load_records",
            "config_key", "config_from_key"]
 
-def validation_shapes(ms=M_VALUES, pairs=VALIDATION_PAIRS, max_flop: float = 4e13) -> list[dict]:
+def validation_shapes(ms=M_VALUES, pairs=FAMILY_PAIRS, max_flop: float = 4e13) -> list[dict]:
     """The model-family shapes at every M (skipping rows above ``max_flop``)."""
-    table = {(f, l): (n, k) for f, l, n, k in MODEL_LINEARS}
     out = []
     for f, l in pairs:
-        n, k = table[(f, l)]
+        n, k = linear_nk(f, l)
         for m in ms:
             if 2.0 * m * n * k <= max_flop:
                 out.append({"set": "family", "family": f, "layer": l, "m": m, "n": n, "k": k})
@@ -169,18 +166,7 @@ def run_sweep(shapes: list[dict], out_path: str, *, jobs: int = 1, budget_s: flo
     ``out_path``; stops starting new shapes after ``budget_s`` seconds. Returns rows written."""
     t0 = time.time()
     if jobs > 1:
-        procs = []
-        for j in range(jobs):
-            part = shapes[j::jobs]
-            code = ("import json,sys; from blockscaled.bench.plan_sweep import _warm_worker; "
-                    "_warm_worker(json.loads(sys.stdin.read()))")
-            p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, text=True,
-                                 env=dict(os.environ))
-            p.stdin.write(json.dumps(part))
-            p.stdin.close()
-            procs.append(p)
-        for p in procs:
-            p.wait()
+        run_in_processes(__name__, "_warm_worker", shapes, jobs)
         log(f"warm-up (compiles) in {jobs} processes: {time.time() - t0:.0f} s")
     done = 0
     with open(out_path, "a") as f:

@@ -210,11 +210,9 @@ def bar_checks(rows: list[dict]) -> list[list[str]]:
         out.append(["vs DeepGEMM, every row (min ratio)", f"{mn:.2f}x", ">= 1.00x", verdict(mn >= 1.0)])
     # issue 19's targets on its broad shape set (the ``families`` suite): per M band the geomean against
     # DeepGEMM >= 1.0 and no row below 0.9; at M >= 2048 >= 1.1x cuBLAS fp8_block (geomean)
-    fam = [r for r in ours if r.get("suite") == "families" and r["op"] == "gemm"]
-    fam_cases = {(r["case"], r["format"]) for r in fam}
-    fam_m = {(r["case"], r["format"]): r["M"] for r in fam}
+    fam_m = {(r["case"], r["format"]): r["M"] for r in ours if r.get("suite") == "families" and r["op"] == "gemm"}
     for base, tgt, worst_tgt in (("deepgemm", 1.0, 0.9), ("cublas-fp8-block", 1.1, None)):
-        sel = [p for p in pairs.get(base, []) if p["op"] == "gemm" and (p["case"], p["format"]) in fam_cases]
+        sel = [p for p in pairs.get(base, []) if p["op"] == "gemm" and (p["case"], p["format"]) in fam_m]
         bands = sorted({fam_m[(p["case"], p["format"])] for p in sel})
         for m in bands:
             if worst_tgt is None and m < 2048:

@@ -48,7 +48,7 @@ import itertools
 from dataclasses import dataclass, field, replace
 
 from .layers import ARCHS, LAYER_TOKENS, tiny_arch
-from .models import FAMILY_PAIRS, MODEL_LINEARS
+from .models import FAMILY_PAIRS, linear_nk
 from .model_suite import CONTEXT, DECODE_BATCH, MODELS, PREFILL_TOKENS
 
 __all__ = [
@@ -131,10 +131,9 @@ FAMILIES_M = (1, 32, 128, 2048, 8192)
 
 
 def _families() -> list[Case]:
-    nk = {(f, layer): (n, k) for f, layer, n, k in MODEL_LINEARS}
     shapes: dict[tuple[int, int], str] = {}  # one case per shape (Mixtral's expert down is Llama 3 8B's down)
     for pair in FAMILY_PAIRS:
-        shapes.setdefault(nk[pair], " ".join(pair))
+        shapes.setdefault(linear_nk(*pair), " ".join(pair))
     return [Case("families", "gemm", m, n, k, label=label) for m in FAMILIES_M for (n, k), label in shapes.items()]
 
 
