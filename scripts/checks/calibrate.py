@@ -25,16 +25,16 @@ import sys
 from collections import defaultdict
 
 from blockscaled.bench.plan_sweep import calibration_shapes, config_from_key, load_records, run_sweep
-from blockscaled.plan import H100_SXM
+from blockscaled.plan import DEVICES, H100_SXM
 from blockscaled.plan.calibration import Calibration
 from blockscaled.plan.cost import FEATURES, features, tile_key, time_us
 
 _STEPS = (0.3, 0.6, 0.8, 0.9, 0.97, 1.03, 1.1, 1.25, 1.6, 3.0)
 
 
-def _samples(records: list[dict]):
+def _samples(records: list[dict], dev=H100_SXM):
     """Per tile key: the features (numpy columns), measured us and weights of every timed,
-    correct candidate."""
+    correct candidate (``dev``: the GPU the records were timed on)."""
     import numpy as np
 
     rows = defaultdict(list)
@@ -46,7 +46,7 @@ def _samples(records: list[dict]):
         best = min(c["us"] for c in ok)
         for c in ok:
             cfg = config_from_key(c["key"])
-            f = features(cfg, "fp8_block", r["m"], r["n"], r["k"], H100_SXM)
+            f = features(cfg, "fp8_block", r["m"], r["n"], r["k"], dev)
             w = 1.0 / (1.0 + 4.0 * (c["us"] / best - 1.0))
             rows[tile_key(cfg)].append((f, c["us"], w, shape_id, best))
         shape_id += 1
@@ -113,7 +113,7 @@ def _setter(d, field, cap=None):
     return (lambda c: d(c)[field]), put
 
 
-def fit_restarts(records: list[dict], start: dict, restarts: int = 4, log=print) -> dict:
+def fit_restarts(records: list[dict], start: dict, restarts: int = 4, log=print, dev=H100_SXM) -> dict:
     """:func:`fit` from ``start`` and from ``restarts - 1`` starts with every tile constant scaled by
     a random factor in [0.6, 1.6] (seeded): the loss is rugged (coordinate descent stops in local
     minima), so keep the fit with the lowest loss on the calibration shapes. On the H100 record the
@@ -122,7 +122,7 @@ def fit_restarts(records: list[dict], start: dict, restarts: int = 4, log=print)
     import random
 
     best = None
-    samples = _samples(records)
+    samples = _samples(records, dev)
     for seed in range(restarts):
         st = copy.deepcopy(start)
         if seed:
@@ -130,7 +130,7 @@ def fit_restarts(records: list[dict], start: dict, restarts: int = 4, log=print)
             for t in st["tiles"].values():
                 for k in t:
                     t[k] *= rng.uniform(0.6, 1.6)
-        fitted = fit(records, st, log=lambda s: None)
+        fitted = fit(records, st, log=lambda s: None, dev=dev)
         cal = Calibration(fitted)
         cal.source = "fit"
         loss = _loss(cal, samples)
@@ -140,10 +140,10 @@ def fit_restarts(records: list[dict], start: dict, restarts: int = 4, log=print)
     return best[1]
 
 
-def fit(records: list[dict], start: dict, log=print) -> dict:
+def fit(records: list[dict], start: dict, log=print, dev=H100_SXM) -> dict:
     cal = Calibration(copy.deepcopy(start))
     cal.source = "fit"
-    samples = _samples(records)
+    samples = _samples(records, dev)
     n = sum(len(v[1]) for v in samples.values())
     log(f"{n} timed candidates over {len(records)} shapes; loss before {_loss(cal, samples):.4f}")
     for t in cal["tiles"].values():
@@ -187,14 +187,23 @@ def main(argv=None) -> int:
     f.add_argument("--set", default="random", help="which recorded shape set to fit on (random | family | all)")
     f.add_argument("--device-file", required=True)
     f.add_argument("--restarts", type=int, default=4, help="fits from perturbed starts; the lowest loss wins")
+    f.add_argument("--device", default="h100", choices=sorted(DEVICES),
+                   help="the GPU the sweep ran on (its SM count and copy bandwidth enter the model)")
+    f.add_argument("--start", default=None,
+                   help="device file to start from (default: --device-file); a new device starts from "
+                        "another's file and takes its own name, match string and copy bandwidth")
     a = ap.parse_args(argv)
     if a.cmd == "run":
         run_sweep(calibration_shapes(), a.out, jobs=a.jobs, budget_s=a.budget, log=lambda s: print(s, flush=True))
         return 0
     recs = [x for p in a.paths for x in load_records(p) if a.set == "all" or x["set"] == a.set]
-    with open(a.device_file) as fh:
+    dev = DEVICES[a.device]
+    with open(a.start or a.device_file) as fh:
         start = json.load(fh)
-    new = fit_restarts(recs, start, a.restarts)
+    # the device's copy bandwidth: DeviceInfo's, which names the measurement it comes from
+    start.update(device=dev.name, match=a.device.upper(), mem_bw=dev.mem_bw)
+    start.get("measured", {}).pop("clamped", None)
+    new = fit_restarts(recs, start, a.restarts, dev=dev)
     new["measured"] = {"date": datetime.date.today().isoformat(), "git": _git(),
                        "shapes": len(recs), "set": a.set,
                        "how": "scripts/checks/calibrate.py fit over every timed candidate of the calibration sweep"}

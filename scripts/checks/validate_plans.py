@@ -5,7 +5,7 @@ On the GPU (writes one JSON line per shape; needs the installed package):
         [--budget 500] [--part 0/2]
 Report (any machine; re-plans every recorded shape with the installed planner and looks its
 choice up among the timed candidates, so a new calibration is judged on the same timings):
-    python scripts/checks/validate_plans.py report plans.jsonl [...] [--md out.md]
+    python scripts/checks/validate_plans.py report plans.jsonl [...] [--md out.md] [--device h200]
 
 Targets (docs/design.md, "The planner"): the chosen plan within 5% of the best candidate on >= 95%
 of shapes and never worse than 15%; time non-decreasing in M for fixed N, K (within 3% noise).
@@ -22,12 +22,14 @@ from blockscaled.bench.plan_sweep import (calibration_shapes, config_from_key, c
                                           run_sweep, validation_shapes)
 
 
-def _replan(rec: dict):
-    """The installed planner's choice for a recorded shape (an H100 of the record's run)."""
-    from blockscaled.plan import H100_SXM, Problem, plan_gemm
+def _replan(rec: dict, device: str = "h100"):
+    """The installed planner's choice for a recorded shape on the device of the record's run
+    (``device``: a key of ``blockscaled.plan.DEVICES``; its calibration file, or the H100 file scaled
+    to it, is what the planner reads)."""
+    from blockscaled.plan import DEVICES, Problem, plan_gemm
 
     p = Problem("gemm", "fp8_block", rec["m"], rec["n"], rec["k"], tma=rec["k"] % 16 == 0)
-    return plan_gemm(p, H100_SXM)
+    return plan_gemm(p, DEVICES[device])
 
 
 def _canonical(key: str) -> str:
@@ -38,7 +40,7 @@ def _canonical(key: str) -> str:
     return config_key(config_from_key(key))
 
 
-def report(paths: list[str], md: str | None, use_recorded_plan: bool) -> int:
+def report(paths: list[str], md: str | None, use_recorded_plan: bool, device: str = "h100") -> int:
     recs = [r for p in paths for r in load_records(p)]
     rows, misses, errors = [], [], []
     by_nk = defaultdict(list)
@@ -49,7 +51,7 @@ def report(paths: list[str], md: str | None, use_recorded_plan: bool) -> int:
         if not ok:
             continue
         best = min(ok, key=lambda c: c["us"])
-        key = _canonical(r["planned"]) if use_recorded_plan else config_key(_replan(r).config)
+        key = _canonical(r["planned"]) if use_recorded_plan else config_key(_replan(r, device).config)
         chosen = next((c for c in ok if _canonical(c["key"]) == key), None)
         if chosen is None:
             misses.append(r)
@@ -66,7 +68,7 @@ def report(paths: list[str], md: str | None, use_recorded_plan: bool) -> int:
         for (m0, t0), (m1, t1) in zip(pts, pts[1:]):
             if t1 < t0 / 1.03:
                 mono.append((key, m0, t0, m1, t1))
-    out = [f"# Planner validation ({len(recs)} shapes recorded, {n} judged)", ""]
+    out = [f"# Planner validation ({device}: {len(recs)} shapes recorded, {n} judged)", ""]
     out.append(f"- planned within 5% of the best candidate: {within5}/{n} = {within5 / max(n, 1):.1%} (target >= 95%)")
     out.append(f"- worst planned / best: {max((x for *_, x in rows), default=0):.3f} (target <= 1.15); "
                f"geomean {statistics.geometric_mean([x for *_, x in rows]) if rows else 0:.3f}")
@@ -76,6 +78,17 @@ def report(paths: list[str], md: str | None, use_recorded_plan: bool) -> int:
             out.append(f"  - {name} shapes: {sum(1 for x in sub if x <= 1.05)}/{len(sub)} within 5%, geomean "
                        f"{statistics.geometric_mean(sub):.3f}, worst {max(sub):.3f}")
     out.append(f"- time decreasing with M (> 3%) on the same N, K: {len(mono)} pairs (target 0)")
+    tuned = []
+    for r in recs:
+        ok = {_canonical(c["key"]): c["us"] for c in r["cands"] if "us" in c and c.get("ok", False)}
+        if "tuned" in r and ok and _canonical(r["tuned"]) in ok:
+            tuned.append(ok[_canonical(r["tuned"])] / min(ok.values()))
+    if tuned:
+        top = {r.get("tuned_top") for r in recs if "tuned" in r}
+        out.append(f"- blockscaled.tune's choice (top {'/'.join(map(str, sorted(top)))} timed apart, judged on the "
+                   f"sweep's timings): {sum(1 for x in tuned if x <= 1.05)}/{len(tuned)} = "
+                   f"{sum(1 for x in tuned if x <= 1.05) / len(tuned):.1%} within 5%, geomean "
+                   f"{statistics.geometric_mean(tuned):.3f}, worst {max(tuned):.3f}")
     out.append(f"- candidates that failed or missed the tolerance: {len(errors)}; planned plan not among "
                f"the timed candidates: {len(misses)}")
     if use_recorded_plan:
@@ -116,14 +129,18 @@ def main(argv=None) -> int:
     r.add_argument("--part", default="0/1", help="i/n: every n-th shape from the i-th")
     r.add_argument("--limit", type=int, default=0)
     r.add_argument("--skip", type=int, default=0, help="skip the first shapes (a run that continues another)")
+    r.add_argument("--tune", type=int, default=0, metavar="TOP",
+                   help="also run blockscaled.tune (top TOP candidates, its own timings) on each shape and record its choice")
     rep = sub.add_parser("report")
     rep.add_argument("paths", nargs="+")
     rep.add_argument("--md", default=None)
     rep.add_argument("--recorded", action="store_true",
                      help="judge the plan recorded in the run instead of re-planning with the installed planner")
+    rep.add_argument("--device", default="h100", choices=("h100", "h200"),
+                     help="the GPU the sweep ran on: re-plan for it (its calibration file, or the H100 file scaled)")
     a = ap.parse_args(argv)
     if a.cmd == "report":
-        return report(a.paths, a.md, a.recorded)
+        return report(a.paths, a.md, a.recorded, a.device)
     shapes = []
     if a.set in ("family", "all"):
         shapes += validation_shapes()
@@ -134,7 +151,7 @@ def main(argv=None) -> int:
     if a.limit:
         shapes = shapes[:a.limit]
     print(f"{len(shapes)} shapes", flush=True)
-    run_sweep(shapes, a.out, jobs=a.jobs, budget_s=a.budget, log=lambda s: print(s, flush=True))
+    run_sweep(shapes, a.out, jobs=a.jobs, budget_s=a.budget, log=lambda s: print(s, flush=True), tune_top=a.tune)
     return 0
 
 

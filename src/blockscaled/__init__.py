@@ -12,6 +12,7 @@ Quick start::
     x2 = bs.dequantize(q)
     bs.check_errors()                                   # raises if a grouped op saw bad offsets/masked_m
     print(bs.explain("gemm", q, w))                     # the plan bs.gemm(q, w) runs, and why
+    bs.tune(w, ms=(1, 64, 4096))                        # time the planner's top candidates, keep the fastest
 
 Importing the package defines the Triton kernels but launches and prints nothing.
 """
@@ -30,6 +31,7 @@ from .ops.quantize import dequantize, quantize, silu_mul_quantize, tensor_amax
 from .ops.swiglu import swiglu
 from .tensor import ScaledTensor
 from .nn import quantize_model
+from .tune import tune
 from .warmup import warmup
 
 __version__ = "0.1.0"
@@ -58,6 +60,7 @@ __all__ = [
     "check_errors",
     "explain",
     "warmup",
+    "tune",
     "quantize_model",
     "nn",
     "checkpoint",

@@ -1,6 +1,6 @@
 """The ``blockscaled bench`` CLI: shape suites, timing, baselines, reports and plots.
 
-Nothing here is imported by the library itself; ``blockscaled.bench.cli:main`` is the entry
+The library imports only ``bench.timing`` (``blockscaled.tune`` times with it); ``blockscaled.bench.cli:main`` is the entry
 point (also ``python -m blockscaled.bench``). Library ops are imported lazily so the bench
 keeps working (and says why) while an op is missing.
 """

@@ -20,22 +20,19 @@ import math
 import random
 import sys
 import time
-from dataclasses import asdict
 
 import torch
 
 import blockscaled as bs
 
-from ..config.gemm import GemmConfig
-from ..config.hopper import HopperConfig
 from ..ops.gemm import gemm_problem
 from ..plan import Plan, device_info
 from ..plan.calibration import load_calibration
 from ..plan.cost import predict_us
 from ..plan.dense import fp8_candidates
-from ..reference.gemm import gemm as ref_gemm
-from ..tensor import ScaledTensor
-from ..testing.tolerances import gemm_errors, gemm_tolerance
+from ..plan.encoding import config_from_key, config_key
+from ..plan import tuned as _tuned
+from ..tune import _operands, time_candidates, tune
 from .models import FAMILY_PAIRS, M_VALUES, linear_nk
 from .timing import rotation_count, time_op
 from .workers import run_in_processes
@@ -71,44 +68,17 @@ def calibration_shapes(count: int = 120, seed: int = 20261125, max_flop: float =
     return out
 
 
-def config_key(cfg) -> str:
-    """A JSON string that names a config exactly (``config_from_key`` inverts it)."""
-    kind = "hopper" if isinstance(cfg, HopperConfig) else "gemm"
-    return json.dumps({"type": kind, **asdict(cfg)}, sort_keys=True)
-
-
-def config_from_key(key: str):
-    d = json.loads(key)
-    kind = d.pop("type")
-    return HopperConfig(**d) if kind == "hopper" else GemmConfig(**d)
-
-
-def _operands(m, n, k, sets, device, seed):
-    g = torch.Generator(device=device).manual_seed(seed)
-    out = []
-    for i in range(sets):
-        x = torch.randn(m, k, generator=g, device=device, dtype=torch.float32).to(torch.bfloat16)
-        w = torch.randn(n, k, generator=g, device=device, dtype=torch.float32).to(torch.bfloat16)
-        out.append((bs.quantize(x, "fp8_block"), bs.quantize(w, "fp8_block", block=(128, 128)),
-                    torch.empty(m, n, dtype=torch.bfloat16, device=device)))
-    return out
-
-
-def _reference_rows(a, b, rows):
-    """float64 ``dequantize(a)[rows] @ dequantize(b).T`` (the reference twin on those rows)."""
-    sub = ScaledTensor(a.data[rows], a.scale[rows], a.format, torch.Size((len(rows), a.shape[-1])), a.block,
-                       a.rounding)
-    return ref_gemm(sub, b, out_dtype=torch.float64)
-
-
 def _candidates(a, b, out):
     m, n = out.shape
     p = gemm_problem(a.data, a.scale, b.data, b.block[0], b.format, b.shape[-1], m, n, out.dtype, None, out)
     return p, fp8_candidates(p, device_info(out.device))
 
 
-def sweep_shape(shape: dict, *, time_it: bool = True, device="cuda", seed: int = 0, max_sets: int = 8) -> dict:
-    """Time (or, ``time_it=False``, only run once: compile) every candidate of one shape."""
+def sweep_shape(shape: dict, *, time_it: bool = True, device="cuda", seed: int = 0, max_sets: int = 8,
+                tune_top: int = 0) -> dict:
+    """Time (or, ``time_it=False``, only run once: compile) every candidate of one shape.
+    ``tune_top``: also run ``blockscaled.tune`` on the shape (its own operands and timings, so the
+    sweep's timings judge its choice independently) and record the config it chose as ``tuned``."""
     m, n, k = shape["m"], shape["n"], shape["k"]
     per_set = m * k + n * k + m * n * 2
     sets = rotation_count(per_set, max_sets=max_sets) if time_it else 1
@@ -120,34 +90,28 @@ def sweep_shape(shape: dict, *, time_it: bool = True, device="cuda", seed: int =
     cal = load_calibration(dev.name, dev.sm_count, dev.mem_bw)
     rec = dict(shape, planned=config_key(plan.config), planned_desc=plan.describe(),
                predicted_us=plan.predicted_us, cands=[])
-    rows = None
-    ref = None
     if time_it:
-        rows = torch.randperm(m, device=device)[:32] if m > 32 else torch.arange(m, device=device)
-        ref = _reference_rows(a0, b0, rows)
-        tol = gemm_tolerance("fp8_block", torch.bfloat16)
-    for cfg in cands:
-        entry = {"key": config_key(cfg), "desc": Plan("gemm", "cuda", cfg).describe()}
-        e = predict_us(cfg, "fp8_block", m, n, k, dev, cal, out_bytes=2, promote=True)
-        entry["predicted_us"] = e.us
-        try:
-            if not time_it:
+        rec["cands"] = time_candidates(ops, cands)
+    else:
+        for cfg in cands:
+            entry = {"key": config_key(cfg), "desc": Plan("gemm", "cuda", cfg).describe()}
+            try:
                 bs.gemm(a0, b0, out=o0, config=cfg)
-            else:
-                bs.gemm(a0, b0, out=o0, config=cfg)
-                rel, nmax = gemm_errors(o0[rows].double(), ref)
-                entry["ok"] = bool(rel <= tol.rel_fro and nmax <= tol.norm_max)
-                entry["rel_fro"] = rel
-                t = time_op(lambda a, b, o, c=cfg: bs.gemm(a, b, out=o, config=c), ops, warmup=3,
-                            iterations=15, budget_ms=400.0)
-                entry["us"] = t.median_ms * 1e3
-        except Exception as exc:  # a candidate that cannot run is a planner bug: record it
-            entry["error"] = f"{type(exc).__name__}: {exc}"[:300]
-        rec["cands"].append(entry)
+            except Exception as exc:  # a candidate that cannot run is a planner bug: record it
+                entry["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            rec["cands"].append(entry)
+    for cfg, entry in zip(cands, rec["cands"]):
+        entry["predicted_us"] = predict_us(cfg, "fp8_block", m, n, k, dev, cal, out_bytes=2, promote=True).us
     if time_it:
         t = time_op(lambda a, b, o: bs.gemm(a, b, out=o), ops, warmup=3, iterations=15, budget_ms=400.0)
         rec["planned_us"] = t.median_ms * 1e3
     del ops
+    if time_it and tune_top:
+        _tuned.clear()
+        tune([(m, n, k)], top=tune_top, device=device, save="", seed=seed + 1)
+        (entry,) = _tuned.entries().values()
+        rec["tuned"], rec["tuned_top"] = entry["config"], tune_top
+        _tuned.clear()
     return rec
 
 
@@ -161,7 +125,7 @@ def _warm_worker(shapes: list[dict]) -> None:
 
 
 def run_sweep(shapes: list[dict], out_path: str, *, jobs: int = 1, budget_s: float = 1e9,
-              log=print) -> int:
+              log=print, tune_top: int = 0) -> int:
     """Warm (``jobs`` parallel processes) then time every shape, appending JSON lines to
     ``out_path``; stops starting new shapes after ``budget_s`` seconds. Returns rows written."""
     t0 = time.time()
@@ -174,7 +138,7 @@ def run_sweep(shapes: list[dict], out_path: str, *, jobs: int = 1, budget_s: flo
             if time.time() - t0 > budget_s:
                 log(f"time budget reached after {done} of {len(shapes)} shapes")
                 break
-            rec = sweep_shape(s)
+            rec = sweep_shape(s, tune_top=tune_top)
             f.write(json.dumps(rec) + "\n")
             f.flush()
             done += 1

@@ -27,6 +27,7 @@ from .. import _checks
 from ..config.gemm import GemmConfig, gemv_slice_elems
 from ..config.hopper import HopperConfig
 from ..plan import Plan, Problem, device_info, log_plan, plan_gemm
+from ..plan import tuned as _tuned
 from ..plan.types import DTYPE_NAMES
 from ..plan.portable import default_promote
 from ..plan.splits import split_plan as _split_plan
@@ -586,6 +587,7 @@ def gemm_impl(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows: int, fmt: Format, k
 #: streaming kernel's TMA and Gluon bits). The key holds the planner function itself (a
 #: replaced planner, e.g. a test's, is asked again). Bounded by _MEMO_MAX entries.
 _PLANS: dict[tuple, Plan] = {}
+_tuned.on_change(_PLANS.clear)  # a tuned plan stored or cleared changes the answer (plan/tuned.py)
 
 
 def _memo_plan(a2, a_s2, b_data, b_rows: int, fmt: Format, k: int, m: int, n: int, out_dtype, bias, out2) -> Plan:

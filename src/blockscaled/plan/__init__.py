@@ -20,11 +20,11 @@ import contextlib
 import logging
 import os
 
-from .device import CPU_INTERPRETER, H100_SXM, DeviceInfo, device_info, num_sms
+from .device import CPU_INTERPRETER, DEVICES, H100_SXM, H200_SXM, DeviceInfo, device_info, num_sms
 from .gemm import plan_gemm
 from .types import BACKENDS, KERNELS, OPS, Plan, Problem
 
-__all__ = ["Problem", "Plan", "DeviceInfo", "device_info", "num_sms", "H100_SXM", "CPU_INTERPRETER",
+__all__ = ["Problem", "Plan", "DeviceInfo", "device_info", "num_sms", "H100_SXM", "H200_SXM", "DEVICES", "CPU_INTERPRETER",
            "plan_gemm", "log_plan", "observe_plans", "OPS", "BACKENDS", "KERNELS"]
 
 _LOG = logging.getLogger("blockscaled.plan")

@@ -24,12 +24,14 @@ from ..config.gemm import GemmConfig, gemv_config
 from ..config.hopper import HopperConfig
 from .calibration import load_calibration
 from .cost import SKINNY_PROGRAMS_PER_SM, predict_us, programs_per_sm
+from . import tuned as _tuned
 from .device import DeviceInfo
+from .encoding import config_from_key
 from .splits import cdiv as _cdiv
 from .splits import split_plan_kb
 from .types import Plan, Problem
 
-__all__ = ["plan_fp8", "fp8_candidates", "SPLITS", "hopper_fill_stages"]
+__all__ = ["plan_fp8", "fp8_candidates", "ranked_candidates", "SPLITS", "hopper_fill_stages"]
 
 #: K splits the planner considers: each is a separate compile (SPLIT is a constexpr of both
 #: kernel families), so the set is kept short; the gaps cost at most 1/7 of a round's fill.
@@ -171,6 +173,13 @@ def _rank(p: Problem, dev: DeviceInfo, cands: list):
     return scored, cal
 
 
+def ranked_candidates(p: Problem, dev: DeviceInfo, *, gluon_ok: bool = True) -> list[tuple[float, object]]:
+    """(predicted us, config) of every candidate of ``p`` (fp8_block x fp8_block on sm_90) that
+    ``plan_gemm`` ranks, the cost model's fastest first: what ``blockscaled.tune`` times the head of."""
+    hopper = gluon_ok and p.tma and not p.bias and p.b_block_rows == 128 and p.k > 0
+    return [(t, c) for t, c, _ in _rank(p, dev, fp8_candidates(p, dev, hopper=hopper))[0]]
+
+
 def plan_fp8(p: Problem, dev: DeviceInfo, *, hopper: bool = True, forced_strategy: str | None = None) -> Plan:
     """The cost model's choice for fp8_block x fp8_block on sm_90."""
     kinds = dict(hopper=hopper, gemv=True, portable=True, dequant=True)
@@ -182,19 +191,36 @@ def plan_fp8(p: Problem, dev: DeviceInfo, *, hopper: bool = True, forced_strateg
         cands = fp8_candidates(p, dev, hopper=False, gemv=False, dequant=False)
     scored, cal = _rank(p, dev, cands)
     t, best, est = scored[0]
+    tuned_why = None
+    entry = _tuned.lookup(p, dev) if forced_strategy is None else None
+    if entry is not None:
+        want = config_from_key(entry["config"])
+        hit = next((s for s in scored if s[1] == want), None)
+        if hit is None:
+            tuned_why = ("a tuned plan is stored for this problem but is not among today's candidates "
+                         "(another library version?): the cost model's pick runs")
+        else:
+            model_desc = Plan("gemm", "cuda", config_from_key(entry["model_config"])).describe()
+            tuned_why = (f"tuned on this GPU ({entry['date']}): the fastest of {entry['timed']} timed candidates, "
+                         f"{entry['us']:.1f} us; the cost model's pick ({model_desc}) measured {entry['model_us']:.1f} us")
+            t, best, est = hit
     plan_ = Plan("gemm", "cuda", best)
     reasons = [
         f"fp8_block x fp8_block on sm_90: {len(scored)} candidates ranked by the cost model "
         f"(constants: {cal.source})",
         f"chosen: {est.describe()}",
     ]
+    if tuned_why is not None:
+        reasons.insert(1, tuned_why)
     if not hopper:
         reasons.append("the Hopper kernels cannot take these operands (bias, 1x128 weight blocks, "
                        "or a stride / base address TMA cannot describe)")
     if forced_strategy is not None:
         reasons.append(f"strategy forced to {forced_strategy!r} by config=")
     alts = []
-    for u, c, _ in scored[1:]:
+    for u, c, _ in scored:
+        if c == best:
+            continue
         d = Plan("gemm", "cuda", c).describe()
         if d != plan_.describe():
             alts.append((d, u))

@@ -15,7 +15,7 @@ import torch
 
 from .calibration import measured_bandwidth
 
-__all__ = ["DeviceInfo", "device_info", "num_sms", "H100_SXM", "CPU_INTERPRETER"]
+__all__ = ["DeviceInfo", "device_info", "num_sms", "H100_SXM", "H200_SXM", "DEVICES", "CPU_INTERPRETER"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,12 @@ class DeviceInfo:
 #: H100 SXM 80 GB: 132 SMs, 227 KB opt-in shared memory, 50 MB L2; copy bandwidth measured by
 #: scripts/checks/calibrate.py (plan/devices/h100.json holds the value the planner uses).
 H100_SXM = DeviceInfo("cuda", 132, (9, 0), 232448, 50 * 2**20, 3.0e12, "NVIDIA H100 80GB HBM3")
+#: H200 SXM 141 GB: the H100's die (132 SMs, the same shared memory and L2) with HBM3e; copy bandwidth
+#: 4.22-4.24 TB/s, the bench's same-run roofline in all 20 H200 runs of results/h200/runs.jsonl (the
+#: value plan/devices/h200.json holds).
+H200_SXM = DeviceInfo("cuda", 132, (9, 0), 232448, 50 * 2**20, 4.23e12, "NVIDIA H200")
+#: the devices the offline tools (scripts/checks/calibrate.py, validate_plans.py) can plan for, by short name
+DEVICES = {"h100": H100_SXM, "h200": H200_SXM}
 #: The Triton interpreter on the CPU: numbers only steer tile sizes (small tiles keep it fast).
 CPU_INTERPRETER = DeviceInfo("cpu", 4, (0, 0), 1 << 30, 0, 1.0e10, "cpu")
 

@@ -25,12 +25,14 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from ..config.gemm import STRATEGIES, GemmConfig
 from ..config.hopper import EPILOGUES, SPLIT_REDUCE, VARIANTS, HopperConfig
 from .types import BACKENDS, OPS, Plan
 
-__all__ = ["encode_config", "decode_config", "encode_plan", "decode_plan", "CONFIG_TAGS"]
+__all__ = ["encode_config", "decode_config", "encode_plan", "decode_plan", "CONFIG_TAGS", "config_key",
+           "config_from_key"]
 
 #: tag (the first int of an encoding) of each config type; never renumber: a tag names a type
 CONFIG_TAGS = {GemmConfig: 1, HopperConfig: 2}
@@ -143,3 +145,21 @@ def decode_plan(code) -> Plan:
         raise ValueError(f"code: op / backend index out of range, got {list(code[:2])}")
     cfg = None if list(code[2:]) == [0] else decode_config(list(code[2:]))
     return Plan(OPS[code[0]], BACKENDS[code[1]], cfg)
+
+
+def config_key(cfg: GemmConfig | HopperConfig) -> str:
+    """``cfg`` as a JSON string naming every field (``config_from_key`` inverts it): the encoding
+    that is stored (the plan sweeps' records, the tuned plans of plan/tuned.py). Unlike
+    :func:`encode_config`'s ints it stays readable when fields are added: a stored key without a
+    newer field decodes with that field's default."""
+    if type(cfg) not in CONFIG_TAGS:
+        raise TypeError(f"cfg: expected a GemmConfig or a HopperConfig, got {type(cfg).__name__}")
+    kind = "hopper" if isinstance(cfg, HopperConfig) else "gemm"
+    return json.dumps({"type": kind, **dataclasses.asdict(cfg)}, sort_keys=True)
+
+
+def config_from_key(key: str) -> GemmConfig | HopperConfig:
+    """The config :func:`config_key` wrote (fields it lacks take their defaults)."""
+    d = json.loads(key)
+    kind = d.pop("type")
+    return HopperConfig(**d) if kind == "hopper" else GemmConfig(**d)

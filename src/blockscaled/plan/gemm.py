@@ -11,6 +11,7 @@ from .dense import plan_fp8
 from .direct import DIRECT_FORMATS, DIRECT_MAX_M, DIRECT_MIN_M, direct_config, direct_reason, direct_split_why
 from .stream import (STREAM_FORMATS, STREAM_GATHER_MAX_MP, STREAM_MAX_M, stream_config, stream_reason,
                      stream_split_why, use_stream)
+from . import tuned as _tuned
 from .device import DeviceInfo
 from .mx_gemv import MX_GEMV_ROWS, mx_gemv_config, use_mx_gemv
 from .portable import choose_portable, mx_bf16_applies
@@ -134,6 +135,10 @@ def _plan_tiled(p: Problem, dev: DeviceInfo, scope: str) -> Plan:
     return Plan("gemm", "cuda", GemmConfig(strategy="dequant_matmul"), p, predicted_us=t_dq,
                 alternatives=(("hopper_tiled", t_tiled),), reasons=(
                     head, "dequantize both operands to bf16, then cuBLAS", model))
+
+
+# a tuned plan stored or cleared (plan/tuned.py) changes the answer for its problem
+_tuned.on_change(plan_gemm.cache_clear)
 
 
 def _a_dtype(p: Problem):

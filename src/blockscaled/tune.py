@@ -1,0 +1,195 @@
+"""``blockscaled.tune``: time the cost model's top candidates of dense fp8_block GEMMs on this GPU and
+keep the fastest as the plan (plan/tuned.py says why and what is stored).
+
+For each (M, N, K): random e4m3 operands with DeepSeek-style scales (1x128 activations, 128x128
+weights; rotated copies past L2), the model's :data:`plan.tuned.TOP` best predicted candidates, each
+run once and checked against the float64 reference on up to 32 sampled rows (a candidate outside
+the GEMM tolerance is never chosen), then timed as CUDA-graph replays (the bench's
+``time_op``). The fastest is stored; later ``gemm`` / ``linear`` calls of that exact problem run
+it and ``explain`` says so.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .bench.timing import rotation_count, time_op
+from .formats import get_format
+from .ops.gemm import gemm, gemm_problem
+from .ops._hopper import gluon_unavailable_reason
+from .ops.quantize import quantize
+from .plan import Plan, device_info
+from .plan import tuned as _tuned
+from .plan.dense import ranked_candidates
+from .plan.encoding import config_key
+from .reference.gemm import gemm as ref_gemm
+from .tensor import ScaledTensor
+from .testing.tolerances import gemm_errors, gemm_tolerance
+
+__all__ = ["tune", "TuneReport"]
+
+
+@dataclass
+class TuneReport:
+    """One row per tuned problem: (M, N, K, chosen plan, its us, the model's pick, its us, timed)."""
+
+    rows: list = field(default_factory=list)
+    seconds: float = 0.0
+    path: str | None = None
+
+    def __str__(self) -> str:
+        lines = [f"tuned {len(self.rows)} problems in {self.seconds:.1f} s"
+                 + (f" (saved to {self.path})" if self.path else "")]
+        for m, n, k, desc, us, model_desc, model_us, timed in self.rows:
+            gain = f"{model_us / us:.2f}x the model's pick ({model_desc})" if desc != model_desc else "the model's pick"
+            lines.append(f"  M={m} N={n} K={k}: {desc} {us:.1f} us, {gain}; {timed} timed")
+        return "\n".join(lines)
+
+
+def _shapes(target, ms) -> list[tuple[int, int, int]]:
+    """(M, N, K) triples from a list of triples, or from fp8_block weights x ``ms``."""
+    weights = []
+    if isinstance(target, ScaledTensor):
+        weights = [target]
+    elif isinstance(target, torch.nn.Module):
+        weights = [w for _, mod in target.named_modules()
+                   if isinstance(w := getattr(mod, "scaled_weight", None), ScaledTensor)
+                   and not getattr(mod, "weight_only", False)]
+    elif isinstance(target, (list, tuple)) and target and all(isinstance(w, ScaledTensor) for w in target):
+        weights = list(target)
+    else:
+        out = []
+        for i, s in enumerate(target):
+            if not (isinstance(s, (tuple, list)) and len(s) == 3
+                    and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in s)):
+                raise ValueError(f"shapes[{i}]: expected (M, N, K) positive ints, got {s!r}")
+            out.append(tuple(s))
+        return out
+    if ms is None:
+        raise ValueError("ms: tuning weights needs the token counts M to tune for (e.g. ms=(1, 2, 4, 8, 16, 32)); "
+                         "plans of other M stay the cost model's")
+    out = []
+    for w in weights:
+        if get_format(w.format).name != "fp8_block" or tuple(w.block) != (128, 128):
+            continue  # other formats and 1x128 weights are planned by measured rules, not the cost model
+        out += [(int(m), w.shape[-2], w.shape[-1]) for m in ms]
+    return sorted(set(out))
+
+
+def _operands(m: int, n: int, k: int, sets: int, device, seed: int):
+    g = torch.Generator(device=device).manual_seed(seed)
+    out = []
+    for _ in range(sets):
+        x = torch.randn(m, k, generator=g, device=device, dtype=torch.float32).to(torch.bfloat16)
+        w = torch.randn(n, k, generator=g, device=device, dtype=torch.float32).to(torch.bfloat16)
+        out.append((quantize(x, "fp8_block"), quantize(w, "fp8_block", block=(128, 128)),
+                    torch.empty(m, n, dtype=torch.bfloat16, device=device)))
+    return out
+
+
+def reference_rows(a: ScaledTensor, b: ScaledTensor, rows: torch.Tensor) -> torch.Tensor:
+    """float64 ``dequantize(a)[rows] @ dequantize(b).T`` (the reference twin on those rows)."""
+    sub = ScaledTensor(a.data[rows], a.scale[rows], a.format, torch.Size((len(rows), a.shape[-1])), a.block,
+                       a.rounding)
+    return ref_gemm(sub, b, out_dtype=torch.float64)
+
+
+def time_candidates(ops: list, cfgs: list, *, iterations: int = 15) -> list[dict]:
+    """Run each config of ``cfgs`` on ``ops`` (rotated (a, b, out) sets), check it against the float64
+    reference on up to 32 sampled rows, and time it. One dict per config: key, desc, ok, rel_fro,
+    us (timed only when correct), or error."""
+    a0, b0, o0 = ops[0]
+    m = o0.shape[0]
+    rows = torch.randperm(m, device=o0.device)[:32] if m > 32 else torch.arange(m, device=o0.device)
+    ref = reference_rows(a0, b0, rows)
+    tol = gemm_tolerance("fp8_block", o0.dtype)
+    out = []
+    for cfg in cfgs:
+        entry = {"key": config_key(cfg), "desc": Plan("gemm", "cuda", cfg).describe()}
+        try:
+            gemm(a0, b0, out=o0, config=cfg)
+            rel, nmax = gemm_errors(o0[rows].double(), ref)
+            entry.update(ok=bool(rel <= tol.rel_fro and nmax <= tol.norm_max), rel_fro=rel)
+            if entry["ok"]:
+                t = time_op(lambda a, b, o, c=cfg: gemm(a, b, out=o, config=c), ops, warmup=3,
+                            iterations=iterations, budget_ms=400.0)
+                entry["us"] = t.median_ms * 1e3
+        except Exception as exc:  # a candidate that cannot run is reported, never chosen
+            entry["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        out.append(entry)
+    return out
+
+
+def tune(target, ms=None, *, top: int = _tuned.TOP, device=None, save: str | None = None,
+         iterations: int = 15, seed: int = 0, log=None) -> TuneReport:
+    """Time the cost model's ``top`` best candidates of each dense fp8_block GEMM on this GPU and make
+    the fastest the plan of that problem (``gemm``, ``linear``, ``explain`` follow it).
+
+    Args:
+        target: (M, N, K) triples, or fp8_block weights with 128x128 blocks (a ScaledTensor
+            ``[N, K]``, a list of them, or a module holding ``blockscaled.nn.Linear`` layers) with
+            ``ms``.
+        ms: token counts to tune each weight for (exact M: other M keep the cost model's plan).
+        top: candidates timed per problem (the model's best predictions; its own pick is among them).
+        device: the CUDA device (default: the current one).
+        save: JSON file to merge the tuned plans into (default: ``$BLOCKSCALED_TUNED_PLANS`` if
+            set); load it in another process with ``BLOCKSCALED_TUNED_PLANS=path`` or
+            ``blockscaled.plan.tuned.load(path)``.
+        iterations: timed samples per candidate (CUDA-graph replays, median).
+
+    Only problems the cost model plans are tuned: fp8_block activations x fp8_block 128x128
+    weights, bf16 output, on an sm_90 GPU whose Gluon kernels build; others raise ValueError.
+    Each candidate compiles on first use (seconds each); a tuned problem costs ~0.1-1 s after that.
+
+    Example::
+
+        w = bs.quantize(W, "fp8_block", block=(128, 128))        # [N, K]
+        print(bs.tune(w, ms=(1, 8, 64, 4096), save="tuned.json"))
+        y = bs.linear(x, w)            # x with 1, 8, 64 or 4096 rows: the fastest timed plan runs
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("tune: timing the candidates needs a CUDA GPU; none is available")
+    if not isinstance(top, int) or isinstance(top, bool) or top < 1:
+        raise ValueError(f"top: expected a positive int, got {top!r}")
+    device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    dev = device_info(device)
+    save = save if save is not None else _env_path()
+    report = TuneReport(path=save)
+    t0 = time.perf_counter()
+    fmt = get_format("fp8_block")
+    for m, n, k in _shapes(target, ms):
+        sets = rotation_count(m * k + n * k + 2 * m * n, max_sets=8)
+        ops = _operands(m, n, k, sets, device, seed)
+        a0, b0, o0 = ops[0]
+        p = gemm_problem(a0.data, a0.scale, b0.data, 128, fmt, k, m, n, torch.bfloat16, None, o0)
+        if not _tuned.tunable(p, dev) or gluon_unavailable_reason() is not None:
+            raise ValueError(f"tune: M={m} N={n} K={k} on {dev.name}: only dense fp8_block GEMMs on an sm_90 GPU "
+                             f"with the Gluon kernels are planned by the cost model, so only they can be tuned")
+        ranked = ranked_candidates(p, dev)
+        cfgs = [c for _, c in ranked[:top]]
+        timed = [e for e in time_candidates(ops, cfgs, iterations=iterations) if "us" in e]
+        if not timed:
+            raise RuntimeError(f"tune: M={m} N={n} K={k}: no candidate ran within the tolerance")
+        best = min(timed, key=lambda e: e["us"])
+        model = next((e for e in timed if e["key"] == config_key(cfgs[0])), best)
+        _tuned.record(p, dev, dict(config=best["key"], us=best["us"], model_config=model["key"],
+                                   model_us=model["us"], timed=len(timed),
+                                   date=datetime.date.today().isoformat()))
+        report.rows.append((m, n, k, best["desc"], best["us"], model["desc"], model["us"], len(timed)))
+        if log is not None:
+            log(str(report).splitlines()[-1])
+        del ops
+        torch.cuda.empty_cache()
+    if save:
+        _tuned.save(save)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _env_path() -> str | None:
+    return os.environ.get(_tuned.ENV) or None

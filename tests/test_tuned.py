@@ -1,0 +1,153 @@
+"""Tuned plans (plan/tuned.py, blockscaled.tune) on the CPU: the planner runs a stored tuned config
+for exactly its problem and device and says so; a stored config that is not a candidate, another M,
+another device or a forced config leave the cost model's pick; the memoised plans follow the store;
+files round-trip and a foreign file is refused; ``tune`` refuses what it cannot time or tune."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import blockscaled as bs
+from blockscaled.config.gemm import GemmConfig
+from blockscaled.ops import gemm as gemm_mod
+from blockscaled.plan import H100_SXM, H200_SXM, Plan, Problem, plan_gemm
+from blockscaled.plan import tuned
+from blockscaled.plan.dense import ranked_candidates
+from blockscaled.plan.encoding import config_from_key, config_key
+from blockscaled.tune import _shapes
+
+P = Problem("gemm", "fp8_block", 128, 4096, 7168)
+
+
+@pytest.fixture(autouse=True)
+def _empty_store():
+    tuned.clear()
+    yield
+    tuned.clear()
+
+
+def _entry(cfg, model_cfg, us=10.0, model_us=12.0):
+    return dict(config=config_key(cfg), us=us, model_config=config_key(model_cfg), model_us=model_us, timed=6,
+                date="2026-11-28")
+
+
+def test_tuned_entry_is_what_the_planner_runs_and_says():
+    ranked = ranked_candidates(P, H100_SXM)
+    model_pick = plan_gemm(P, H100_SXM).config
+    assert model_pick == ranked[0][1]
+    second = ranked[1][1]
+    tuned.record(P, H100_SXM, _entry(second, model_pick))
+    plan = plan_gemm(P, H100_SXM)
+    assert plan.config == second
+    text = str(plan)
+    assert "tuned on this GPU (2026-11-28)" in text and "10.0 us" in text and "12.0 us" in text
+    # the model's pick is listed among the alternatives, the chosen config is not
+    alts = [d for d, _ in plan.alternatives]
+    assert plan.describe() not in alts
+    # exactly this problem and device: another M, the H200, another output dtype keep the model
+    assert plan_gemm(dataclasses.replace(P, m=129), H100_SXM).config == ranked_candidates(
+        dataclasses.replace(P, m=129), H100_SXM)[0][1]
+    assert plan_gemm(P, H200_SXM).config == ranked_candidates(P, H200_SXM)[0][1]
+    assert plan_gemm(dataclasses.replace(P, out_dtype="float16"), H100_SXM).config != second or \
+        ranked_candidates(dataclasses.replace(P, out_dtype="float16"), H100_SXM)[0][1] == second
+    # a forced config is run as given; a forced strategy ranks without the tuned entry
+    forced = GemmConfig(64, 64, 128, 4, 4, 1, "triton", True, 8, False)
+    assert plan_gemm(P, H100_SXM, forced).config == forced
+    tuned.clear()
+    assert plan_gemm(P, H100_SXM).config == model_pick
+
+
+def test_tuned_config_not_among_candidates_is_not_run():
+    model_pick = plan_gemm(P, H100_SXM).config
+    alien = GemmConfig(32, 32, 128, 4, 2, 7, "triton", True, 8, False)  # split 7 is never a candidate
+    assert alien not in [c for _, c in ranked_candidates(P, H100_SXM)]
+    tuned.record(P, H100_SXM, _entry(alien, model_pick))
+    plan = plan_gemm(P, H100_SXM)
+    assert plan.config == model_pick
+    assert "not among today's candidates" in str(plan)
+
+
+def test_memoised_plans_follow_the_store():
+    gemm_mod._PLANS[("sentinel",)] = None
+    tuned.record(P, H100_SXM, _entry(ranked_candidates(P, H100_SXM)[1][1], plan_gemm(P, H100_SXM).config))
+    assert ("sentinel",) not in gemm_mod._PLANS
+    gemm_mod._PLANS[("sentinel",)] = None
+    tuned.clear()
+    assert ("sentinel",) not in gemm_mod._PLANS
+
+
+def test_record_needs_every_field():
+    with pytest.raises(ValueError, match="missing"):
+        tuned.record(P, H100_SXM, {"config": "{}"})
+
+
+def test_only_dense_fp8_block_quantized_on_hopper_is_tunable():
+    assert tuned.tunable(P, H100_SXM)
+    assert not tuned.tunable(dataclasses.replace(P, fmt="mxfp4"), H100_SXM)
+    assert not tuned.tunable(dataclasses.replace(P, a="bfloat16"), H100_SXM)
+    assert not tuned.tunable(dataclasses.replace(P, op="grouped"), H100_SXM)
+    assert not tuned.tunable(P, dataclasses.replace(H100_SXM, capability=(10, 0)))
+
+
+def test_file_round_trip_merge_and_foreign_file(tmp_path):
+    path = tmp_path / "t.json"
+    a, b = ranked_candidates(P, H100_SXM)[:2]
+    tuned.record(P, H100_SXM, _entry(b[1], a[1]))
+    tuned.save(path)
+    first = tuned.entries()
+    tuned.clear()
+    p2 = dataclasses.replace(P, m=64)
+    tuned.record(p2, H100_SXM, _entry(ranked_candidates(p2, H100_SXM)[1][1], ranked_candidates(p2, H100_SXM)[0][1]))
+    tuned.save(path)  # merged over the file's entry
+    tuned.clear()
+    assert tuned.load(path) == 2
+    got = tuned.entries()
+    assert got[tuned.problem_key(P, H100_SXM)] == first[tuned.problem_key(P, H100_SXM)]
+    assert config_from_key(got[tuned.problem_key(P, H100_SXM)]["config"]) == b[1]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"entries": []}))
+    with pytest.raises(ValueError, match="bad.json"):
+        tuned.load(bad)
+
+
+def test_env_file_is_loaded_at_import(tmp_path):
+    path = tmp_path / "t.json"
+    a, b = ranked_candidates(P, H100_SXM)[:2]
+    tuned.record(P, H100_SXM, _entry(b[1], a[1]))
+    tuned.save(path)
+    code = ("from blockscaled.plan import H100_SXM, Problem, plan_gemm;"
+            f"print(plan_gemm(Problem('gemm', 'fp8_block', {P.m}, {P.n}, {P.k}), H100_SXM).describe())")
+    env = dict(os.environ, **{tuned.ENV: str(path)})
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+
+    assert out.stdout.strip() == Plan("gemm", "cuda", b[1]).describe()
+
+
+def test_config_key_round_trips_every_candidate():
+    for _, c in ranked_candidates(P, H100_SXM):
+        assert config_from_key(config_key(c)) == c
+    with pytest.raises(TypeError, match="cfg"):
+        config_key(object())
+
+
+def test_tune_shapes_and_refusals():
+    assert _shapes([(1, 256, 512), (8, 256, 512)], None) == [(1, 256, 512), (8, 256, 512)]
+    with pytest.raises(ValueError, match=r"shapes\[1\]"):
+        _shapes([(1, 256, 512), (0, 256, 512)], None)
+    w = bs.quantize(torch.randn(256, 512), "fp8_block", block=(128, 128))
+    w1 = bs.quantize(torch.randn(256, 512), "fp8_block", block=(1, 128))
+    with pytest.raises(ValueError, match="ms"):
+        _shapes(w, None)
+    assert _shapes([w, w1], (1, 4)) == [(1, 256, 512), (4, 256, 512)]  # 1x128 weights: not the cost model's
+    lin = bs.nn.Linear.from_linear(torch.nn.Linear(512, 384, bias=False), "fp8_block")
+    assert _shapes(torch.nn.Sequential(lin), (2,)) == [(2, 384, 512)]
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA"):
+            bs.tune([(1, 256, 512)])
