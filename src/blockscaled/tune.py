@@ -31,7 +31,7 @@ from .reference.gemm import gemm as ref_gemm
 from .tensor import ScaledTensor
 from .testing.tolerances import gemm_errors, gemm_tolerance
 
-__all__ = ["tune", "TuneReport"]
+__all__ = ["tune", "TuneReport", "compile_worker", "time_candidates", "reference_rows"]
 
 
 @dataclass
@@ -125,6 +125,34 @@ def time_candidates(ops: list, cfgs: list, *, iterations: int = 15) -> list[dict
     return out
 
 
+def _top_configs(ops, m: int, n: int, k: int, top: int, dev) -> tuple:
+    """The Problem of ``ops``' first set and the cost model's ``top`` best configs for it."""
+    a0, b0, o0 = ops[0]
+    p = gemm_problem(a0.data, a0.scale, b0.data, 128, get_format("fp8_block"), k, m, n, torch.bfloat16, None, o0)
+    if not _tuned.tunable(p, dev) or gluon_unavailable_reason() is not None:
+        raise ValueError(f"tune: M={m} N={n} K={k} on {dev.name}: only dense fp8_block GEMMs on an sm_90 GPU "
+                         f"with the Gluon kernels are planned by the cost model, so only they can be tuned")
+    return p, [c for _, c in ranked_candidates(p, dev)[:top]]
+
+
+def compile_worker(items: list) -> None:
+    """One process of a parallel compile ahead of :func:`tune` (``bench.workers.run_in_processes``):
+    runs each ``[m, n, k, top]`` item's top candidates once, so that Triton's on-disk cache holds them
+    (``blockscaled bench --tune`` uses it: compiling one candidate after another would take most of
+    a run)."""
+    dev = device_info(torch.device("cuda"))
+    for m, n, k, top in items:
+        try:
+            ops = _operands(m, n, k, 1, "cuda", 0)
+            a0, b0, o0 = ops[0]
+            for cfg in _top_configs(ops, m, n, k, top, dev)[1]:
+                gemm(a0, b0, out=o0, config=cfg)
+            torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001 - the timing process reports what cannot run
+            print(f"compile {m}x{n}x{k}: {type(exc).__name__}: {exc}"[:300], flush=True)
+        torch.cuda.empty_cache()
+
+
 def tune(target, ms=None, *, top: int = _tuned.TOP, device=None, save: str | None = None,
          iterations: int = 15, seed: int = 0, log=None) -> TuneReport:
     """Time the cost model's ``top`` best candidates of each dense fp8_block GEMM on this GPU and make
@@ -161,17 +189,10 @@ def tune(target, ms=None, *, top: int = _tuned.TOP, device=None, save: str | Non
     save = save if save is not None else _env_path()
     report = TuneReport(path=save)
     t0 = time.perf_counter()
-    fmt = get_format("fp8_block")
     for m, n, k in _shapes(target, ms):
         sets = rotation_count(m * k + n * k + 2 * m * n, max_sets=8)
         ops = _operands(m, n, k, sets, device, seed)
-        a0, b0, o0 = ops[0]
-        p = gemm_problem(a0.data, a0.scale, b0.data, 128, fmt, k, m, n, torch.bfloat16, None, o0)
-        if not _tuned.tunable(p, dev) or gluon_unavailable_reason() is not None:
-            raise ValueError(f"tune: M={m} N={n} K={k} on {dev.name}: only dense fp8_block GEMMs on an sm_90 GPU "
-                             f"with the Gluon kernels are planned by the cost model, so only they can be tuned")
-        ranked = ranked_candidates(p, dev)
-        cfgs = [c for _, c in ranked[:top]]
+        p, cfgs = _top_configs(ops, m, n, k, top, dev)
         timed = [e for e in time_candidates(ops, cfgs, iterations=iterations) if "us" in e]
         if not timed:
             raise RuntimeError(f"tune: M={m} N={n} K={k}: no candidate ran within the tolerance")

@@ -36,6 +36,8 @@ from .env import environment, has_cuda
 from .plot import has_plot_data, plot_results
 from .report import CPU_MODE_LINE, print_report, save_results_dir, write_results
 from .runner import RunConfig, Runner, measure_roofline
+from .workers import run_in_processes
+from ..tune import tune
 
 __all__ = ["main", "build_parser", "parse_args", "select_cases"]
 
@@ -133,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-correctness", action="store_true", help="skip the float64 reference checks")
     t.add_argument("--no-roofline", action="store_true", help="skip measuring copy BW and cuBLAS peaks")
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--tune", type=_positive, default=None, metavar="TOP",
+                   help="first run blockscaled.tune on the dense fp8_block cases (the planner's TOP best "
+                        "candidates timed, the fastest kept), so the rows time the tuned plans (GPU only)")
     o = p.add_argument_group("output")
     o.add_argument("--use-profiler", action="store_true",
                    help="write a torch.profiler Chrome trace (kernels named by shape) to --trace-file")
@@ -228,6 +233,23 @@ def _check_counts(rows: list[dict], notes: list[str]) -> dict:
     }
 
 
+def _tune_cases(jobs, top: int, console) -> str:
+    """``--tune``: compile the dense fp8_block cases' top candidates in parallel processes, then
+    ``blockscaled.tune`` them in this process (the plans the rows then run and report)."""
+    shapes = list(dict.fromkeys((c.m, c.n, c.k) for _, c, f in jobs
+                                if f == "fp8_block" and c.kind == "gemm" and min(c.m, c.n, c.k) > 0))
+    if not shapes:
+        return "--tune: no dense fp8_block case to tune"
+    t0 = time.perf_counter()
+    run_in_processes("blockscaled.tune", "compile_worker", [[m, n, k, top] for m, n, k in shapes],
+                     min(14, os.cpu_count() or 1))
+    t1 = time.perf_counter()
+    rep = tune(shapes, top=top, save="")
+    changed = sum(1 for r in rep.rows if r[3] != r[5])
+    return (f"--tune {top}: {len(rep.rows)} dense fp8_block problems tuned (compile {t1 - t0:.0f} s in processes, "
+            f"timing {rep.seconds:.0f} s); the tuned plan differs from the cost model's on {changed}")
+
+
 def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     a = parse_args(argv)
@@ -314,6 +336,10 @@ def main(argv: list[str] | None = None) -> int:
         if note:
             console.print(note)
             runner.note(note)
+    if a.tune:
+        note = _tune_cases(jobs, a.tune, console) if cuda else "--tune: skipped (no CUDA GPU: nothing to time)"
+        console.print(note)
+        runner.note(note)
     # SIGTERM (e.g. `timeout`) ends the sweep early but still reports and writes what was measured.
     def _term(signum, frame):
         raise KeyboardInterrupt
