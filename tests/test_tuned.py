@@ -21,7 +21,7 @@ from blockscaled.plan import H100_SXM, H200_SXM, Plan, Problem, plan_gemm
 from blockscaled.plan import tuned
 from blockscaled.plan.dense import ranked_candidates
 from blockscaled.plan.encoding import config_from_key, config_key
-from blockscaled.tune import _shapes
+from blockscaled.tune import TUNE_MARGIN, _shapes, choose
 
 P = Problem("gemm", "fp8_block", 128, 4096, 7168)
 
@@ -151,3 +151,13 @@ def test_tune_shapes_and_refusals():
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="CUDA"):
             bs.tune([(1, 256, 512)])
+
+
+def test_choose_keeps_the_model_pick_within_the_margin():
+    model = {"key": "m", "us": 10.0}
+    near = {"key": "a", "us": 10.0 / (1 + TUNE_MARGIN / 2)}
+    far = {"key": "b", "us": 10.0 / (1 + 2 * TUNE_MARGIN)}
+    assert choose([model, near], "m") is model
+    assert choose([model, near, far], "m") is far
+    assert choose([near, far], "m") is far  # the model's pick did not run within the tolerance
+    assert choose([model, near], "m", margin=0.0) is near

@@ -1,5 +1,6 @@
 """Tuned plans: where ``blockscaled.tune`` timed the cost model's top candidates on this GPU, the
-planner runs the fastest of them.
+planner runs the fastest of them (the model's own pick unless another beat it by more than
+``tune.TUNE_MARGIN``).
 
 Why: the cost model (plan/cost.py) picks a plan within 5 % of the best candidate on 74-84 % of
 shapes (H100: 378 of 449 shapes of the plan-sweep-20261125 record; H200: 197 of 266,
