@@ -709,3 +709,28 @@ def test_validate_plans_judges_records_made_before_new_config_fields():
     old = json.loads(config_key(cfg))
     old.pop("dequant_a"), old.pop("maxnreg")
     assert vp._canonical(json.dumps(old, sort_keys=True)) == config_key(cfg)
+
+
+def test_validate_plans_report_judges_tunes_choice_on_the_device_named(tmp_path, capsys):
+    """``report --device h200`` re-plans for the H200 and judges a record's ``tuned`` config (what
+    ``run --tune`` stores) on the sweep's own timings."""
+    import json
+
+    from blockscaled.plan import H200_SXM, Problem
+    from blockscaled.plan.dense import ranked_candidates
+    from blockscaled.plan.encoding import config_key
+
+    vp = _load("checks/validate_plans.py")
+    p = Problem("gemm", "fp8_block", 128, 4096, 7168)
+    ranked = [c for _, c in ranked_candidates(p, H200_SXM)]
+    cands = [{"key": config_key(c), "desc": str(i), "ok": True, "us": 10.0 + i} for i, c in enumerate(ranked)]
+    cands[2]["us"] = 5.0  # the third-ranked is fastest: the model's pick is 2x, tune's choice 1x
+    rec = {"set": "family", "family": "f", "layer": "l", "m": 128, "n": 4096, "k": 7168, "planned": cands[0]["key"],
+           "cands": cands, "tuned": cands[2]["key"], "tuned_top": 6}
+    path = tmp_path / "s.jsonl"
+    path.write_text(json.dumps(rec) + "\n")
+    assert vp.report([str(path)], None, False, "h200") == 0
+    out = capsys.readouterr().out
+    assert "(h200: 1 shapes recorded, 1 judged)" in out
+    assert "within 5% of the best candidate: 0/1" in out
+    assert "blockscaled.tune's choice (top 6 timed apart, judged on the sweep's timings): 1/1" in out
