@@ -29,7 +29,7 @@ DTYPE_DEFAULTS = {
 }
 #: public callables without a floating-point output dtype
 NOT_OPS = {"quantize", "tensor_amax", "get_format", "check_errors", "Format", "ScaleRounding", "ScaledTensor",
-           "GemmConfig", "QuantizationRangeWarning", "explain", "warmup", "quantize_model"}
+           "GemmConfig", "QuantizationRangeWarning", "explain", "warmup", "quantize_model", "tune"}
 
 
 def test_every_public_callable_is_classified():
