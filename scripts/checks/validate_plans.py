@@ -79,16 +79,22 @@ def report(paths: list[str], md: str | None, use_recorded_plan: bool, device: st
                        f"{statistics.geometric_mean(sub):.3f}, worst {max(sub):.3f}")
     out.append(f"- time decreasing with M (> 3%) on the same N, K: {len(mono)} pairs (target 0)")
     tuned = []
+    tuned_nk = defaultdict(list)
     for r in recs:
         ok = {_canonical(c["key"]): c["us"] for c in r["cands"] if "us" in c and c.get("ok", False)}
         if "tuned" in r and ok and _canonical(r["tuned"]) in ok:
-            tuned.append(ok[_canonical(r["tuned"])] / min(ok.values()))
+            us = ok[_canonical(r["tuned"])]
+            tuned.append(us / min(ok.values()))
+            tuned_nk[(r["family"], r["layer"], r["n"], r["k"])].append((r["m"], us))
     if tuned:
         top = {r.get("tuned_top") for r in recs if "tuned" in r}
+        t_mono = sum(1 for pts in tuned_nk.values() for (_, t0), (_, t1) in zip(sorted(pts), sorted(pts)[1:])
+                     if t1 < t0 / 1.03)
         out.append(f"- blockscaled.tune's choice (top {'/'.join(map(str, sorted(top)))} timed apart, judged on the "
                    f"sweep's timings): {sum(1 for x in tuned if x <= 1.05)}/{len(tuned)} = "
                    f"{sum(1 for x in tuned if x <= 1.05) / len(tuned):.1%} within 5%, geomean "
-                   f"{statistics.geometric_mean(tuned):.3f}, worst {max(tuned):.3f}")
+                   f"{statistics.geometric_mean(tuned):.3f}, worst {max(tuned):.3f}; time decreasing with M "
+                   f"(> 3%): {t_mono} pairs")
     out.append(f"- candidates that failed or missed the tolerance: {len(errors)}; planned plan not among "
                f"the timed candidates: {len(misses)}")
     if use_recorded_plan:
