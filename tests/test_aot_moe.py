@@ -1,5 +1,5 @@
 """The MoE glue kernels (kernels/triton/moe.py) compile for Hopper (sm_90) without a GPU, in
-every size ops/moe.py launches, with no atomics (the combine is deterministic) and no spills
+every size ops/moe.py launches (the routing kernel at the suites' expert counts and the largest), with no atomics (the combine is deterministic) and no spills
 of the counting sort's comparison tiles."""
 
 from __future__ import annotations
@@ -36,6 +36,17 @@ for odt in ("bf16", "fp16", "fp32"):
     sig = {"y_ptr": "*fp32", "w_ptr": "*fp32", "inv_ptr": "*i32", "out_ptr": "*" + odt, "H": "i32", "topk": "i32",
            "stride_y": "i32", "stride_w": "i32", "stride_o": "i32", "BLOCK_H": "constexpr"}
     out[f"combine_{odt}"] = comp(K.combine_kernel, sig, {"BLOCK_H": ops_moe._COMBINE_BLOCK_H}, num_warps=4)
+# routing: Mixtral (8 experts, top-2 softmax), Qwen3-30B-A3B (128, top-8), DeepSeek-V3 (256, sigmoid, 8 groups
+# keep 4, correction bias, top-8), the largest block the launcher takes
+for name, (e, k, sig_, bias, ng, tg) in {"route_8": (8, 2, False, False, 1, 1), "route_128": (128, 8, False, False, 1, 1),
+                                          "route_dsv3": (256, 8, True, True, 8, 4),
+                                          "route_max": (ops_moe.ROUTE_MAX_EXPERTS, 8, False, False, 1, 1)}.items():
+    sig = {"logits_ptr": "*bf16", "bias_ptr": "*fp32", "w_ptr": "*fp32", "ids_ptr": "*i64", "num_experts": "i32",
+           "stride_l": "i32", "scale": "fp32", "TOPK": "constexpr", "K_PAD": "constexpr", "BLOCK_E": "constexpr",
+           "SIGMOID": "constexpr", "HAS_BIAS": "constexpr", "N_GROUP": "constexpr", "TOPK_GROUP": "constexpr",
+           "NORM": "constexpr"}
+    out[name] = comp(K.route_kernel, sig, {"TOPK": k, "K_PAD": k, "BLOCK_E": e, "SIGMOID": sig_, "HAS_BIAS": bias,
+                                           "N_GROUP": ng, "TOPK_GROUP": tg, "NORM": True}, num_warps=4)
 print("JSON" + json.dumps(out))
 '''
 
@@ -46,7 +57,7 @@ def info():
 
 
 def test_glue_kernels_compile_for_sm90(info):
-    assert len(info) == 5 and {"permute_64", "combine_bf16", "combine_fp16", "combine_fp32"} < set(info)
+    assert len(info) == 9 and {"permute_64", "combine_bf16", "combine_fp16", "combine_fp32", "route_dsv3"} < set(info)
     for name, r in info.items():
         assert r["cubin"] > 0, name
         assert r["atom"] == 0, (name, "the glue is deterministic: no atomics")

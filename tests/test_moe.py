@@ -56,6 +56,55 @@ def test_route_plain_and_grouped(device):
         route(logits, 2, n_group=3, topk_group=1)
 
 
+ROUTE_CASES = [  # (E, k, score, n_group, topk_group, bias, norm, scale)
+    (8, 2, "softmax", None, None, False, True, 1.0),       # Mixtral
+    (128, 8, "softmax", None, None, False, True, 1.0),     # Qwen3-MoE
+    (32, 4, "softmax", None, None, False, False, 1.0),     # gpt-oss-20b (weights not renormalised)
+    (60, 4, "softmax", None, None, False, False, 1.0),     # Qwen1.5-MoE: E not a power of two
+    (256, 8, "sigmoid", 8, 4, True, True, 2.5),            # DeepSeek-V3
+    (64, 6, "sigmoid", 8, 3, True, True, 1.0),             # DeepSeek-V2-Lite-like grouped
+    (16, 1, "sigmoid", 16, 2, False, False, 1.0),          # groups of one expert
+    (300, 2, "sigmoid", 4, 2, True, True, 1.0),            # grouped, E not a power of two: the torch twin
+]
+
+
+@pytest.mark.parametrize("case", ROUTE_CASES, ids=lambda c: f"E{c[0]}k{c[1]}{c[2]}g{c[3]}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_route_kernel_matches_torch_twin(case, dtype, path, device):
+    """The one-launch routing kernel gives the torch twin's experts and their weights within fp32
+    rounding (softmax and the renormalising sum run in another order), on every routing form."""
+    from blockscaled.nn.moe import _route_torch
+    from blockscaled.ops.moe import route_topk
+
+    e, k, score, ng, tg, has_bias, norm, scale = case
+    g = torch.Generator().manual_seed(e + k)
+    for t in (1, 5):
+        logits = (torch.randn(t, e, generator=g) * 2).to(device=device, dtype=dtype)
+        bias = (torch.randn(e, generator=g) * 0.1).to(device) if has_bias else None
+        kw = dict(score=score, n_group=ng, topk_group=tg, correction_bias=bias, norm_topk_prob=norm,
+                  routed_scaling_factor=scale)
+        w, ex = route(logits, k, **kw)
+        w0, ex0 = _route_torch(logits, k, score, ng, tg, bias, norm, scale)
+        assert ex.dtype == torch.int64 and w.dtype == torch.float32 and w.shape == (t, k)
+        # the same experts with the same weights; among equal scores (bf16 logits tie) the kernel
+        # takes the lower index first, torch.topk in no documented order
+        s1, i1 = ex.sort(-1)
+        s0, i0 = ex0.sort(-1)
+        assert torch.equal(s1, s0), (ex, ex0)
+        torch.testing.assert_close(w.gather(1, i1), w0.gather(1, i0), rtol=2e-6, atol=1e-7)
+        ran = route_topk(logits, k, score == "sigmoid", ng, tg, bias, norm, scale)
+        takes = path == "kernels" and not (ng and (e & (e - 1)))
+        assert (ran is not None) == takes
+    # a transposed view (stride(1) != 1) takes the twin, with the same answer
+    lt = (torch.randn(e, 3, generator=g)).to(device=device, dtype=dtype).t()
+    assert torch.equal(route(lt, k, **kw)[1].sort(-1)[0], _route_torch(lt, k, score, ng, tg, bias, norm, scale)[1].sort(-1)[0])
+
+
+def test_route_no_tokens(device):
+    w, e = route(torch.empty(0, 8, device=device), 2)
+    assert w.shape == (0, 2) and e.shape == (0, 2)
+
+
 def test_permute(device):
     ex = torch.tensor([[2, 0], [2, 1], [0, 2]], device=device)
     order, token, offsets = permute(ex, 4)

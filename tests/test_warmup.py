@@ -86,6 +86,21 @@ def test_warmup_experts(path, device):
         bs.warmup(model, max_tokens=2, top_k=0)
 
 
+def test_warmup_moe_routing(path, device):
+    """An nn.MoE layer: its experts' plans and its routing kernel are run."""
+    e, h, i = 4, 64, 32
+    moe = bs.nn.MoE.from_dense(torch.randn(e, i, h, device=device).bfloat16() * 0.05,
+                               torch.randn(e, i, h, device=device).bfloat16() * 0.05,
+                               torch.randn(e, h, i, device=device).bfloat16() * 0.05,
+                               torch.randn(e, h, device=device).bfloat16(), "mxfp8", top_k=2)
+    report = bs.warmup(torch.nn.ModuleDict({"moe": moe}), max_tokens=1, progress=False)
+    labels = [label for label, *_ in report.entries]
+    if path == "reference":
+        assert labels == []
+        return
+    assert labels.count("moe.route") == 1 and any(label.startswith("moe.experts") for label in labels)
+
+
 def test_m_derived_ints_are_not_specialised():
     """bs.warmup compiles one launch per (plan, M == 1, M % 16 == 0): every other integer argument
     that follows M must not be specialised by Triton, or calls inside a warmed-up plan's M range

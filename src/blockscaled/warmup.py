@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ._checks import use_reference
 from .formats import get_format
 from .nn.experts import Experts
+from .nn.moe import MoE
 from .ops.gemm import gemm_problem, make_plan
 from .ops.linear import linear
 from .ops.moe import permute_block
@@ -69,6 +71,12 @@ def _experts(model_or_weights) -> list[tuple[str, Experts]]:
     if not isinstance(model_or_weights, torch.nn.Module):
         return []
     return [(name or "experts", m) for name, m in model_or_weights.named_modules() if isinstance(m, Experts)]
+
+
+def _moe_layers(model_or_weights) -> list[tuple[str, MoE]]:
+    if not isinstance(model_or_weights, torch.nn.Module):
+        return []
+    return [((name or "moe") + ".route", m) for name, m in model_or_weights.named_modules() if isinstance(m, MoE)]
 
 
 def _top_k(model: torch.nn.Module, top_k: int | None) -> int:
@@ -197,5 +205,15 @@ def warmup(model_or_weights, max_tokens: int = 8192, *, activations: torch.dtype
                 torch.cuda.synchronize(dev)
             report.entries.append((label, (lo, hi), desc, time.perf_counter() - s))
             bar.advance(task)
+    # the MoE layers' routing kernel: its compiled form follows the routing settings, not T
+    for label, moe in _moe_layers(model_or_weights):
+        dev = moe.router_weight.device
+        if use_reference(moe.router_weight):
+            continue
+        s = time.perf_counter()
+        moe.route(torch.zeros((1, moe.num_experts), dtype=activations, device=dev))
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        report.entries.append((label, (1, max_tokens), "routing (ops/moe.py route_topk)", time.perf_counter() - s))
     report.seconds = time.perf_counter() - t0
     return report

@@ -4,7 +4,8 @@ forward(x [T, H]):
 1. router: ``logits = x @ router_weight.T`` (bf16, not quantized), scores = softmax or sigmoid;
 2. top-k (:func:`route`): plain, or DeepSeek-V3 grouped top-k (``n_group`` groups scored by their
    top-2 scores plus ``correction_bias``, the best ``topk_group`` groups kept), the weights taken
-   from the scores without the bias, optionally renormalised, times ``routed_scaling_factor``;
+   from the scores without the bias, optionally renormalised, times ``routed_scaling_factor``
+   (steps 1's scores and 2 in one kernel launch on CUDA: ``ops.moe.route_topk``);
 3. permutation (:func:`permute`): the T x k assignments sorted by expert (a stable sort), expert
    row counts by a scatter-add (no host sync: ``torch.bincount`` would read the maximum back), the
    int32 ``offsets`` by a cumulative sum;
@@ -24,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from ..formats import get_format
+from ..ops.moe import route_topk
 from ..ops.quantize import quantize
 from ..tensor import ScaledTensor
 from .experts import Experts, _deinterleave, _rows, permute
@@ -43,7 +45,9 @@ def route(logits: torch.Tensor, top_k: int, *, score: str = "softmax", n_group: 
     ``topk_group``: DeepSeek-V3 grouped top-k (experts in ``n_group`` equal groups, a group scored by
     the sum of its two best biased scores, experts outside the best ``topk_group`` groups dropped).
     ``correction_bias [E]``: added to the scores for the choice only. ``norm_topk_prob``: the k
-    weights renormalised to sum 1. No host synchronisation.
+    weights renormalised to sum 1. No host synchronisation. On CUDA (and in Triton's interpreter)
+    one kernel does all of it (``ops.moe.route_topk``); this function's torch code is its twin (the
+    reference path, torch.compile, and the cases the kernel does not take).
 
     Example::
 
@@ -54,12 +58,24 @@ def route(logits: torch.Tensor, top_k: int, *, score: str = "softmax", n_group: 
     t, n_exp = logits.shape
     if not 1 <= top_k <= n_exp:
         raise ValueError(f"top_k: expected 1..{n_exp} (the number of experts), got {top_k}")
+    if n_group is not None and n_group > 1 and (
+            n_exp % n_group or topk_group is None or not 1 <= topk_group <= n_group):
+        raise ValueError(f"n_group/topk_group: {n_exp} experts need n_group dividing them and 1 <= topk_group "
+                         f"<= n_group, got n_group={n_group}, topk_group={topk_group}")
+    fused = route_topk(logits, top_k, score == "sigmoid", n_group, topk_group, correction_bias, norm_topk_prob,
+                       routed_scaling_factor)
+    if fused is not None:
+        return fused
+    return _route_torch(logits, top_k, score, n_group, topk_group, correction_bias, norm_topk_prob,
+                        routed_scaling_factor)
+
+
+def _route_torch(logits, top_k, score, n_group, topk_group, correction_bias, norm_topk_prob, routed_scaling_factor):
+    """The torch twin of :func:`route` (arguments validated)."""
+    t, n_exp = logits.shape
     s = torch.softmax(logits.float(), dim=-1) if score == "softmax" else torch.sigmoid(logits.float())
     choice = s if correction_bias is None else s + correction_bias.float()
     if n_group is not None and n_group > 1:
-        if n_exp % n_group or topk_group is None or not 1 <= topk_group <= n_group:
-            raise ValueError(f"n_group/topk_group: {n_exp} experts need n_group dividing them and 1 <= topk_group "
-                             f"<= n_group, got n_group={n_group}, topk_group={topk_group}")
         g = choice.view(t, n_group, n_exp // n_group)
         group_score = g.topk(min(2, g.shape[-1]), dim=-1).values.sum(-1)
         keep = torch.zeros_like(group_score).scatter_(1, group_score.topk(topk_group, dim=-1).indices, 1.0)
@@ -196,7 +212,11 @@ class MoE(torch.nn.Module):
             raise ValueError(f"x: expected [T, {self.hidden}], got {tuple(x.shape)}")
         logits = torch.nn.functional.linear(x, self.router_weight.to(x.dtype),
                                             None if self.router_bias is None else self.router_bias.to(x.dtype))
-        weights, experts = route(logits, self.top_k, score=self.score, n_group=self.n_group,
-                                 topk_group=self.topk_group, correction_bias=self.correction_bias,
-                                 norm_topk_prob=self.norm_topk_prob, routed_scaling_factor=self.routed_scaling_factor)
+        weights, experts = self.route(logits)
         return self.experts(x, experts, weights)
+
+    def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This layer's top-k routing of router ``logits [T, E]``: :func:`route` with its settings."""
+        return route(logits, self.top_k, score=self.score, n_group=self.n_group, topk_group=self.topk_group,
+                     correction_bias=self.correction_bias, norm_topk_prob=self.norm_topk_prob,
+                     routed_scaling_factor=self.routed_scaling_factor)

@@ -1,4 +1,4 @@
-"""The MoE layer's glue: the permutation of ``[T, k]`` expert assignments into expert order and
+"""The MoE layer's glue: top-k routing in one kernel (:func:`route_topk`), the permutation of ``[T, k]`` expert assignments into expert order and
 the weighted combine of the experts' rows back into tokens (kernels/triton/moe.py on CUDA and in
 the interpreter; the same results in torch on the reference path, while torch.compile traces
 (Inductor fuses the torch glue itself) and, for the permutation, above :data:`PERMUTE_MAX`
@@ -9,11 +9,11 @@ from __future__ import annotations
 import torch
 
 from .. import _checks
-from ..kernels.triton.moe import combine_kernel, permute_kernel
+from ..kernels.triton.moe import combine_kernel, permute_kernel, route_kernel
 from ._launch import fast
 from .quantize import _pow2
 
-__all__ = ["permute", "combine", "permute_block", "PERMUTE_MAX"]
+__all__ = ["permute", "combine", "permute_block", "PERMUTE_MAX", "route_topk", "ROUTE_MAX_EXPERTS"]
 
 #: Largest T x k sorted by the one-program counting sort. Its n x n comparisons grow as n^2 on one
 #: SM: on the H200 at n = 512 (Qwen3-30B-A3B T=64, top-8) the layer's graph time rose by ~35 us
@@ -110,3 +110,40 @@ def combine(y: torch.Tensor, weights: torch.Tensor, inv: torch.Tensor, out_dtype
                                                  BLOCK_H=block_h, num_warps=4)
     return out
 
+
+
+#: Most experts the one-program routing kernel takes (one token's scores in one block of registers:
+#: 512 fp32 values over 4 warps); more go through the torch twin. The models in the suites have 8-384.
+ROUTE_MAX_EXPERTS = 512
+
+
+def route_topk(logits: torch.Tensor, top_k: int, sigmoid: bool, n_group: int | None, topk_group: int | None,
+               correction_bias: torch.Tensor | None, norm_topk_prob: bool, scale: float):
+    """``(weights fp32 [T, k], experts int64 [T, k])`` of ``blockscaled.nn.route`` in one kernel launch
+    (kernels/triton/moe.py ``route_kernel``: scores, bias, grouped top-k, top-k, renormalisation and
+    scale for one token per program), or None where the torch twin must run: the reference path,
+    torch.compile tracing (Inductor fuses the torch ops), more than :data:`ROUTE_MAX_EXPERTS`
+    experts, grouped top-k over a number of experts that is not a power of two, or fewer experts
+    in the kept groups than ``top_k``. Arguments are ``route``'s, already validated.
+
+    Why: the torch routing is 6-12 small kernels (softmax or sigmoid, add, topk, gather, sum,
+    divide, multiply; the grouped form adds view / topk / scatter / masked_fill), which at decode
+    are most of the MoE layer's glue (benchmarks/NOTES.md, sixteenth session: after the permute and
+    combine kernels the glue was still 52 % of the Qwen3-30B-A3B fp8_block layer's graph time at T = 1)."""
+    t, e = logits.shape
+    if (_checks.use_reference(logits) or torch.compiler.is_compiling() or t == 0 or e > ROUTE_MAX_EXPERTS
+            or logits.stride(1) != 1):
+        return None
+    grouped = n_group is not None and n_group > 1
+    if grouped and (e & (e - 1) or top_k > topk_group * (e // n_group)):
+        return None
+    bias = correction_bias
+    if bias is not None and (bias.device != logits.device or bias.stride(0) != 1):
+        bias = bias.to(logits.device).contiguous()
+    w = torch.empty((t, top_k), dtype=torch.float32, device=logits.device)
+    ids = torch.empty((t, top_k), dtype=torch.int64, device=logits.device)
+    fast(route_kernel)[(t,)](logits, logits if bias is None else bias, w, ids, e, logits.stride(0), float(scale),
+                             TOPK=top_k, K_PAD=_pow2(top_k), BLOCK_E=_pow2(e), SIGMOID=bool(sigmoid),
+                             HAS_BIAS=bias is not None, N_GROUP=n_group if grouped else 1,
+                             TOPK_GROUP=topk_group if grouped else 1, NORM=bool(norm_topk_prob), num_warps=4)
+    return w, ids

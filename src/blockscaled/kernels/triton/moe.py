@@ -68,3 +68,67 @@ def combine_kernel(y_ptr, w_ptr, inv_ptr, out_ptr, H, topk, stride_y, stride_w, 
         acc += w * tl.load(y_ptr + r * stride_y + h, mask=mask, other=0.0)
     # (cast_out: round to nearest in the interpreter too, whose fp32 -> bf16 cast truncates)
     tl.store(out_ptr + t.to(tl.int64) * stride_o + h, cast_out(acc, out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["num_experts", "stride_l"])
+def route_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, num_experts, stride_l, scale,
+                 TOPK: tl.constexpr, K_PAD: tl.constexpr, BLOCK_E: tl.constexpr, SIGMOID: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, NORM: tl.constexpr):
+    """Top-k routing of one token (program 0) in one program: ``logits [T, E]`` (any float dtype,
+    row stride ``stride_l``) -> ``w [T, TOPK]`` fp32 and ``ids [T, TOPK]`` int64.
+
+    Scores in fp32: softmax over the E experts, or the sigmoid. The choice adds ``bias [E]``
+    (DeepSeek-V3's correction bias, HAS_BIAS); with ``N_GROUP > 1`` (E == BLOCK_E, a power of two)
+    the experts form N_GROUP equal groups, each scored by the sum of its two best choice values,
+    and only the TOPK_GROUP best groups stay. Then TOPK rounds of argmax (the lowest index among
+    equal values), each taking the score without the bias as the weight; NORM divides the weights
+    by their sum (at least 1e-20), and all are multiplied by ``scale``. The rounds give the experts
+    in descending order of choice, as ``torch.topk`` does."""
+    t = tl.program_id(0)
+    e = tl.arange(0, BLOCK_E)
+    valid = e < num_experts
+    x = tl.load(logits_ptr + t.to(tl.int64) * stride_l + e, mask=valid, other=0.0).to(tl.float32)
+    if SIGMOID:
+        s = 1.0 / (1.0 + tl.exp(-x))
+    else:
+        x = tl.where(valid, x, float("-inf"))
+        p = tl.exp(x - tl.max(x, axis=0))
+        p = tl.where(valid, p, 0.0)
+        s = p / tl.sum(p, axis=0)
+    choice = s
+    if HAS_BIAS:
+        choice = choice + tl.load(bias_ptr + e, mask=valid, other=0.0).to(tl.float32)
+    choice = tl.where(valid, choice, float("-inf"))
+    if N_GROUP > 1:
+        G: tl.constexpr = BLOCK_E // N_GROUP
+        c2 = tl.reshape(choice, [N_GROUP, G])
+        gi = tl.arange(0, G)
+        first = tl.max(c2, axis=1)
+        if G > 1:
+            at = tl.argmax(c2, axis=1)
+            second = tl.max(tl.where(gi[None, :] == at[:, None], float("-inf"), c2), axis=1)
+            gscore = first + second
+        else:
+            gscore = first
+        gn = tl.arange(0, N_GROUP)
+        keep = gn < 0
+        for _ in tl.static_range(TOPK_GROUP):
+            best = tl.argmax(gscore, axis=0)
+            keep = keep | (gn == best)
+            gscore = tl.where(gn == best, float("-inf"), gscore)
+        c2 = tl.where(keep[:, None] & (gi[None, :] >= 0), c2, float("-inf"))
+        choice = tl.reshape(c2, [BLOCK_E])
+    kk = tl.arange(0, K_PAD)
+    wk = tl.zeros([K_PAD], dtype=tl.float32)
+    ik = tl.zeros([K_PAD], dtype=tl.int32)
+    for j in tl.static_range(TOPK):
+        best = tl.argmax(choice, axis=0)
+        wj = tl.sum(tl.where(e == best, s, 0.0), axis=0)
+        wk = tl.where(kk == j, wj, wk)
+        ik = tl.where(kk == j, best, ik)
+        choice = tl.where(e == best, float("-inf"), choice)
+    if NORM:
+        wk = wk / tl.maximum(tl.sum(wk, axis=0), 1e-20)
+    wk = wk * scale
+    tl.store(w_ptr + t.to(tl.int64) * TOPK + kk, wk, mask=kk < TOPK)
+    tl.store(ids_ptr + t.to(tl.int64) * TOPK + kk, ik.to(tl.int64), mask=kk < TOPK)
