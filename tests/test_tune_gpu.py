@@ -10,7 +10,7 @@ import torch
 
 import blockscaled as bs
 from blockscaled.plan import tuned
-from blockscaled.plan.encoding import config_from_key
+from blockscaled.plan.encoding import config_from_key, config_key
 from blockscaled.reference.gemm import gemm as ref_gemm
 from blockscaled.testing.tolerances import assert_gemm_close
 
@@ -44,7 +44,8 @@ def test_tuned_plan_runs(m, n, k, tmp_path):
     chosen = config_from_key(entry["config"])
     plan = bs.explain("gemm", a, b)
     assert plan.config == chosen and "tuned on this GPU" in str(plan)
-    assert entry["us"] <= entry["model_us"]
+    assert entry["model_config"] == config_key(model.config)  # the model's pick was among the timed
+    assert "timed" in str(rep) and (entry["config"] == entry["model_config"]) == (rep.rows[0][3] == rep.rows[0][5])
     ref = ref_gemm(a, b, out_dtype=torch.float64)
     out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     bs.gemm(a, b, out=out)

@@ -161,3 +161,47 @@ def test_choose_keeps_the_model_pick_within_the_margin():
     assert choose([model, near, far], "m") is far
     assert choose([near, far], "m") is far  # the model's pick did not run within the tolerance
     assert choose([model, near], "m", margin=0.0) is near
+
+
+def test_forced_hopper_strategy_ranks_without_the_tuned_entry():
+    ranked = ranked_candidates(P, H100_SXM)
+    portable = next(c for _, c in ranked if isinstance(c, GemmConfig))
+    tuned.record(P, H100_SXM, _entry(portable, ranked[0][1]))
+    assert plan_gemm(P, H100_SXM).config == portable
+    forced = plan_gemm(P, H100_SXM, GemmConfig(strategy="hopper"))
+    assert forced.config != portable and "tuned" not in str(forced)
+
+
+def test_unreadable_entries_and_files(tmp_path):
+    model_pick = plan_gemm(P, H100_SXM).config
+    # a config written by another version (a field this one lacks): the model's pick, said so
+    alien = json.loads(config_key(ranked_candidates(P, H100_SXM)[1][1]))
+    alien["future_field"] = 3
+    tuned.record(P, H100_SXM, dict(_entry(model_pick, model_pick), config=json.dumps(alien)))
+    plan = plan_gemm(P, H100_SXM)
+    assert plan.config == model_pick and "not among today's candidates" in str(plan)
+    # the model's pick failed its check when tuned: said so
+    tuned.record(P, H100_SXM, dict(_entry(ranked_candidates(P, H100_SXM)[1][1], model_pick), model_us=None))
+    assert "failed its correctness check" in str(plan_gemm(P, H100_SXM))
+    # malformed entries of a file are left out with a warning; a foreign file is refused, and save
+    # leaves it alone
+    path = tmp_path / "t.json"
+    good = _entry(ranked_candidates(P, H100_SXM)[1][1], model_pick)
+    path.write_text(json.dumps({"schema": 1, "entries": {"k1": good, "k2": {"config": "x"}}}))
+    tuned.clear()
+    with pytest.warns(UserWarning, match="k2"):
+        assert tuned.load(path) == 1
+    foreign = tmp_path / "other.json"
+    foreign.write_text(json.dumps([1, 2]))
+    with pytest.raises(ValueError, match="other.json"):
+        tuned.save(foreign)
+    assert json.loads(foreign.read_text()) == [1, 2]
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="bad.json"):
+        tuned.load(bad)
+    # a bad file named by the environment warns at import instead of breaking it
+    env = dict(os.environ, **{tuned.ENV: str(bad)})
+    out = subprocess.run([sys.executable, "-W", "always", "-c", "import blockscaled; print('imported')"], env=env,
+                         capture_output=True, text=True, check=True)
+    assert "imported" in out.stdout and "not loaded" in out.stderr

@@ -86,19 +86,25 @@ def test_warmup_experts(path, device):
         bs.warmup(model, max_tokens=2, top_k=0)
 
 
-def test_warmup_moe_routing(path, device):
+def test_warmup_moe_routing(path, device, monkeypatch):
     """An nn.MoE layer: its experts' plans and its routing kernel are run."""
     e, h, i = 4, 64, 32
     moe = bs.nn.MoE.from_dense(torch.randn(e, i, h, device=device).bfloat16() * 0.05,
                                torch.randn(e, i, h, device=device).bfloat16() * 0.05,
                                torch.randn(e, h, i, device=device).bfloat16() * 0.05,
                                torch.randn(e, h, device=device).bfloat16(), "mxfp8", top_k=2)
+    import blockscaled.nn.moe as nn_moe
+
+    launched = []
+    real = nn_moe.route_topk
+    monkeypatch.setattr(nn_moe, "route_topk", lambda *a, **k: launched.append(real(*a, **k)) or launched[-1])
     report = bs.warmup(torch.nn.ModuleDict({"moe": moe}), max_tokens=1, progress=False)
     labels = [label for label, *_ in report.entries]
     if path == "reference":
-        assert labels == []
+        assert labels == [] and launched == []
         return
     assert labels.count("moe.route") == 1 and any(label.startswith("moe.experts") for label in labels)
+    assert len(launched) == 1 and launched[0] is not None  # the routing kernel ran, not its torch twin
 
 
 def test_m_derived_ints_are_not_specialised():

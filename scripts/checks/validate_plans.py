@@ -20,6 +20,7 @@ from collections import defaultdict
 
 from blockscaled.bench.plan_sweep import (calibration_shapes, config_from_key, config_key, load_records,
                                           run_sweep, validation_shapes)
+from blockscaled.plan import tuned as tuned_plans
 
 
 def _replan(rec: dict, device: str = "h100"):
@@ -41,6 +42,7 @@ def _canonical(key: str) -> str:
 
 
 def report(paths: list[str], md: str | None, use_recorded_plan: bool, device: str = "h100") -> int:
+    tuned_plans.clear()  # judge the cost model's plans, not tuned ones loaded from the environment
     recs = [r for p in paths for r in load_records(p)]
     rows, misses, errors = [], [], []
     by_nk = defaultdict(list)

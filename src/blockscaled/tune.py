@@ -47,7 +47,8 @@ TUNE_ROUNDS = 2
 
 @dataclass
 class TuneReport:
-    """One row per tuned problem: (M, N, K, chosen plan, its us, the model's pick, its us, timed)."""
+    """One row per tuned problem: (M, N, K, chosen plan, its us, the model's pick, its us (None: it
+    failed its check), timed)."""
 
     rows: list = field(default_factory=list)
     seconds: float = 0.0
@@ -57,7 +58,12 @@ class TuneReport:
         lines = [f"tuned {len(self.rows)} problems in {self.seconds:.1f} s"
                  + (f" (saved to {self.path})" if self.path else "")]
         for m, n, k, desc, us, model_desc, model_us, timed in self.rows:
-            gain = f"{model_us / us:.2f}x the model's pick ({model_desc})" if desc != model_desc else "the model's pick"
+            if desc == model_desc:
+                gain = "the model's pick"
+            elif model_us is None:
+                gain = f"the model's pick ({model_desc}) failed its check"
+            else:
+                gain = f"{model_us / us:.2f}x the model's pick ({model_desc})"
             lines.append(f"  M={m} N={n} K={k}: {desc} {us:.1f} us, {gain}; {timed} timed")
         return "\n".join(lines)
 
@@ -125,6 +131,7 @@ def time_candidates(ops: list, cfgs: list, *, iterations: int = 15, rounds: int 
     for cfg in cfgs:
         entry = {"key": config_key(cfg), "desc": Plan("gemm", "cuda", cfg).describe()}
         try:
+            o0.fill_(float("nan"))  # a candidate that writes nothing must not pass on another's output
             gemm(a0, b0, out=o0, config=cfg)
             rel, nmax = gemm_errors(o0[rows].double(), ref)
             entry.update(ok=bool(rel <= tol.rel_fro and nmax <= tol.norm_max), rel_fro=rel)
@@ -228,12 +235,14 @@ def tune(target, ms=None, *, top: int = _tuned.TOP, device=None, save: str | Non
         timed = [e for e in time_candidates(ops, cfgs, iterations=iterations, rounds=TUNE_ROUNDS) if "us" in e]
         if not timed:
             raise RuntimeError(f"tune: M={m} N={n} K={k}: no candidate ran within the tolerance")
-        best = choose(timed, config_key(cfgs[0]))
-        model = next((e for e in timed if e["key"] == config_key(cfgs[0])), best)
-        _tuned.record(p, dev, dict(config=best["key"], us=best["us"], model_config=model["key"],
-                                   model_us=model["us"], timed=len(timed),
+        model_key = config_key(cfgs[0])
+        best = choose(timed, model_key)
+        model = next((e for e in timed if e["key"] == model_key), None)  # None: it failed its check
+        _tuned.record(p, dev, dict(config=best["key"], us=best["us"], model_config=model_key,
+                                   model_us=None if model is None else model["us"], timed=len(timed),
                                    date=datetime.date.today().isoformat()))
-        report.rows.append((m, n, k, best["desc"], best["us"], model["desc"], model["us"], len(timed)))
+        report.rows.append((m, n, k, best["desc"], best["us"], Plan("gemm", "cuda", cfgs[0]).describe(),
+                            None if model is None else model["us"], len(timed)))
         if log is not None:
             log(str(report).splitlines()[-1])
         del ops

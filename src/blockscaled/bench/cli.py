@@ -233,18 +233,23 @@ def _check_counts(rows: list[dict], notes: list[str]) -> dict:
     }
 
 
-def _tune_cases(jobs, top: int, console) -> str:
+def _tune_cases(jobs, top: int, out_dtype_name: str) -> str:
     """``--tune``: compile the dense fp8_block cases' top candidates in parallel processes, then
     ``blockscaled.tune`` them in this process (the plans the rows then run and report)."""
     shapes = list(dict.fromkeys((c.m, c.n, c.k) for _, c, f in jobs
                                 if f == "fp8_block" and c.kind == "gemm" and min(c.m, c.n, c.k) > 0))
     if not shapes:
         return "--tune: no dense fp8_block case to tune"
+    if out_dtype_name != "bfloat16":
+        return f"--tune: skipped (tuned plans are for bf16 outputs; this run's --dtype is {out_dtype_name})"
     t0 = time.perf_counter()
     run_in_processes("blockscaled.tune", "compile_worker", [[m, n, k, top] for m, n, k in shapes],
                      min(14, os.cpu_count() or 1))
     t1 = time.perf_counter()
-    rep = tune(shapes, top=top, save="")
+    try:
+        rep = tune(shapes, top=top, save="")
+    except ValueError as exc:  # not an sm_90 GPU with the Gluon kernels: nothing the cost model plans
+        return f"--tune: skipped ({exc})"
     changed = sum(1 for r in rep.rows if r[3] != r[5])
     return (f"--tune {top}: {len(rep.rows)} dense fp8_block problems tuned (compile {t1 - t0:.0f} s in processes, "
             f"timing {rep.seconds:.0f} s); the tuned plan differs from the cost model's on {changed}")
@@ -337,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
             console.print(note)
             runner.note(note)
     if a.tune:
-        note = _tune_cases(jobs, a.tune, console) if cuda else "--tune: skipped (no CUDA GPU: nothing to time)"
+        note = _tune_cases(jobs, a.tune, a.dtype) if cuda else "--tune: skipped (no CUDA GPU: nothing to time)"
         console.print(note)
         runner.note(note)
     # SIGTERM (e.g. `timeout`) ends the sweep early but still reports and writes what was measured.

@@ -129,6 +129,7 @@ def run_sweep(shapes: list[dict], out_path: str, *, jobs: int = 1, budget_s: flo
     """Warm (``jobs`` parallel processes) then time every shape, appending JSON lines to
     ``out_path``; stops starting new shapes after ``budget_s`` seconds. Returns rows written."""
     t0 = time.time()
+    _tuned.clear()  # the planned plan is the cost model's: no tuned plan loaded from the environment
     if jobs > 1:
         run_in_processes(__name__, "_warm_worker", shapes, jobs)
         log(f"warm-up (compiles) in {jobs} processes: {time.time() - t0:.0f} s")

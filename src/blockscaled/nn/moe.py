@@ -62,6 +62,10 @@ def route(logits: torch.Tensor, top_k: int, *, score: str = "softmax", n_group: 
             n_exp % n_group or topk_group is None or not 1 <= topk_group <= n_group):
         raise ValueError(f"n_group/topk_group: {n_exp} experts need n_group dividing them and 1 <= topk_group "
                          f"<= n_group, got n_group={n_group}, topk_group={topk_group}")
+    if correction_bias is not None and (not isinstance(correction_bias, torch.Tensor)
+                                        or tuple(correction_bias.shape) != (n_exp,)):
+        got = tuple(correction_bias.shape) if isinstance(correction_bias, torch.Tensor) else type(correction_bias).__name__
+        raise ValueError(f"correction_bias: expected a tensor of shape ({n_exp},) (one per expert), got {got}")
     fused = route_topk(logits, top_k, score == "sigmoid", n_group, topk_group, correction_bias, norm_topk_prob,
                        routed_scaling_factor)
     if fused is not None:

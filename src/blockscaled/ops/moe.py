@@ -122,8 +122,8 @@ def route_topk(logits: torch.Tensor, top_k: int, sigmoid: bool, n_group: int | N
     """``(weights fp32 [T, k], experts int64 [T, k])`` of ``blockscaled.nn.route`` in one kernel launch
     (kernels/triton/moe.py ``route_kernel``: scores, bias, grouped top-k, top-k, renormalisation and
     scale for one token per program), or None where the torch twin must run: the reference path,
-    torch.compile tracing (Inductor fuses the torch ops), more than :data:`ROUTE_MAX_EXPERTS`
-    experts, grouped top-k over a number of experts that is not a power of two, or fewer experts
+    torch.compile tracing (Inductor fuses the torch ops), inputs that require grad, more than
+    :data:`ROUTE_MAX_EXPERTS` experts, grouped top-k over a number of experts that is not a power of two, or fewer experts
     in the kept groups than ``top_k``. Arguments are ``route``'s, already validated.
 
     Why: the torch routing is 6-12 small kernels (softmax or sigmoid, add, topk, gather, sum,
@@ -134,6 +134,9 @@ def route_topk(logits: torch.Tensor, top_k: int, sigmoid: bool, n_group: int | N
     if (_checks.use_reference(logits) or torch.compiler.is_compiling() or t == 0 or e > ROUTE_MAX_EXPERTS
             or logits.stride(1) != 1):
         return None
+    if torch.is_grad_enabled() and (logits.requires_grad or (correction_bias is not None
+                                                             and correction_bias.requires_grad)):
+        return None  # the kernel has no backward: the twin keeps the weights' gradient
     grouped = n_group is not None and n_group > 1
     if grouped and (e & (e - 1) or top_k > topk_group * (e // n_group)):
         return None

@@ -194,15 +194,20 @@ def plan_fp8(p: Problem, dev: DeviceInfo, *, hopper: bool = True, forced_strateg
     tuned_why = None
     entry = _tuned.lookup(p, dev) if forced_strategy is None else None
     if entry is not None:
-        want = config_from_key(entry["config"])
-        hit = next((s for s in scored if s[1] == want), None)
+        try:
+            want = config_from_key(entry["config"])
+            model_desc = Plan("gemm", "cuda", config_from_key(entry["model_config"])).describe()
+        except (KeyError, TypeError, ValueError):  # written by another version: fields it lacks or adds
+            want = model_desc = None
+        hit = next((s for s in scored if s[1] == want), None) if want is not None else None
         if hit is None:
             tuned_why = ("a tuned plan is stored for this problem but is not among today's candidates "
                          "(another library version?): the cost model's pick runs")
         else:
-            model_desc = Plan("gemm", "cuda", config_from_key(entry["model_config"])).describe()
+            model_t = ("failed its correctness check" if entry["model_us"] is None
+                       else f"measured {entry['model_us']:.1f} us")
             tuned_why = (f"tuned on this GPU ({entry['date']}): the fastest of {entry['timed']} timed candidates, "
-                         f"{entry['us']:.1f} us; the cost model's pick ({model_desc}) measured {entry['model_us']:.1f} us")
+                         f"{entry['us']:.1f} us; the cost model's pick ({model_desc}) {model_t}")
             t, best, est = hit
     plan_ = Plan("gemm", "cuda", best)
     reasons = [

@@ -27,7 +27,14 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
+import warnings
 from pathlib import Path
+
+try:  # POSIX: serialise the read-merge-write of a shared file (several ranks tuning into one)
+    import fcntl
+except ImportError:  # pragma: no cover - other platforms: no lock
+    fcntl = None
 
 from .device import DeviceInfo
 from .types import Problem
@@ -78,11 +85,31 @@ def _changed() -> None:
         fn()
 
 
-def record(p: Problem, dev: DeviceInfo, entry: dict) -> None:
-    """Store ``entry`` (keys: config, us, model_config, model_us, timed, date) for ``p`` on ``dev``."""
-    missing = {"config", "us", "model_config", "model_us", "timed", "date"} - set(entry)
+_FIELDS = ("config", "us", "model_config", "model_us", "timed", "date")
+
+
+def _entry_problem(entry) -> str | None:
+    """What is wrong with a stored entry (None: nothing). ``model_us`` may be None (the model's pick
+    failed its check)."""
+    if not isinstance(entry, dict):
+        return f"expected a dict, got {type(entry).__name__}"
+    missing = [f for f in _FIELDS if f not in entry]
     if missing:
-        raise ValueError(f"entry: missing {sorted(missing)}")
+        return f"missing {missing}"
+    if not isinstance(entry["config"], str) or not isinstance(entry["model_config"], str):
+        return "config / model_config must be config_key strings"
+    if not isinstance(entry["us"], (int, float)) or not (entry["model_us"] is None
+                                                          or isinstance(entry["model_us"], (int, float))):
+        return "us / model_us must be numbers"
+    return None
+
+
+def record(p: Problem, dev: DeviceInfo, entry: dict) -> None:
+    """Store ``entry`` (keys: config, us, model_config, model_us (None if the model's pick failed
+    its check), timed, date) for ``p`` on ``dev``."""
+    why = _entry_problem(entry)
+    if why is not None:
+        raise ValueError(f"entry: {why}")
     _STORE[problem_key(p, dev)] = dict(entry)
     _changed()
 
@@ -98,34 +125,60 @@ def clear() -> None:
     _changed()
 
 
-def load(path: str | os.PathLike) -> int:
-    """Merge the tuned plans of the JSON file ``path`` into the store; returns how many it held.
-    Raises ValueError naming the file for a file of another layout."""
+def _read(path) -> dict:
+    """The entries of a tuned-plans file; ValueError naming the file for another layout."""
     with open(path) as f:
-        data = json.load(f)
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not a JSON file of tuned plans ({exc})") from None
     if not isinstance(data, dict) or data.get("schema") != _SCHEMA or not isinstance(data.get("entries"), dict):
         raise ValueError(f"{path}: expected a blockscaled tuned-plans file (schema {_SCHEMA}), got another layout")
-    _STORE.update(data["entries"])
+    return data["entries"]
+
+
+def load(path: str | os.PathLike) -> int:
+    """Merge the tuned plans of the JSON file ``path`` into the store; returns how many it took.
+    Raises ValueError naming the file for a file of another layout; entries that are malformed
+    are left out with a warning naming them."""
+    entries_ = _read(path)
+    good = {}
+    for key, entry in entries_.items():
+        why = _entry_problem(entry)
+        if why is None:
+            good[key] = entry
+        else:
+            warnings.warn(f"{path}: tuned plan {key!r} left out: {why}", stacklevel=2)
+    _STORE.update(good)
     _changed()
-    return len(data["entries"])
+    return len(good)
 
 
 def save(path: str | os.PathLike) -> None:
-    """Write the store to ``path`` (merged over the entries the file already holds)."""
+    """Write the store to ``path``, merged over the entries the file already holds (under a lock,
+    through a temporary file in the same folder: several processes may tune into one file).
+    Raises ValueError, leaving the file alone, if it holds something other than tuned plans."""
     path = Path(path)
-    old = {}
-    if path.exists():
-        with open(path) as f:
-            prev = json.load(f)
-        if isinstance(prev, dict) and prev.get("schema") == _SCHEMA:
-            old = prev.get("entries", {})
-    old.update(_STORE)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump({"schema": _SCHEMA, "entries": old}, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        old = _read(path) if path.exists() else {}
+        old.update(_STORE)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump({"schema": _SCHEMA, "entries": old}, f, indent=1, sort_keys=True)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
 
 
 if os.environ.get(ENV) and Path(os.environ[ENV]).exists():
-    load(os.environ[ENV])
+    try:
+        load(os.environ[ENV])
+    except (OSError, ValueError) as _exc:  # a bad file must not break the import: the model plans instead
+        warnings.warn(f"{ENV}={os.environ[ENV]}: not loaded ({_exc}); the cost model plans every shape",
+                      stacklevel=1)

@@ -80,8 +80,9 @@ def route_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, num_experts, stride_l, sc
     Scores in fp32: softmax over the E experts, or the sigmoid. The choice adds ``bias [E]``
     (DeepSeek-V3's correction bias, HAS_BIAS); with ``N_GROUP > 1`` (E == BLOCK_E, a power of two)
     the experts form N_GROUP equal groups, each scored by the sum of its two best choice values,
-    and only the TOPK_GROUP best groups stay. Then TOPK rounds of argmax (the lowest index among
-    equal values), each taking the score without the bias as the weight; NORM divides the weights
+    and only the TOPK_GROUP best groups stay open. Then TOPK rounds each take the open expert of the
+    largest choice (NaN above +inf, the lowest index among equal values) and close it, its score
+    without the bias as the weight; NORM divides the weights
     by their sum (at least 1e-20), and all are multiplied by ``scale``. The rounds give the experts
     in descending order of choice, as ``torch.topk`` does."""
     t = tl.program_id(0)
@@ -98,35 +99,42 @@ def route_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, num_experts, stride_l, sc
     choice = s
     if HAS_BIAS:
         choice = choice + tl.load(bias_ptr + e, mask=valid, other=0.0).to(tl.float32)
-    choice = tl.where(valid, choice, float("-inf"))
+    # NaN ranks above every number, as in torch.topk (a NaN row then routes somewhere valid and its
+    # NaN weights make the output NaN, loudly); the picks below only ever take open lanes, so neither
+    # a padding lane nor an expert twice can be chosen whatever the values
+    choice = tl.where(choice != choice, float("inf"), choice)
+    avail = valid
     if N_GROUP > 1:
         G: tl.constexpr = BLOCK_E // N_GROUP
         c2 = tl.reshape(choice, [N_GROUP, G])
         gi = tl.arange(0, G)
         first = tl.max(c2, axis=1)
         if G > 1:
-            at = tl.argmax(c2, axis=1)
+            at = tl.min(tl.where(c2 == first[:, None], gi[None, :], G), axis=1)
             second = tl.max(tl.where(gi[None, :] == at[:, None], float("-inf"), c2), axis=1)
             gscore = first + second
+            gscore = tl.where(gscore != gscore, float("inf"), gscore)  # inf + -inf
         else:
             gscore = first
         gn = tl.arange(0, N_GROUP)
-        keep = gn < 0
+        gopen = gn >= 0
         for _ in tl.static_range(TOPK_GROUP):
-            best = tl.argmax(gscore, axis=0)
-            keep = keep | (gn == best)
-            gscore = tl.where(gn == best, float("-inf"), gscore)
-        c2 = tl.where(keep[:, None] & (gi[None, :] >= 0), c2, float("-inf"))
-        choice = tl.reshape(c2, [BLOCK_E])
+            top = tl.max(tl.where(gopen, gscore, float("-inf")), axis=0)
+            pick = tl.min(tl.where(gopen & (gscore == top), gn, N_GROUP), axis=0)
+            gopen = gopen & (gn != pick)
+        # an expert stays open where its group was picked (is no longer open)
+        closed = tl.sum(tl.where(((e // G)[:, None] == gn[None, :]) & gopen[None, :], 1, 0), axis=1)
+        avail = valid & (closed == 0)
     kk = tl.arange(0, K_PAD)
     wk = tl.zeros([K_PAD], dtype=tl.float32)
     ik = tl.zeros([K_PAD], dtype=tl.int32)
     for j in tl.static_range(TOPK):
-        best = tl.argmax(choice, axis=0)
+        top = tl.max(tl.where(avail, choice, float("-inf")), axis=0)
+        best = tl.min(tl.where(avail & (choice == top), e, BLOCK_E), axis=0)
         wj = tl.sum(tl.where(e == best, s, 0.0), axis=0)
         wk = tl.where(kk == j, wj, wk)
         ik = tl.where(kk == j, best, ik)
-        choice = tl.where(e == best, float("-inf"), choice)
+        avail = avail & (e != best)
     if NORM:
         wk = wk / tl.maximum(tl.sum(wk, axis=0), 1e-20)
     wk = wk * scale
