@@ -13,7 +13,7 @@
 #
 # BENCH_STEPS picks the bench steps (default "quantize deepseek moe test-cases"; also masked,
 # nvfp4-group, dual-gemm, swiglu = fp8_block SwiGLU on the DeepSeek-V3 shapes, families = issue 19's
-# broad dense fp8_block set vs DeepGEMM / cuBLAS, mx = issue 18's MX/NV
+# broad dense fp8_block set vs DeepGEMM / cuBLAS, families-tuned = the same after bench --tune 6, mx = issue 18's MX/NV
 # suite, ~6 min alone; moe-layer and model = issue 20's layer / model suites; set but empty: none).
 # Optional steps (off by default; each needs most of a 10-minute device call, so combine them
 # with SKIP_PYTEST=1 SKIP_BENCH=1, e.g. `SKIP_PYTEST=1 SKIP_BENCH=1 SANITIZE=1 OUT=... bash scripts/checks/gpu_check.sh`):
@@ -120,6 +120,9 @@ want test-cases && bench test-cases 55 --iterations 30 --warmup 5
 # issue 19's broad dense set vs DeepGEMM / cuBLAS (115 cases: ~50 s of timing on an H200 after the bench
 # fills DeepGEMM's JIT cache in parallel processes, ~55 s; alone: BENCH_STEPS=families SKIP_PYTEST=1)
 want families && bench families 300 --suite families --ops gemm --baselines deepgemm,cublas-fp8-block --iterations 15 --warmup 2 --rounds 2
+# the same after `--tune 6` (blockscaled.tune on each dense case first: ~30 s of compiles in processes, ~80 s
+# of timing on an H100): run families and families-tuned in one call to compare the tuned plans
+want families-tuned && bench families-tuned 420 --suite families --ops gemm --baselines deepgemm,cublas-fp8-block --iterations 15 --warmup 2 --rounds 2 --tune 6
 # issue 18's MX/NV suite (576 rows; alone it needs most of a device call: BENCH_STEPS=mx SKIP_PYTEST=1)
 want mx && bench mx 420 --suite mx --iterations 15 --warmup 2
 # issue 20's layer and model suites (DeepSeek-V3's layer makes 22.5 GB of bf16 experts; alone:
