@@ -148,6 +148,8 @@ def test_tune_shapes_and_refusals():
     assert _shapes([w, w1], (1, 4)) == [(1, 256, 512), (4, 256, 512)]  # 1x128 weights: not the cost model's
     lin = bs.nn.Linear.from_linear(torch.nn.Linear(512, 384, bias=False), "fp8_block")
     assert _shapes(torch.nn.Sequential(lin), (2,)) == [(2, 384, 512)]
+    biased = bs.nn.Linear.from_linear(torch.nn.Linear(512, 384, bias=True), "fp8_block")
+    assert _shapes(torch.nn.Sequential(biased), (2,)) == []  # biased layers never run the timed Hopper tiles
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="CUDA"):
             bs.tune([(1, 256, 512)])

@@ -31,8 +31,9 @@ from .plan.encoding import config_key
 from .reference.gemm import gemm as ref_gemm
 from .tensor import ScaledTensor
 from .testing.tolerances import gemm_errors, gemm_tolerance
+from .warmup import quantized_weights
 
-__all__ = ["tune", "TuneReport", "compile_worker", "time_candidates", "reference_rows", "choose", "TUNE_MARGIN",
+__all__ = ["tune", "TuneReport", "compile_worker", "time_candidates", "reference_rows", "random_operands", "choose", "TUNE_MARGIN",
            "TUNE_ROUNDS"]
 
 #: the cost model's pick stays unless a timed candidate beats it by more than this: differences of a
@@ -69,16 +70,12 @@ class TuneReport:
 
 
 def _shapes(target, ms) -> list[tuple[int, int, int]]:
-    """(M, N, K) triples from a list of triples, or from fp8_block weights x ``ms``."""
-    weights = []
-    if isinstance(target, ScaledTensor):
-        weights = [target]
-    elif isinstance(target, torch.nn.Module):
-        weights = [w for _, mod in target.named_modules()
-                   if isinstance(w := getattr(mod, "scaled_weight", None), ScaledTensor)
-                   and not getattr(mod, "weight_only", False)]
-    elif isinstance(target, (list, tuple)) and target and all(isinstance(w, ScaledTensor) for w in target):
-        weights = list(target)
+    """(M, N, K) triples from a list of triples, or from fp8_block weights x ``ms`` (the layers
+    ``warmup`` finds; weight-only and biased layers are left out: the cost model does not plan the
+    first, and the second never takes the Hopper tiles the timed problem would)."""
+    if isinstance(target, (ScaledTensor, torch.nn.Module)) or (
+            isinstance(target, (list, tuple)) and target and all(isinstance(w, ScaledTensor) for w in target)):
+        weights = [w for _, w, weight_only, bias in quantized_weights(target) if not weight_only and bias is None]
     else:
         out = []
         for i, s in enumerate(target):
@@ -98,7 +95,9 @@ def _shapes(target, ms) -> list[tuple[int, int, int]]:
     return sorted(set(out))
 
 
-def _operands(m: int, n: int, k: int, sets: int, device, seed: int):
+def random_operands(m: int, n: int, k: int, sets: int, device, seed: int) -> list:
+    """``sets`` copies of (activations fp8_block 1x128 ``[m, k]``, weights fp8_block 128x128 ``[n, k]``,
+    bf16 output ``[m, n]``) from seeded normal bf16 data (the timing rotates through them)."""
     g = torch.Generator(device=device).manual_seed(seed)
     out = []
     for _ in range(sets):
@@ -182,7 +181,7 @@ def compile_worker(items: list) -> None:
     dev = device_info(torch.device("cuda"))
     for m, n, k, top in items:
         try:
-            ops = _operands(m, n, k, 1, "cuda", 0)
+            ops = random_operands(m, n, k, 1, "cuda", 0)
             a0, b0, o0 = ops[0]
             for cfg in _top_configs(ops, m, n, k, top, dev)[1]:
                 gemm(a0, b0, out=o0, config=cfg)
@@ -230,7 +229,7 @@ def tune(target, ms=None, *, top: int = _tuned.TOP, device=None, save: str | Non
     t0 = time.perf_counter()
     for m, n, k in _shapes(target, ms):
         sets = rotation_count(m * k + n * k + 2 * m * n, max_sets=8)
-        ops = _operands(m, n, k, sets, device, seed)
+        ops = random_operands(m, n, k, sets, device, seed)
         p, cfgs = _top_configs(ops, m, n, k, top, dev)
         timed = [e for e in time_candidates(ops, cfgs, iterations=iterations, rounds=TUNE_ROUNDS) if "us" in e]
         if not timed:

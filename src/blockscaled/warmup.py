@@ -26,7 +26,7 @@ from .ops.moe import permute_block
 from .ops.quantize import activation_tiles, dequant_tiles
 from .tensor import ScaledTensor
 
-__all__ = ["warmup", "WarmupReport"]
+__all__ = ["warmup", "WarmupReport", "quantized_weights"]
 
 
 @dataclass
@@ -45,7 +45,7 @@ class WarmupReport:
         return "\n".join(lines)
 
 
-def _weights(model_or_weights):
+def quantized_weights(model_or_weights):
     """(label, ScaledTensor, weight_only, bias) of every quantized weight."""
     if isinstance(model_or_weights, ScaledTensor):
         return [("weight", model_or_weights, False, None)]
@@ -146,7 +146,7 @@ def warmup(model_or_weights, max_tokens: int = 8192, *, activations: torch.dtype
     report = WarmupReport()
     t0 = time.perf_counter()
     jobs = []
-    for label, w, weight_only, bias in _weights(model_or_weights):
+    for label, w, weight_only, bias in quantized_weights(model_or_weights):
         fmt = get_format(w.format)
         n, k = w.shape[-2], w.shape[-1]
         groups: dict = {}

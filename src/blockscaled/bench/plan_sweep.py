@@ -32,7 +32,7 @@ from ..plan.cost import predict_us
 from ..plan.dense import fp8_candidates
 from ..plan.encoding import config_from_key, config_key
 from ..plan import tuned as _tuned
-from ..tune import _operands, time_candidates, tune
+from ..tune import random_operands, time_candidates, tune
 from .models import FAMILY_PAIRS, M_VALUES, linear_nk
 from .timing import rotation_count, time_op
 from .workers import run_in_processes
@@ -82,7 +82,7 @@ def sweep_shape(shape: dict, *, time_it: bool = True, device="cuda", seed: int =
     m, n, k = shape["m"], shape["n"], shape["k"]
     per_set = m * k + n * k + m * n * 2
     sets = rotation_count(per_set, max_sets=max_sets) if time_it else 1
-    ops = _operands(m, n, k, sets, device, seed)
+    ops = random_operands(m, n, k, sets, device, seed)
     a0, b0, o0 = ops[0]
     problem, cands = _candidates(a0, b0, o0)
     plan = bs.explain("gemm", a0, b0, out=o0)

@@ -1,5 +1,5 @@
-"""The MoE layer's glue: top-k routing in one kernel (:func:`route_topk`), the permutation of ``[T, k]`` expert assignments into expert order and
-the weighted combine of the experts' rows back into tokens (kernels/triton/moe.py on CUDA and in
+"""The MoE layer's glue: top-k routing in one kernel (:func:`route_topk`), the permutation of
+``[T, k]`` expert assignments into expert order and the weighted combine of the experts' rows back into tokens (kernels/triton/moe.py on CUDA and in
 the interpreter; the same results in torch on the reference path, while torch.compile traces
 (Inductor fuses the torch glue itself) and, for the permutation, above :data:`PERMUTE_MAX`
 assignments). No host synchronisation on any path."""
@@ -123,8 +123,8 @@ def route_topk(logits: torch.Tensor, top_k: int, sigmoid: bool, n_group: int | N
     (kernels/triton/moe.py ``route_kernel``: scores, bias, grouped top-k, top-k, renormalisation and
     scale for one token per program), or None where the torch twin must run: the reference path,
     torch.compile tracing (Inductor fuses the torch ops), inputs that require grad, more than
-    :data:`ROUTE_MAX_EXPERTS` experts, grouped top-k over a number of experts that is not a power of two, or fewer experts
-    in the kept groups than ``top_k``. Arguments are ``route``'s, already validated.
+    :data:`ROUTE_MAX_EXPERTS` experts, grouped top-k over a number of experts that is not a power
+    of two, or fewer experts in the kept groups than ``top_k``. Arguments are ``route``'s, already validated.
 
     Why: the torch routing is 6-12 small kernels (softmax or sigmoid, add, topk, gather, sum,
     divide, multiply; the grouped form adds view / topk / scatter / masked_fill), which at decode

@@ -31,7 +31,7 @@ from .splits import cdiv as _cdiv
 from .splits import split_plan_kb
 from .types import Plan, Problem
 
-__all__ = ["plan_fp8", "fp8_candidates", "ranked_candidates", "SPLITS", "hopper_fill_stages"]
+__all__ = ["plan_fp8", "fp8_candidates", "ranked_candidates", "hopper_takes", "SPLITS", "hopper_fill_stages"]
 
 #: K splits the planner considers: each is a separate compile (SPLIT is a constexpr of both
 #: kernel families), so the set is kept short; the gaps cost at most 1/7 of a round's fill.
@@ -173,11 +173,17 @@ def _rank(p: Problem, dev: DeviceInfo, cands: list):
     return scored, cal
 
 
+def hopper_takes(p: Problem, dev: DeviceInfo, gluon_ok: bool = True) -> bool:
+    """The sm_90 Gluon kernels can take this dense fp8_block x fp8_block problem: a Hopper GPU whose
+    Gluon kernels build, TMA-describable operands, no bias, 128x128 weight blocks, K > 0."""
+    return (dev.is_hopper and gluon_ok and p.fmt == "fp8_block" and not p.weight_only and p.tma and not p.bias
+            and p.b_block_rows == 128 and p.k > 0)
+
+
 def ranked_candidates(p: Problem, dev: DeviceInfo, *, gluon_ok: bool = True) -> list[tuple[float, object]]:
     """(predicted us, config) of every candidate of ``p`` (fp8_block x fp8_block on sm_90) that
     ``plan_gemm`` ranks, the cost model's fastest first: what ``blockscaled.tune`` times the head of."""
-    hopper = gluon_ok and p.tma and not p.bias and p.b_block_rows == 128 and p.k > 0
-    return [(t, c) for t, c, _ in _rank(p, dev, fp8_candidates(p, dev, hopper=hopper))[0]]
+    return [(t, c) for t, c, _ in _rank(p, dev, fp8_candidates(p, dev, hopper=hopper_takes(p, dev, gluon_ok)))[0]]
 
 
 def plan_fp8(p: Problem, dev: DeviceInfo, *, hopper: bool = True, forced_strategy: str | None = None) -> Plan:

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from ..config.gemm import GemmConfig
 from ..config.hopper import HopperConfig
-from .dense import plan_fp8
+from .dense import hopper_takes, plan_fp8
 from .direct import DIRECT_FORMATS, DIRECT_MAX_M, DIRECT_MIN_M, direct_config, direct_reason, direct_split_why
 from .stream import (STREAM_FORMATS, STREAM_GATHER_MAX_MP, STREAM_MAX_M, stream_config, stream_reason,
                      stream_split_why, use_stream)
@@ -41,8 +41,7 @@ def plan_gemm(p: Problem, dev: DeviceInfo, forced=None, *, gluon_ok: bool = True
         return Plan("gemm", "interpreter", cfg, p, reasons=(
             "Triton's interpreter on the CPU: small tiles keep it fast (cost is per program and op)",))
     fp8_q = p.fmt == "fp8_block" and not p.weight_only
-    hopper_ok = (dev.is_hopper and gluon_ok and fp8_q and p.tma and not p.bias and p.b_block_rows == 128
-                 and p.k > 0)
+    hopper_ok = hopper_takes(p, dev, gluon_ok)
     if isinstance(forced, HopperConfig):
         if hopper_ok:
             return Plan("gemm", "cuda", forced, p, reasons=("forced by config=",))
