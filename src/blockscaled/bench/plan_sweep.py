@@ -38,7 +38,14 @@ from .timing import rotation_count, time_op
 from .workers import run_in_processes
 
 __all__ = ["validation_shapes", "calibration_shapes", "sweep_shape", "run_sweep", "load_records",
-           "config_key", "config_from_key"]
+           "config_key", "config_from_key", "HEAVY_US"]
+
+#: Shapes whose planned time the cost model puts above this are timed in two interleaved rounds
+#: (every candidate, each round in the other order), the others in one. Why: on the H100 held-out
+#: sweep (plan-sweep-tune-20261128, twenty-fifth session) one round put tail split 2 and the
+#: unsplit 128x256 tile of 4096 x 51200 x 5120 (2 ms GEMMs at the power limit) 17.6 % apart, while
+#: tune's two rounds put them within 3 %; candidates of under ~0.3 ms agreed between the two.
+HEAVY_US = 300.0
 
 def validation_shapes(ms=M_VALUES, pairs=FAMILY_PAIRS, max_flop: float = 4e13) -> list[dict]:
     """The model-family shapes at every M (skipping rows above ``max_flop``)."""
@@ -78,7 +85,9 @@ def sweep_shape(shape: dict, *, time_it: bool = True, device="cuda", seed: int =
                 tune_top: int = 0) -> dict:
     """Time (or, ``time_it=False``, only run once: compile) every candidate of one shape.
     ``tune_top``: also run ``blockscaled.tune`` on the shape (its own operands and timings, so the
-    sweep's timings judge its choice independently) and record the config it chose as ``tuned``."""
+    sweep's timings judge its choice independently) and record the config it chose as ``tuned``.
+    Shapes the planner predicts above :data:`HEAVY_US` are timed in two interleaved rounds (the
+    record's ``rounds``), the others in one."""
     m, n, k = shape["m"], shape["n"], shape["k"]
     per_set = m * k + n * k + m * n * 2
     sets = rotation_count(per_set, max_sets=max_sets) if time_it else 1
@@ -91,7 +100,8 @@ def sweep_shape(shape: dict, *, time_it: bool = True, device="cuda", seed: int =
     rec = dict(shape, planned=config_key(plan.config), planned_desc=plan.describe(),
                predicted_us=plan.predicted_us, cands=[])
     if time_it:
-        rec["cands"] = time_candidates(ops, cands)
+        rec["rounds"] = 2 if (plan.predicted_us or 0.0) > HEAVY_US else 1
+        rec["cands"] = time_candidates(ops, cands, rounds=rec["rounds"])
     else:
         for cfg in cands:
             entry = {"key": config_key(cfg), "desc": Plan("gemm", "cuda", cfg).describe()}
