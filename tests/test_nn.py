@@ -545,3 +545,85 @@ def test_hf_moe_weight_only_and_generate(reference):
         rep.quantized_experts[0]]
     kept = bsnn.quantization_report(bsnn.quantize_model(_moe_model("mixtral"), "mxfp8", exclude=("*experts",)))
     assert kept.quantized_experts == [] and all("excluded" in v for v in kept.experts.values()) and kept.experts
+
+
+# --------------------------------------------------------------------------- fused routers
+def _routers(model):
+    from blockscaled.nn.router import KINDS
+
+    return {n: m for n, m in model.named_modules() if type(m).__name__ in KINDS}
+
+
+@pytest.mark.parametrize("arch", ["qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3", "gpt_oss"])
+def test_fuse_routers_matches_transformers(path, arch, monkeypatch):
+    """Each recognised router, fused, returns what its class's forward returns (logits bitwise,
+    scores within one rounding, the same experts where no tie decides), on both paths (the
+    interpreter runs the route kernel, the reference path its torch twin); the class, the
+    state-dict keys and transformers' router-logit recording stay; unfuse restores."""
+    from blockscaled.nn.router import is_fused
+
+    model = _moe_model(arch)
+    routers = _routers(model)
+    assert routers, arch
+    g = torch.Generator().manual_seed(11)
+    keys = set(model.state_dict())
+    h = torch.randn(9, model.config.hidden_size, generator=g).bfloat16()
+    with torch.no_grad():
+        before = {n: type(m).forward(m, h) for n, m in routers.items()}
+    ids = torch.randint(0, _CFG["vocab_size"], (2, 8), generator=g)
+    with torch.no_grad():
+        want = model(ids, output_router_logits=True)
+    done = bsnn.fuse_routers(model)
+    assert done == {n: None for n in routers}, done
+    assert set(model.state_dict()) == keys
+    import blockscaled.nn.moe as moe_mod
+
+    twin_calls = []
+    twin = moe_mod._route_torch
+    monkeypatch.setattr(moe_mod, "_route_torch", lambda *a, **k: twin_calls.append(1) or twin(*a, **k))
+    for n, m in routers.items():
+        assert is_fused(m)
+        lo, so, io = before[n]
+        with torch.no_grad():  # (with grad on the logits the torch twin runs: the kernel has no backward)
+            ln, sn, i2 = m(h)
+        assert torch.equal(lo, ln) and so.dtype == sn.dtype and i2.dtype == io.dtype and sn.shape == so.shape
+        tol = 1e-6 if so.dtype == torch.float32 else 2 ** -8
+        torch.testing.assert_close(sn.float().sort(-1).values, so.float().sort(-1).values, rtol=tol, atol=1e-7)
+        assert torch.equal(i2.sort(-1).values, io.sort(-1).values)
+    assert len(twin_calls) == (len(routers) if path == "reference" else 0)  # the kernel ran on the kernel path
+    with torch.no_grad():
+        got = model(ids, output_router_logits=True)
+    assert got.router_logits is not None and len(got.router_logits) == len(want.router_logits) == len(routers)
+    # the first layer's router sees the same input; later ones what the fused earlier layers made
+    assert torch.equal(got.router_logits[0], want.router_logits[0])
+    for a, b in zip(got.router_logits[1:], want.router_logits[1:]):
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(got.logits.float(), want.logits.float(), rtol=2e-2, atol=2e-2)
+    assert bsnn.fuse_routers(model) == {}  # already fused: not listed again
+    assert sorted(bsnn.unfuse_routers(model)) == sorted(routers)
+    assert not any(is_fused(m) for m in routers.values())
+
+
+def test_fuse_routers_keeps_a_router_whose_math_differs(reference, monkeypatch):
+    """A router class whose forward no longer matches the recorded math is left alone, with the
+    reason; quantize_model reports it."""
+    from blockscaled.nn import router as router_mod
+
+    model = _moe_model("qwen3_moe")
+    routers = _routers(model)
+    for m in routers.values():
+        m.norm_topk_prob = False  # the class renormalises only with the flag...
+    kinds = dict(router_mod.KINDS)
+    kinds["Qwen3MoeTopKRouter"] = router_mod._Kind(norm=True)  # ...but the recorded math says always
+    monkeypatch.setattr(router_mod, "KINDS", kinds)
+    done = bsnn.fuse_routers(model)
+    assert set(done) == set(routers) and all("the scores differ" in why for why in done.values()), done
+    assert not any(router_mod.is_fused(m) for m in routers.values())
+    q = bsnn.quantize_model(model, "mxfp8", inplace=False)
+    rep = bsnn.quantization_report(q)
+    assert not rep.fused_routers and set(rep.routers) == set(routers)
+    assert "not fused" in str(rep)
+    q2 = bsnn.quantize_model(model, "mxfp8", inplace=False, fuse_routers=False)
+    assert not bsnn.quantization_report(q2).routers
+    with pytest.raises(TypeError, match="fuse_routers"):
+        bsnn.quantize_model(model, "mxfp8", inplace=False, fuse_routers="yes")

@@ -151,3 +151,36 @@ def test_warmup_covers_the_stream_prepass_tiles(device, monkeypatch):
                    dequant_tiles("mxfp4", m, 256) if dequant_a else None)
             groups.setdefault(key, m)
         assert sorted(ran) == sorted(groups.values()), (dequant_a, ran, groups)
+
+
+def test_warmup_fused_routers(path, device, monkeypatch):
+    """A transformers MoE model after quantize_model: its fused routers' kernel is run once each
+    (not the torch twin), DeepSeek-V3's fp32 router included."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.DeepseekV3Config(hidden_size=256, intermediate_size=512, num_hidden_layers=1,
+                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                                        moe_intermediate_size=128, n_routed_experts=8, n_group=2, topk_group=1,
+                                        first_k_dense_replace=0, kv_lora_rank=64, q_lora_rank=96,
+                                        qk_rope_head_dim=32, qk_nope_head_dim=32, v_head_dim=64,
+                                        num_experts_per_tok=2)
+    torch.manual_seed(0)
+    model = transformers.DeepseekV3ForCausalLM(cfg).to(torch.bfloat16).to(device).eval()
+    with torch.no_grad():
+        for mod in model.modules():
+            if hasattr(mod, "e_score_correction_bias"):
+                mod.weight.normal_(0, 0.05)
+    bs.nn.quantize_model(model, "mxfp8", include="*.experts")
+    rep = bs.nn.quantization_report(model)
+    assert rep.fused_routers == ["model.layers.0.mlp.gate"], rep
+    import blockscaled.nn.moe as nn_moe
+
+    launched = []
+    real = nn_moe.route_topk
+    monkeypatch.setattr(nn_moe, "route_topk", lambda *a, **k: launched.append(real(*a, **k)) or launched[-1])
+    report = bs.warmup(model, max_tokens=1, progress=False)
+    labels = [label for label, *_ in report.entries if "route" in label]
+    if path == "reference":
+        assert labels == [] and launched == []
+        return
+    assert labels == ["model.layers.0.mlp.gate.route"]
+    assert len(launched) == 1 and launched[0] is not None  # the routing kernel ran, not its torch twin

@@ -20,6 +20,7 @@ from ._checks import use_reference
 from .formats import get_format
 from .nn.experts import Experts
 from .nn.moe import MoE
+from .nn.router import KINDS as _ROUTER_KINDS, is_fused
 from .ops.gemm import gemm_problem, make_plan
 from .ops.linear import linear
 from .ops.moe import permute_block
@@ -77,6 +78,12 @@ def _moe_layers(model_or_weights) -> list[tuple[str, MoE]]:
     if not isinstance(model_or_weights, torch.nn.Module):
         return []
     return [((name or "moe") + ".route", m) for name, m in model_or_weights.named_modules() if isinstance(m, MoE)]
+
+
+def _fused_routers(model_or_weights) -> list[tuple[str, torch.nn.Module]]:
+    if not isinstance(model_or_weights, torch.nn.Module):
+        return []
+    return [((name or "router") + ".route", m) for name, m in model_or_weights.named_modules() if is_fused(m)]
 
 
 def _top_k(model: torch.nn.Module, top_k: int | None) -> int:
@@ -215,5 +222,19 @@ def warmup(model_or_weights, max_tokens: int = 8192, *, activations: torch.dtype
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         report.entries.append((label, (1, max_tokens), "routing (ops/moe.py route_topk)", time.perf_counter() - s))
+    # transformers routers fused by nn.fuse_routers (quantize_model): the same kernel, one build
+    # per routing form and logits dtype (the model's own dtype; DeepSeek-V3's fp32 router casts)
+    for label, router in _fused_routers(model_or_weights):
+        w = router.weight
+        if use_reference(w):
+            continue
+        dtype = activations if _ROUTER_KINDS[type(router).__name__].logits_fp32 else w.dtype
+        s = time.perf_counter()
+        with torch.no_grad():
+            router(torch.zeros((1, w.shape[1]), dtype=dtype, device=w.device))
+        if w.device.type == "cuda":
+            torch.cuda.synchronize(w.device)
+        report.entries.append((label, (1, max_tokens), "routing (fused router, ops/moe.py route_topk)",
+                               time.perf_counter() - s))
     report.seconds = time.perf_counter() - t0
     return report

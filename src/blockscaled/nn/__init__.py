@@ -9,6 +9,8 @@
 * :class:`Experts`: the experts part alone, with transformers' experts interface
   (``forward(hidden_states, top_k_index, top_k_weights)``): ``quantize_model`` puts it in place of
   the fused experts modules of Mixtral, Qwen2/3-MoE, DeepSeek-V3, OLMoE and gpt-oss models;
+* :func:`fuse_routers`: transformers' MoE router modules with their top-k in one kernel (the
+  same outputs; ``quantize_model`` does it by default);
 * :func:`load_quantized`: a pre-quantized checkpoint (DeepSeek-V3 / FineGrainedFP8, ModelOpt
   NVFP4, compressed-tensors, gpt-oss MXFP4) straight into a model built from its config.
 
@@ -24,6 +26,8 @@ from .load import load_quantized
 from .model import DEFAULT_EXCLUDE, QuantizationReport, quantization_report, quantize_model
 from .experts import Experts, hf_experts_layout
 from .moe import MoE, permute, route
+from .router import fuse_routers, unfuse_routers
 
 __all__ = ["Linear", "default_weight_block", "quantize_model", "quantization_report", "QuantizationReport",
-           "DEFAULT_EXCLUDE", "MoE", "route", "permute", "Experts", "hf_experts_layout", "load_quantized"]
+           "DEFAULT_EXCLUDE", "MoE", "route", "permute", "Experts", "hf_experts_layout", "load_quantized",
+           "fuse_routers", "unfuse_routers"]

@@ -13,6 +13,7 @@ from ..formats import Format, ScaleRounding, get_format
 from ..tensor import ScaledTensor
 from .experts import Experts, hf_experts_layout
 from .linear import Linear, default_weight_block
+from .router import fuse_routers as _fuse_routers
 
 __all__ = ["quantize_model", "QuantizationReport", "DEFAULT_EXCLUDE", "quantization_report"]
 
@@ -50,6 +51,9 @@ class QuantizationReport:
         experts: ``{name: reason}`` of modules holding 3-D (fused expert) weights that were left
             in their float dtype (not a recognised layout, excluded, K not a multiple of the block).
         bytes_before / bytes_after: weight (and bias) bytes of the replaced layers and experts.
+        fused_routers: qualified names of transformers router modules whose top-k now runs as one
+            kernel (:func:`blockscaled.nn.fuse_routers`; their weights stay in float).
+        routers: ``{name: reason}`` of recognised router modules left as they were.
 
     Example::
 
@@ -65,16 +69,21 @@ class QuantizationReport:
     experts: dict[str, str] = field(default_factory=dict)
     bytes_before: int = 0
     bytes_after: int = 0
+    fused_routers: list[str] = field(default_factory=list)
+    routers: dict[str, str] = field(default_factory=dict)
 
     def __str__(self) -> str:
         mode = "weight-only" if self.weight_only else "W x A"
         lines = [f"blockscaled {self.format} ({mode}): {len(self.quantized)} Linear layers and "
                  f"{len(self.quantized_experts)} experts modules quantized "
-                 f"({self.bytes_before / 2**20:.2f} MiB -> {self.bytes_after / 2**20:.2f} MiB)"]
+                 f"({self.bytes_before / 2**20:.2f} MiB -> {self.bytes_after / 2**20:.2f} MiB)"
+                 + (f", {len(self.fused_routers)} routers fused" if self.fused_routers else "")]
         for name, why in self.skipped.items():
             lines.append(f"  kept {name}: {why}")
         for name, why in self.experts.items():
             lines.append(f"  kept experts {name}: {why}")
+        for name, why in self.routers.items():
+            lines.append(f"  router {name} not fused: {why}")
         return "\n".join(lines)
 
 
@@ -152,7 +161,8 @@ def _linear_bytes(m: torch.nn.Module) -> int:
 
 def quantize_model(model: torch.nn.Module, fmt: str | Format, *, include=None, exclude=DEFAULT_EXCLUDE,
                    weight_only: bool = False, block: tuple[int, int] | None = None,
-                   rounding: ScaleRounding | str | None = None, inplace: bool = True) -> torch.nn.Module:
+                   rounding: ScaleRounding | str | None = None, inplace: bool = True,
+                   fuse_routers: bool = True) -> torch.nn.Module:
     """Replace the ``torch.nn.Linear`` layers of ``model`` with :class:`blockscaled.nn.Linear`.
 
     Args:
@@ -171,6 +181,10 @@ def quantize_model(model: torch.nn.Module, fmt: str | Format, *, include=None, e
         block / rounding: weight block and scale rounding (default: 128x128 for fp8_block, the
             format's defaults otherwise).
         inplace: modify ``model`` (default) or a deep copy of it.
+        fuse_routers: also give transformers' MoE router modules (Mixtral, Qwen2/3-MoE, OLMoE,
+            gpt-oss, DeepSeek-V3) a forward whose top-k is one kernel
+            (:func:`blockscaled.nn.fuse_routers`: the same outputs, checked on random inputs
+            first; their weights stay in float).
 
     Only modules whose type is exactly ``torch.nn.Linear`` are replaced: subclasses (e.g.
     ``nn.MultiheadAttention``'s ``out_proj``) may read ``.weight`` directly. Layers whose K
@@ -182,8 +196,8 @@ def quantize_model(model: torch.nn.Module, fmt: str | Format, *, include=None, e
     ``GptOssExperts``: interleaved gate / up, biases, clamped activation; see
     :func:`blockscaled.nn.hf_experts_layout`) matched by ``include`` / ``exclude`` like a layer
     are replaced by :class:`blockscaled.nn.Experts`, which takes the same
-    ``(hidden_states, top_k_index, top_k_weights)`` call: the model's router stays as it is (in
-    float). Other modules holding 3-D weights are kept in float and listed with the reason.
+    ``(hidden_states, top_k_index, top_k_weights)`` call: the model's router keeps its float weights
+    (``fuse_routers`` only moves its top-k into one kernel). Other modules holding 3-D weights are kept in float and listed with the reason.
 
     Returns the (same or copied) model, with a :class:`QuantizationReport` attached (read it
     with :func:`quantization_report`). Activations reaching the new layers must be bf16/fp16.
@@ -204,6 +218,7 @@ def quantize_model(model: torch.nn.Module, fmt: str | Format, *, include=None, e
     exc = _patterns("exclude", exclude) or ()
     check_flag("weight_only", weight_only)
     check_flag("inplace", inplace)
+    check_flag("fuse_routers", fuse_routers)
     blk = default_weight_block(f) if block is None else block
     if not inplace:
         model = copy.deepcopy(model)
@@ -258,5 +273,11 @@ def quantize_model(model: torch.nn.Module, fmt: str | Format, *, include=None, e
         report.bytes_after += _experts_bytes(q)
         setattr(parent, child_name, q)
         report.quantized_experts.append(name)
+    if fuse_routers:
+        for name, why in _fuse_routers(model).items():
+            if why is None:
+                report.fused_routers.append(name)
+            else:
+                report.routers[name] = why
     _set_report(model, report)
     return model
