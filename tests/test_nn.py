@@ -555,22 +555,22 @@ def _routers(model):
 
 
 @pytest.mark.parametrize("arch", ["qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3", "gpt_oss"])
-def test_fuse_routers_matches_transformers(path, arch, monkeypatch):
+def test_fuse_routers_matches_transformers(path, device, arch, monkeypatch):
     """Each recognised router, fused, returns what its class's forward returns (logits bitwise,
     scores within one rounding, the same experts where no tie decides), on both paths (the
     interpreter runs the route kernel, the reference path its torch twin); the class, the
     state-dict keys and transformers' router-logit recording stay; unfuse restores."""
     from blockscaled.nn.router import is_fused
 
-    model = _moe_model(arch)
+    model = _moe_model(arch).to(device)
     routers = _routers(model)
     assert routers, arch
     g = torch.Generator().manual_seed(11)
     keys = set(model.state_dict())
-    h = torch.randn(9, model.config.hidden_size, generator=g).bfloat16()
+    h = torch.randn(9, model.config.hidden_size, generator=g).bfloat16().to(device)
     with torch.no_grad():
         before = {n: type(m).forward(m, h) for n, m in routers.items()}
-    ids = torch.randint(0, _CFG["vocab_size"], (2, 8), generator=g)
+    ids = torch.randint(0, _CFG["vocab_size"], (2, 8), generator=g).to(device)
     with torch.no_grad():
         want = model(ids, output_router_logits=True)
     done = bsnn.fuse_routers(model)
