@@ -627,3 +627,26 @@ def test_fuse_routers_keeps_a_router_whose_math_differs(reference, monkeypatch):
     assert not bsnn.quantization_report(q2).routers
     with pytest.raises(TypeError, match="fuse_routers"):
         bsnn.quantize_model(model, "mxfp8", inplace=False, fuse_routers="yes")
+
+
+def test_fused_routers_survive_copy_and_save(reference):
+    """A fused model deep-copies and goes through torch.save / torch.load with its routers still
+    fused and bound to their own module (a bound-method forward did not unpickle)."""
+    import copy
+    import io
+
+    from blockscaled.nn.router import is_fused
+
+    model = _moe_model("qwen3_moe")
+    assert bsnn.fuse_routers(model)
+    ids = torch.randint(0, _CFG["vocab_size"], (1, 6), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = model(ids).logits
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    for other in (copy.deepcopy(model), torch.load(buf, weights_only=False)):
+        routers = _routers(other)
+        assert routers and all(is_fused(m) and m.forward.args[0] is m for m in routers.values())
+        with torch.no_grad():
+            assert torch.equal(other(ids).logits, want)

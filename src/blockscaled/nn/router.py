@@ -19,7 +19,7 @@ whose router math changed is left alone, with the reason returned.
 
 from __future__ import annotations
 
-import types
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -104,7 +104,8 @@ def _fused_forward(module: torch.nn.Module, hidden_states: torch.Tensor):
 
 def is_fused(module: torch.nn.Module) -> bool:
     """Whether :func:`fuse_routers` gave ``module`` the fused forward."""
-    return getattr(module.__dict__.get("forward"), "__func__", None) is _fused_forward
+    f = module.__dict__.get("forward")
+    return isinstance(f, functools.partial) and f.func is _fused_forward
 
 
 def _agree(module: torch.nn.Module, dtype: torch.dtype, tokens: int = 16, seed: int = 0) -> str | None:
@@ -177,7 +178,9 @@ def fuse_routers(model: torch.nn.Module, *, check: bool = True) -> dict[str, str
             if why is not None:
                 done[name] = f"{type(mod).__name__}: kept, {why} on random inputs"
                 continue
-        mod.forward = types.MethodType(_fused_forward, mod)
+        # a partial of a module-level function, not a bound method: pickle (torch.save of the
+        # model) looks a bound method up by name on the instance, where this one is not found
+        mod.forward = functools.partial(_fused_forward, mod)
         done[name] = None
     return done
 
