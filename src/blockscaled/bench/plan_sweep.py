@@ -44,7 +44,9 @@ __all__ = ["validation_shapes", "calibration_shapes", "sweep_shape", "run_sweep"
 #: (every candidate, each round in the other order), the others in one. Why: on the H100 held-out
 #: sweep (plan-sweep-tune-20261128, twenty-fifth session) one round put tail split 2 and the
 #: unsplit 128x256 tile of 4096 x 51200 x 5120 (2 ms GEMMs at the power limit) 17.6 % apart, while
-#: tune's two rounds put them within 3 %; candidates of under ~0.3 ms agreed between the two.
+#: tune's two rounds put them within 3 % (which is right was not re-timed: NOTES, twenty-fifth
+#: session); a second round lowers the weight of one clock / power state on such rows.
+#: ``planned_us`` (the un-forced call) stays one round.
 HEAVY_US = 300.0
 
 def validation_shapes(ms=M_VALUES, pairs=FAMILY_PAIRS, max_flop: float = 4e13) -> list[dict]:

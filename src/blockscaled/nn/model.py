@@ -184,7 +184,8 @@ def quantize_model(model: torch.nn.Module, fmt: str | Format, *, include=None, e
         fuse_routers: also give transformers' MoE router modules (Mixtral, Qwen2/3-MoE, OLMoE,
             gpt-oss, DeepSeek-V3) a forward whose top-k is one kernel
             (:func:`blockscaled.nn.fuse_routers`: the same outputs, checked on random inputs
-            first; their weights stay in float).
+            first; their weights stay in float). ``include`` / ``exclude`` do not apply to it
+            (they choose what is quantized); ``fuse_routers=False`` leaves every router as it is.
 
     Only modules whose type is exactly ``torch.nn.Linear`` are replaced: subclasses (e.g.
     ``nn.MultiheadAttention``'s ``out_proj``) may read ``.weight`` directly. Layers whose K

@@ -83,6 +83,10 @@ def _fused_forward(module: torch.nn.Module, hidden_states: torch.Tensor):
     (bound to the module by :func:`fuse_routers`; reads the module's own attributes per call, so
     moved or reloaded weights are followed)."""
     k = KINDS[type(module).__name__]
+    if not k.flat and hidden_states.ndim > 2:
+        # gpt-oss's class softmaxes 3-D input over dim 1 (not the k scores); its MLP always passes
+        # 2-D: keep the class's behaviour for anything else
+        return type(module).forward(module, hidden_states)
     h = hidden_states.reshape(-1, module.hidden_dim)
     if k.logits_fp32:
         logits = F.linear(h.float(), module.weight.float())
@@ -132,6 +136,7 @@ def _agree(module: torch.nn.Module, dtype: torch.dtype, tokens: int = 16, seed: 
     if not torch.allclose(a, b, rtol=rtol, atol=1e-6):
         return f"the scores differ (max abs {float((a - b).abs().max()):.3g})"
     top_k, e = io.shape[-1], lo.shape[-1]
+    so, sn, io, in_ = so.reshape(-1, top_k), sn.reshape(-1, top_k), io.reshape(-1, top_k), in_.reshape(-1, top_k)
     key = lo.float().reshape(-1, e)
     if k.grouped:  # the grouped router's choice key (its group choice is not tie-checked)
         key = key.sigmoid() + module.e_score_correction_bias.float()
@@ -140,8 +145,13 @@ def _agree(module: torch.nn.Module, dtype: torch.dtype, tokens: int = 16, seed: 
         clear = top[:, top_k - 1] != top[:, top_k]
     else:
         clear = torch.ones(key.shape[0], dtype=torch.bool, device=key.device)
-    if not torch.equal(io.reshape(-1, top_k).sort(-1).values[clear], in_.reshape(-1, top_k).sort(-1).values[clear]):
+    if not torch.equal(io.sort(-1).values[clear], in_.sort(-1).values[clear]):
         return "the chosen experts differ"
+    # each expert with its own weight: the dense [T, E] routing weights of those tokens
+    dense_o = torch.zeros(key.shape, dtype=torch.float32, device=key.device).scatter_(1, io, so.float())
+    dense_n = torch.zeros(key.shape, dtype=torch.float32, device=key.device).scatter_(1, in_, sn.float())
+    if not torch.allclose(dense_o[clear], dense_n[clear], rtol=rtol, atol=1e-6):
+        return "the weights go to other experts"
     return None
 
 
@@ -152,7 +162,10 @@ def fuse_routers(model: torch.nn.Module, *, check: bool = True) -> dict[str, str
     The module keeps its class, parameters and state-dict keys (transformers' router-logit
     recording, ``output_router_logits``, finds it by class) and returns what it returned:
     ``(router_logits, router_scores, router_indices)``, same shapes and dtypes. Only the instance's
-    ``forward`` is replaced; :func:`unfuse_routers` puts the class's back.
+    ``forward`` is replaced (a partial bound to the module: a shallow copy of the module, as
+    ``nn.DataParallel`` replicas are, still calls the original); :func:`unfuse_routers` puts the
+    class's back. Modules whose forward something else already replaced (accelerate hooks) or
+    whose weight is on the meta device are left alone.
 
     ``check`` (default True): first compare the two forwards on 16 random tokens (activations in
     the router weight's dtype, bf16 for an fp32 weight) and keep the original where they differ
@@ -168,13 +181,26 @@ def fuse_routers(model: torch.nn.Module, *, check: bool = True) -> dict[str, str
     for name, mod in model.named_modules():
         if _kind_of(mod) is None or is_fused(mod):
             continue
+        if "forward" in mod.__dict__ or hasattr(mod, "_hf_hook"):
+            # another wrapper (e.g. accelerate's offload / device-map hook) owns the forward
+            done[name] = f"{type(mod).__name__}: kept, its forward is already replaced (a hook?)"
+            continue
+        if getattr(mod, "weight", None) is not None and mod.weight.device.type == "meta":
+            done[name] = f"{type(mod).__name__}: kept, its weight is on the meta device (offloaded?)"
+            continue
         missing = [a for a in _ATTRS[type(mod).__name__] if not hasattr(mod, a)]
         if missing:  # a release whose router names a field differently
             done[name] = f"{type(mod).__name__}: kept, it has no {', '.join(missing)}"
             continue
         if check:
             w = mod.weight
-            why = _agree(mod, torch.bfloat16 if w.dtype == torch.float32 else w.dtype)
+            # the model's activations have the router weight's dtype, except DeepSeek-V3's fp32
+            # router in a 16-bit model (it casts to fp32 itself)
+            dtype = torch.bfloat16 if _kind_of(mod).logits_fp32 else w.dtype
+            try:
+                why = _agree(mod, dtype)
+            except Exception as e:  # noqa: BLE001 - any failure of the comparison keeps the module
+                why = f"the comparison failed ({type(e).__name__}: {e})"
             if why is not None:
                 done[name] = f"{type(mod).__name__}: kept, {why} on random inputs"
                 continue
