@@ -74,16 +74,24 @@ def _experts(model_or_weights) -> list[tuple[str, Experts]]:
     return [(name or "experts", m) for name, m in model_or_weights.named_modules() if isinstance(m, Experts)]
 
 
-def _moe_layers(model_or_weights) -> list[tuple[str, MoE]]:
+def _routing_calls(model_or_weights, activations: torch.dtype) -> list[tuple]:
+    """(label, router weight, a one-token call, description) of every routing-kernel user: each
+    blockscaled.nn.MoE (its ``route`` on zero logits) and each fused transformers router (its
+    forward on a zero token, in the model's dtype; DeepSeek-V3's fp32 router casts itself)."""
     if not isinstance(model_or_weights, torch.nn.Module):
         return []
-    return [((name or "moe") + ".route", m) for name, m in model_or_weights.named_modules() if isinstance(m, MoE)]
-
-
-def _fused_routers(model_or_weights) -> list[tuple[str, torch.nn.Module]]:
-    if not isinstance(model_or_weights, torch.nn.Module):
-        return []
-    return [((name or "router") + ".route", m) for name, m in model_or_weights.named_modules() if is_fused(m)]
+    out = []
+    for name, m in model_or_weights.named_modules():
+        if isinstance(m, MoE):
+            w = m.router_weight
+            out.append(((name or "moe") + ".route", w, lambda m=m, w=w: m.route(
+                torch.zeros((1, m.num_experts), dtype=activations, device=w.device)), "routing (ops/moe.py route_topk)"))
+        elif is_fused(m):
+            w = m.weight
+            dtype = activations if _ROUTER_KINDS[type(m).__name__].logits_fp32 else w.dtype
+            out.append(((name or "router") + ".route", w, lambda m=m, w=w, d=dtype: m(
+                torch.zeros((1, w.shape[1]), dtype=d, device=w.device)), "routing (fused router, ops/moe.py route_topk)"))
+    return out
 
 
 def _top_k(model: torch.nn.Module, top_k: int | None) -> int:
@@ -212,29 +220,16 @@ def warmup(model_or_weights, max_tokens: int = 8192, *, activations: torch.dtype
                 torch.cuda.synchronize(dev)
             report.entries.append((label, (lo, hi), desc, time.perf_counter() - s))
             bar.advance(task)
-    # the MoE layers' routing kernel: its compiled form follows the routing settings, not T
-    for label, moe in _moe_layers(model_or_weights):
-        dev = moe.router_weight.device
-        if use_reference(moe.router_weight):
-            continue
-        s = time.perf_counter()
-        moe.route(torch.zeros((1, moe.num_experts), dtype=activations, device=dev))
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        report.entries.append((label, (1, max_tokens), "routing (ops/moe.py route_topk)", time.perf_counter() - s))
-    # transformers routers fused by nn.fuse_routers (quantize_model): the same kernel, one build
-    # per routing form and logits dtype (the model's own dtype; DeepSeek-V3's fp32 router casts)
-    for label, router in _fused_routers(model_or_weights):
-        w = router.weight
+    # the routing kernel, once per routing form (its build follows the routing settings, not T):
+    # blockscaled.nn.MoE layers and transformers routers fused by nn.fuse_routers (quantize_model)
+    for label, w, run, desc in _routing_calls(model_or_weights, activations):
         if use_reference(w):
             continue
-        dtype = activations if _ROUTER_KINDS[type(router).__name__].logits_fp32 else w.dtype
         s = time.perf_counter()
         with torch.no_grad():
-            router(torch.zeros((1, w.shape[1]), dtype=dtype, device=w.device))
+            run()
         if w.device.type == "cuda":
             torch.cuda.synchronize(w.device)
-        report.entries.append((label, (1, max_tokens), "routing (fused router, ops/moe.py route_topk)",
-                               time.perf_counter() - s))
+        report.entries.append((label, (1, max_tokens), desc, time.perf_counter() - s))
     report.seconds = time.perf_counter() - t0
     return report

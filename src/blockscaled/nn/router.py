@@ -38,7 +38,7 @@ class _Kind:
     scores_fp32: the scores come out in fp32 (else in the logits' dtype); flat: the module
     flattens its input to ``[T, H]`` (else outputs keep the input's leading dims); logits_fp32:
     the gate GEMM runs in fp32 (DeepSeek-V3); grouped: DeepSeek-V3's grouped top-k with its
-    correction bias and routed scaling factor."""
+    correction bias and routed scaling factor; bias: the gate GEMM adds the module's ``bias``."""
 
     score: str = "softmax"
     norm: bool | None = None
@@ -46,6 +46,15 @@ class _Kind:
     flat: bool = True
     logits_fp32: bool = False
     grouped: bool = False
+    bias: bool = False
+
+    @property
+    def attrs(self) -> tuple[str, ...]:
+        """The module attributes the fused forward reads."""
+        base = ("weight", "top_k", "hidden_dim") + (() if self.norm is not None else ("norm_topk_prob",))
+        if self.grouped:
+            return base + ("num_group", "topk_group", "routed_scaling_factor", "e_score_correction_bias")
+        return base + (("bias",) if self.bias else ())
 
 
 #: transformers router classes (by name) -> their math, read from transformers 5.x's modelling code
@@ -56,21 +65,8 @@ KINDS: dict[str, _Kind] = {
     "OlmoeTopKRouter": _Kind(),
     # top-k of the biased logits, then a softmax over the k values: the same weights as the
     # softmax over all experts renormalised over the k chosen
-    "GptOssTopKRouter": _Kind(norm=True, flat=False),
+    "GptOssTopKRouter": _Kind(norm=True, flat=False, bias=True),
     "DeepseekV3TopkRouter": _Kind(score="sigmoid", scores_fp32=True, logits_fp32=True, grouped=True),
-}
-
-
-_BASE = ("weight", "top_k", "hidden_dim")
-#: the module attributes the fused forward reads, per class
-_ATTRS: dict[str, tuple[str, ...]] = {
-    "MixtralTopKRouter": _BASE,
-    "Qwen2MoeTopKRouter": (*_BASE, "norm_topk_prob"),
-    "Qwen3MoeTopKRouter": (*_BASE, "norm_topk_prob"),
-    "OlmoeTopKRouter": (*_BASE, "norm_topk_prob"),
-    "GptOssTopKRouter": (*_BASE, "bias"),
-    "DeepseekV3TopkRouter": (*_BASE, "norm_topk_prob", "num_group", "topk_group", "routed_scaling_factor",
-                             "e_score_correction_bias"),
 }
 
 
@@ -91,7 +87,7 @@ def _fused_forward(module: torch.nn.Module, hidden_states: torch.Tensor):
     if k.logits_fp32:
         logits = F.linear(h.float(), module.weight.float())
     else:
-        logits = F.linear(h, module.weight, getattr(module, "bias", None))
+        logits = F.linear(h, module.weight, module.bias if k.bias else None)
     norm = k.norm if k.norm is not None else bool(module.norm_topk_prob)
     if k.grouped:
         weights, experts = route(logits, module.top_k, score=k.score, n_group=module.num_group,
@@ -188,7 +184,7 @@ def fuse_routers(model: torch.nn.Module, *, check: bool = True) -> dict[str, str
         if getattr(mod, "weight", None) is not None and mod.weight.device.type == "meta":
             done[name] = f"{type(mod).__name__}: kept, its weight is on the meta device (offloaded?)"
             continue
-        missing = [a for a in _ATTRS[type(mod).__name__] if not hasattr(mod, a)]
+        missing = [a for a in _kind_of(mod).attrs if not hasattr(mod, a)]
         if missing:  # a release whose router names a field differently
             done[name] = f"{type(mod).__name__}: kept, it has no {', '.join(missing)}"
             continue
