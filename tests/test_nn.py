@@ -601,11 +601,15 @@ def test_fuse_routers_matches_transformers(path, device, arch, monkeypatch):
     assert len(twin_calls) == (len(routers) if path == "reference" else 0)  # the kernel ran on the kernel path
     with torch.no_grad():
         got = model(ids, output_router_logits=True)
-    assert got.router_logits is not None and len(got.router_logits) == len(want.router_logits) == len(routers)
-    # the first layer's router sees the same input; later ones what the fused earlier layers made
-    assert torch.equal(got.router_logits[0], want.router_logits[0])
-    for a, b in zip(got.router_logits[1:], want.router_logits[1:]):
-        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
+    # (transformers releases whose output class for an architecture has no router_logits, e.g.
+    # DeepSeek-V3's CausalLMOutputWithPast on the GPU image, record none with or without fusing)
+    assert hasattr(got, "router_logits") == hasattr(want, "router_logits")
+    if hasattr(want, "router_logits"):
+        assert got.router_logits is not None and len(got.router_logits) == len(want.router_logits) == len(routers)
+        # the first layer's router sees the same input; later ones what the fused earlier layers made
+        assert torch.equal(got.router_logits[0], want.router_logits[0])
+        for a, b in zip(got.router_logits[1:], want.router_logits[1:]):
+            torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(got.logits.float(), want.logits.float(), rtol=2e-2, atol=2e-2)
     assert bsnn.fuse_routers(model) == {}  # already fused: not listed again
     assert sorted(bsnn.unfuse_routers(model)) == sorted(routers)

@@ -327,8 +327,10 @@ def gemm_fp8_block_hopper_impl(a2: torch.Tensor, a_s2: torch.Tensor, b_data: tor
 
 
 def _gemm_gluon(a2: torch.Tensor, a_s2: torch.Tensor, b_data: torch.Tensor, b_scale: torch.Tensor,
-                out2: torch.Tensor, cfg: HopperConfig) -> None:
-    """:func:`gemm_fp8_block_hopper_impl` on the Gluon kernels (no fallback)."""
+                out2: torch.Tensor, cfg: HopperConfig, asub: int = 1, aflag: torch.Tensor | None = None) -> None:
+    """:func:`gemm_fp8_block_hopper_impl` on the Gluon kernels (no fallback). ``asub`` 4: the A
+    scales are per 32 K (``a_s2 [M, 4 * ceil(K/128)]``) with the per-row flags ``aflag`` int32 [M]
+    of ``encode_mx_activations`` (MX activations; the wide kernel's ASUB, "wide" only)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     m, k = a2.shape
@@ -388,7 +390,8 @@ def _gemm_gluon(a2: torch.Tensor, a_s2: torch.Tensor, b_data: torch.Tensor, b_sc
             triton.cdiv(m, cfg.block_m), kb_per, split_from, a_s2.stride(0), a_s2.stride(1), 0,
             b_scale.stride(0), b_scale.stride(1), out2.stride(0), GROUP_M=cfg.group_m, STAGES=cfg.stages,
             NH=cfg.block_n // 128, EPI=epi, MODE=0, E_POW2=1, SPLIT_WG=split, DUAL=False, SPLIT=nsplit,
-            TAIL=split_from > 0 and nsplit > 1, SPREAD=spread, num_warps=4 if split else cfg.num_warps)
+            TAIL=split_from > 0 and nsplit > 1, SPREAD=spread, num_warps=4 if split else cfg.num_warps,
+            **({"ASUB": asub, "aflag_ptr": aflag} if asub != 1 else {}))
         return
     raise ValueError(f"cfg.variant: expected one of {VARIANTS}, got {cfg.variant!r}")
 

@@ -454,13 +454,45 @@ def _wide_splitk_finish(c_desc, c_smem, c_ptr, ws_ptr, cnt_ptr, acc0, acc1, stil
 
 
 @gluon.jit
+def _mma_sub(a_s, b_s, part, acc, s, j: gl.constexpr, SUBK: gl.constexpr):
+    """K slice ``j`` (SUBK wide) of one ring slot (ASUB > 1): a wgmma from zero, its wait, and the
+    promotion with that slice's combined scale ``s`` [rows] (A scale x B scale). Returns (wgmma
+    destination, new accumulator). The slice of the 128-byte-swizzled K-major tiles is a start
+    address offset of the wgmma descriptors (the k32 steps of one 128-wide wgmma chain)."""
+    a_j = a_s.slice(j * SUBK, SUBK, dim=1)
+    b_j = b_s.slice(j * SUBK, SUBK, dim=1)
+    part = warpgroup_mma(a_j, b_j.permute((1, 0)), part, use_acc=False, is_async=True)
+    part, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(part, a_j, b_j))
+    return part, _pin(acc + part * s[:, None])
+
+
+@gluon.jit
+def _mma_block(a_s, b_s, part, acc, sa0, sa1, sa2, sa3, sb, uni, SUBK: gl.constexpr):
+    """One ring slot's K block with per-SUBK A scales ``sa0..sa3`` [rows] (ASUB 4) and the weight
+    scale ``sb``: ``uni`` (the rows' four scales are equal, the activation encoder's uniform
+    rows): one 128-wide wgmma chain, one promotion; else four K slices, each promoted with its
+    own scale (``_mma_sub``)."""
+    if uni:
+        part = warpgroup_mma(a_s, b_s.permute((1, 0)), part, use_acc=False, is_async=True)
+        part, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(part, a_s, b_s))
+        acc = _pin(acc + part * (sa0 * sb)[:, None])
+    else:
+        part, acc = _mma_sub(a_s, b_s, part, acc, sa0 * sb, 0, SUBK)
+        part, acc = _mma_sub(a_s, b_s, part, acc, sa1 * sb, 1, SUBK)
+        part, acc = _mma_sub(a_s, b_s, part, acc, sa2 * sb, 2, SUBK)
+        part, acc = _mma_sub(a_s, b_s, part, acc, sa3 * sb, 3, SUBK)
+    return part, acc
+
+
+@gluon.jit
 def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, sa_bufs, c_smem, ready, empty, sa_ptr, sb_ptr, sb2_ptr,
                    c_ptr, seg_ptr, ws_ptr, cnt_ptr, M, N, K, E, num_pid_m, kb_per_split, split_from, stride_sam,
                    stride_sak, stride_sbe, stride_sbn, stride_sbk, stride_cm, GROUP_M: gl.constexpr,
                    STAGES: gl.constexpr,
                    NH: gl.constexpr, EPI: gl.constexpr, MODE: gl.constexpr, E_POW2: gl.constexpr,
                    DUAL: gl.constexpr, SPLIT: gl.constexpr, TAIL: gl.constexpr, SPREAD: gl.constexpr,
-                   WG: gl.constexpr, ROWS: gl.constexpr, SA_SMEM: gl.constexpr, num_warps: gl.constexpr):
+                   WG: gl.constexpr, ROWS: gl.constexpr, SA_SMEM: gl.constexpr, num_warps: gl.constexpr,
+                   ASUB: gl.constexpr = 1, aflag_ptr=None):
     """Math partition: rows [WG * ROWS, (WG + 1) * ROWS) of each 128-row tile (ROWS = BLOCK_M when
     one partition does all rows). With two 4-warp partitions (one per warpgroup) each releases
     its ring slots itself (empty barriers count 2), so nothing synchronises the two warpgroups:
@@ -479,6 +511,8 @@ def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, sa_bufs, c_smem, read
     HALF: gl.constexpr = BLOCK_N // NH
     gl.static_assert(HALF == B_SCALE_ROWS, "each half spans exactly one 128-row weight-scale block")
     gl.static_assert(NH == 2 or not DUAL, "DUAL: one half for gate, one for up")
+    gl.static_assert(ASUB == 1 or (ASUB == 4 and not SA_SMEM), "ASUB: 1 or 4 A-scale K slices, loaded by the math warps")
+    SUBK: gl.constexpr = BLOCK_K // ASUB
     mma_layout: gl.constexpr = mma_layout_for(ROWS, HALF, num_warps)
     seg_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
     pid = gl.program_id(0)
@@ -527,16 +561,34 @@ def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, sa_bufs, c_smem, read
                 rows = my_row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma_layout))
                 row_ok = rows < row_end
                 sa_rows = sa_ptr + rows.to(gl.int64) * stride_sam
-                sa_next = gl.load(sa_rows + kb_first * stride_sak, mask=row_ok, other=0.0)
+                sa_next = gl.load(sa_rows + kb_first * ASUB * stride_sak, mask=row_ok, other=0.0)
+                if ASUB > 1:  # the other K slices' A scales (columns kb * ASUB + j of [M, K / SUBK])
+                    sa1_next = gl.load(sa_rows + (kb_first * ASUB + 1) * stride_sak, mask=row_ok, other=0.0)
+                    sa2_next = gl.load(sa_rows + (kb_first * ASUB + 2) * stride_sak, mask=row_ok, other=0.0)
+                    sa3_next = gl.load(sa_rows + (kb_first * ASUB + 3) * stride_sak, mask=row_ok, other=0.0)
+            if ASUB > 1:
+                # uniform: none of this partition's rows has a 128-K block whose ASUB scales differ
+                # (``aflag`` 0 per row: the encoder wrote every block of the row with one scale,
+                # repeated ASUB times), so each K block takes one 128-wide wgmma chain and one
+                # promotion, the fp8_block rate; else every K slice is promoted on its own
+                uni = gl.max(gl.load(aflag_ptr + rows, mask=row_ok, other=0), 0) == 0
             sb0_next = gl.load(sb_row + kb_first * stride_sbk)
             for kb in range(kb_lo, kb_hi):
                 s = it % STAGES
                 if not SA_SMEM:
                     sa = sa_next
+                    if ASUB > 1:
+                        sa1 = sa1_next
+                        sa2 = sa2_next
+                        sa3 = sa3_next
                 sb0 = sb0_next
                 kb_next = gl.minimum(kb + 1, num_k - 1)
                 if not SA_SMEM:
-                    sa_next = gl.load(sa_rows + kb_next * stride_sak, mask=row_ok, other=0.0)
+                    sa_next = gl.load(sa_rows + kb_next * ASUB * stride_sak, mask=row_ok, other=0.0)
+                    if ASUB > 1:
+                        sa1_next = gl.load(sa_rows + (kb_next * ASUB + 1) * stride_sak, mask=row_ok, other=0.0)
+                        sa2_next = gl.load(sa_rows + (kb_next * ASUB + 2) * stride_sak, mask=row_ok, other=0.0)
+                        sa3_next = gl.load(sa_rows + (kb_next * ASUB + 3) * stride_sak, mask=row_ok, other=0.0)
                 sb0_next = gl.load(sb_row + kb_next * stride_sbk)
                 if NH == 2:
                     sb1 = gl.load(sb1_row + kb * stride_sbk, mask=has1, other=0.0)
@@ -548,7 +600,16 @@ def _wide_consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, sa_bufs, c_smem, read
                 else:
                     a_s = a_bufs.index(s).slice(WG * ROWS, ROWS, dim=0)
                 b_s = b_bufs.index(s)
-                if NH == 2:
+                if ASUB > 1:
+                    # per-SUBK A scales (MX activations)
+                    b0 = b_s.slice(0, HALF, dim=0)
+                    part, acc0 = _mma_block(a_s, b0, part, acc0, sa, sa1, sa2, sa3, sb0, uni, SUBK)
+                    if NH == 2:
+                        if has1:
+                            b1 = b_s.slice(HALF, HALF, dim=0)
+                            part, acc1 = _mma_block(a_s, b1, part, acc1, sa, sa1, sa2, sa3, sb1, uni, SUBK)
+                    mbarrier.arrive(empty.index(s), count=1)
+                elif NH == 2:
                     b0 = b_s.slice(0, HALF, dim=0)
                     part = warpgroup_mma(a_s, b0.permute((1, 0)), part, use_acc=False, is_async=True)
                     part, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(part, a_s, b0))
@@ -613,7 +674,7 @@ def fp8_block_gemm_wide_kernel(a_desc, b_desc, b2_desc, c_desc, sa_ptr, sb_ptr, 
                                NH: gl.constexpr, EPI: gl.constexpr, MODE: gl.constexpr, E_POW2: gl.constexpr,
                                SPLIT_WG: gl.constexpr, DUAL: gl.constexpr, SPLIT: gl.constexpr,
                                num_warps: gl.constexpr, TAIL: gl.constexpr = False,
-                               SPREAD: gl.constexpr = False):
+                               SPREAD: gl.constexpr = False, ASUB: gl.constexpr = 1, aflag_ptr=None):
     """Dense (MODE 0) or grouped (MODE 1 contiguous, 2 masked) fp8_block GEMM; see above.
     ``num_pid_m``: M tiles of the tile space (dense cdiv(M, 128); grouped: unused by the kernel,
     which counts the tiles with rows on the device, ``_grouped_plan``; the host's bound sizes the
@@ -666,7 +727,7 @@ def fp8_block_gemm_wide_kernel(a_desc, b_desc, b2_desc, c_desc, sa_ptr, sb_ptr, 
     # 52.3 -> 49.5, 256x4096x7168 22.4 -> 21.0), 128x128 tiles 1.01-1.04x even with one ring stage
     # less (6 -> 5: the 3 KB of scales do not fit next to 6), 128x256 tiles 0.97-1.01x (M=4096
     # DeepSeek-V3 shapes, grouped m=512): those keep the loads.
-    SA_SMEM: gl.constexpr = NH == 1
+    SA_SMEM: gl.constexpr = NH == 1 and ASUB == 1
     if SA_SMEM:
         # the tile's fp32 A scales of each ring slot's K block
         sa_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
@@ -691,12 +752,12 @@ def fp8_block_gemm_wide_kernel(a_desc, b_desc, b2_desc, c_desc, sa_ptr, sb_ptr, 
                               sb2_ptr, c_ptr, seg_ptr, ws_ptr, cnt_ptr, M, N, K, E, num_pid_m, kb_per_split,
                               split_from, stride_sam, stride_sak, stride_sbe, stride_sbn, stride_sbk, stride_cm,
                               GROUP_M, STAGES, NH, EPI, MODE, E_POW2, DUAL, SPLIT, TAIL, SPREAD, 0, ROWS, SA_SMEM,
-                              num_warps)),
+                              num_warps, ASUB, aflag_ptr)),
             (_wide_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, sa_bufs, c_smem, ready, empty, sa_ptr, sb_ptr,
                               sb2_ptr, c_ptr, seg_ptr, ws_ptr, cnt_ptr, M, N, K, E, num_pid_m, kb_per_split,
                               split_from, stride_sam, stride_sak, stride_sbe, stride_sbn, stride_sbk, stride_cm,
                               GROUP_M, STAGES, NH, EPI, MODE, E_POW2, DUAL, SPLIT, TAIL, SPREAD, 1, ROWS, SA_SMEM,
-                              num_warps)),
+                              num_warps, ASUB, aflag_ptr)),
             (_wide_producer, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, sa_bufs, ready, empty, sa_ptr, seg_ptr, M, N,
                               K, E, num_pid_m, kb_per_split, split_from, stride_sam, stride_sak, GROUP_M, STAGES, MODE,
                               E_POW2, DUAL, SPLIT, SA_SMEM)),
@@ -707,7 +768,7 @@ def fp8_block_gemm_wide_kernel(a_desc, b_desc, b2_desc, c_desc, sa_ptr, sb_ptr, 
                               sb2_ptr, c_ptr, seg_ptr, ws_ptr, cnt_ptr, M, N, K, E, num_pid_m, kb_per_split,
                               split_from, stride_sam, stride_sak, stride_sbe, stride_sbn, stride_sbk, stride_cm,
                               GROUP_M, STAGES, NH, EPI, MODE, E_POW2, DUAL, SPLIT, TAIL, SPREAD, 0, ROWS, SA_SMEM,
-                              num_warps)),
+                              num_warps, ASUB, aflag_ptr)),
             (_wide_producer, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, sa_bufs, ready, empty, sa_ptr, seg_ptr, M, N,
                               K, E, num_pid_m, kb_per_split, split_from, stride_sam, stride_sak, GROUP_M, STAGES, MODE,
                               E_POW2, DUAL, SPLIT, SA_SMEM)),

@@ -1,0 +1,239 @@
+"""MX operands re-encoded as e4m3 for Hopper's FP8 tensor cores (reference/mx_pack.py,
+kernels/triton/mx_pack.py, ops/mx_pack.py), on the CPU: the weight packer's exactness and its
+refusal of tiles it cannot hold, the activation encoder's reconstruction, flags and NaN handling,
+the Triton encoder (interpreter) against its twin, argument errors, and the wide kernel's MX build
+(ASUB 4) compiling for sm_90a."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+import blockscaled as bs
+from blockscaled.ops import mx_pack as ops_mx
+from blockscaled.reference import mx_pack as R
+
+from _aot import PTXAS_STATS, WITH_DEFAULTS, run_compile_script
+
+
+def _deq_encoded(data, scale, k):
+    m = data.shape[0]
+    kb = -(-k // 128)
+    d = torch.nn.functional.pad(data.float(), (0, 128 * kb - k)).view(m, 4 * kb, 32)
+    return (d * scale.unsqueeze(-1)).view(m, -1)[:, :k]
+
+
+def _same_values(a, b):
+    """Equal as values (-0 == +0), NaN where the other has NaN."""
+    a, b = a.float(), b.float()
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))
+
+
+@pytest.mark.parametrize("n,k", [(300, 320), (128, 128), (5, 2880), (257, 100), (129, 32)])
+def test_weight_pack_exact(n, k):
+    torch.manual_seed(n + k)
+    # rows of different magnitudes (a 2^10 spread of block exponents inside a tile)
+    w = torch.randn(n, k) * torch.logspace(-3, 0, n)[:, None]
+    w[: min(n, 3), :40] = 0  # zero blocks do not count in a tile's span
+    q = bs.quantize(w, "mxfp4")
+    p = R.mxfp4_to_fp8_block(q)
+    assert p.format.name == "fp8_block" and p.block == (128, 128)
+    assert p.scale.shape == (-(-n // 128), -(-k // 128))
+    assert torch.equal(bs.dequantize(p, torch.float32), bs.dequantize(q, torch.float32))
+    # power-of-two scales
+    m, e = torch.frexp(p.scale)
+    assert torch.all(m == 0.5)
+
+
+def test_weight_pack_zero_tile_and_refusals():
+    q = bs.quantize(torch.zeros(130, 256), "mxfp4")
+    p = R.mxfp4_to_fp8_block(q)
+    assert torch.all(p.scale == 1.0) and torch.all(p.data.float() == 0)
+    w = torch.randn(256, 256)
+    w[200, 128:160] *= 2.0 ** -16  # a block 2^16 below its tile's largest: span > 14
+    q = bs.quantize(w, "mxfp4")
+    assert int(R.fp8_block_tile_spans(q)[1, 1]) > R.SPAN
+    with pytest.raises(ValueError, match=r"w: tile \(1, 1\) \(rows 128\.\.255, K 128\.\.255\).*1 of 4 tiles"):
+        R.mxfp4_to_fp8_block(q)
+    bad = bs.ScaledTensor(q.data, q.scale.clone(), "mxfp4", q.shape, (1, 32), q.rounding)
+    bad.scale[0, 0] = 255  # NaN scale
+    with pytest.raises(ValueError, match=r"tile \(0, 0\)"):
+        R.mxfp4_to_fp8_block(bad)
+    with pytest.raises(ValueError, match=r"w: expected a 2-D mxfp4 ScaledTensor"):
+        R.mxfp4_to_fp8_block(bs.quantize(torch.randn(4, 64), "mxfp8"))
+    with pytest.raises(TypeError, match=r"w: expected a ScaledTensor"):
+        R.mxfp4_to_fp8_block(torch.randn(4, 64))
+
+
+def test_pow2_exact():
+    e = torch.arange(-160, 128)
+    got = R.pow2(e)
+    want = torch.tensor([2.0 ** int(x) if x >= -149 else 0.0 for x in e], dtype=torch.float64)
+    assert torch.equal(got.double(), want)
+    assert torch.equal(R.pow2(torch.arange(-1074, 1024), torch.float64),
+                       torch.tensor([2.0 ** int(x) for x in range(-1074, 1024)], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8"])
+@pytest.mark.parametrize("m,k", [(3, 320), (17, 128), (5, 100), (1, 2880), (20, 64)])
+def test_encode_reference_reconstructs(fmt, m, k):
+    torch.manual_seed(m * k)
+    for x in (torch.randn(m, k), torch.randn(m, k) * torch.logspace(-5, 5, k)):
+        x[0, :40] = 0
+        q = bs.quantize(x, fmt)
+        data, scale, flag = R.encode_mx_activations(q)
+        assert data.dtype == torch.float8_e4m3fn and scale.dtype == torch.float32 and flag.dtype == torch.int32
+        assert scale.shape == (m, 4 * (-(-k // 128))) and flag.shape == (m,)
+        assert torch.equal(_deq_encoded(data, scale, k), bs.dequantize(q, torch.float32))
+        # a row without a flag has one scale per 128-K group (what the kernel's fast path reads)
+        kb = -(-k // 128)
+        nblk = -(-k // 32)
+        s = scale[:, :nblk]
+        first = scale.view(m, kb, 4)[:, :, :1].expand(m, kb, 4).reshape(m, -1)[:, :nblk]
+        uniform_rows = (s == first).all(1)
+        assert torch.all(uniform_rows[flag == 0])
+
+
+def test_encode_flags_and_nan():
+    x = torch.randn(4, 256)
+    x[1, 32:64] *= 2.0 ** -20  # mxfp4: a block 2^20 below its group's largest: not uniform
+    q = bs.quantize(x, "mxfp4")
+    _, scale, flag = R.encode_mx_activations(q)
+    assert flag.tolist() == [0, 1, 0, 0]
+    s = q.scale.clone()
+    s[2, 5] = 255
+    qn = bs.ScaledTensor(q.data, s, "mxfp4", q.shape, (1, 32), q.rounding)
+    data, scale, flag = R.encode_mx_activations(qn)
+    assert flag[2] == 1 and torch.isnan(scale[2, 5]) and not torch.isnan(scale[2, 4])
+    assert torch.isnan(_deq_encoded(data, scale, 256)[2, 160:192]).all()
+    # mxfp8: uniform only where a group's nonzero blocks share one exponent
+    y = torch.ones(2, 128)
+    y[1, :32] = 3.0
+    _, scale, flag = R.encode_mx_activations(bs.quantize(y, "mxfp8"))
+    assert flag.tolist() == [0, 1]
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8"])
+@pytest.mark.parametrize("m,k", [(3, 320), (17, 128), (5, 100), (33, 2880), (20, 64), (0, 64), (4, 0)])
+def test_encode_kernel_matches_twin(fmt, m, k, monkeypatch):
+    if not bs._checks.INTERPRET:
+        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1)")
+    torch.manual_seed(m + k)
+    x = torch.randn(m, k) * torch.logspace(-4, 4, k) if k else torch.randn(m, k)
+    if m and k:
+        x[0, : min(k, 40)] = 0
+    q = bs.quantize(x, fmt)
+    if m > 2 and k >= 64:  # a NaN scale
+        s = q.scale.clone()
+        s[2, 1] = 255
+        q = bs.ScaledTensor(q.data, s, fmt, q.shape, (1, 32), q.rounding)
+    got = ops_mx.encode_mx_activations(q)
+    if k == 0:
+        assert got[0].shape == (m, 0) and torch.equal(got[2], torch.zeros(m, dtype=torch.int32))
+        return
+    ref = R.encode_mx_activations(q)
+    assert _same_values(got[0], ref[0])
+    assert torch.equal(got[1].view(torch.int32), ref[1].view(torch.int32))
+    assert torch.equal(got[2], ref[2])
+
+
+def test_encode_and_gemm_argument_errors():
+    q = bs.quantize(torch.randn(4, 64), "nvfp4")
+    with pytest.raises(ValueError, match=r"a: expected a 2-D mxfp4 or mxfp8 ScaledTensor with \(1, 32\) blocks"):
+        ops_mx.encode_mx_activations(q)
+    a = bs.quantize(torch.randn(4, 64), "mxfp4")
+    with pytest.raises(ValueError, match=r"w: expected a 2-D fp8_block ScaledTensor with \(128, 128\) blocks"):
+        ops_mx.mx_fp8_block_gemm(a, bs.quantize(torch.randn(8, 64), "mxfp4"))
+    w = R.mxfp4_to_fp8_block(bs.quantize(torch.randn(8, 128), "mxfp4"))
+    with pytest.raises(ValueError, match=r"a: K mismatch: a has K=64, w has K=128"):
+        ops_mx.mx_fp8_block_gemm(a, w)
+    with pytest.raises(RuntimeError, match=r"needs a Hopper GPU"):
+        ops_mx.mx_fp8_block_gemm(bs.quantize(torch.randn(4, 128), "mxfp4"), w)
+
+
+_AOT = PTXAS_STATS + WITH_DEFAULTS + r'''
+import json, re
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+from blockscaled.kernels.hopper import wide as W
+TGT = GPUTarget("cuda", 90, 32)
+out = {}
+for bm, bn, st, epi, asub in [(128, 256, 3, 2, 4), (128, 128, 5, 2, 4), (128, 256, 3, 2, 1)]:
+    la = gl.NVMMASharedLayout.get_default_for([bm, 128], gl.float8e4nv)
+    lb = gl.NVMMASharedLayout.get_default_for([bn, 128], gl.float8e4nv)
+    lc = gl.NVMMASharedLayout.get_default_for([64, 128], gl.bfloat16)
+    bdesc = f"tensordesc<fp8e4nv[{bn}, 128],{lb!r}>"
+    sig = {"a_desc": f"tensordesc<fp8e4nv[{bm}, 128],{la!r}>", "b_desc": bdesc, "b2_desc": bdesc,
+           "c_desc": f"tensordesc<bf16[64, 128],{lc!r}>", "sa_ptr": "*fp32", "sb_ptr": "*fp32", "sb2_ptr": "*fp32",
+           "c_ptr": "*bf16", "seg_ptr": "*i32", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32",
+           "K": "i32", "E": "i32", "num_pid_m": "i32", "kb_per_split": "i32", "split_from": "i32",
+           "stride_sam": "i32", "stride_sak": "i32", "stride_sbe": "i32", "stride_sbn": "i32", "stride_sbk": "i32",
+           "stride_cm": "i32", "GROUP_M": "constexpr", "STAGES": "constexpr", "NH": "constexpr", "EPI": "constexpr",
+           "MODE": "constexpr", "E_POW2": "constexpr", "SPLIT_WG": "constexpr", "DUAL": "constexpr",
+           "SPLIT": "constexpr", "num_warps": "constexpr", "ASUB": "constexpr"}
+    const = {"GROUP_M": 8, "STAGES": st, "NH": bn // 128, "EPI": epi, "MODE": 0, "E_POW2": 1, "SPLIT_WG": True,
+             "DUAL": False, "SPLIT": 1, "num_warps": 4, "ASUB": asub}
+    if asub > 1:
+        sig["aflag_ptr"] = "*i32"
+    sig, const = with_defaults(W.fp8_block_gemm_wide_kernel, sig, const)
+    k = triton.compile(GluonASTSource(W.fp8_block_gemm_wide_kernel, sig, constexprs=const), target=TGT,
+                       options={"num_warps": 4})
+    ptx = k.asm["ptx"]
+    rec = {"wgmma": sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.[\w\.]+", ptx))),
+           "wgmma_n": ptx.count("wgmma.mma_async"), "waits": ptx.count("wgmma.wait_group"),
+           "tma_store": ptx.count("cp.async.bulk.tensor.2d.global"), "shared": k.metadata.shared}
+    rec.update(ptxas_stats(ptx))
+    out[f"{bm}x{bn}_asub{asub}"] = rec
+print(json.dumps(out))
+'''
+
+
+@pytest.mark.timeout(600)
+def test_wide_mx_build_compiles_for_sm90():
+    """ASUB 4 (per-32 A scales): both main loops in one build, the uniform one (a 128-wide wgmma
+    chain: 4 k32 wgmmas, one wait per half) and the per-slice one (a wait after each k32 wgmma), so
+    twice the wgmma instructions and 5x the waits of the fp8_block build; FP8 wgmma only, no
+    spills, shared memory within the H100's 227 KB."""
+    c = run_compile_script(_AOT)
+    base = c["128x256_asub1"]
+    for key in ("128x256_asub4", "128x128_asub4"):
+        r = c[key]
+        assert r["wgmma"] == ["wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3"], (key, r)
+        assert r["shared"] <= 232448 and r["tma_store"] >= 1, (key, r)
+        if r.get("spill_stores") is not None:
+            assert r["spill_stores"] == 0 and not r["wgmma_serialized"], (key, r)
+    r = c["128x256_asub4"]
+    assert r["wgmma_n"] == 2 * base["wgmma_n"] and r["waits"] == 5 * base["waits"], (r, base)
+
+
+_AOT_ENC = r'''
+import json, triton
+from triton.backends.compiler import GPUTarget
+from blockscaled.kernels.triton.mx_pack import mx_encode_kernel
+out = {}
+for fp4 in (True, False):
+    sig = {"a_ptr": "*u8" if fp4 else "*fp8e4nv", "s_ptr": "*u8", "d_ptr": "*fp8e4nv", "o_ptr": "*fp32",
+           "f_ptr": "*i32", "M": "i32", "K": "i32", "NBLK": "i32", "stride_am": "i32", "stride_sm": "i32",
+           "stride_dm": "i32", "stride_om": "i32", "FP4": "constexpr", "LIMIT": "constexpr", "HEAD": "constexpr",
+           "BLOCK_R": "constexpr", "GROUPS": "constexpr"}
+    k = triton.compile(triton.compiler.ASTSource(mx_encode_kernel, sig, constexprs={
+        "FP4": fp4, "LIMIT": 14 if fp4 else 0, "HEAD": 6 if fp4 else 0, "BLOCK_R": 16, "GROUPS": 4}),
+        target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    ptx = k.asm["ptx"]
+    out["fp4" if fp4 else "fp8"] = {"cvt_e4m3": ptx.count("e4m3x2"), "atom": ptx.count("atom.global"),
+                                    "ex2": ptx.count("ex2.approx")}
+print(json.dumps(out))
+'''
+
+
+@pytest.mark.timeout(300)
+def test_encoder_compiles_for_sm90():
+    """The encoder builds for sm_90a: hardware e4m3 conversions, the flags' atomic max, and no
+    ex2 (scales come from their bits: ex2.approx flushes the subnormal 2^-127)."""
+    c = run_compile_script(_AOT_ENC)
+    for key in ("fp4", "fp8"):
+        assert c[key]["cvt_e4m3"] >= 1 and c[key]["atom"] >= 1 and c[key]["ex2"] == 0, (key, c[key])
