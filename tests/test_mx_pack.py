@@ -139,18 +139,81 @@ def test_encode_kernel_matches_twin(fmt, m, k, monkeypatch):
     assert torch.equal(got[2], ref[2])
 
 
-def test_encode_and_gemm_argument_errors():
+def test_encode_argument_errors():
     q = bs.quantize(torch.randn(4, 64), "nvfp4")
     with pytest.raises(ValueError, match=r"a: expected a 2-D mxfp4 or mxfp8 ScaledTensor with \(1, 32\) blocks"):
         ops_mx.encode_mx_activations(q)
-    a = bs.quantize(torch.randn(4, 64), "mxfp4")
-    with pytest.raises(ValueError, match=r"w: expected a 2-D fp8_block ScaledTensor with \(128, 128\) blocks"):
-        ops_mx.mx_fp8_block_gemm(a, bs.quantize(torch.randn(8, 64), "mxfp4"))
-    w = R.mxfp4_to_fp8_block(bs.quantize(torch.randn(8, 128), "mxfp4"))
-    with pytest.raises(ValueError, match=r"a: K mismatch: a has K=64, w has K=128"):
-        ops_mx.mx_fp8_block_gemm(a, w)
-    with pytest.raises(RuntimeError, match=r"needs a Hopper GPU"):
-        ops_mx.mx_fp8_block_gemm(bs.quantize(torch.randn(4, 128), "mxfp4"), w)
+    with pytest.raises(TypeError, match=r"a: expected a ScaledTensor"):
+        ops_mx.encode_mx_activations(torch.randn(4, 64))
+
+
+@pytest.mark.parametrize("afmt", ["mxfp4", "mxfp8"])
+@pytest.mark.parametrize("m,n,k", [(3, 130, 320), (1, 64, 100), (20, 257, 2880)])
+def test_mixed_gemm_matches_reference(afmt, m, n, k, path):
+    """``bs.gemm`` of MX activations with a packed (fp8_block 128 x 128) weight: the dequantized
+    product on every CPU path (interpreter: the fp32 fallback plan; reference), any out dtype,
+    a bias, ``out=``, a 3-D ``a``; ``explain`` names the mixed pair."""
+    from blockscaled.testing.tolerances import assert_gemm_close
+
+    torch.manual_seed(m + n + k)
+    w4 = bs.quantize(torch.randn(n, k) * 0.1, "mxfp4")
+    w8 = bs.layouts.mxfp4_to_fp8_block(w4)
+    a = bs.quantize(torch.randn(m, k) * 2, afmt)
+    ref = bs.dequantize(a, torch.float32).double() @ bs.dequantize(w4, torch.float32).double().T
+    for out_dtype in (torch.bfloat16, torch.float16, torch.float32):
+        assert_gemm_close(bs.gemm(a, w8, out_dtype), ref, "mxfp4", out_dtype, what=f"{afmt} {out_dtype}")
+    bias = torch.randn(n)
+    out = torch.full((m, n), float("nan"))
+    bs.gemm(a, w8, torch.float32, out=out, bias=bias)
+    assert_gemm_close(out, ref + bias.double(), "mxfp4", torch.float32)
+    a3 = bs.quantize(torch.randn(2, m, k), afmt)
+    y3 = bs.gemm(a3, w8)
+    assert y3.shape == (2, m, n)
+    plan = bs.explain("gemm", a, w8)
+    assert plan.problem.a_fmt == afmt
+    assert plan.backend == ("reference" if path == "reference" else "interpreter"), plan
+    if path != "reference":
+        assert f"{afmt} activations x fp8_block" in str(plan)
+
+
+def test_mixed_gemm_custom_op_and_errors():
+    """The custom op carries the pair as "<a format>/<b format>" (what torch.compile traces);
+    pairs other than MX x fp8_block 128 x 128 are refused with the argument named."""
+    from blockscaled.ops._custom_ops import split_pair
+
+    assert split_pair("mxfp4/fp8_block") == ("mxfp4", "fp8_block") and split_pair("nvfp4") == ("", "nvfp4")
+    w4 = bs.quantize(torch.randn(64, 128), "mxfp4")
+    w8 = bs.layouts.mxfp4_to_fp8_block(w4)
+    a = bs.quantize(torch.randn(5, 128), "mxfp4")
+    y = torch.ops.blockscaled.gemm(a.data, a.scale, None, w8.data, w8.scale, None, "mxfp4/fp8_block", 128, 128,
+                                   w8.rounding.value, None, torch.float32)
+    torch.testing.assert_close(y, bs.gemm(a, w8, torch.float32), rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"a.format: expected the format of b \(fp8_block\), got nvfp4"):
+        bs.gemm(bs.quantize(torch.randn(5, 128), "nvfp4"), w8)
+    w8_1x128 = bs.quantize(torch.randn(64, 128), "fp8_block", block=(1, 128))
+    with pytest.raises(ValueError, match=r"b.block: mxfp4 activations take an fp8_block weight with \(128, 128\)"):
+        bs.gemm(a, w8_1x128)
+    with pytest.raises(ValueError, match=r"a.format: expected the format of b \(mxfp4\), got mxfp8"):
+        bs.gemm(bs.quantize(torch.randn(5, 128), "mxfp8"), w4)
+
+
+def test_mixed_plan_on_the_gpus():
+    """Planned for an H100 on the CPU: the wide kernel (unsplit, 128-row tiles) with the encoder's
+    predicted time in the total; a bias or an odd K falls back to the fp32 product, with the reason."""
+    from blockscaled.config.hopper import HopperConfig
+    from blockscaled.plan import Problem, plan_gemm
+    from blockscaled.plan.device import H100_SXM
+
+    for m, n, k in [(1, 2880, 2880), (2048, 5760, 2880), (8192, 8192, 8192)]:
+        p = plan_gemm(Problem("gemm", "fp8_block", m, n, k, a_fmt="mxfp4"), H100_SXM)
+        c = p.config
+        assert isinstance(c, HopperConfig) and c.variant == "wide" and c.block_m == 128, p
+        assert c.split_k == 1 and c.tail_split == 1 and p.predicted_us > 0
+        assert "ASUB" in str(p)
+    p = plan_gemm(Problem("gemm", "fp8_block", 64, 256, 256, a_fmt="mxfp8", bias=True), H100_SXM)
+    assert p.config.strategy == "dequant_matmul" and "a bias" in str(p)
+    p = plan_gemm(Problem("gemm", "fp8_block", 64, 256, 256, a_fmt="mxfp8", tma=False), H100_SXM)
+    assert p.config.strategy == "dequant_matmul" and "TMA" in str(p)
 
 
 _AOT = PTXAS_STATS + WITH_DEFAULTS + r'''

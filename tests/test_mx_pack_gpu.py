@@ -1,8 +1,9 @@
-"""The wide kernel's MX path (ops/mx_pack.py: encoded MX activations x an fp8_block weight packed
-from mxfp4) on an sm_90 GPU against the float64 reference: mxfp4 / mxfp8 activations, rows whose
-tiles take the uniform (one promotion per 128 K) and the per-32 main loop, mixed in one launch,
-odd M and N, K tails, every output dtype, NaN scales, the encoder against its twin, a CUDA graph.
-Needs an sm_90 GPU (skipped elsewhere)."""
+"""``bs.gemm`` of MX activations x an fp8_block weight packed from mxfp4 (the mixed pair,
+plan/mx_packed.py: the encoder + the wide kernel with per-32 A scales) on an sm_90 GPU against the
+float64 reference: mxfp4 / mxfp8 activations, rows whose tiles take the uniform (one promotion per
+128 K) and the per-32 main loop mixed in one launch, odd M and N, K tails, every output dtype, NaN
+scales, a bias and a forced fallback, the encoder against its twin, a CUDA graph. Needs an sm_90 GPU
+(skipped elsewhere)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ import pytest
 import torch
 
 import blockscaled as bs
+from blockscaled.config import GemmConfig
+from blockscaled.config.hopper import HopperConfig
 from blockscaled.ops import mx_pack as ops_mx
+from blockscaled.plan import observe_plans
 from blockscaled.reference import mx_pack as R
 from blockscaled.testing.tolerances import assert_gemm_close
 
@@ -28,41 +32,57 @@ def _operands(m, n, k, afmt, seed, flagged_rows=()):
     return bs.quantize(x.to(torch.bfloat16), afmt), qw
 
 
+def _ref(qa, qw):
+    return bs.dequantize(qa, torch.float32).double() @ bs.dequantize(qw, torch.float32).double().T
+
+
 @pytest.mark.parametrize("afmt", ["mxfp4", "mxfp8"])
 @pytest.mark.parametrize("m,n,k,flagged", [(1, 256, 128, ()), (65, 129, 320, ()), (300, 520, 2880, (7, 299)),
                                            (257, 384, 4160, (0,)), (1000, 2880, 1056, tuple(range(0, 1000, 3)))])
-def test_mx_fp8_block_gemm(afmt, m, n, k, flagged):
+def test_mixed_gemm(afmt, m, n, k, flagged):
     qa, qw = _operands(m, n, k, afmt, seed=m + n + k, flagged_rows=flagged)
-    w8 = R.mxfp4_to_fp8_block(qw)
+    w8 = bs.layouts.mxfp4_to_fp8_block(qw)
     assert torch.equal(bs.dequantize(w8, torch.float32), bs.dequantize(qw, torch.float32))
     enc = ops_mx.encode_mx_activations(qa)
     ref_enc = R.encode_mx_activations(qa)
-    assert torch.equal(enc[0].float(), ref_enc[0].float()) or torch.equal(enc[0].view(torch.uint8),
-                                                                          ref_enc[0].view(torch.uint8))
+    assert torch.equal(enc[0].float(), ref_enc[0].float())
     assert torch.equal(enc[1].view(torch.int32), ref_enc[1].view(torch.int32)) and torch.equal(enc[2], ref_enc[2])
     if afmt == "mxfp4":
         assert set(enc[2].nonzero().flatten().tolist()) == set(flagged)
-    ref = bs.dequantize(qa, torch.float32).double() @ bs.dequantize(qw, torch.float32).double().T
+    ref = _ref(qa, qw)
     for out_dtype in (torch.bfloat16, torch.float16, torch.float32):
-        out = ops_mx.mx_fp8_block_gemm(qa, w8, out_dtype)
+        out = torch.full((m, n), float("nan"), dtype=out_dtype, device="cuda")
+        with observe_plans() as plans:
+            bs.gemm(qa, w8, out_dtype, out=out)
+        assert isinstance(plans[-1].config, HopperConfig), plans[-1]
         assert_gemm_close(out, ref, "mxfp4", out_dtype, what=f"{afmt} {m}x{n}x{k} {out_dtype}")
 
 
-def test_mx_fp8_block_gemm_nan_scale_and_graph():
+def test_mixed_gemm_fallbacks_nan_and_graph():
     qa, qw = _operands(130, 256, 512, "mxfp4", seed=3)
+    w8 = bs.layouts.mxfp4_to_fp8_block(qw)
+    ref = _ref(qa, qw)
+    bias = torch.randn(256, device="cuda")
+    with observe_plans() as plans:
+        y = bs.gemm(qa, w8, torch.float32, bias=bias)
+    assert plans[-1].config.strategy == "dequant_matmul"
+    assert_gemm_close(y, ref + bias.double(), "mxfp4", torch.float32)
+    y = bs.gemm(qa, w8, config=GemmConfig(strategy="dequant_matmul"))
+    assert_gemm_close(y, ref, "mxfp4", torch.bfloat16)
+    y = bs.gemm(qa, w8, config=HopperConfig("wide", 128, 128, 8, 5, epilogue="tma"))
+    assert_gemm_close(y, ref, "mxfp4", torch.bfloat16)
     s = qa.scale.clone()
     s[5, 3] = 255
-    qa = bs.ScaledTensor(qa.data, s, "mxfp4", qa.shape, (1, 32), qa.rounding)
-    w8 = R.mxfp4_to_fp8_block(qw)
-    out = ops_mx.mx_fp8_block_gemm(qa, w8)
+    qn = bs.ScaledTensor(qa.data, s, "mxfp4", qa.shape, (1, 32), qa.rounding)
+    out = bs.gemm(qn, w8)
     assert torch.isnan(out[5]).all() and not torch.isnan(out[torch.arange(130, device="cuda") != 5]).any()
     # CUDA graph: the encoder and the GEMM replay to the eager result, bitwise
     qa2, _ = _operands(130, 256, 512, "mxfp4", seed=4, flagged_rows=(1,))
-    eager = ops_mx.mx_fp8_block_gemm(qa2, w8)
+    eager = bs.gemm(qa2, w8)
     g = torch.cuda.CUDAGraph()
     torch.cuda.synchronize()
     with torch.cuda.graph(g):
-        y = ops_mx.mx_fp8_block_gemm(qa2, w8)
+        y = bs.gemm(qa2, w8)
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(y, eager)

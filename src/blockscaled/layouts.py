@@ -35,6 +35,13 @@ cuBLAS / CUTLASS "32_4_4" blocked layout (MXFP8, MXFP4, NVFP4 on Blackwell)
     ``[32, 4, rest_m, 4, rest_k, L]`` is only a permuted view of the same bytes, see
     :func:`gpumode_view`). -> :func:`to_blocked` / :func:`from_blocked`.
 
+Hopper's FP8 tensor cores (mxfp4 weights)
+    An mxfp4 weight re-encoded exactly as an fp8_block weight with 128x128 blocks: e4m3 data
+    ``[N, K]`` and one power-of-two fp32 scale per 128x128 tile, exact wherever a tile's
+    nonzero 32-element blocks' exponents span <= 14 (checked; raises otherwise). ``bs.gemm``
+    of MX activations with it runs the wide FP8 kernel (plan/mx_packed.py).
+    -> :func:`mxfp4_to_fp8_block` (numerics: ``reference/mx_pack.py``).
+
 Padding: every converter writes **zero bytes** into padding (DeepGEMM padding rows, the K
 padding of the last packed int32, the 128x4 tile padding). Zero is finite in every scale
 encoding we emit (fp32 +0.0, E8M0 code 0 = 2**-127, e4m3 +0.0) whereas 0xFF is NaN in E8M0,
@@ -55,6 +62,7 @@ import torch
 
 from ._checks import as_global_scale, check_flag, check_size, check_tensor, resolve_block, resolve_rounding
 from .formats import FP8_BLOCK, Format, ScaleRounding, get_format
+from .reference.mx_pack import mxfp4_to_fp8_block
 from .tensor import ScaledTensor
 
 __all__ = [
@@ -72,6 +80,7 @@ __all__ = [
     "from_deepgemm",
     "to_cublas",
     "from_cublas",
+    "mxfp4_to_fp8_block",
 ]
 
 #: TMA requires global strides (and so each MN-major column start) to be multiples of 16 bytes.

@@ -233,6 +233,7 @@ def _weight_from_fields(b_data, b_scale, b_gs, fmt: str, k: int, block_rows: int
 
 def _gemm_op_setup(ctx, inputs, output) -> None:
     a, a_scale, _, b_data, b_scale, b_gs, fmt, k, b_block_rows, rounding, bias, _ = inputs
+    fmt = fmt.rpartition("/")[2]  # a mixed pair "<a format>/<b format>" (ops/_custom_ops.py split_pair)
     ctx.w = _weight_from_fields(b_data, b_scale, b_gs, fmt, k, b_block_rows, rounding)
     ctx.dtypes = (a.dtype, None if bias is None else bias.dtype)
     ctx.a_dense = a_scale is None

@@ -2,8 +2,9 @@
 op per call and CUDA graphs capture it (the implementations never synchronise the host).
 
 ScaledTensor is not a Tensor, so each op takes its fields: data, scale, global scale (or
-None), format name, logical K, block rows (1 or 128) and rounding name (used by ``linear``
-for the activation quantization; ignored by ``gemm``). The implementations take the fields
+None), format name (``gemm``: ``"<a format>/<b format>"`` for a mixed pair, ``split_pair``),
+logical K, block rows (1 or 128) and rounding name (used by ``linear`` for the activation
+quantization; ignored by ``gemm``). The implementations take the fields
 directly (no ScaledTensor is rebuilt per call). The public functions in ``gemm.py`` /
 ``linear.py`` call these ops under torch.compile / export; plain eager calls run the same
 implementations directly (``gemm._eager_ok``), skipping the ~100 us dispatcher round trip.
@@ -43,8 +44,9 @@ def _gemm_out(
     fmt: str, k: int, b_block_rows: int, rounding: str, bias: torch.Tensor | None,
     out: torch.Tensor,
 ) -> None:
-    gemm_impl(a, a_scale, a_gs, b_data, b_scale, b_gs, b_block_rows, get_format(fmt), k, out, bias, None,
-              out.dtype)
+    a_fmt, b_fmt = split_pair(fmt)
+    gemm_impl(a, a_scale, a_gs, b_data, b_scale, b_gs, b_block_rows, get_format(b_fmt), k, out, bias, None,
+              out.dtype, a_fmt)
 
 
 @torch.library.custom_op("blockscaled::gemm", mutates_args=())
@@ -55,8 +57,9 @@ def _gemm(
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
     out = torch.empty((a.shape[0], b_data.shape[0]), dtype=out_dtype, device=b_data.device)
-    gemm_impl(a, a_scale, a_gs, b_data, b_scale, b_gs, b_block_rows, get_format(fmt), k, out, bias, None,
-              out_dtype)
+    a_fmt, b_fmt = split_pair(fmt)
+    gemm_impl(a, a_scale, a_gs, b_data, b_scale, b_gs, b_block_rows, get_format(b_fmt), k, out, bias, None,
+              out_dtype, a_fmt)
     return out
 
 
@@ -93,13 +96,24 @@ def _linear_fake(x, w_data, w_scale, w_gs, fmt, k, w_block_rows, rounding, bias,
 register_custom_op_autograd()
 
 
-def gemm_op(a2, a_s2, a_gs, b: ScaledTensor, bias, out_dtype) -> torch.Tensor:
-    return torch.ops.blockscaled.gemm(a2, a_s2, a_gs, b.data, b.scale, b.global_scale, b.format.name,
+def split_pair(fmt: str) -> tuple[str, str]:
+    """The ops' ``fmt`` string -> (A's format name or "", B's format name): a mixed pair
+    (plan/mx_packed.py) travels as ``"<a format>/<b format>"``, one format as its name."""
+    a_fmt, sep, b_fmt = fmt.rpartition("/")
+    return (a_fmt, b_fmt) if sep else ("", fmt)
+
+
+def _pair(a_fmt: str, b: ScaledTensor) -> str:
+    return f"{a_fmt}/{b.format.name}" if a_fmt else b.format.name
+
+
+def gemm_op(a2, a_s2, a_gs, b: ScaledTensor, bias, out_dtype, a_fmt: str = "") -> torch.Tensor:
+    return torch.ops.blockscaled.gemm(a2, a_s2, a_gs, b.data, b.scale, b.global_scale, _pair(a_fmt, b),
                                       b.shape[-1], b.block[0], b.rounding.value, bias, out_dtype)
 
 
-def gemm_out_op(a2, a_s2, a_gs, b: ScaledTensor, out2, bias) -> None:
-    torch.ops.blockscaled.gemm_out(a2, a_s2, a_gs, b.data, b.scale, b.global_scale, b.format.name,
+def gemm_out_op(a2, a_s2, a_gs, b: ScaledTensor, out2, bias, a_fmt: str = "") -> None:
+    torch.ops.blockscaled.gemm_out(a2, a_s2, a_gs, b.data, b.scale, b.global_scale, _pair(a_fmt, b),
                                    b.shape[-1], b.block[0], b.rounding.value, bias, out2)
 
 

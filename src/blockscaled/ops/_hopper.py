@@ -297,7 +297,8 @@ def _spread_allowed() -> bool:
 
 
 def gemm_fp8_block_hopper_impl(a2: torch.Tensor, a_s2: torch.Tensor, b_data: torch.Tensor, b_scale: torch.Tensor,
-                               out2: torch.Tensor, cfg: HopperConfig) -> bool:
+                               out2: torch.Tensor, cfg: HopperConfig, asub: int = 1,
+                               aflag: torch.Tensor | None = None) -> bool:
     """Launch into ``out2 [M, N]`` (written in full) and return True; False (nothing launched)
     where the Gluon kernels cannot be built on this triton (:func:`gluon_unavailable_reason`, or
     this launch's compile / load fails: recorded, one warning per process): the caller then runs
@@ -307,6 +308,8 @@ def gemm_fp8_block_hopper_impl(a2: torch.Tensor, a_s2: torch.Tensor, b_data: tor
     ceil(K/128)]`` fp32 (any strides), ``out2`` bf16/fp16/fp32 with unit column stride.
     Raises :class:`HopperUnsupported` if A/B violate the TMA constraints, or for a spread split-K
     whose splits outnumber the programs (each split of a tile needs its own). No host synchronisation.
+    ``asub`` 4 / ``aflag``: MX activations encoded by ops/mx_pack.py (``a_s2 [M, 4 * ceil(K/128)]``
+    per 32 K, int32 row flags): the wide kernel's ASUB path (:func:`_gemm_gluon`).
     ``cfg.split_k > 1`` or ``cfg.tail_split > 1`` ("wide"; :func:`_wide_split_plan`): fused
     split-K of all tiles / of the last partial wave's tiles; allocates an fp32 workspace
     ``[split tiles, splits, block_m, block_n]`` per call (one tile-shaped slot per unit; at
@@ -317,7 +320,7 @@ def gemm_fp8_block_hopper_impl(a2: torch.Tensor, a_s2: torch.Tensor, b_data: tor
     """
     if gluon_unavailable_reason() is None:
         try:
-            _gemm_gluon(a2, a_s2, b_data, b_scale, out2, cfg)
+            _gemm_gluon(a2, a_s2, b_data, b_scale, out2, cfg, asub, aflag)
             return True
         except Exception as e:
             if not _is_build_failure(e):

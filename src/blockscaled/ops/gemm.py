@@ -36,7 +36,8 @@ from ._direct import launch_direct
 from ._stream import launch_stream, words_aligned
 from ._tiled import launch_tiled
 from ._splitk import splitk_scratch
-from ..formats import Format
+from ..formats import Format, get_format
+from ..plan.mx_packed import MIXED_PAIRS
 from ..kernels.triton._mma import FORMAT_CODES
 from ..kernels.triton.gemm import gemm_kernel
 from ..kernels.triton.gemv import gemv_kernel
@@ -93,14 +94,20 @@ def validate_gemm_args(a, b, out_dtype, out):
         raise ValueError(f"b.block: expected (1 or 128, {fmt.block_k}) for {fmt.name}, got {b.block}")
     if isinstance(a, ScaledTensor):
         a_dense = False
-        if a.format is not fmt and a.format != fmt:  # (``is``: the dataclass == compares every field)
+        mixed = (a.format.name, fmt.name) in MIXED_PAIRS
+        if a.format is not fmt and a.format != fmt and not mixed:  # (``is``: the dataclass == compares every field)
             raise ValueError(
                 f"a.format: expected the format of b ({fmt.name}), got {a.format.name} "
-                f"(both operands must use one format)"
+                f"(both operands use one format, or MX activations with a 128x128 fp8_block weight: "
+                f"{', '.join(' x '.join(pr) for pr in MIXED_PAIRS)})"
             )
-        if a.block != (1, fmt.block_k):
+        if mixed and b.block != (128, 128):
+            raise ValueError(f"b.block: {a.format.name} activations take an fp8_block weight with (128, 128) blocks "
+                             f"(layouts.mxfp4_to_fp8_block), got {b.block}")
+        a_bk = a.format.block_k if mixed else fmt.block_k
+        if a.block != (1, a_bk):
             raise ValueError(
-                f"a.block: the activation operand must use 1x{fmt.block_k} blocks for {fmt.name}, got {a.block}"
+                f"a.block: the activation operand must use 1x{a_bk} blocks for {a.format.name}, got {a.block}"
             )
         if a.ndim < 1:
             raise ValueError(f"a: expected shape [..., K], got {tuple(a.shape)}")
@@ -522,12 +529,22 @@ _DTYPE_NAMES = DTYPE_NAMES
 
 
 def gemm_problem(a2, a_s2, b_data, b_rows: int, fmt: Format, k: int, m: int, n: int, out_dtype, bias,
-                 out2: torch.Tensor | None = None) -> Problem:
+                 out2: torch.Tensor | None = None, a_fmt: str = "") -> Problem:
     """The planner's view of one dense call (plain values). ``tma``: the Hopper kernels' TMA
-    descriptors can take A, B (16-byte aligned bases and row strides) and the output."""
+    descriptors can take A, B (16-byte aligned bases and row strides) and the output. ``a_fmt``:
+    the activations' format where it differs from the weight's (plan/mx_packed.py)."""
+    tma = _tma_ok_mixed(b_data, k, n, out2) if a_fmt else _tma_ok(a2, a_s2, b_data, fmt, n, out2)
     return Problem("gemm", fmt.name, m, n, k, "quantized" if a_s2 is not None else _DTYPE_NAMES[a2.dtype],
-                   _DTYPE_NAMES[out_dtype], bias is not None, b_rows, tma=_tma_ok(a2, a_s2, b_data, fmt, n, out2),
-                   interpret=b_data.device.type == "cpu" and _checks.INTERPRET)
+                   _DTYPE_NAMES[out_dtype], bias is not None, b_rows, tma=tma,
+                   interpret=b_data.device.type == "cpu" and _checks.INTERPRET, a_fmt=a_fmt)
+
+
+def _tma_ok_mixed(b_data, k: int, n: int, out2) -> bool:
+    """A mixed pair's operands suit the wide kernel's TMA: the e4m3 weight, the encoder's e4m3
+    activations (fresh, contiguous: 16-byte rows when K % 16 == 0) and the output."""
+    if b_data.device.type != "cuda" or not (out2 is None or out2.stride(1) == 1 or n <= 1):
+        return False
+    return k % 16 == 0 and _hopper.tma_2d_reason("b", b_data) is None
 
 
 #: weight formats whose calls (weight-only and W x A) may take the streaming kernel (plan/stream.py)
@@ -559,23 +576,50 @@ def make_plan(problem: Problem, device: torch.device, forced=None) -> Plan:
 
 
 def gemm_impl(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows: int, fmt: Format, k: int, out2, bias,
-              cfg, out_dtype) -> None:
+              cfg, out_dtype, a_fmt: str = "") -> None:
     """Compute into ``out2 [M, N]`` (allocated by the caller). No validation, no ScaledTensor.
 
     ``a2 [M, K']``: A data (packed for fp4) or dense bf16/fp16 activations; ``a_s2 [M, nk]``:
     A scales (None: dense, weight-only); ``a_gs``: A's nvfp4 global scale (0-d) or None.
     ``b_data [N, K']``, ``b_scale``, ``b_gs``, ``b_rows`` (1 or 128 scale rows): the weight.
     ``k``: logical K. ``cfg``: a :class:`Plan` to run as it is, or a forced config (``config=``),
-    or None (the planner decides)."""
+    or None (the planner decides). ``a_fmt``: A's format name where it differs from ``fmt`` (a
+    mixed pair, plan/mx_packed.py), else ""."""
     m, n = out2.shape
     if m == 0 or n == 0:
         return
     if cfg is None:
-        plan = _memo_plan(a2, a_s2, b_data, b_rows, fmt, k, m, n, out_dtype, bias, out2)
+        plan = _memo_plan(a2, a_s2, b_data, b_rows, fmt, k, m, n, out_dtype, bias, out2, a_fmt)
     else:
-        plan = make_plan(gemm_problem(a2, a_s2, b_data, b_rows, fmt, k, m, n, out_dtype, bias, out2), out2.device,
-                         cfg)
+        plan = make_plan(gemm_problem(a2, a_s2, b_data, b_rows, fmt, k, m, n, out_dtype, bias, out2, a_fmt),
+                         out2.device, cfg)
+    if a_fmt:
+        _run_mixed(plan, a2, a_s2, get_format(a_fmt), b_data, b_scale, b_rows, fmt, k, out2, bias)
+        return
     run_plan(plan, a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows, fmt, k, out2, bias, out_dtype)
+
+
+def _run_mixed(plan: Plan, a2, a_s2, a_fmt: Format, b_data, b_scale, b_rows: int, fmt: Format, k: int, out2,
+               bias) -> None:
+    """Run a mixed pair's plan (plan/mx_packed.py): the encoder + the wide kernel with per-32 A
+    scales (a HopperConfig), or both operands dequantized to fp32 and multiplied by torch. If the
+    Gluon kernels fail to build, the planner's plan without them runs (as ``run_plan``)."""
+    m, n = out2.shape
+    cfg = plan.config
+    if isinstance(cfg, HopperConfig):
+        # Local: ops.mx_pack imports ops._hopper, which this module imports too (no cycle, but the
+        # encoder's kernel module is only needed here).
+        from .mx_pack import encode_raw
+
+        data, scale, flag = encode_raw(a2, a_s2, a_fmt.name, k)
+        if _hopper.gemm_fp8_block_hopper_impl(data, scale, b_data, b_scale, out2, cfg, asub=4, aflag=flag):
+            return
+    A = _dequant(a2, a_s2, None, a_fmt, (m, k), 1, torch.float32)
+    B = _dequant(b_data, b_scale, None, fmt, (n, k), b_rows, torch.float32)
+    res = A @ B.t()
+    if bias is not None:
+        res += bias.float()
+    out2.copy_(res)
 
 
 #: The planner's answers by the values a dense call's Problem is made of: building the Problem and
@@ -590,16 +634,20 @@ _PLANS: dict[tuple, Plan] = {}
 _tuned.on_change(_PLANS.clear)  # a tuned plan stored or cleared changes the answer (plan/tuned.py)
 
 
-def _memo_plan(a2, a_s2, b_data, b_rows: int, fmt: Format, k: int, m: int, n: int, out_dtype, bias, out2) -> Plan:
+def _memo_plan(a2, a_s2, b_data, b_rows: int, fmt: Format, k: int, m: int, n: int, out_dtype, bias, out2,
+               a_fmt: str = "") -> Plan:
     """``make_plan(gemm_problem(...))`` through ``_PLANS``."""
     dev = out2.device
     sm90 = (fmt.name == "fp8_block" and a_s2 is not None) or fmt.name in _STREAM_FORMATS
-    hopper = (_tma_ok(a2, a_s2, b_data, fmt, n, out2), _hopper.gluon_unavailable_reason() is None) if sm90 else None
+    if a_fmt:
+        hopper = (_tma_ok_mixed(b_data, k, n, out2), _hopper.gluon_unavailable_reason() is None)
+    else:
+        hopper = (_tma_ok(a2, a_s2, b_data, fmt, n, out2), _hopper.gluon_unavailable_reason() is None) if sm90 else None
     key = (plan_gemm, fmt.name, m, n, k, None if a_s2 is not None else a2.dtype, out_dtype, bias is not None, b_rows,
-           dev, dev.type == "cpu" and _checks.INTERPRET, hopper)
+           dev, dev.type == "cpu" and _checks.INTERPRET, hopper, a_fmt)
     plan = _PLANS.get(key)
     if plan is None:
-        plan = make_plan(gemm_problem(a2, a_s2, b_data, b_rows, fmt, k, m, n, out_dtype, bias, out2), dev)
+        plan = make_plan(gemm_problem(a2, a_s2, b_data, b_rows, fmt, k, m, n, out_dtype, bias, out2, a_fmt), dev)
         if len(_PLANS) >= _MEMO_MAX:
             _PLANS.clear()
         _PLANS[key] = plan
@@ -711,6 +759,7 @@ def gemm(a, b: ScaledTensor, out_dtype: torch.dtype = torch.bfloat16, out: torch
         y = bs.gemm(a, b)                                      # [M, N] bf16
     """
     fmt, a_dense, lead, m, n, k = validate_gemm_args(a, b, out_dtype, out)
+    a_fmt = "" if a_dense or a.format.name == fmt.name else a.format.name  # a mixed pair (plan/mx_packed.py)
     _check_bias(bias, n, b.device)
     if config is not None and not isinstance(config, (GemmConfig, HopperConfig, Plan)):
         raise TypeError(f"config: expected a GemmConfig, HopperConfig or Plan, got {type(config).__name__}")
@@ -719,7 +768,7 @@ def gemm(a, b: ScaledTensor, out_dtype: torch.dtype = torch.bfloat16, out: torch
         a2 = _flatten_rows("a" if a_dense else "a.data", a2)
         a_s2 = None if a_dense else _flatten_rows("a.scale", a.scale)
         emit(make_plan(gemm_problem(a2, a_s2, b.data, b.block[0], fmt, k, m, n, out_dtype, bias,
-                                    None if out is None else out.view(m, n)), b.device, config))
+                                    None if out is None else out.view(m, n), a_fmt), b.device, config))
     if _autograd.wants_grad(a, b, bias):
         return _autograd.gemm(a, b, out_dtype, out, config, bias)
     if _checks.use_reference(b.data):
@@ -755,14 +804,15 @@ def gemm(a, b: ScaledTensor, out_dtype: torch.dtype = torch.bfloat16, out: torch
             out = out2 if len(lead) == 1 else out2.view(*lead, n)
         else:
             out2 = out if out.ndim == 2 else out.view(m, n)
-        gemm_impl(a2, a_s2, a_gs, b.data, b.scale, b.global_scale, b.block[0], fmt, k, out2, bias, config, out_dtype)
+        gemm_impl(a2, a_s2, a_gs, b.data, b.scale, b.global_scale, b.block[0], fmt, k, out2, bias, config, out_dtype,
+                  a_fmt)
         return out
     # Local: import cycle ops.gemm -> ops._custom_ops -> ops.gemm.
     from . import _custom_ops
 
     if out is None:
-        return _custom_ops.gemm_op(a2, a_s2, a_gs, b, bias, out_dtype).view(*lead, n)
-    _custom_ops.gemm_out_op(a2, a_s2, a_gs, b, out.view(m, n), bias)
+        return _custom_ops.gemm_op(a2, a_s2, a_gs, b, bias, out_dtype, a_fmt).view(*lead, n)
+    _custom_ops.gemm_out_op(a2, a_s2, a_gs, b, out.view(m, n), bias, a_fmt)
     return out
 
 

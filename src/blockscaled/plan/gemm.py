@@ -14,6 +14,7 @@ from .stream import (STREAM_FORMATS, STREAM_GATHER_MAX_MP, STREAM_MAX_M, stream_
 from . import tuned as _tuned
 from .device import DeviceInfo
 from .mx_gemv import MX_GEMV_ROWS, mx_gemv_config, use_mx_gemv
+from .mx_packed import plan_mixed
 from .portable import choose_portable, mx_bf16_applies
 from .tiled import TILED_STAGES_2, dequant_matmul_us, tiled_config, tiled_reason
 from .types import DTYPES, Plan, Problem
@@ -31,6 +32,8 @@ def plan_gemm(p: Problem, dev: DeviceInfo, forced=None, *, gluon_ok: bool = True
     ``strategy="hopper"``, which asks for the best Hopper tiles; a HopperConfig runs as given where
     the Hopper kernels can take the operands. ``gluon_ok``: the Gluon kernels can be built with
     the installed triton (else the portable kernels stand in)."""
+    if p.a_fmt:
+        return _plan_mixed_forced(p, dev, forced, gluon_ok)
     if dev.kind == "cpu":
         if not p.interpret:
             return Plan("gemm", "reference", None, p, reasons=(
@@ -111,6 +114,23 @@ def plan_gemm(p: Problem, dev: DeviceInfo, forced=None, *, gluon_ok: bool = True
     elif dev.is_hopper and p.fmt in STREAM_FORMATS and p.m > STREAM_MAX_M:
         reasons += (f"not the tiled kernel: {tiled_reason(p, dev, gluon_ok)}",)
     return Plan("gemm", "cuda", cfg, p, reasons=reasons)
+
+
+def _plan_mixed_forced(p: Problem, dev: DeviceInfo, forced, gluon_ok: bool) -> Plan:
+    """A mixed pair (plan/mx_packed.py); ``config=`` may force its two paths: a wide HopperConfig
+    (unsplit, 128-row tiles) where the FP8 path can run, or ``GemmConfig(strategy="dequant_matmul")``."""
+    plan = plan_mixed(p, dev, gluon_ok)
+    if forced is None:
+        return plan
+    if isinstance(forced, GemmConfig) and forced.strategy == "dequant_matmul":
+        return replace(plan, config=forced, reasons=("forced by config=",)) if plan.backend != "reference" else plan
+    if isinstance(forced, HopperConfig) and isinstance(plan.config, HopperConfig):
+        if forced.variant != "wide" or forced.block_m != 128 or forced.split_k != 1 or forced.tail_split != 1:
+            raise ValueError(f"config: a {p.a_fmt} x fp8_block GEMM runs the wide kernel unsplit with 128-row tiles, "
+                             f"got {forced}")
+        return replace(plan, config=forced, reasons=("forced by config=",))
+    raise ValueError(f"config: a {p.a_fmt} x fp8_block GEMM takes a wide HopperConfig (on sm_90 with TMA-able "
+                     f"operands) or GemmConfig(strategy='dequant_matmul'), got {forced!r} (plan: {plan.describe()})")
 
 
 def _plan_tiled(p: Problem, dev: DeviceInfo, scope: str) -> Plan:

@@ -37,6 +37,8 @@ class Problem:
     expected rows per expert: the tile choice's hint). dual: SwiGLU (two weights).
     tma: the operands suit TMA (16-byte aligned bases and row strides, unit K stride).
     interpret: CPU tensors run the kernels in Triton's interpreter (else: the reference).
+    a_fmt: the quantized activations' format where it differs from the weight's ("" = the same):
+    the mixed pairs of plan/mx_packed.py (MX activations x an fp8_block 128 x 128 weight).
     """
 
     op: str = "gemm"
@@ -54,6 +56,7 @@ class Problem:
     dual: bool = False
     tma: bool = True
     interpret: bool = False
+    a_fmt: str = ""
 
     @property
     def weight_only(self) -> bool:
