@@ -33,6 +33,7 @@ from ..plan.portable import default_promote
 from ..plan.splits import split_plan as _split_plan
 from . import _hopper
 from ._direct import launch_direct
+from .mx_pack import encode_raw
 from ._stream import launch_stream, words_aligned
 from ._tiled import launch_tiled
 from ._splitk import splitk_scratch
@@ -607,10 +608,6 @@ def _run_mixed(plan: Plan, a2, a_s2, a_fmt: Format, b_data, b_scale, b_rows: int
     m, n = out2.shape
     cfg = plan.config
     if isinstance(cfg, HopperConfig):
-        # Local: ops.mx_pack imports ops._hopper, which this module imports too (no cycle, but the
-        # encoder's kernel module is only needed here).
-        from .mx_pack import encode_raw
-
         data, scale, flag = encode_raw(a2, a_s2, a_fmt.name, k)
         if _hopper.gemm_fp8_block_hopper_impl(data, scale, b_data, b_scale, out2, cfg, asub=4, aflag=flag):
             return
