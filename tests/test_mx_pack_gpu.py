@@ -2,7 +2,7 @@
 plan/mx_packed.py: the encoder + the wide kernel with per-32 A scales) on an sm_90 GPU against the
 float64 reference: mxfp4 / mxfp8 activations, rows whose tiles take the uniform (one promotion per
 128 K) and the per-32 main loop mixed in one launch, odd M and N, K tails, every output dtype, NaN
-scales, a bias and a forced fallback, the encoder against its twin, a CUDA graph. Needs an sm_90 GPU
+scales, a bias (added after the kernel) and a forced fallback, the encoder against its twin, a CUDA graph. Needs an sm_90 GPU
 (skipped elsewhere)."""
 
 from __future__ import annotations
@@ -65,8 +65,10 @@ def test_mixed_gemm_fallbacks_nan_and_graph():
     bias = torch.randn(256, device="cuda")
     with observe_plans() as plans:
         y = bs.gemm(qa, w8, torch.float32, bias=bias)
-    assert plans[-1].config.strategy == "dequant_matmul"
+    assert isinstance(plans[-1].config, HopperConfig)  # the bias added in place after the kernel
     assert_gemm_close(y, ref + bias.double(), "mxfp4", torch.float32)
+    yb = bs.gemm(qa, w8, bias=bias.bfloat16())
+    assert_gemm_close(yb, ref + bias.bfloat16().double(), "mxfp4", torch.bfloat16)
     y = bs.gemm(qa, w8, config=GemmConfig(strategy="dequant_matmul"))
     assert_gemm_close(y, ref, "mxfp4", torch.bfloat16)
     y = bs.gemm(qa, w8, config=HopperConfig("wide", 128, 128, 8, 5, epilogue="tma"))
@@ -86,3 +88,24 @@ def test_mixed_gemm_fallbacks_nan_and_graph():
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(y, eager)
+
+
+def test_linear_prepack_on_the_gpu():
+    """A prepacked mxfp4 layer runs its copy where the planner prefers it (large M) and the mxfp4
+    weight at decode, both within the table of the same product; bs.warmup covers both."""
+    import blockscaled.nn as bsnn
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(2880, 5760, bias=True, dtype=torch.bfloat16, device="cuda")
+    q = bsnn.Linear.from_linear(lin, "mxfp4")
+    assert q.prepack() is None
+    for m in (1, 4096):
+        x = torch.randn(m, 2880, dtype=torch.bfloat16, device="cuda")
+        ref = (bs.dequantize(bs.quantize(x, "mxfp4"), torch.float32).double()
+               @ bs.dequantize(q.weight, torch.float32).double().T + q.bias.double())
+        with observe_plans() as plans:
+            y = q(x)
+        assert (plans[-1].problem.a_fmt == "mxfp4") == (m == 4096), plans[-1]
+        assert_gemm_close(y, ref, "mxfp4", torch.bfloat16, what=f"M={m}")
+    rep = bs.warmup(q, max_tokens=4096, progress=False)
+    assert any(e[0].endswith("(fp8_block copy)") for e in rep.entries), str(rep)

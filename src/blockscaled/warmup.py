@@ -19,12 +19,17 @@ import torch
 from ._checks import use_reference
 from .formats import get_format
 from .nn.experts import Experts
+from .nn.linear import Linear
 from .nn.moe import MoE
 from .nn.router import KINDS as _ROUTER_KINDS, is_fused
+from .ops._hopper import gluon_unavailable_reason
 from .ops.gemm import gemm_problem, make_plan
 from .ops.linear import linear
 from .ops.moe import permute_block
 from .ops.quantize import activation_tiles, dequant_tiles
+from .plan.device import device_info
+from .plan.mx_packed import prefer_packed
+from .plan.types import DTYPE_NAMES
 from .tensor import ScaledTensor
 
 __all__ = ["warmup", "WarmupReport", "quantized_weights"]
@@ -66,6 +71,22 @@ def quantized_weights(model_or_weights):
         return out
     raise TypeError("model_or_weights: expected a torch.nn.Module holding blockscaled.nn.Linear layers, a "
                     f"ScaledTensor or a list of them, got {type(model_or_weights).__name__}")
+
+
+def _packed_layers(model_or_weights) -> dict[str, Linear]:
+    """``{label: module}`` of the blockscaled.nn.Linear layers holding an fp8_block copy
+    (``prepack``), labelled as :func:`quantized_weights` labels them."""
+    if not isinstance(model_or_weights, torch.nn.Module):
+        return {}
+    return {(name or "weight"): m for name, m in model_or_weights.named_modules()
+            if isinstance(m, Linear) and m.packed_weight is not None}
+
+
+def _runs_packed(mod: Linear, m: int, activations: torch.dtype) -> bool:
+    """Whether ``mod``'s forward runs its packed copy for ``m`` rows (the forward's own test)."""
+    dev = mod.packed_data.device
+    return prefer_packed(mod.format.name, m, mod.out_features, mod.in_features, DTYPE_NAMES[activations],
+                         mod.bias is not None, device_info(dev), gluon_unavailable_reason() is None)
 
 
 def _experts(model_or_weights) -> list[tuple[str, Experts]]:
@@ -161,11 +182,25 @@ def warmup(model_or_weights, max_tokens: int = 8192, *, activations: torch.dtype
     report = WarmupReport()
     t0 = time.perf_counter()
     jobs = []
+    packed = _packed_layers(model_or_weights)
     for label, w, weight_only, bias in quantized_weights(model_or_weights):
         fmt = get_format(w.format)
         n, k = w.shape[-2], w.shape[-1]
         groups: dict = {}
+        pgroups: dict = {}
+        mod = packed.get(label)
         for m in _m_grid(max_tokens):
+            if mod is not None and _runs_packed(mod, m, activations):
+                # the layer's forward runs its fp8_block copy at this M (nn.Linear.prepack)
+                a2 = torch.empty((m, fmt.packed_k(k)), dtype=fmt.data_dtype, device=w.device)
+                a_s2 = torch.empty((m, fmt.scale_k(k)), dtype=fmt.scale_dtype, device=w.device)
+                pw = mod.packed_weight
+                plan = make_plan(gemm_problem(a2, a_s2, pw.data, 128, pw.format, k, m, n, activations, bias,
+                                              a_fmt=fmt.name), w.device)
+                key = (plan, m == 1, m % 16 == 0, activation_tiles(fmt, m, k, w.device))
+                lo, hi = pgroups.get(key, (m, m))
+                pgroups[key] = (min(lo, m), max(hi, m))
+                continue
             a2 = torch.empty((m, k if weight_only else fmt.packed_k(k)),
                              dtype=activations if weight_only else fmt.data_dtype, device=w.device)
             a_s2 = None if weight_only else torch.empty((m, fmt.scale_k(k)), dtype=fmt.scale_dtype, device=w.device)
@@ -178,6 +213,8 @@ def warmup(model_or_weights, max_tokens: int = 8192, *, activations: torch.dtype
             groups[key] = (min(lo, m), max(hi, m))
         for (plan, *_), (lo, hi) in groups.items():
             jobs.append((label, w, weight_only, bias, plan, lo, hi))
+        for (plan, *_), (lo, hi) in pgroups.items():
+            jobs.append((label + " (fp8_block copy)", mod, weight_only, bias, plan, lo, hi))
     ex_jobs = []
     experts = _experts(model_or_weights)
     k = _top_k(model_or_weights, top_k) if experts else 1
@@ -200,11 +237,19 @@ def warmup(model_or_weights, max_tokens: int = 8192, *, activations: torch.dtype
     with Progress(disable=not progress, transient=True) as bar:
         task = bar.add_task("compiling kernels", total=len(jobs) + len(ex_jobs))
         for label, w, weight_only, bias, plan, lo, hi in jobs:
-            x = torch.zeros((lo, w.shape[-1]), dtype=activations, device=w.device)
-            s = time.perf_counter()
-            linear(x, w, bias, weight_only=weight_only)
-            if w.device.type == "cuda":
-                torch.cuda.synchronize(w.device)
+            if isinstance(w, Linear):  # a prepacked layer's copy: its own forward takes that path at lo
+                dev = w.packed_data.device
+                x = torch.zeros((lo, w.in_features), dtype=activations, device=dev)
+                s = time.perf_counter()
+                with torch.no_grad():
+                    w(x)
+            else:
+                dev = w.device
+                x = torch.zeros((lo, w.shape[-1]), dtype=activations, device=dev)
+                s = time.perf_counter()
+                linear(x, w, bias, weight_only=weight_only)
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
             report.entries.append((label, (lo, hi), plan.describe(), time.perf_counter() - s))
             bar.advance(task)
         for label, ex, desc, lo, hi in ex_jobs:

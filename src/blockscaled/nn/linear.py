@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from .._checks import check_flag, check_size, resolve_block, resolve_rounding
 from ..formats import Format, ScaleRounding, get_format
+from ..ops._hopper import gluon_unavailable_reason
+from ..ops.gemm import gemm as _gemm
 from ..ops.linear import linear as _linear
+from ..plan.device import device_info
+from ..plan.mx_packed import prefer_packed
+from ..plan.types import DTYPE_NAMES as _DTYPE_NAMES
+from ..reference.mx_pack import mxfp4_to_fp8_block
 from ..ops.quantize import quantize as _quantize
 from ..tensor import ScaledTensor, scale_shape
 
@@ -14,6 +22,8 @@ __all__ = ["Linear", "default_weight_block"]
 
 #: Buffers holding the quantized weight; their dtypes are fixed by the format.
 _QUANT_BUFFERS = ("weight_data", "weight_scale", "weight_global_scale")
+#: The optional exact fp8_block copy of an MX weight (:meth:`Linear.prepack`; not in the state dict).
+_PACKED_BUFFERS = ("packed_data", "packed_scale")
 _ACT_DTYPES = (torch.bfloat16, torch.float16)
 _SHARD_DIMS = ("column", "row")
 
@@ -117,6 +127,9 @@ class Linear(torch.nn.Module):
         self.register_buffer("weight_global_scale", gs)
         self.bias = torch.nn.Parameter(torch.zeros(n, dtype=dtype, device=device)) if bias else None
         self._weight_cache: ScaledTensor | None = None
+        self.register_buffer("packed_data", None, persistent=False)
+        self.register_buffer("packed_scale", None, persistent=False)
+        self._packed_stamp = None
 
     # --- constructors ------------------------------------------------------------------
     @classmethod
@@ -214,7 +227,7 @@ class Linear(torch.nn.Module):
     def _apply(self, fn, recurse: bool = True):
         # Convert the quantized buffers first, to refuse a dtype change before anything moved.
         new = {}
-        for name in _QUANT_BUFFERS:
+        for name in _QUANT_BUFFERS + _PACKED_BUFFERS:
             buf = self._buffers.get(name)
             if buf is None:
                 continue
@@ -234,6 +247,8 @@ class Linear(torch.nn.Module):
             raise
         self._buffers.update(new)
         self._weight_cache = None
+        if self._packed_stamp is not None:  # moved together with the weight: still its copy
+            self._packed_stamp = self._stamp()
         return self
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
@@ -263,7 +278,76 @@ class Linear(torch.nn.Module):
                             f"{x.dtype} (cast with x.to(torch.bfloat16))")
         if not x.is_contiguous():
             x = x.contiguous()
+        packed = self.packed_weight
+        if packed is not None and x.shape[-1] == self.in_features:
+            m = x.numel() // self.in_features
+            if prefer_packed(self.format.name, m, self.out_features, self.in_features, _DTYPE_NAMES[x.dtype],
+                             self.bias is not None, device_info(x.device), gluon_unavailable_reason() is None):
+                a = _quantize(x, self.format, block=(1, self.format.block_k), rounding=self.rounding,
+                              check_range=False)
+                return _gemm(a, packed, x.dtype, bias=self.bias)
         return _linear(x, self.weight, self.bias, weight_only=self.weight_only, out_dtype=x.dtype)
+
+    # --- the packed copy (MX weights on Hopper's FP8 tensor cores) -----------------------
+    def prepack(self) -> str | None:
+        """Keep an exact fp8_block copy of an mxfp4 W x A weight next to it
+        (:func:`blockscaled.layouts.mxfp4_to_fp8_block`: e4m3 ``[N, K]`` + one fp32 scale per 128 x
+        128 tile, non-persistent buffers ``packed_data`` / ``packed_scale``, not in the state dict);
+        ``forward`` then runs the row counts for which the planner predicts the copy faster
+        (``plan/mx_packed.py::prefer_packed``: MX activations x the copy on Hopper's FP8 tensor
+        cores, measured 1.13-1.62x the canonical plan at M >= 2048) and the canonical weight
+        elsewhere (decode). Costs 2x the mxfp4 weight bytes of memory. Host-synchronising (the
+        exactness check): call it at load time.
+
+        Returns None when the copy is kept, else why not (the module is unchanged): not mxfp4,
+        weight-only, or a 128 x 128 tile whose block exponents span more than 14. Loading other
+        weights into the buffers (``load_state_dict``, in-place copies) makes the copy stale: the
+        next eager forward drops it with a warning (a forward compiled by torch.compile does not
+        check); call ``prepack()`` again.
+
+        Example::
+
+            lin = Linear.from_linear(torch.nn.Linear(2880, 5760, dtype=torch.bfloat16, device="cuda"), "mxfp4")
+            assert lin.prepack() is None
+            y = lin(torch.randn(4096, 2880, dtype=torch.bfloat16, device="cuda"))   # the FP8 path
+        """
+        if self.format.name != "mxfp4":
+            return f"the copy is for mxfp4 weights, this one is {self.format.name}"
+        if self.weight_only:
+            return "weight-only: the copy needs quantized activations (W x A)"
+        try:
+            w8 = mxfp4_to_fp8_block(self.weight)
+        except ValueError as e:
+            return str(e)
+        self.packed_data, self.packed_scale = w8.data, w8.scale
+        self._packed_stamp = self._stamp()
+        return None
+
+    def unpack(self) -> None:
+        """Drop the packed copy (:meth:`prepack`)."""
+        self.packed_data = self.packed_scale = None
+        self._packed_stamp = None
+
+    @property
+    def packed_weight(self) -> ScaledTensor | None:
+        """The fp8_block copy of :meth:`prepack` as a ScaledTensor, or None (none kept, or the
+        weight's buffers changed since: then it is dropped, with a warning)."""
+        if self._packed_stamp is None or self.packed_data is None:
+            return None
+        # (torch.compile cannot guard on ``_version``: compiled forwards trust the copy; eager
+        # calls, which load_state_dict is followed by, check it)
+        if not torch.compiler.is_compiling() and self._stamp() != self._packed_stamp:
+            warnings.warn(f"{type(self).__name__}: the weight changed after prepack(); its packed copy is dropped "
+                          f"(call prepack() again)", stacklevel=3)
+            self.unpack()
+            return None
+        return ScaledTensor(self.packed_data, self.packed_scale, "fp8_block", (self.out_features, self.in_features),
+                            (128, 128), "rceil")
+
+    def _stamp(self) -> tuple:
+        """Identity and in-place version of the weight buffers (host-side; no sync)."""
+        d, s = self.weight_data, self.weight_scale
+        return (id(d), d._version, id(s), s._version)
 
     def _kind(self) -> str:
         return "weight-only (bf16/fp16 x)" if self.weight_only else "W x A"

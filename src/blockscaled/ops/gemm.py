@@ -610,6 +610,8 @@ def _run_mixed(plan: Plan, a2, a_s2, a_fmt: Format, b_data, b_scale, b_rows: int
     if isinstance(cfg, HopperConfig):
         data, scale, flag = encode_raw(a2, a_s2, a_fmt.name, k)
         if _hopper.gemm_fp8_block_hopper_impl(data, scale, b_data, b_scale, out2, cfg, asub=4, aflag=flag):
+            if bias is not None:  # (no bias epilogue in the wide kernel: one in-place pass)
+                out2.add_(bias)
             return
     A = _dequant(a2, a_s2, None, a_fmt, (m, k), 1, torch.float32)
     B = _dequant(b_data, b_scale, None, fmt, (n, k), b_rows, torch.float32)

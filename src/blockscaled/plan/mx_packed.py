@@ -9,11 +9,13 @@ best unsplit wide candidate for the same shape (the kernel's main loop is the fp
 tiles; the H200 probe put the planned and a fixed 128 x 256 tile within 1-3 % of each other on 26
 of 28 rows, ab-mxwide2 in results/h200/archive/mx-fp8-path-ab-20261128.json). Split-K and the tail
 split are left out: their ASUB builds are not GPU-tested (and the tail-split build spills 44 B).
-Elsewhere (CPU interpreter, other GPUs, operands TMA cannot describe, a bias): both operands are
-dequantized to fp32 and multiplied by torch (exact products; the bias added in fp32)."""
+A bias is added in place after the kernel. Elsewhere (CPU interpreter, other GPUs, operands TMA
+cannot describe): both operands are dequantized to fp32 and multiplied by torch (exact products;
+the bias added in fp32)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 from ..config.gemm import GemmConfig
@@ -22,7 +24,7 @@ from .dense import _rank, fp8_candidates
 from .device import DeviceInfo
 from .types import Plan, Problem
 
-__all__ = ["MIXED_PAIRS", "ENCODE_BW_SHARE", "plan_mixed", "encode_us"]
+__all__ = ["MIXED_PAIRS", "ENCODE_BW_SHARE", "plan_mixed", "encode_us", "prefer_packed"]
 
 #: (activation format, weight format) pairs ``gemm`` takes with different formats.
 MIXED_PAIRS = (("mxfp4", "fp8_block"), ("mxfp8", "fp8_block"))
@@ -57,15 +59,13 @@ def plan_mixed(p: Problem, dev: DeviceInfo, gluon_ok: bool = True) -> Plan:
         why_not = "the Gluon kernels cannot be built with this triton"
     elif not p.tma:
         why_not = "TMA cannot describe the operands (16-byte aligned bases and row strides, unit K stride)"
-    elif p.bias:
-        why_not = "a bias (the wide kernel has no bias epilogue)"
     elif p.b_block_rows != 128 or p.k == 0:
         why_not = "the weight needs 128 x 128 blocks and K > 0"
     if why_not is not None:
         return Plan("gemm", "cuda", GemmConfig(strategy="dequant_matmul"), p, reasons=(
             head, "both operands dequantized to fp32 and multiplied by torch (exact products)",
             f"not the FP8 tensor-core path: {why_not}"))
-    fp8 = replace(p, a_fmt="")
+    fp8 = replace(p, a_fmt="", bias=False)  # (the bias is added after the kernel)
     scored, cal = _rank(fp8, dev, fp8_candidates(fp8, dev, hopper=True, gemv=False, portable=False, dequant=False))
     wide = [(t, c, e) for t, c, e in scored if isinstance(c, HopperConfig) and c.variant == "wide"
             and c.split_k == 1 and c.tail_split == 1 and c.block_m == 128]
@@ -76,9 +76,42 @@ def plan_mixed(p: Problem, dev: DeviceInfo, gluon_ok: bool = True) -> Plan:
         cfg = HopperConfig("wide", 128, 256, 8, 3, epilogue="tma")
         t, tiles = None, "no unsplit 128-row wide candidate: the default 128x256 3-stage tile"
     enc = encode_us(p.a_fmt, p.m, p.k, dev)
-    return Plan("gemm", "cuda", cfg, p, predicted_us=None if t is None else t + enc, reasons=(
+    bias = (f"; the bias added in place after the kernel (one pass over the output, ~{_bias_us(p, dev):.1f} us; a "
+            f"second rounding of a 16-bit output: the wide kernel has no bias epilogue)") if p.bias else ""
+    total = None if t is None else t + enc + (_bias_us(p, dev) if p.bias else 0.0)
+    return Plan("gemm", "cuda", cfg, p, predicted_us=total, reasons=(
         f"{head} on sm_90",
         f"the activations re-encoded as e4m3 with fp32 scales per 32 K by one pass (ops/mx_pack.py, ~{enc:.1f} us "
         f"predicted), then the wide fp8_block kernel with per-32 A scales: one promotion per 128 K on tiles whose "
         f"rows the encoder gave one scale per 128-K group, four elsewhere (kernels/hopper/wide.py ASUB)",
-        f"tiles: the fp8_block cost model's best unsplit 128-row wide candidate ({tiles}; constants: {cal.source})"))
+        f"tiles: the fp8_block cost model's best unsplit 128-row wide candidate ({tiles}; constants: {cal.source})"
+        f"{bias}"))
+
+
+def _bias_us(p: Problem, dev: DeviceInfo) -> float:
+    """The in-place bias add: the output read and written at the copy bandwidth."""
+    return 2 * p.m * p.n * p.out_bytes / dev.mem_bw * 1e6
+
+
+@functools.lru_cache(maxsize=4096)
+def prefer_packed(fmt: str, m: int, n: int, k: int, out_dtype: str, bias: bool, dev: DeviceInfo,
+                  gluon_ok: bool = True) -> bool:
+    """Whether a W x A ``linear`` of an ``fmt`` weight ``[N, K]`` with an exact fp8_block copy
+    (``nn.Linear.prepack``) should run the copy (MX activations x the packed weight, this module)
+    rather than the canonical weight: only where the canonical plan has a predicted time (the
+    tiled kernel and dequantize + cuBLAS, M above the streaming kernel's rows; the decode kernels
+    have none and stay) and the mixed plan's prediction is lower. Measured (H200,
+    mx-fp8-path-ab-20261128.json): at M = 2048 / 8192 the mixed pair ran 1.13-1.62x the canonical
+    plan on all 13 shapes."""
+    # Local: plan/gemm imports this module (plan_gemm routes mixed pairs here).
+    from .gemm import plan_gemm
+
+    if fmt not in ("mxfp4", "mxfp8") or dev.kind != "cuda":
+        return False
+    canon = plan_gemm(Problem("gemm", fmt, m, n, k, "quantized", out_dtype, bias, 1), dev, gluon_ok=gluon_ok)
+    if canon.predicted_us is None:
+        return False
+    mixed = plan_mixed(Problem("gemm", "fp8_block", m, n, k, "quantized", out_dtype, bias, 128, tma=k % 16 == 0,
+                               a_fmt=fmt), dev, gluon_ok)
+    return isinstance(mixed.config, HopperConfig) and mixed.predicted_us is not None and \
+        mixed.predicted_us < canon.predicted_us
