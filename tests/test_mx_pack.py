@@ -6,7 +6,6 @@ the Triton encoder (interpreter) against its twin, argument errors, the mixed pa
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
