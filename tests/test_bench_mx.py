@@ -39,7 +39,7 @@ def test_mx_suite_cases():
     assert fmts == ("mxfp8", "mxfp4", "nvfp4")
     jobs = [(c, f) for c in cases for f in fmts if not c.formats or f in c.formats]
     assert len(jobs) == 36 * 3 + 36
-    assert suites.DEFAULT_OPS["mx"] == ("weight-only", "gemm", "linear")
+    assert suites.DEFAULT_OPS["mx"] == ("weight-only", "gemm", "linear", "packed", "packed-linear")
     assert suites.DEFAULT_OPS["mx-moe"] == ("weight-only", "grouped")
 
 
@@ -133,6 +133,30 @@ def test_runner_dense_rows(fmt, monkeypatch):
     w = counting.quantized_nbytes(fmt, (37, 80))
     assert rows["weight-only"]["bytes"] == rows["linear"]["bytes"] == 3 * 80 * 2 + w + 3 * 37 * 2
     assert rows["gemm"]["bytes"] == counting.quantized_nbytes(fmt, (3, 80)) + w + 3 * 37 * 2
+
+
+def test_runner_packed_rows(monkeypatch):
+    """mxfp4 from PACKED_MIN_M rows on: the two packed modes (the mixed pair on an exact fp8_block
+    copy of the weight, with and without the activation quantizer) next to the three others, each
+    checked against its own reference, with the copy's bytes (e4m3 + fp32 tile scales)."""
+    runner, calls = _fake_runner(monkeypatch)
+    case = suites.Case("mx", "mx", mx.PACKED_MIN_M, 37, 160)
+    runner.run_case(case, "mxfp4")
+    rows = {r["op"]: r for r in runner.rows}
+    assert list(rows) == ["weight-only", "gemm", "linear", "packed", "packed-linear"]
+    for op, r in rows.items():
+        assert r["status"] == "ok" and r["check"] == "ok", (op, r)
+    w8 = 37 * 160 + 1 * 2 * 4
+    m = mx.PACKED_MIN_M
+    assert rows["packed"]["bytes"] == counting.quantized_nbytes("mxfp4", (m, 160)) + w8 + m * 37 * 2
+    assert rows["packed-linear"]["bytes"] == m * 160 * 2 + w8 + m * 37 * 2
+    head, body = mx.table(runner.rows, "mx")
+    modes = [b[head.index("mode")] for b in body]
+    assert modes == ["W-only", "WxA", "E2E", "WxA-fp8", "E2E-fp8"]
+    assert body[3][head.index("target")] == ">= 1.5x bf16"  # M = 256, fp4 weights
+    runner.rows.clear()
+    runner.run_case(case, "nvfp4")  # no copy for other formats
+    assert [r["op"] for r in runner.rows] == ["weight-only", "gemm", "linear"]
     floor = rows["gemm"]["bytes"] / 3000e9 * 1e6
     assert math.isclose(rows["gemm"]["mem_floor_pct"], 100 * floor / 10.0)
 

@@ -44,7 +44,7 @@ __all__ = ["main", "build_parser", "parse_args", "select_cases"]
 TEST_CASE_NAMES = ("small", "medium", "large")
 SUITE_NAMES = ("deepseek", "families", "moe", "masked", "nvfp4-group", "dual-gemm", "quantize", "mx", "moe-layer", "model")
 OP_NAMES = ("quantize", "gemm", "linear", "grouped", "swiglu", "weight-only", "moe", "moe-weight-only", "prefill",
-            "decode", "generate")
+            "decode", "generate", "packed", "packed-linear")
 FORMAT_NAMES = ("fp8_block", "mxfp8", "mxfp4", "nvfp4")
 DTYPES = ("bfloat16", "float16", "float32")
 

@@ -9,6 +9,11 @@ in three modes, all against cuBLAS bf16 on the weight dequantized ahead of time 
                    ``bs.gemm`` takes one format for both operands, so the issue's mxfp4 x mxfp8
                    row runs as mxfp4 x mxfp4 and is held to that row's target)
   ``linear``       ``bs.linear(x, w)``: E2E, the activation quantizer included
+  ``packed``       mxfp4 at M >= PACKED_MIN_M: ``bs.gemm(qa, w8)`` with ``w8 =
+                   bs.layouts.mxfp4_to_fp8_block(w)`` (the mixed pair on the FP8 tensor cores,
+                   plan/mx_packed.py; packing outside the timing), W x A on mxfp4 activations
+  ``packed-linear`` the same with the activation quantizer: ``bs.gemm(bs.quantize(x, "mxfp4"), w8)``,
+                   what a prepacked ``nn.Linear`` runs at these M (E2E)
 
 MoE cases (kind ``mx-moe``): contiguous ``bs.grouped_gemm`` with skewed routing
 (:func:`blockscaled.bench.suites.skewed_routing`), ``weight-only`` (bf16 activations: the
@@ -44,7 +49,11 @@ __all__ = ["run_dense", "run_moe", "Target", "target", "table", "verdict_counts"
 
 KINDS = ("mx", "mx-moe")
 #: our op -> the mode's name in the tables
-MODES = {"weight-only": "W-only", "gemm": "WxA", "linear": "E2E", "grouped": "WxA"}
+MODES = {"weight-only": "W-only", "gemm": "WxA", "linear": "E2E", "grouped": "WxA", "packed": "WxA-fp8",
+         "packed-linear": "E2E-fp8"}
+#: the packed modes run from this M on (below it the planner keeps a prepacked layer on its mxfp4
+#: weight at decode sizes, and the mixed pair's 128-row tiles are mostly padding)
+PACKED_MIN_M = 256
 OURS = "blockscaled"
 
 
@@ -119,6 +128,33 @@ def run_dense(r, case, fmt: str, ops, seed: int) -> None:
             r._measure(case, fmt, "linear", OURS, lambda x, b, f=f: f(x, b, out_dtype=dt),
                        [(i.x, i.qb) for i in inputs], Count(2 * m * n * k, xb + wq + ob),
                        r._check_close(fmt, lambda: refs("e2e")))
+    if fmt == "mxfp4" and m >= PACKED_MIN_M and {"packed", "packed-linear"} & set(ops):
+        _run_packed(r, case, fmt, ops, inputs, qa0, refs, ob, xb)
+
+
+def _run_packed(r, case, fmt, ops, inputs, qa0, refs, ob, xb) -> None:
+    """The ``packed`` / ``packed-linear`` rows of one mxfp4 case (module doc)."""
+    from ..layouts import mxfp4_to_fp8_block
+
+    m, n, k = case.m, case.n, case.k
+    dt = r.cfg.out_dtype
+    g, q = r.op("gemm"), r.op("quantize")
+    if g is None or q is None:
+        return
+    try:
+        w8s = [mxfp4_to_fp8_block(i.qb) for i in inputs]
+    except ValueError as e:  # a tile the copy cannot hold exactly: no packed rows for this case
+        r.note(f"{case.label}: no fp8_block copy ({str(e)[:80]})")
+        return
+    w8b = w8s[0].data.numel() + w8s[0].scale.numel() * 4
+    if "packed" in ops:
+        r._measure(case, fmt, "packed", OURS, lambda a, w: g(a, w, out_dtype=dt),
+                   [(i.qa, w) for i, w in zip(inputs, w8s)], Count(2 * m * n * k, qa0.nbytes() + w8b + ob),
+                   r._check_close(fmt, lambda: refs("qa")))
+    if "packed-linear" in ops:
+        r._measure(case, fmt, "packed-linear", OURS, lambda x, w: g(q(x, fmt), w, out_dtype=dt),
+                   [(i.x, w) for i, w in zip(inputs, w8s)], Count(2 * m * n * k, xb + w8b + ob),
+                   r._check_close(fmt, lambda: refs("e2e")))
 
 
 def run_moe(r, case, fmt: str, ops, seed: int) -> None:

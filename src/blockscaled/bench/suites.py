@@ -8,7 +8,9 @@ Kinds of case:
   ``quantize`` quantizer only, input ``[M, K]`` (op: quantize)
   ``mx``       dense MX/NV ``[M,K] x [N,K]^T`` in three modes (ops: weight-only = bf16 x with
                ``linear(weight_only=True)``, gemm = W x A on quantized A, linear = E2E with the
-               activation quantizer), vs cuBLAS bf16 on the dequantized weight (bench/mx.py)
+               activation quantizer) and, for mxfp4 from M = 256, two on an exact fp8_block copy
+               of the weight (ops: packed, packed-linear), vs cuBLAS bf16 on the dequantized
+               weight (bench/mx.py)
   ``mx-moe``   MoE contiguous with skewed routing, bf16 (weight-only) or quantized activations
                (ops: weight-only, grouped), vs a per-expert bf16 cuBLAS loop and torch._grouped_mm
   ``moe-layer`` the whole ``nn.MoE`` layer of an architecture at T tokens (ops: moe = W x A,
@@ -306,7 +308,7 @@ DEFAULT_OPS = {
     "masked": ("grouped",),
     "swiglu": ("swiglu",),
     "quantize": ("quantize",),
-    "mx": ("weight-only", "gemm", "linear"),
+    "mx": ("weight-only", "gemm", "linear", "packed", "packed-linear"),
     "mx-moe": ("weight-only", "grouped"),
     "moe-layer": ("moe", "moe-weight-only"),
     "model": ("prefill", "decode", "generate"),
@@ -319,7 +321,7 @@ ALLOWED_OPS = {
     "masked": ("grouped",),
     "swiglu": ("swiglu",),
     "quantize": ("quantize",),
-    "mx": ("weight-only", "gemm", "linear"),
+    "mx": ("weight-only", "gemm", "linear", "packed", "packed-linear"),
     "mx-moe": ("weight-only", "grouped"),
     "moe-layer": ("moe", "moe-weight-only"),
     "model": ("prefill", "decode", "generate"),
