@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..layouts import mxfp4_to_fp8_block
 from ..reference.quantize import dequantize as deq
 from ..reference.quantize import quantize as ref_quantize
 from .baselines import GemmInputs, GroupedInputs
@@ -134,8 +135,6 @@ def run_dense(r, case, fmt: str, ops, seed: int) -> None:
 
 def _run_packed(r, case, fmt, ops, inputs, qa0, refs, ob, xb) -> None:
     """The ``packed`` / ``packed-linear`` rows of one mxfp4 case (module doc)."""
-    from ..layouts import mxfp4_to_fp8_block
-
     m, n, k = case.m, case.n, case.k
     dt = r.cfg.out_dtype
     g, q = r.op("gemm"), r.op("quantize")

@@ -103,7 +103,7 @@ def prefer_packed(fmt: str, m: int, n: int, k: int, out_dtype: str, bias: bool, 
     have none and stay) and the mixed plan's prediction is lower. Measured (H200,
     mx-fp8-path-ab-20261128.json): at M = 2048 / 8192 the mixed pair ran 1.13-1.62x the canonical
     plan on all 13 shapes."""
-    # Local: plan/gemm imports this module (plan_gemm routes mixed pairs here).
+    # Local: import cycle plan/gemm -> plan/mx_packed -> plan/gemm (plan_gemm routes mixed pairs here).
     from .gemm import plan_gemm
 
     if fmt not in ("mxfp4", "mxfp8") or dev.kind != "cuda":
