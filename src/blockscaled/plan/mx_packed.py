@@ -21,6 +21,7 @@ from dataclasses import replace
 from ..config.gemm import GemmConfig
 from ..config.hopper import HopperConfig
 from .dense import _rank, fp8_candidates
+from .tiled import dequant_matmul_us
 from .device import DeviceInfo
 from .types import Plan, Problem
 
@@ -108,10 +109,15 @@ def prefer_packed(fmt: str, m: int, n: int, k: int, out_dtype: str, bias: bool, 
 
     if fmt not in ("mxfp4", "mxfp8") or dev.kind != "cuda":
         return False
-    canon = plan_gemm(Problem("gemm", fmt, m, n, k, "quantized", out_dtype, bias, 1), dev, gluon_ok=gluon_ok)
-    if canon.predicted_us is None:
+    pc = Problem("gemm", fmt, m, n, k, "quantized", out_dtype, bias, 1)
+    canon = plan_gemm(pc, dev, gluon_ok=gluon_ok)
+    t_canon = canon.predicted_us
+    if t_canon is None and getattr(canon.config, "strategy", None) == "dequant_matmul":
+        # (the portable planner's dequantize + cuBLAS, where the tiled kernel is not offered, e.g.
+        # on triton releases without it, carries no time: the same cost model as plan/tiled.py's)
+        t_canon = dequant_matmul_us(pc, dev)
+    if t_canon is None:
         return False
     mixed = plan_mixed(Problem("gemm", "fp8_block", m, n, k, "quantized", out_dtype, bias, 128, tma=k % 16 == 0,
                                a_fmt=fmt), dev, gluon_ok)
-    return isinstance(mixed.config, HopperConfig) and mixed.predicted_us is not None and \
-        mixed.predicted_us < canon.predicted_us
+    return isinstance(mixed.config, HopperConfig) and mixed.predicted_us is not None and mixed.predicted_us < t_canon
