@@ -38,7 +38,8 @@ def test_weight_pack_exact(n, k):
     p = R.mxfp4_to_fp8_block(q)
     assert p.format.name == "fp8_block" and p.block == (128, 128)
     assert p.scale.shape == (-(-n // 128), -(-k // 128))
-    assert torch.equal(bs.dequantize(p, torch.float32), bs.dequantize(q, torch.float32))
+    # bitwise, the sign of zero included
+    assert torch.equal(bs.dequantize(p, torch.float32).view(torch.int32), bs.dequantize(q, torch.float32).view(torch.int32))
     # power-of-two scales
     m, e = torch.frexp(p.scale)
     assert torch.all(m == 0.5)
@@ -58,6 +59,12 @@ def test_weight_pack_zero_tile_and_refusals():
     bad.scale[0, 0] = 255  # NaN scale
     with pytest.raises(ValueError, match=r"tile \(0, 0\)"):
         R.mxfp4_to_fp8_block(bad)
+    zd = q.data.clone()
+    zd[3, :16] = 0  # an all-zero block whose NaN scale still dequantizes it to NaN
+    zs = q.scale.clone()
+    zs[3, 0] = 255
+    with pytest.raises(ValueError, match=r"tile \(0, 0\)"):
+        R.mxfp4_to_fp8_block(bs.ScaledTensor(zd, zs, "mxfp4", q.shape, (1, 32), q.rounding))
     with pytest.raises(ValueError, match=r"w: expected a 2-D mxfp4 ScaledTensor"):
         R.mxfp4_to_fp8_block(bs.quantize(torch.randn(4, 64), "mxfp8"))
     with pytest.raises(TypeError, match=r"w: expected a ScaledTensor"):
@@ -179,6 +186,9 @@ def test_mixed_gemm_custom_op_and_errors():
     from blockscaled.ops._custom_ops import split_pair
 
     assert split_pair("mxfp4/fp8_block") == ("mxfp4", "fp8_block") and split_pair("nvfp4") == ("", "nvfp4")
+    for bad in ("mxfp4/mxfp4", "nvfp4/fp8_block"):
+        with pytest.raises(ValueError, match=r"fmt: expected one format name or a mixed pair"):
+            split_pair(bad)
     w4 = bs.quantize(torch.randn(64, 128), "mxfp4")
     w8 = bs.layouts.mxfp4_to_fp8_block(w4)
     a = bs.quantize(torch.randn(5, 128), "mxfp4")
@@ -266,6 +276,8 @@ def test_linear_prepack_refusals_staleness_and_moves():
     q.weight_scale.copy_(s)
     why = q.prepack()
     assert why is not None and "tile (1, 0)" in why and q.packed_weight is None
+    import copy
+
     q = _mx_linear(bias=False)
     assert q.prepack() is None
     q = q.to("cpu")  # a move keeps the copy (moved with the weight)
@@ -273,10 +285,31 @@ def test_linear_prepack_refusals_staleness_and_moves():
     other = _mx_linear(bias=False)
     other.weight_data.add_(1)  # different codes
     q.load_state_dict(other.state_dict())
-    with pytest.warns(UserWarning, match=r"the weight changed after prepack\(\)"):
+    with pytest.warns(UserWarning, match=r"the weight changed \(or the module was copied\) after prepack\(\)"):
         assert q.packed_weight is None
     assert q.packed_data is None
-    q.to(torch.float16)  # mxfp4's buffers are uint8: a dtype change casts nothing quantized
+    # loaded, then moved: the move must not make the stale copy look fresh
+    q = _mx_linear(bias=False)
+    assert q.prepack() is None
+    q.load_state_dict(other.state_dict())
+    with pytest.warns(UserWarning, match=r"after prepack"):
+        q = q.to("cpu")
+    assert q.packed_weight is None
+    # a replaced buffer (.data assignment) and a deep copy: stale, dropped
+    q = _mx_linear(bias=False)
+    assert q.prepack() is None
+    q.weight_data.data = other.weight_data.clone()
+    with pytest.warns(UserWarning, match=r"after prepack"):
+        assert q.packed_weight is None
+    q = _mx_linear(bias=False)
+    assert q.prepack() is None
+    q2 = copy.deepcopy(q)
+    with pytest.warns(UserWarning, match=r"after prepack"):
+        assert q2.packed_weight is None
+    assert q.packed_weight is not None  # the original keeps its copy
+    # no rows: the canonical path's empty output (no plan asked for M = 0)
+    assert q(torch.zeros(0, 256, dtype=torch.bfloat16)).shape == (0, 192)
+    _mx_linear(bias=False).to(torch.float16)  # mxfp4's buffers are uint8: a dtype change casts nothing quantized
     q2 = _mx_linear(bias=False)
     assert q2.prepack() is None
     with pytest.raises(TypeError, match=r"packed_data: a dtype conversion"):
@@ -339,8 +372,8 @@ def test_warmup_runs_the_packed_copy(monkeypatch):
 
 @pytest.mark.timeout(600)
 def test_linear_prepack_compiles_fullgraph(monkeypatch):
-    """torch.compile(fullgraph=True) traces a prepacked layer's forward (the copy's staleness check
-    reads ``_version``, which dynamo cannot guard on: skipped while compiling) to the eager result."""
+    """torch.compile(fullgraph=True) traces a prepacked layer's forward: compiled forwards run the
+    canonical weight (the packed decision would trace the planner), i.e. the eager canonical result."""
     if not bs._checks.INTERPRET:
         pytest.skip("the custom ops run the kernels path here")
     import blockscaled.nn.linear as L
@@ -351,4 +384,35 @@ def test_linear_prepack_compiles_fullgraph(monkeypatch):
     x = torch.randn(4, 256, dtype=torch.bfloat16)
     torch._dynamo.reset()
     y = torch.compile(q, backend="aot_eager", fullgraph=True)(x)
-    assert torch.equal(y, q(x))
+    assert torch.equal(y, bs.linear(x, q.weight, q.bias))
+
+
+def test_encoder_adversarial_codes_and_scales():
+    """The kernel and its twin on crafted fields: every E8M0 code 0..254 and 255 (NaN), negative
+    zeros, blocks of one nonzero element, rows mixing them; the reconstruction is bitwise
+    ``dequantize`` (NaN where it is NaN)."""
+    g = torch.Generator().manual_seed(5)
+    for fmt in ("mxfp4", "mxfp8"):
+        m, k = 16, 384
+        if fmt == "mxfp4":
+            data = torch.randint(0, 256, (m, k // 2), dtype=torch.uint8, generator=g)
+            data[0] = 0x88  # -0 codes
+            data[1, 16:] = 0
+        else:
+            data = (torch.randn(m, k, generator=g) * 8).to(torch.float8_e4m3fn)
+            data[0] = -0.0
+        scale = torch.randint(0, 256, (m, k // 32), dtype=torch.uint8, generator=g)
+        scale[2] = torch.arange(0, 12, dtype=torch.uint8)  # E8M0 0 (2^-127) and the smallest
+        scale[3] = torch.arange(243, 255, dtype=torch.uint8)  # the largest finite
+        scale[4, 5] = 255
+        q = bs.ScaledTensor(data, scale, fmt, (m, k), (1, 32), "rceil")
+        ref = R.encode_mx_activations(q)
+        deq = bs.dequantize(q, torch.float32)
+        rec = _deq_encoded(ref[0], ref[1], k)
+        assert torch.equal(rec.isnan(), deq.isnan())
+        ok = ~deq.isnan()
+        assert torch.equal(rec[ok].view(torch.int32), deq[ok].view(torch.int32)), fmt
+        if bs._checks.INTERPRET:
+            got = ops_mx.encode_mx_activations(q)
+            assert _same_values(got[0], ref[0])
+            assert torch.equal(got[1].view(torch.int32), ref[1].view(torch.int32)) and torch.equal(got[2], ref[2])

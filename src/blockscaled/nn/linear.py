@@ -225,6 +225,9 @@ class Linear(torch.nn.Module):
         return self.weight
 
     def _apply(self, fn, recurse: bool = True):
+        # A packed copy already stale (weights loaded since prepack) must not be re-stamped as
+        # fresh by the move below: drop it now.
+        fresh = self._packed_fresh()
         # Convert the quantized buffers first, to refuse a dtype change before anything moved.
         new = {}
         for name in _QUANT_BUFFERS + _PACKED_BUFFERS:
@@ -247,7 +250,7 @@ class Linear(torch.nn.Module):
             raise
         self._buffers.update(new)
         self._weight_cache = None
-        if self._packed_stamp is not None:  # moved together with the weight: still its copy
+        if fresh:  # moved together with the weight: still its copy
             self._packed_stamp = self._stamp()
         return self
 
@@ -278,8 +281,10 @@ class Linear(torch.nn.Module):
                             f"{x.dtype} (cast with x.to(torch.bfloat16))")
         if not x.is_contiguous():
             x = x.contiguous()
-        packed = self.packed_weight
-        if packed is not None and x.shape[-1] == self.in_features:
+        # (torch.compile would trace the planner inside prefer_packed: compiled forwards run the
+        # canonical weight, whose planning happens inside the custom ops)
+        packed = None if torch.compiler.is_compiling() else self.packed_weight
+        if packed is not None and x.shape[-1] == self.in_features and x.numel():
             m = x.numel() // self.in_features
             if prefer_packed(self.format.name, m, self.out_features, self.in_features, _DTYPE_NAMES[x.dtype],
                              self.bias is not None, device_info(x.device), gluon_unavailable_reason() is None):
@@ -301,9 +306,10 @@ class Linear(torch.nn.Module):
 
         Returns None when the copy is kept, else why not (the module is unchanged): not mxfp4,
         weight-only, or a 128 x 128 tile whose block exponents span more than 14. Loading other
-        weights into the buffers (``load_state_dict``, in-place copies) makes the copy stale: the
-        next eager forward drops it with a warning (a forward compiled by torch.compile does not
-        check); call ``prepack()`` again.
+        weights into the buffers (``load_state_dict``, in-place copies, replaced buffers) or
+        copying the module (``copy.deepcopy``) makes the copy stale: the next forward or move
+        drops it with a warning; call ``prepack()`` again. In-place writes through a ``.data``
+        alias are not detected. A forward compiled by torch.compile runs the canonical weight.
 
         Example::
 
@@ -332,22 +338,30 @@ class Linear(torch.nn.Module):
     def packed_weight(self) -> ScaledTensor | None:
         """The fp8_block copy of :meth:`prepack` as a ScaledTensor, or None (none kept, or the
         weight's buffers changed since: then it is dropped, with a warning)."""
-        if self._packed_stamp is None or self.packed_data is None:
-            return None
-        # (torch.compile cannot guard on ``_version``: compiled forwards trust the copy; eager
-        # calls, which load_state_dict is followed by, check it)
-        if not torch.compiler.is_compiling() and self._stamp() != self._packed_stamp:
-            warnings.warn(f"{type(self).__name__}: the weight changed after prepack(); its packed copy is dropped "
-                          f"(call prepack() again)", stacklevel=3)
-            self.unpack()
+        if not self._packed_fresh():
             return None
         return ScaledTensor(self.packed_data, self.packed_scale, "fp8_block", (self.out_features, self.in_features),
                             (128, 128), "rceil")
 
+    def _packed_fresh(self) -> bool:
+        """Whether a packed copy is kept and still the weight's: else it is dropped (with a
+        warning where there was one)."""
+        if self._packed_stamp is None or self.packed_data is None:
+            return False
+        if self._stamp() != self._packed_stamp:
+            warnings.warn(f"{type(self).__name__}: the weight changed (or the module was copied) after prepack(); "
+                          f"its packed copy is dropped (call prepack() again)", stacklevel=4)
+            self.unpack()
+            return False
+        return True
+
     def _stamp(self) -> tuple:
-        """Identity and in-place version of the weight buffers (host-side; no sync)."""
+        """Identity, storage address and in-place version of the weight buffers (host-side; no
+        sync): a replaced buffer, ``.data`` assignment, an in-place write through the buffer or a
+        copy of the module (new tensors) changes it. Not seen: in-place writes through a
+        ``.data`` alias (PyTorch does not count those)."""
         d, s = self.weight_data, self.weight_scale
-        return (id(d), d._version, id(s), s._version)
+        return (id(d), d.data_ptr(), d._version, id(s), s.data_ptr(), s._version)
 
     def _kind(self) -> str:
         return "weight-only (bf16/fp16 x)" if self.weight_only else "W x A"

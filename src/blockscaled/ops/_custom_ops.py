@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 
 from ..formats import ScaleRounding, get_format
+from ..plan.mx_packed import MIXED_PAIRS
 from ..tensor import ScaledTensor
 from ._autograd import register_custom_op_autograd
 from .gemm import gemm_impl
@@ -100,7 +101,11 @@ def split_pair(fmt: str) -> tuple[str, str]:
     """The ops' ``fmt`` string -> (A's format name or "", B's format name): a mixed pair
     (plan/mx_packed.py) travels as ``"<a format>/<b format>"``, one format as its name."""
     a_fmt, sep, b_fmt = fmt.rpartition("/")
-    return (a_fmt, b_fmt) if sep else ("", fmt)
+    if not sep:
+        return "", fmt
+    if (a_fmt, b_fmt) not in MIXED_PAIRS:
+        raise ValueError(f"fmt: expected one format name or a mixed pair of {MIXED_PAIRS} as 'a/b', got {fmt!r}")
+    return a_fmt, b_fmt
 
 
 def _pair(a_fmt: str, b: ScaledTensor) -> str:

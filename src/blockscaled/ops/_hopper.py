@@ -350,6 +350,8 @@ def _gemm_gluon(a2: torch.Tensor, a_s2: torch.Tensor, b_data: torch.Tensor, b_sc
         if reason is not None:
             raise HopperUnsupported(reason)
     bk = 128
+    if asub != 1 and (cfg.variant != "wide" or cfg.split_k != 1 or cfg.tail_split != 1):
+        raise HopperUnsupported(f"per-32 A scales (asub={asub}) run on the unsplit wide kernel only, got {cfg}")
     if cfg.variant == "skinny":
         _launch_skinny(a2, a_s2, b_data, b_scale, out2, cfg)
         return

@@ -608,6 +608,10 @@ def _run_mixed(plan: Plan, a2, a_s2, a_fmt: Format, b_data, b_scale, b_rows: int
     m, n = out2.shape
     cfg = plan.config
     if isinstance(cfg, HopperConfig):
+        if cfg.variant != "wide" or cfg.block_m != 128 or cfg.split_k != 1 or cfg.tail_split != 1:
+            # (a Plan passed as config= is run as given: one made for another pair may not fit)
+            raise ValueError(f"config: a {a_fmt.name} x {fmt.name} GEMM runs the wide kernel unsplit with 128-row "
+                             f"tiles, got {cfg}")
         data, scale, flag = encode_raw(a2, a_s2, a_fmt.name, k)
         if _hopper.gemm_fp8_block_hopper_impl(data, scale, b_data, b_scale, out2, cfg, asub=4, aflag=flag):
             if bias is not None:  # (no bias epilogue in the wide kernel: one in-place pass)

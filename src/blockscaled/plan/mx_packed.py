@@ -107,7 +107,7 @@ def prefer_packed(fmt: str, m: int, n: int, k: int, out_dtype: str, bias: bool, 
     # Local: import cycle plan/gemm -> plan/mx_packed -> plan/gemm (plan_gemm routes mixed pairs here).
     from .gemm import plan_gemm
 
-    if fmt not in ("mxfp4", "mxfp8") or dev.kind != "cuda":
+    if fmt not in ("mxfp4", "mxfp8") or dev.kind != "cuda" or m < 1:
         return False
     pc = Problem("gemm", fmt, m, n, k, "quantized", out_dtype, bias, 1)
     canon = plan_gemm(pc, dev, gluon_ok=gluon_ok)

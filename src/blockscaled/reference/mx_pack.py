@@ -11,8 +11,9 @@ per 128. So both operands are re-encoded where that is exact:
   ``2^(s-127)`` becomes an e4m3 value times one fp32 scale per 128 x 128 tile, ``2^(r-127)`` with
   ``r = max(s) - 6`` over the tile's nonzero 32-element blocks: ``e2m1 * 2^(s-r)`` with
   ``s - r`` in ``[-8, 6]`` is exact in e4m3 (6 * 2^6 = 384 <= 448; 0.5 * 2^-8 = 2^-9, e4m3's
-  smallest subnormal, and every e2m1 value is a multiple of 0.5). So the tile is exact iff its
-  nonzero blocks' exponents span at most ``SPAN = 14``; the result is an ordinary fp8_block
+  smallest subnormal, and every e2m1 value is a multiple of 0.5). So a tile whose nonzero blocks'
+  exponents span at most ``SPAN = 14`` is exact (sufficient, not necessary; wider tiles are
+  refused), and the result is an ordinary fp8_block
   ScaledTensor (128 x 128 blocks) whose dequantization equals the mxfp4 one bit for bit.
 * **Activations** (``encode_mx_activations``, per call): e4m3 data ``[M, K]`` with fp32 scales
   per 32 K ``[M, 4 * ceil(K/128)]`` and a per-row flag. Each (row, 128-K) group whose nonzero
@@ -80,8 +81,9 @@ def _group_view(t: torch.Tensor, k_blocks: int, fill) -> torch.Tensor:
 def fp8_block_tile_spans(w: ScaledTensor) -> torch.Tensor:
     """Per 128 x 128 tile of an mxfp4 weight ``[N, K]``: the span (max - min) of the E8M0 exponents
     of its nonzero 32-element blocks, int64 ``[ceil(N/128), ceil(K/128)]`` (0 for an all-zero
-    tile; a NaN scale (255) in a nonzero block counts as a span of 255). ``mxfp4_to_fp8_block`` is
-    exact iff every entry is <= ``SPAN``.
+    tile; a NaN scale (255), with any codes, counts as a span of 255). ``mxfp4_to_fp8_block``
+    re-encodes a weight whose every entry is <= ``SPAN`` (sufficient for exactness, not necessary:
+    a tile spanning 15 whose largest block holds no 6 would fit one exponent lower).
 
     Example::
 
@@ -93,9 +95,10 @@ def fp8_block_tile_spans(w: ScaledTensor) -> torch.Tensor:
     v = _values(w)
     nz = torch.nn.functional.pad(v, (0, 32 * w.scale.shape[1] - k)).view(n, -1, 32).ne(0).any(-1)
     s = w.scale.long()
-    big = torch.where(s == E8M0_NAN, 10**4, s)
+    nan = s == E8M0_NAN  # (a NaN scale dequantizes its block to NaN even with all-zero codes)
+    big = torch.where(nan, 10**4, s)
     pad_rows = nb * 128 - n
-    hi_in = torch.nn.functional.pad(torch.where(nz, big, -1), (0, 0, 0, pad_rows), value=-1)
+    hi_in = torch.nn.functional.pad(torch.where(nz | nan, big, -1), (0, 0, 0, pad_rows), value=-1)
     lo_in = torch.nn.functional.pad(torch.where(nz, s, 10**4), (0, 0, 0, pad_rows), value=10**4)
     hi = _group_view(hi_in, kb, -1).view(nb, 128, kb, 4).amax((1, 3))
     lo = _group_view(lo_in, kb, 10**4).view(nb, 128, kb, 4).amin((1, 3))
