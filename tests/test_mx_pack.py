@@ -416,3 +416,52 @@ def test_encoder_adversarial_codes_and_scales():
             got = ops_mx.encode_mx_activations(q)
             assert _same_values(got[0], ref[0])
             assert torch.equal(got[1].view(torch.int32), ref[1].view(torch.int32)) and torch.equal(got[2], ref[2])
+
+
+def test_mixed_gemm_hopper_branch_wiring(monkeypatch):
+    """The sm_90 branch of the mixed pair on the CPU (Gluon has no interpreter): a Plan with the
+    wide config forced, the launch replaced by a torch emulation of the ASUB kernel that reads
+    exactly what ``_run_mixed`` hands it (the encoder's e4m3 data, its per-32 scales and row flags,
+    the packed weight's tiles): the product, a bias added after it, and the checks on the config."""
+    if not bs._checks.INTERPRET:
+        pytest.skip("the encoder runs in the interpreter here")
+    import blockscaled.ops._hopper as H
+    from blockscaled.config.hopper import HopperConfig
+    from blockscaled.plan import Plan
+    from blockscaled.testing.tolerances import assert_gemm_close
+
+    seen = {}
+
+    def emulate(a2, a_s2, b_data, b_scale, out2, cfg, asub=1, aflag=None):
+        m, k = a2.shape
+        n = b_data.shape[0]
+        kb = -(-k // 128)
+        assert asub == 4 and a_s2.shape == (m, 4 * kb) and aflag.shape == (m,) and aflag.dtype == torch.int32
+        uni = aflag == 0  # the kernel's fast path reads the group's first scale only
+        first = a_s2.view(m, kb, 4)[:, :, :1].expand(m, kb, 4).reshape(m, -1)
+        nblk = -(-k // 32)  # (blocks past K: scale 0, their data is TMA's zero fill)
+        assert torch.equal(a_s2[uni, :nblk].view(torch.int32), first[uni, :nblk].view(torch.int32))
+        A = torch.nn.functional.pad(a2.float(), (0, 128 * kb - k)).view(m, 4 * kb, 32) * a_s2[:, :, None]
+        sb = b_scale.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)
+        B = torch.nn.functional.pad(b_data.float(), (0, 128 * kb - k)) * sb
+        out2.copy_(A.view(m, -1).double() @ B.double().T)
+        seen["cfg"], seen["flags"] = cfg, int(aflag.sum())
+        return True
+
+    monkeypatch.setattr(H, "gemm_fp8_block_hopper_impl", emulate)
+    torch.manual_seed(3)
+    m, n, k = 40, 200, 320
+    w8 = bs.layouts.mxfp4_to_fp8_block(bs.quantize(torch.randn(n, k) * 0.1, "mxfp4"))
+    x = torch.randn(m, k)
+    x[5, 32:64] *= 2.0 ** -20  # one row keeps per-32 scales
+    a = bs.quantize(x, "mxfp4")
+    cfg = HopperConfig("wide", 128, 256, 8, 3, epilogue="tma")
+    ref = bs.dequantize(a, torch.float32).double() @ bs.dequantize(w8, torch.float32).double().T
+    bias = torch.randn(n)
+    y = bs.gemm(a, w8, torch.float32, bias=bias, config=Plan("gemm", "cuda", cfg))
+    assert seen["cfg"] == cfg and seen["flags"] == 1
+    assert_gemm_close(y, ref + bias.double(), "mxfp4", torch.float32)
+    for bad in (HopperConfig("wide", 128, 256, 8, 3, epilogue="tma", tail_split=2),
+                HopperConfig("skinny", 64, 128, 4, 4)):
+        with pytest.raises(ValueError, match=r"config: a mxfp4 x fp8_block GEMM runs the wide kernel unsplit"):
+            bs.gemm(a, w8, config=Plan("gemm", "cuda", bad))
