@@ -465,3 +465,20 @@ def test_mixed_gemm_hopper_branch_wiring(monkeypatch):
                 HopperConfig("skinny", 64, 128, 4, 4)):
         with pytest.raises(ValueError, match=r"config: a mxfp4 x fp8_block GEMM runs the wide kernel unsplit"):
             bs.gemm(a, w8, config=Plan("gemm", "cuda", bad))
+
+
+def test_encoder_ignores_the_pad_nibble():
+    """Odd K: the packed row's last high nibble is padding; a nonzero one (a loaded checkpoint may
+    leave anything there) changes neither the kernel's flags and scales nor the twin's."""
+    q = bs.quantize(torch.randn(6, 33), "mxfp4")
+    d = q.data.clone()
+    d[:, -1] = 0x70  # element 32 (block 1's only one) = 0, element 33 (padding) = code 7
+    s = q.scale.clone()
+    s[:, 1] = s[:, 0] + 20  # counted, block 1 would make the group span 20: not uniform
+    qp = bs.ScaledTensor(d, s, "mxfp4", q.shape, (1, 32), q.rounding)
+    ref = R.encode_mx_activations(qp)
+    assert torch.equal(ref[2], torch.zeros(6, dtype=torch.int32))  # block 1 holds no nonzero element
+    if bs._checks.INTERPRET:
+        got = ops_mx.encode_mx_activations(qp)
+        assert torch.equal(got[1].view(torch.int32), ref[1].view(torch.int32)) and torch.equal(got[2], ref[2])
+        assert _same_values(got[0], ref[0])
