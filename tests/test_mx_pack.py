@@ -23,7 +23,9 @@ def _deq_encoded(data, scale, k):
 
 
 def _same_values(a, b):
-    """Equal as values (-0 == +0), NaN where the other has NaN."""
+    """Equal as values, NaN where the other has NaN, and bitwise for e4m3 data (-0 included)."""
+    if a.dtype == b.dtype == torch.float8_e4m3fn and not torch.equal(a.view(torch.uint8), b.view(torch.uint8)):
+        return False
     a, b = a.float(), b.float()
     return torch.equal(a.isnan(), b.isnan()) and torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))
 

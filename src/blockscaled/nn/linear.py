@@ -130,6 +130,7 @@ class Linear(torch.nn.Module):
         self.register_buffer("packed_data", None, persistent=False)
         self.register_buffer("packed_scale", None, persistent=False)
         self._packed_stamp = None
+        self._packed_cache: ScaledTensor | None = None
 
     # --- constructors ------------------------------------------------------------------
     @classmethod
@@ -332,7 +333,7 @@ class Linear(torch.nn.Module):
     def unpack(self) -> None:
         """Drop the packed copy (:meth:`prepack`)."""
         self.packed_data = self.packed_scale = None
-        self._packed_stamp = None
+        self._packed_stamp = self._packed_cache = None
 
     @property
     def packed_weight(self) -> ScaledTensor | None:
@@ -340,8 +341,11 @@ class Linear(torch.nn.Module):
         weight's buffers changed since: then it is dropped, with a warning)."""
         if not self._packed_fresh():
             return None
-        return ScaledTensor(self.packed_data, self.packed_scale, "fp8_block", (self.out_features, self.in_features),
-                            (128, 128), "rceil")
+        d, s, c = self.packed_data, self.packed_scale, self._packed_cache
+        if c is None or c.data is not d or c.scale is not s:  # (as ``weight``: rebuilt after a move only)
+            c = ScaledTensor(d, s, "fp8_block", (self.out_features, self.in_features), (128, 128), "rceil")
+            self._packed_cache = c
+        return c
 
     def _packed_fresh(self) -> bool:
         """Whether a packed copy is kept and still the weight's: else it is dropped (with a

@@ -38,7 +38,7 @@ from ._stream import launch_stream, words_aligned
 from ._tiled import launch_tiled
 from ._splitk import splitk_scratch
 from ..formats import Format, get_format
-from ..plan.mx_packed import MIXED_PAIRS
+from ..plan.mx_packed import MIXED_PAIRS, mixed_config_ok
 from ..kernels.triton._mma import FORMAT_CODES
 from ..kernels.triton.gemm import gemm_kernel
 from ..kernels.triton.gemv import gemv_kernel
@@ -608,7 +608,7 @@ def _run_mixed(plan: Plan, a2, a_s2, a_fmt: Format, b_data, b_scale, b_rows: int
     m, n = out2.shape
     cfg = plan.config
     if isinstance(cfg, HopperConfig):
-        if cfg.variant != "wide" or cfg.block_m != 128 or cfg.split_k != 1 or cfg.tail_split != 1:
+        if not mixed_config_ok(cfg):
             # (a Plan passed as config= is run as given: one made for another pair may not fit)
             raise ValueError(f"config: a {a_fmt.name} x {fmt.name} GEMM runs the wide kernel unsplit with 128-row "
                              f"tiles, got {cfg}")

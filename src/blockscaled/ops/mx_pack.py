@@ -26,9 +26,8 @@ _ENCODE_GROUPS = 4
 def encode_mx_activations(a: ScaledTensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(data e4m3 [M, K], scale fp32 [M, 4 * ceil(K/128)], flag int32 [M])`` of mxfp4 / mxfp8
     activations ``a [M, K]`` (1 x 32 blocks): bitwise ``reference.mx_pack.encode_mx_activations``
-    (the Triton kernel on CUDA and in the interpreter, the reference on the CPU otherwise; data
-    equal as values: the interpreter drops the sign of -0). One pass over A, no host
-    synchronisation.
+    (the Triton kernel on CUDA and in the interpreter, the reference on the CPU otherwise). One
+    pass over A, no host synchronisation.
 
     Example::
 

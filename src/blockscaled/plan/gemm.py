@@ -14,7 +14,7 @@ from .stream import (STREAM_FORMATS, STREAM_GATHER_MAX_MP, STREAM_MAX_M, stream_
 from . import tuned as _tuned
 from .device import DeviceInfo
 from .mx_gemv import MX_GEMV_ROWS, mx_gemv_config, use_mx_gemv
-from .mx_packed import plan_mixed
+from .mx_packed import mixed_config_ok, plan_mixed
 from .portable import choose_portable, mx_bf16_applies
 from .tiled import TILED_STAGES_2, dequant_matmul_us, tiled_config, tiled_reason
 from .types import DTYPES, Plan, Problem
@@ -125,7 +125,7 @@ def _plan_mixed_forced(p: Problem, dev: DeviceInfo, forced, gluon_ok: bool) -> P
     if isinstance(forced, GemmConfig) and forced.strategy == "dequant_matmul":
         return replace(plan, config=forced, reasons=("forced by config=",)) if plan.backend != "reference" else plan
     if isinstance(forced, HopperConfig) and isinstance(plan.config, HopperConfig):
-        if forced.variant != "wide" or forced.block_m != 128 or forced.split_k != 1 or forced.tail_split != 1:
+        if not mixed_config_ok(forced):
             raise ValueError(f"config: a {p.a_fmt} x fp8_block GEMM runs the wide kernel unsplit with 128-row tiles, "
                              f"got {forced}")
         return replace(plan, config=forced, reasons=("forced by config=",))

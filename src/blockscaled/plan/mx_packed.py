@@ -25,7 +25,7 @@ from .tiled import dequant_matmul_us
 from .device import DeviceInfo
 from .types import Plan, Problem
 
-__all__ = ["MIXED_PAIRS", "ENCODE_BW_SHARE", "plan_mixed", "encode_us", "prefer_packed"]
+__all__ = ["MIXED_PAIRS", "ENCODE_BW_SHARE", "plan_mixed", "encode_us", "prefer_packed", "mixed_config_ok"]
 
 #: (activation format, weight format) pairs ``gemm`` takes with different formats.
 MIXED_PAIRS = (("mxfp4", "fp8_block"), ("mxfp8", "fp8_block"))
@@ -34,6 +34,14 @@ MIXED_PAIRS = (("mxfp4", "fp8_block"), ("mxfp8", "fp8_block"))
 #: out/enc_time.py (results/h200/archive/mx-fp8-path-ab-20261128.json "encoder_after_fix"): mxfp4
 #: 0.21-0.35 of a copy of the same bytes (median 0.26), mxfp8 0.52-0.67 (median 0.55).
 ENCODE_BW_SHARE = {"mxfp4": 0.26, "mxfp8": 0.55}
+
+
+def mixed_config_ok(cfg) -> bool:
+    """The Hopper configs a mixed pair runs: the wide kernel with 128-row tiles, unsplit (the
+    split-K and tail-split builds with per-32 A scales are not GPU-tested; the tail split's spills
+    44 B). The planner picks only these, and a ``config=`` outside them is refused."""
+    return (isinstance(cfg, HopperConfig) and cfg.variant == "wide" and cfg.block_m == 128 and cfg.split_k == 1
+            and cfg.tail_split == 1)
 
 
 def encode_us(a_fmt: str, m: int, k: int, dev: DeviceInfo) -> float:
@@ -68,8 +76,7 @@ def plan_mixed(p: Problem, dev: DeviceInfo, gluon_ok: bool = True) -> Plan:
             f"not the FP8 tensor-core path: {why_not}"))
     fp8 = replace(p, a_fmt="", bias=False)  # (the bias is added after the kernel)
     scored, cal = _rank(fp8, dev, fp8_candidates(fp8, dev, hopper=True, gemv=False, portable=False, dequant=False))
-    wide = [(t, c, e) for t, c, e in scored if isinstance(c, HopperConfig) and c.variant == "wide"
-            and c.split_k == 1 and c.tail_split == 1 and c.block_m == 128]
+    wide = [(t, c, e) for t, c, e in scored if mixed_config_ok(c)]
     if wide:
         t, cfg, est = wide[0]
         tiles = est.describe()

@@ -33,7 +33,7 @@ import torch
 
 from ..formats import get_format
 from ..tensor import ScaledTensor
-from .quantize import e2m1_decode, unpack_fp4
+from .quantize import e2m1_decode, e8m0_to_fp32, unpack_fp4
 
 __all__ = ["SPAN", "pow2", "mxfp4_to_fp8_block", "encode_mx_activations", "fp8_block_tile_spans"]
 
@@ -66,16 +66,35 @@ def _check_mx(name: str, q, formats: tuple[str, ...]) -> None:
                          f"{q.format.name} {tuple(q.shape)} block {q.block}")
 
 
-def _values(q: ScaledTensor) -> torch.Tensor:
-    """The elements without their scales: e2m1 or e4m3 values as fp32 ``[M, K]``."""
-    k = q.shape[-1]
-    return e2m1_decode(unpack_fp4(q.data, k)) if q.format.name == "mxfp4" else q.data.float()
+def _blocks(q: ScaledTensor):
+    """``(v, s, nz, nan)`` of an MX tensor ``[R, K]``: the elements without their scales (e2m1 or
+    e4m3 values, fp32 ``[R, K]``), the E8M0 exponents (int64 ``[R, nblk]``), whether each 32-block
+    holds a nonzero element, and whether its scale is NaN (255: the block dequantizes to NaN even
+    with all-zero codes)."""
+    r, k = q.shape
+    v = e2m1_decode(unpack_fp4(q.data, k)) if q.format.name == "mxfp4" else q.data.float()
+    s = q.scale.long()
+    nz = torch.nn.functional.pad(v, (0, 32 * s.shape[1] - k)).view(r, s.shape[1], 32).ne(0).any(-1)
+    return v, s, nz, s == E8M0_NAN
 
 
 def _group_view(t: torch.Tensor, k_blocks: int, fill) -> torch.Tensor:
     """``[R, ceil(K/32)]`` per-block values -> ``[R, ceil(K/128), 4]`` (the last group padded)."""
     pad = 4 * k_blocks - t.shape[1]
     return torch.nn.functional.pad(t, (0, pad), value=fill).view(t.shape[0], k_blocks, 4)
+
+
+def _exponent_range(s, nz, nan, tile_rows: int):
+    """Per (``tile_rows`` rows, 128-K group): ``(hi, lo)``, the largest and smallest exponent of the
+    nonzero blocks (hi < 0: no nonzero block; a NaN block makes hi 10**4, so no span admits it)."""
+    rows = s.shape[0]
+    kb = -(-s.shape[1] // 4)
+    pad = -rows % tile_rows
+    hi_in = torch.nn.functional.pad(torch.where(nz | nan, torch.where(nan, 10**4, s), -1), (0, 0, 0, pad), value=-1)
+    lo_in = torch.nn.functional.pad(torch.where(nz, s, 10**4), (0, 0, 0, pad), value=10**4)
+    hi = _group_view(hi_in, kb, -1).view(-1, tile_rows, kb, 4).amax((1, 3))
+    lo = _group_view(lo_in, kb, 10**4).view(-1, tile_rows, kb, 4).amin((1, 3))
+    return hi, lo
 
 
 def fp8_block_tile_spans(w: ScaledTensor) -> torch.Tensor:
@@ -90,18 +109,11 @@ def fp8_block_tile_spans(w: ScaledTensor) -> torch.Tensor:
         spans = fp8_block_tile_spans(bs.quantize(w, "mxfp4"))   # [ceil(N/128), ceil(K/128)]
     """
     _check_mx("w", w, ("mxfp4",))
-    n, k = w.shape
-    nb, kb = -(-n // 128), -(-k // 128)
-    v = _values(w)
-    nz = torch.nn.functional.pad(v, (0, 32 * w.scale.shape[1] - k)).view(n, -1, 32).ne(0).any(-1)
-    s = w.scale.long()
-    nan = s == E8M0_NAN  # (a NaN scale dequantizes its block to NaN even with all-zero codes)
-    big = torch.where(nan, 10**4, s)
-    pad_rows = nb * 128 - n
-    hi_in = torch.nn.functional.pad(torch.where(nz | nan, big, -1), (0, 0, 0, pad_rows), value=-1)
-    lo_in = torch.nn.functional.pad(torch.where(nz, s, 10**4), (0, 0, 0, pad_rows), value=10**4)
-    hi = _group_view(hi_in, kb, -1).view(nb, 128, kb, 4).amax((1, 3))
-    lo = _group_view(lo_in, kb, 10**4).view(nb, 128, kb, 4).amin((1, 3))
+    _, s, nz, nan = _blocks(w)
+    return _spans(*_exponent_range(s, nz, nan, 128))
+
+
+def _spans(hi: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
     return torch.where(hi < 0, 0, (hi - lo).clamp(max=E8M0_NAN))
 
 
@@ -118,7 +130,10 @@ def mxfp4_to_fp8_block(w: ScaledTensor) -> ScaledTensor:
         w8 = mxfp4_to_fp8_block(w4)          # fp8_block, block (128, 128)
         assert torch.equal(bs.dequantize(w8, torch.float32), bs.dequantize(w4, torch.float32))
     """
-    spans = fp8_block_tile_spans(w)
+    _check_mx("w", w, ("mxfp4",))
+    v, s, nz, nan = _blocks(w)
+    hi, lo = _exponent_range(s, nz, nan, 128)
+    spans = _spans(hi, lo)
     bad = (spans > SPAN).nonzero()
     if bad.numel():
         i, j = (int(x) for x in bad[0])
@@ -127,12 +142,6 @@ def mxfp4_to_fp8_block(w: ScaledTensor) -> ScaledTensor:
             f"exponents spanning {int(spans[i, j])} (> {SPAN}) or a NaN scale: not exact as e4m3 with one scale per "
             f"128 x 128 tile; {int((spans > SPAN).sum())} of {spans.numel()} tiles are")
     n, k = w.shape
-    nb, kb = spans.shape
-    v = _values(w)
-    s = w.scale.long()
-    nz = torch.nn.functional.pad(v, (0, 32 * s.shape[1] - k)).view(n, -1, 32).ne(0).any(-1)
-    hi_in = torch.nn.functional.pad(torch.where(nz, s, -1), (0, 0, 0, nb * 128 - n), value=-1)
-    hi = _group_view(hi_in, kb, -1).view(nb, 128, kb, 4).amax((1, 3))
     ref = torch.where(hi < 0, 127, hi - HEADROOM)  # [nb, kb]; an all-zero tile: scale 1
     ref_blocks = ref.repeat_interleave(128, 0)[:n].repeat_interleave(4, 1)[:, : s.shape[1]]  # [N, ceil(K/32)]
     shift = torch.where(nz, s - ref_blocks, 0).repeat_interleave(32, 1)[:, :k]
@@ -158,12 +167,8 @@ def encode_mx_activations(a: ScaledTensor) -> tuple[torch.Tensor, torch.Tensor, 
     m, k = a.shape
     kb = -(-k // 128)
     nblk = a.scale.shape[1]
-    v = _values(a)
-    s = a.scale.long()
-    nz = torch.nn.functional.pad(v, (0, 32 * nblk - k)).view(m, nblk, 32).ne(0).any(-1)
-    nan = s == E8M0_NAN
-    hi = _group_view(torch.where(nz | nan, torch.where(nan, 10**4, s), -1), kb, -1).amax(-1)  # [M, kb]
-    lo = _group_view(torch.where(nz, s, 10**4), kb, 10**4).amin(-1)
+    v, s, nz, nan = _blocks(a)
+    hi, lo = _exponent_range(s, nz, nan, 1)  # [M, kb]
     empty = hi < 0
     limit = SPAN if a.format.name == "mxfp4" else 0
     uniform = empty | ((hi - lo) <= limit)  # a NaN block makes hi 10**4: never uniform
@@ -172,9 +177,7 @@ def encode_mx_activations(a: ScaledTensor) -> tuple[torch.Tensor, torch.Tensor, 
     uni_blocks = uniform.repeat_interleave(4, 1)[:, :nblk]
     shift = torch.where(uni_blocks & nz, s - ref_blocks, 0).repeat_interleave(32, 1)[:, :k]
     data = (v * pow2(shift)).to(torch.float8_e4m3fn)
-    own = torch.where(nan, torch.full_like(s, 0x7FC00000), pow2(s - 127).view(torch.int32).long())
-    own = own.to(torch.int32).view(torch.float32)
-    scale = torch.where(uni_blocks, pow2(ref_blocks - 127), own)
+    scale = torch.where(uni_blocks, pow2(ref_blocks - 127), e8m0_to_fp32(a.scale))
     scale = torch.nn.functional.pad(scale, (0, 4 * kb - nblk))  # blocks past K: 0 (their data is TMA's zero fill)
     flag = (~uniform).any(1).to(torch.int32)
     return data.contiguous(), scale.contiguous(), flag

@@ -5,6 +5,9 @@ whose docstring has the numerics): e4m3 data, fp32 scales per 32 K with one scal
 import triton
 import triton.language as tl
 
+# the quantizer's e2m1 decode: from the bits, so -0 keeps its sign (Triton's unary minus does not)
+from .quantize import _e2m1_decode
+
 __all__ = ["mx_encode_kernel"]
 
 
@@ -15,16 +18,6 @@ def _pow2_f32(e):
     normal = (tl.maximum(e + 127, 0) << 23).to(tl.int32)
     sub = tl.where(e >= -149, (1 << tl.maximum(e + 149, 0)).to(tl.int32), 0)
     return tl.where(e >= -126, normal, sub).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _e2m1_value(code):
-    """e2m1 code (int32 0..15, bit 3 the sign) -> fp32: 0, 0.5, 1, 1.5, 2, 3, 4, 6."""
-    mag = code & 7
-    ex = mag >> 1
-    man = (mag & 1).to(tl.float32)
-    v = tl.where(ex == 0, man * 0.5, (1.0 + man * 0.5) * _pow2_f32(ex - 1))
-    return tl.where((code & 8) != 0, -v, v)
 
 
 @triton.jit
@@ -60,9 +53,9 @@ def mx_encode_kernel(a_ptr, s_ptr, d_ptr, o_ptr, f_ptr, M, K, NBLK, stride_am, s
             bcol = blk[None, :, None] * 16 + h[None, None, :]
             byte = tl.load(a_ptr + r64[:, None, None] * stride_am + bcol,
                            mask=rm[:, None, None] & (bcol * 2 < K), other=0).to(tl.int32)
-            v_lo = _e2m1_value(byte & 15)
+            v_lo = _e2m1_decode(byte & 15)
             # (odd K: the last byte's high nibble is padding, whatever a checkpoint left there)
-            v_hi = tl.where(bcol * 2 + 1 < K, _e2m1_value(byte >> 4), 0.0)
+            v_hi = tl.where(bcol * 2 + 1 < K, _e2m1_decode(byte >> 4), 0.0)
             nz = tl.max(((v_lo != 0) | (v_hi != 0)).to(tl.int32), axis=2) > 0  # [R, 4]
         else:
             col = blk[None, :, None] * 32 + e[None, None, :]  # [1, 4, 32]
