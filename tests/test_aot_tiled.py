@@ -1,8 +1,9 @@
 """The sm_90a tiled MX / NV kernel (kernels/hopper/tiled.py) built ahead of time, no GPU.
 
 Compiled for sm_90a in a subprocess (no interpreter) for mxfp4 / nvfp4 / mxfp8 (128 x 128 tiles),
-with a bias and nvfp4's activation global scale, 3- and 4-slot rings (4 and more: a TMA producer
-warp and 8 math warps that synchronise among themselves with named barriers of 256 threads; 3: the
+with a bias and nvfp4's activation global scale, the grouped modes (contiguous; masked with
+per-expert nvfp4 global scales: the same MMA and decode, the M tiles numbered over the experts on
+the device), 3- to 5-slot rings (4 and more: a TMA producer warp and 8 math warps that synchronise among themselves with named barriers of 256 threads; 3: the
 math warps issue the TMA loads, a full ring before the loop and one refill per step). Per build the
 MMA is a bf16 wgmma m64 n128 k16 with both operands in shared memory (the decoded weights are
 stored there: no register A operand), 4 per 64-element K step, one left in flight
@@ -31,22 +32,25 @@ from blockscaled.ops._tiled import TILED_FMT, _layouts
 TGT = GPUTarget("cuda", 90, 32)
 NAMES = {1: "mxfp8", 2: "mxfp4", 3: "nvfp4"}
 out = {}
-for fmt, bm, st, bias, ags, cdt in [(2, 128, 4, 0, 0, "*bf16"), (3, 128, 4, 1, 1, "*bf16"), (1, 128, 4, 0, 0, "*fp32"),
-                                    (2, 128, 4, 1, 0, "*fp16"), (3, 128, 3, 0, 0, "*bf16"), (2, 256, 4, 0, 0, "*bf16"),
-                                    (3, 256, 4, 0, 1, "*fp32")]:
+for fmt, bm, st, bias, ags, cdt, mode in [(2, 128, 4, 0, 0, "*bf16", 0), (3, 128, 4, 1, 1, "*bf16", 0),
+                                          (1, 128, 4, 0, 0, "*fp32", 0), (2, 128, 4, 1, 0, "*fp16", 0),
+                                          (3, 128, 3, 0, 0, "*bf16", 0), (2, 256, 4, 0, 0, "*bf16", 0),
+                                          (3, 256, 4, 0, 1, "*fp32", 0), (2, 128, 5, 0, 0, "*bf16", 1),
+                                          (3, 128, 5, 0, 1, "*bf16", 2), (1, 128, 5, 0, 0, "*fp32", 1)]:
     xl, wl = _layouts(bm)
     wpr = TILED_FMT[NAMES[fmt]][1]
     sig = {"x_desc": f"tensordesc<bf16[{bm}, 64],{xl!r}>", "w_desc": f"tensordesc<i32[128, {wpr}],{wl!r}>",
            "ws_ptr": "*fp8e4nv" if fmt == 3 else "*u8", "gs_ptr": "*fp32", "ags_ptr": "*fp32", "bias_ptr": "*fp32",
            "c_ptr": cdt, "part_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
-           "ks_per_split": "i32", "SPLIT": "i32", "stride_wsn": "i32", "stride_cm": "i32", "FMT": "constexpr",
-           "BN": "constexpr", "STAGES": "constexpr", "HAS_AGS": "constexpr", "HAS_BIAS": "constexpr",
-           "WS": "constexpr", "num_warps": "constexpr"}
-    key = f"{NAMES[fmt]}_bm{bm}_st{st}" + ("_bias" if bias else "") + ("_ags" if ags else "")
+           "ks_per_split": "i32", "SPLIT": "i32", "stride_wsn": "i32", "stride_cm": "i32", "seg_ptr": "*i32",
+           "E": "i32", "stride_wse": "i32", "FMT": "constexpr", "BN": "constexpr", "STAGES": "constexpr",
+           "HAS_AGS": "constexpr", "HAS_BIAS": "constexpr", "WS": "constexpr", "MODE": "constexpr",
+           "E_POW2": "constexpr", "GS_PER_E": "constexpr", "num_warps": "constexpr"}
+    key = f"{NAMES[fmt]}_bm{bm}_st{st}" + ("_bias" if bias else "") + ("_ags" if ags else "") + (f"_mode{mode}" if mode else "")
     try:
         k = triton.compile(GluonASTSource(T.tiled_kernel, sig, constexprs={
             "FMT": fmt, "BN": 128, "STAGES": st, "HAS_AGS": bool(ags), "HAS_BIAS": bool(bias), "WS": st >= 4,
-            "num_warps": bm // 16}),
+            "MODE": mode, "E_POW2": 128 if mode else 1, "GS_PER_E": mode == 2, "num_warps": bm // 16}),
             target=TGT, options={"num_warps": bm // 16})
     except Exception as e:
         out[key] = {"error": f"{type(e).__name__}: {str(e)[-800:]}"}
@@ -71,7 +75,7 @@ def compiled():
 
 
 def test_tiled_builds_for_sm90(compiled):
-    assert len(compiled) == 7, compiled
+    assert len(compiled) == 10, compiled
     for key, c in compiled.items():
         assert "error" not in c, (key, c)
         assert c["wgmma"] == ["m64n128k16.f32.bf16.bf16"], (key, c)

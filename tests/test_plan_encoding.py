@@ -160,6 +160,10 @@ def test_every_grouped_plan_roundtrips():
         kinds.add("hopper_stream")
         if plan_direct._TRITON_OK and plan_direct.DIRECT_ENABLED:  # the bf16 ones at <= 4 rows per expert
             kinds.add("hopper_direct")
+    from blockscaled.plan import tiled as plan_tiled
+
+    if plan_tiled._TRITON_OK and plan_tiled.TILED_ENABLED:  # MX / NV prefill: the grouped tiled kernel
+        kinds.add("hopper_tiled")
     assert {p.kernel for p in plans} == kinds
     assert {p.op for p in plans} == {"grouped", "swiglu"}
     hop = [p.config for p in plans if isinstance(p.config, HopperConfig)]

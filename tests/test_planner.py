@@ -526,6 +526,49 @@ def test_tiled_plans_and_config_checks(monkeypatch):
         with pytest.raises(ValueError, match="GemmConfig"):
             GemmConfig(**bad, **base)
 
+def test_grouped_tiled_plans(monkeypatch):
+    """plan/tiled.py's grouped form on an H100 (any machine): MoE calls above the streaming kernel's
+    16 rows per expert get the tiled kernel where its prediction beats dequantize + grouped cuBLAS
+    (gpt-oss-120b prefill: 128 experts, whose bf16 weights alone would be 4.2 GB to write), and
+    dequantize + cuBLAS where few experts hold thousands of rows each; both predictions are in the
+    reasons; SwiGLU and fp8_block keep their kernels."""
+    from blockscaled.plan import tiled as plan_tiled
+    from blockscaled.plan.grouped import plan_grouped
+
+    monkeypatch.setattr(plan_tiled, "_TRITON_OK", True)
+    monkeypatch.setattr(plan_tiled, "TILED_ENABLED", True)
+    why = "mx weights: not the fp8_block Hopper kernel"
+    for fmt in ("mxfp4", "nvfp4", "mxfp8"):
+        for a in ("bfloat16", "quantized"):
+            for t in (2048, 8192):
+                p = Problem("grouped", fmt, 4 * t, 5760, 2880, a=a, grouping="contiguous", experts=128,
+                            rows_per_expert=4 * t / 128, tma=True)
+                plan = plan_grouped(p, H100_SXM, hopper_why=why)
+                assert plan.kernel == "hopper_tiled" and plan.config.dequant_a == (a == "quantized"), str(plan)
+                assert "dequantize + grouped cuBLAS: predicted" in str(plan) and plan.predicted_us > 0, str(plan)
+            masked = Problem("grouped", fmt, 32 * 256, 5760, 2880, a=a, grouping="masked", experts=32,
+                             rows_per_expert=256.0, tma=True)
+            assert plan_grouped(masked, H100_SXM, hopper_why=why).kernel == "hopper_tiled"
+    # 8 experts with 16k rows each: the dequantize pass is small against the GEMM, cuBLAS's rate wins
+    big = Problem("grouped", "mxfp4", 8 * 16384, 14336, 4096, a="bfloat16", grouping="contiguous", experts=8,
+                  rows_per_expert=16384.0, tma=True)
+    plan = plan_grouped(big, H100_SXM, hopper_why=why)
+    assert plan.kernel == "grouped_dequant_matmul" and "grouped tiled kernel" in str(plan), str(plan)
+    # decode sizes stay on the streaming kernel, SwiGLU and untileable K on their kernels
+    small = dataclasses.replace(big, m=64, rows_per_expert=8.0, n=5760, k=2880)
+    assert plan_grouped(small, H100_SXM, hopper_why=why).kernel in ("hopper_stream", "hopper_direct")
+    sw = Problem("swiglu", "mxfp4", 4096, 2880, 2880, a="bfloat16", grouping="contiguous", experts=32,
+                 rows_per_expert=128.0, dual=True, tma=True)
+    assert plan_grouped(sw, H100_SXM, hopper_why=why).kernel != "hopper_tiled"
+    odd = Problem("grouped", "mxfp4", 4096, 2880, 2880 + 16, a="bfloat16", grouping="contiguous", experts=32,
+                  rows_per_expert=128.0, tma=True)
+    assert plan_grouped(odd, H100_SXM, hopper_why=why).kernel != "hopper_tiled"
+    monkeypatch.setattr(plan_tiled, "TILED_ENABLED", False)
+    p = Problem("grouped", "mxfp4", 8192, 5760, 2880, a="bfloat16", grouping="contiguous", experts=128,
+                rows_per_expert=64.0, tma=True)
+    assert plan_grouped(p, H100_SXM, hopper_why=why).kernel != "hopper_tiled"
+
+
 
 def test_forced_sm90_mx_configs_fail_loudly_elsewhere():
     """A forced ``strategy="stream"`` / ``"tiled"`` config on operands those sm_90 kernels cannot take

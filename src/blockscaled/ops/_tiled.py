@@ -17,7 +17,7 @@ from ._launch import fast
 from ._splitk import splitk_scratch
 from ._stream import _descriptor
 
-__all__ = ["launch_tiled", "launch_tiled_xf", "TILED_FMT", "TILED_WS_MIN_STAGES"]
+__all__ = ["launch_tiled", "TILED_FMT", "TILED_WS_MIN_STAGES"]
 
 #: rings of at least this many slots run with a TMA producer warp (warp-specialised: the math warps
 #: keep one barrier of their own per step instead of four; H200 A/B, twentieth session: 1.03-1.12x
@@ -41,15 +41,6 @@ def _gluon():
 
 
 @functools.lru_cache(maxsize=None)
-def _gluon_xf():
-    """The decode-warpgroup kernel (kernels/hopper/tiled_xf.py) with direct launches, imported once."""
-    # Local and optional: the Gluon kernels fail to import on some triton versions.
-    from ..kernels.hopper.tiled_xf import tiled_xf_kernel
-
-    return fast(tiled_xf_kernel)
-
-
-@functools.lru_cache(maxsize=None)
 def _layouts(block_m: int):
     from triton.experimental.gluon import language as gl
 
@@ -60,7 +51,8 @@ def _layouts(block_m: int):
 
 
 def launch_tiled(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, w_gs, fmt_name: str, k: int,
-                 out: torch.Tensor, cfg: GemmConfig, bias: torch.Tensor | None = None, x_gs=None) -> None:
+                 out: torch.Tensor, cfg: GemmConfig, bias: torch.Tensor | None = None, x_gs=None,
+                 seg: torch.Tensor | None = None, grouping: int = 0) -> None:
     """``out [M, N] = x [M, K] @ dequantize(w).T`` (+ bias) with ``cfg`` (strategy "tiled").
 
     ``x``: bf16, K contiguous, 16-byte aligned base and row stride; ``w_data``: the packed weights
@@ -68,53 +60,57 @@ def launch_tiled(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, w
     ``[N, K / 32]`` E8M0 or ``[N, K / 16]`` e4m3 (K contiguous); ``w_gs``: nvfp4's 0-d fp32
     global scale (None otherwise); ``bias`` fp32/bf16 ``[N]`` or None; ``out``: N contiguous;
     ``x_gs``: nvfp4 W x A, the activations' 0-d global scale (``x`` is their exact dequantization
-    without it), applied in the epilogue."""
+    without it), applied in the epilogue.
+
+    Grouped (``grouping`` 1 contiguous: ``seg`` = int32 offsets [E + 1], x [sum_m, K], out
+    [sum_m, N]; 2 masked: ``seg`` = int32 counts [E], x [E, max_m, K], out [E, max_m, N]): weights
+    ``[E, N, ...]`` with scales ``[E, N, ...]`` and nvfp4 global scales 0-d or [E]; no bias, no
+    K split. Example (gpt-oss experts, bf16 tokens sorted by expert)::
+
+        launch_tiled(x, w.data, w.scale, None, "mxfp4", 2880, out,
+                     GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=5,
+                                strategy="tiled"), seg=offsets, grouping=1)
+    """
     desc_cls, kernel = _gluon()
     fmt, wpr = TILED_FMT[fmt_name]
-    m, n = out.shape
+    n = w_data.shape[-2]
     x_layout, w_layout = _layouts(cfg.block_m)
-    x_desc = _descriptor(desc_cls, x, [m, k], [x.stride(0), 1], [cfg.block_m, 64], x_layout)
-    w32 = w_data.view(torch.int32)
-    w_desc = _descriptor(desc_cls, w32, [n, k * wpr // 64], [w32.stride(0), 1], [cfg.block_n, wpr], w_layout)
-    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    if grouping == 2:  # one 2-D view each: [E * max_m, K] and [E * max_m, N] (uniform row strides)
+        e, max_m = x.shape[0], x.shape[1]
+        if x.stride(0) != max_m * x.stride(1):
+            x = x.contiguous()
+        x = x.reshape(-1, k)
+        rows_x = max_m
+    else:
+        e = w_data.shape[0] if grouping else 1
+        rows_x = x.shape[0]
+    o2 = out.reshape(-1, n) if grouping != 2 or out.stride(0) == out.shape[1] * out.stride(1) else None
+    target = o2 if o2 is not None else torch.empty(out.shape, dtype=out.dtype, device=out.device).view(-1, n)
+    m = target.shape[0]
+    x_desc = _descriptor(desc_cls, x, [x.shape[0], k], [x.stride(0), 1], [cfg.block_m, 64], x_layout)
+    w32 = w_data.reshape(-1, w_data.shape[-1]).view(torch.int32)  # [(E *) N, K'] (validated contiguous rows)
+    w_desc = _descriptor(desc_cls, w32, [w32.shape[0], k * wpr // 64], [w32.stride(0), 1], [cfg.block_n, wpr], w_layout)
+    tiles_n = triton.cdiv(n, cfg.block_n)
+    if grouping == 1:  # sum over experts of ceil(rows_e / BM) <= ceil(sum_m / BM) + E
+        tiles_m = triton.cdiv(rows_x, cfg.block_m) + e
+    elif grouping == 2:
+        tiles_m = e * triton.cdiv(rows_x, cfg.block_m)
+    else:
+        tiles_m = triton.cdiv(m, cfg.block_m)
+    tiles = tiles_m * tiles_n
     steps = triton.cdiv(k, 64)
-    per = triton.cdiv(steps, cfg.split_k)
+    per = triton.cdiv(steps, cfg.split_k if not grouping else 1)
     nsplit = triton.cdiv(steps, per)  # every split non-empty
     gs = w_gs if w_gs is not None else w_scale  # not read unless nvfp4
     part = cnt = gs
     if nsplit > 1:
         part, cnt = splitk_scratch(out.device, tiles, nsplit * tiles * cfg.block_m * cfg.block_n)
     kernel[(tiles * nsplit,)](
-        x_desc, w_desc, w_scale, gs, x_gs if x_gs is not None else gs, bias if bias is not None else gs, out, part,
-        cnt, m, n, k, per, nsplit,
-        w_scale.stride(0), out.stride(0), FMT=fmt, BN=cfg.block_n, STAGES=cfg.num_stages,
-        HAS_AGS=x_gs is not None, HAS_BIAS=bias is not None, WS=cfg.num_stages >= TILED_WS_MIN_STAGES,
-        num_warps=cfg.num_warps)
-
-
-def launch_tiled_xf(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, w_gs, fmt_name: str, k: int,
-                    out: torch.Tensor, block_m: int, block_n: int, stages: tuple[int, int, int], split_k: int,
-                    bias: torch.Tensor | None = None, x_gs=None) -> None:
-    """As :func:`launch_tiled` on the decode-warpgroup kernel (kernels/hopper/tiled_xf.py):
-    ``block_m`` 64 or 128 (one consumer warpgroup per 64 rows), ``block_n`` 128 or 256 (256: no
-    bias), ``stages`` the (activation, packed-weight, decoded-weight) ring slots, ``split_k`` K splits (lowered so that none is empty)."""
-    desc_cls = _gluon()[0]
-    kernel = _gluon_xf()
-    fmt, wpr = TILED_FMT[fmt_name]
-    m, n = out.shape
-    x_layout, w_layout = _layouts(block_m)
-    x_desc = _descriptor(desc_cls, x, [m, k], [x.stride(0), 1], [block_m, 64], x_layout)
-    w32 = w_data.view(torch.int32)
-    w_desc = _descriptor(desc_cls, w32, [n, k * wpr // 64], [w32.stride(0), 1], [block_n, wpr], w_layout)
-    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
-    steps = triton.cdiv(k, 64)
-    per = triton.cdiv(steps, split_k)
-    nsplit = triton.cdiv(steps, per)  # every split non-empty
-    gs = w_gs if w_gs is not None else w_scale  # not read unless nvfp4
-    part = cnt = gs
-    if nsplit > 1:  # one counter per consumer warpgroup's half-tile
-        part, cnt = splitk_scratch(out.device, tiles * (block_m // 64), nsplit * tiles * block_m * block_n)
-    kernel[(tiles * nsplit,)](
-        x_desc, w_desc, w_scale, gs, x_gs if x_gs is not None else gs, bias if bias is not None else gs, out, part,
-        cnt, m, n, k, per, nsplit, w_scale.stride(0), out.stride(0), FMT=fmt, BN=block_n, XSTAGES=stages[0],
-        WSTAGES=stages[1], DSTAGES=stages[2], HAS_AGS=x_gs is not None, HAS_BIAS=bias is not None, num_warps=4)
+        x_desc, w_desc, w_scale, gs, x_gs if x_gs is not None else gs, bias if bias is not None else gs, target, part,
+        cnt, rows_x if grouping else m, n, k, per, nsplit, w_scale.stride(-2), target.stride(0),
+        seg if seg is not None else gs, e, w_scale.stride(0) if grouping else 0, FMT=fmt, BN=cfg.block_n,
+        STAGES=cfg.num_stages, HAS_AGS=x_gs is not None, HAS_BIAS=bias is not None,
+        WS=cfg.num_stages >= TILED_WS_MIN_STAGES, MODE=grouping, E_POW2=triton.next_power_of_2(e) if grouping else 1,
+        GS_PER_E=w_gs is not None and w_gs.numel() > 1, num_warps=cfg.num_warps)
+    if o2 is None:
+        out.copy_(target.view(out.shape))

@@ -377,13 +377,13 @@ def _check_sm90_mx(strategy: str, a2, a_s2, fmt: Format, m: int, k: int, cfg: Ge
 
 
 def _tiled_activations(a2, a_s2, a_gs, fmt: Format, k: int, cfg: GemmConfig):
-    """(bf16 x [M, K] the kernel's TMA can read, the activations' nvfp4 global scale or None):
+    """(bf16 x [..., M, K] the kernel's TMA can read, the activations' nvfp4 global scale or None):
     quantized activations through stream_activations' exact dequantize pass (``cfg.dequant_a``,
     checked); a bf16 x whose base or row stride is not 16-byte aligned (a slice) copied."""
     if a_s2 is not None:
         x, _, x_gs = stream_activations(a2, a_s2, a_gs, fmt, k, cfg)
         return x, x_gs
-    if a2.data_ptr() % 16 or (a2.stride(0) * 2) % 16 or a2.stride(1) != 1:
+    if a2.data_ptr() % 16 or (a2.stride(-2) * 2) % 16 or a2.stride(-1) != 1:
         a2 = a2.clone(memory_format=torch.contiguous_format)  # always a fresh, aligned copy
     return a2, None
 

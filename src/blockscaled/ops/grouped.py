@@ -42,7 +42,8 @@ from .errors import OP_GROUPED_GEMM, check_metadata, check_metadata_host
 from . import _hopper
 from ._direct import launch_direct
 from ._stream import launch_stream, words_aligned
-from .gemm import _DTYPE_NAMES, _cdiv, _dequant, _eager_ok, _one, stream_activations
+from ._tiled import launch_tiled
+from .gemm import _DTYPE_NAMES, _cdiv, _dequant, _eager_ok, _one, _tiled_activations, stream_activations
 from .quantize import _pow2  # (host arithmetic, not triton's constexpr functions: ~2-5 us a call)
 from .gemm import gemm as _dense_gemm
 from ._launch import fast
@@ -339,13 +340,20 @@ def grouped_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale
         x, _, x_gs = stream_activations(a_data, a_scale, a_gs, get_format(_FMT_BY_CODE[fmt_id]), k, cfg)
         launch_direct(x, b_data, b_scale, b_gs, _FMT_BY_CODE[fmt_id], k, out, cfg, x_gs=x_gs, seg=seg,
                       grouping=grouping)
+    elif cfg.strategy == "tiled":
+        if out is None:
+            out = torch.empty(_out_shape(a_data, b_data, grouping), dtype=out_dtype, device=a_data.device)
+        x, x_gs = _tiled_activations(a_data, a_scale, a_gs, get_format(_FMT_BY_CODE[fmt_id]), k, cfg)
+        launch_tiled(x, b_data, b_scale, b_gs, _FMT_BY_CODE[fmt_id], k, out, cfg, x_gs=x_gs, seg=seg,
+                     grouping=grouping)
     elif cfg.strategy == "triton":
         if out is None:
             out = torch.empty(_out_shape(a_data, b_data, grouping), dtype=out_dtype, device=a_data.device)
         _launch_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out,
                      fmt_id, grouping, k, b_br, cfg)
     else:
-        raise ValueError(f"cfg.strategy: the grouped ops run 'triton', 'dequant_matmul', 'stream', 'direct' or a HopperConfig, "
+        raise ValueError(f"cfg.strategy: the grouped ops run 'triton', 'dequant_matmul', 'stream', 'direct', 'tiled' or a "
+                         f"HopperConfig, "
                          f"got {cfg.strategy!r}")
     _device_check(check_op, seg, out, a_data, grouping)
     return out

@@ -16,8 +16,10 @@ from ..config.hopper import HopperConfig
 from .dense import MIN_KB_PER_SPLIT, hopper_fill_stages
 from .direct import grouped_direct_config, grouped_direct_reason
 from .device import DeviceInfo
-from .stream import grouped_stream_config, grouped_stream_reason, grouped_stream_split_why
-from .grouped_portable import check_grouped_config, choose_grouped_config
+from .stream import STREAM_GROUPED_MAX_ROWS, grouped_stream_config, grouped_stream_reason, grouped_stream_split_why
+from ..config.gemm import GemmConfig
+from .grouped_portable import check_grouped_config, choose_grouped_config, dequant_matmul_reason
+from .tiled import grouped_dequant_matmul_us, grouped_tiled_config, grouped_tiled_reason, grouped_tiles_words
 from .splits import cdiv as _cdiv
 from .types import DTYPES, Plan, Problem
 
@@ -165,6 +167,23 @@ def plan_grouped(p: Problem, dev: DeviceInfo, forced=None, *, hopper_why: str | 
             f"streaming kernel, grouped (kernels/hopper/stream.py): one program per expert x 64-row tile, "
             f"an expert without rows exits at once, its rows in blocks of {cfg.block_m} (plan/stream.py, "
             f"STREAM_GROUPED_MAX_ROWS); {grouped_stream_split_why(p, cfg.block_m, dev)[1]}"))
+    if stream_why is not None and grouped_tiled_reason(p, dev, p.tma) is None:
+        cfg, t = grouped_tiled_config(p, dev)
+        dq_why = dequant_matmul_reason(p.fmt, p.grouping, out_dtype, a_dtype, p.n, p.k, dev, a_row_stride)
+        t_dq = grouped_dequant_matmul_us(p, dev) if dq_why is None else math.inf
+        tiles = grouped_tiles_words(p)
+        if t <= t_dq:
+            return Plan(p.op, backend, cfg, p, predicted_us=t, reasons=(
+                (f"{p.fmt} weight-only" if p.weight_only else f"{p.fmt} x {p.fmt} (activations dequantized to bf16 "
+                 "by one pass first)") + f" on sm_90, ~{p.rows_per_expert:g} rows per expert (above the streaming "
+                f"kernel's {STREAM_GROUPED_MAX_ROWS:g})",
+                f"tiled kernel, grouped (kernels/hopper/tiled.py): 128 x 128 tiles numbered over the experts' rows on "
+                f"the device, a decoded bf16 weight tile per 64-K step; {tiles}; predicted {t:.1f} us",
+                "dequantize + grouped cuBLAS: " + (f"predicted {t_dq:.1f} us" if dq_why is None else dq_why)))
+        return Plan(p.op, backend, GemmConfig(strategy="dequant_matmul"), p, predicted_us=t_dq, reasons=(
+            f"{p.fmt} on sm_90, ~{p.rows_per_expert:g} rows per expert",
+            f"dequantize + grouped cuBLAS bf16: predicted {t_dq:.1f} us against the grouped tiled kernel's {t:.1f} us "
+            f"({tiles}; plan/tiled.py)"))
     cfg = choose_grouped_config(p.fmt, p.rows_per_expert, p.n, p.k, dev if dev.kind == "cuda" else device,
                                 dual=p.dual, a_dtype=a_dtype, grouping=p.grouping, experts=p.experts,
                                 out_dtype=out_dtype, a_row_stride=a_row_stride)

@@ -42,7 +42,8 @@ from .stream import STREAM_MAX_M, _triton_release
 from .types import Problem
 
 __all__ = ["TILED_FORMATS", "tiled_reason", "tiled_config", "tiled_us", "dequant_matmul_us", "TILED_MIN_M",
-           "DEQUANT_MATMUL_FIX_US"]
+           "DEQUANT_MATMUL_FIX_US", "grouped_tiled_reason", "grouped_tiled_config", "grouped_dequant_matmul_us",
+           "grouped_tiles_words"]
 
 #: weight formats the kernel decodes (the streaming kernel's decode)
 TILED_FORMATS = ("mxfp4", "nvfp4", "mxfp8")
@@ -148,3 +149,64 @@ def tiled_config(p: Problem, dev: DeviceInfo) -> tuple[GemmConfig, float]:
     bm, stages = {1: (128, TILED_STAGES_1), 2: (128, TILED_STAGES_2), 3: (256, TILED_STAGES_3)}[regime]
     return GemmConfig(block_m=bm, block_n=128, block_k=64, num_warps=bm // 16, num_stages=stages, split_k=split,
                       strategy="tiled", dequant_a=not p.weight_only), t
+
+
+# ----------------------------------------------------------------------------- grouped (MoE prefill)
+# The same kernel over the experts' rows (kernels/hopper/tiled.py MODE 1 / 2): 128 x 128 tiles of
+# R1 numbered densely over the experts (M tiles from the per-expert counts on the device), no K
+# split, no bias. Its alternative there is dequantize + torch._grouped_mm / bmm, whose dequantize
+# pass writes every expert's weights in bf16 (2 bytes per element for each of E x N x K: 4.2 GB for
+# gpt-oss-120b's gate_up), which the tiled kernel never does; the portable grouped kernel ran at
+# 0.3-0.5x a per-expert cuBLAS loop there (mx-20261127-2312).
+
+
+def grouped_tiled_reason(p: Problem, dev: DeviceInfo, gluon_ok: bool) -> str | None:
+    """None when a grouped call (contiguous / masked, not SwiGLU) can take the tiled kernel."""
+    if p.op != "grouped" or p.dual or p.grouping not in ("contiguous", "masked"):
+        return "not a contiguous / masked grouped GEMM"
+    if p.fmt not in TILED_FORMATS:
+        return f"{p.fmt} weights (it takes {', '.join(TILED_FORMATS)})"
+    if not dev.is_hopper or not gluon_ok:
+        return "not an sm_90 device whose triton builds the Gluon kernels"
+    if not TILED_ENABLED or not _TRITON_OK:
+        return f"switched off (BLOCKSCALED_MX_KERNELS) or triton {'.'.join(map(str, _triton_release()))} unchecked"
+    if p.a not in TILED_ACTIVATIONS:
+        return f"{p.a} activations (it takes bf16 or quantized {p.fmt})"
+    if p.k % 32 or p.k <= 0:
+        return f"K = {p.k} not a positive multiple of 32 (16-byte TMA rows of packed e2m1)"
+    if not p.tma:
+        return "weights not 16-byte aligned for TMA"
+    return None
+
+
+def _grouped_m_tiles(p: Problem, bm: int = 128) -> int:
+    """Expected M tiles: the experts holding rows (at most the rows) x their tiles at the mean."""
+    rpe = max(p.rows_per_expert, 1.0)
+    active = min(p.experts, max(p.m, 1)) if p.grouping == "contiguous" else p.experts
+    return active * math.ceil(rpe / bm)
+
+
+def grouped_tiles_words(p: Problem) -> str:
+    """The expected tile grid in words (for the plan's reasons)."""
+    return f"~{_grouped_m_tiles(p)} M tiles x {-(-p.n // 128)} N tiles"
+
+
+def grouped_tiled_config(p: Problem, dev: DeviceInfo) -> tuple[GemmConfig, float]:
+    """(R1's config without a split, its predicted us: rounds of tiles x steps x TILED_STEP_US, the
+    activations' dequantize pass included for W x A)."""
+    steps = -(-p.k // 64)
+    programs = _grouped_m_tiles(p) * -(-p.n // 128)
+    t = math.ceil(programs / dev.sm_count) * steps * TILED_STEP_US[p.fmt]
+    if not p.weight_only:
+        t += _dequant_bytes(p.fmt, p.m, p.k) / (dev.mem_bw * DEQUANT_EFF[p.fmt]) * 1e6
+    return GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=TILED_STAGES_1, split_k=1,
+                      strategy="tiled", dequant_a=not p.weight_only), t
+
+
+def grouped_dequant_matmul_us(p: Problem, dev: DeviceInfo) -> float:
+    """Predicted dequantize (every expert's weights; the activations too for W x A) + grouped
+    cuBLAS bf16 time, as :func:`dequant_matmul_us` for the dense call."""
+    dq = p.experts * _dequant_bytes(p.fmt, p.n, p.k) + (0 if p.weight_only else _dequant_bytes(p.fmt, p.m, p.k))
+    w_bytes = p.experts * p.n * p.k * 2
+    mm = max(2.0 * p.m * p.n * p.k / _BF16_FLOPS, (w_bytes + p.m * p.k * 2 + p.m * p.n * p.out_bytes) / dev.mem_bw)
+    return (dq / (dev.mem_bw * DEQUANT_EFF[p.fmt]) + mm) * 1e6 + DEQUANT_MATMUL_FIX_US

@@ -38,6 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from ._compat import cta_barrier, tma_load
 from .stream import _DECODE_E4M3, _DECODE_MX, _DECODE_NV, _FMT_MXFP8, _FMT_NVFP4, _scale_factor, _splitk_sum_store
+from .wide import _segments
 
 __all__ = ["tiled_kernel", "BLOCK_K", "word_layouts"]
 
@@ -118,7 +119,7 @@ def _load_step(x_desc, w_desc, x_bufs, w_bufs, bars, slot, off_m, w_row, kstep, 
 
 
 @gluon.jit
-def _tiled_producer(x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, off_n, k_lo, n_k, WPR: gl.constexpr,
+def _tiled_producer(x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, w_row, k_lo, n_k, WPR: gl.constexpr,
                     STAGES: gl.constexpr):
     """TMA producer (1 warp): the activation and packed-weight boxes of each K step into ring slot
     ``it % STAGES`` once the consumers released it (``empty``), tracked by the slot's ``ready``."""
@@ -129,17 +130,20 @@ def _tiled_producer(x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, off_n, 
         bar = ready.index(s)
         mbarrier.expect(bar, x_desc.block_type.nbytes + w_desc.block_type.nbytes)
         tma_load(x_desc, [off_m, (k_lo + it) * BLOCK_K], bar, x_bufs.index(s))
-        tma_load(w_desc, [off_n, (k_lo + it) * WPR], bar, w_bufs.index(s))
+        tma_load(w_desc, [w_row, (k_lo + it) * WPR], bar, w_bufs.index(s))
 
 
 @gluon.jit
 def _tiled_consumer(x_desc, w_desc, x_bufs, w_bufs, wd_bufs, ready, empty, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr,
-                    part_ptr, cnt_ptr, M, N, K, SPLIT, stride_wsn, stride_cm, tile, sp, off_m, off_n, k_lo, n_k,
-                    FMT: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-                    HAS_AGS: gl.constexpr, HAS_BIAS: gl.constexpr, WS: gl.constexpr, num_warps: gl.constexpr):
+                    part_ptr, cnt_ptr, row_end, N, K, SPLIT, stride_wsn, stride_cm, tile, sp, off_m, off_n, w_row, e,
+                    stride_wse, k_lo, n_k, FMT: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+                    STAGES: gl.constexpr, HAS_AGS: gl.constexpr, HAS_BIAS: gl.constexpr, WS: gl.constexpr,
+                    GS_PER_E: gl.constexpr, num_warps: gl.constexpr):
     """The math warps (two warpgroups): per K step, decode the weight slot into a bf16 buffer, one
     wgmma per warpgroup left in flight, and free the slot of step i - 2 (WS: release it to the
-    producer warp; else refill it here); then the epilogue."""
+    producer warp; else refill it here); then the epilogue (rows below ``row_end``: M, or the end
+    of the tile's expert). ``w_row``: the weight tile's first row in the 2-D view of the packed
+    weights, ``e``: its expert (grouped modes; 0 dense)."""
     NS: gl.constexpr = 2 if FMT != _FMT_NVFP4 else 4  # scale blocks per row and step
     WPR: gl.constexpr = 16 if FMT == _FMT_MXFP8 else 8  # int32 words per row and step
     WPS: gl.constexpr = WPR // NS
@@ -152,7 +156,7 @@ def _tiled_consumer(x_desc, w_desc, x_bufs, w_bufs, wd_bufs, ready, empty, ws_pt
     # the scales of a thread's rows and blocks, one step ahead (a global load per step)
     sr = gl.arange(0, BN, layout=gl.SliceLayout(1, SL))
     sc = gl.arange(0, NS, layout=gl.SliceLayout(0, SL))
-    srow = (off_n + gl.minimum(sr, N - 1 - off_n)).to(gl.int64)[:, None] * stride_wsn
+    srow = e.to(gl.int64) * stride_wse + (off_n + gl.minimum(sr, N - 1 - off_n)).to(gl.int64)[:, None] * stride_wsn
     ncol = gl.cdiv(K, SPB)
     f_cur = _scale_factor(ws_ptr, srow, (k_lo * NS + sc)[None, :], ncol, FMT)
 
@@ -173,7 +177,7 @@ def _tiled_consumer(x_desc, w_desc, x_bufs, w_bufs, wd_bufs, ready, empty, ws_pt
         if WS:
             mbarrier.arrive(empty.index((i + STAGES - 2) % STAGES), count=1, pred=i >= 2)
         else:
-            _load_step(x_desc, w_desc, x_bufs, w_bufs, ready, (i + STAGES - 2) % STAGES, off_m, off_n,
+            _load_step(x_desc, w_desc, x_bufs, w_bufs, ready, (i + STAGES - 2) % STAGES, off_m, w_row,
                        k_lo + i - 2 + STAGES, WPR, (i >= 2) & (i - 2 + STAGES < n_k))
         acc = warpgroup_mma(x_bufs.index(s), wd.permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
@@ -181,7 +185,10 @@ def _tiled_consumer(x_desc, w_desc, x_bufs, w_bufs, wd_bufs, ready, empty, ws_pt
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
 
     if FMT == _FMT_NVFP4:
-        gb = gl.load(gs_ptr).to(gl.float32)
+        if GS_PER_E:
+            gb = gl.load(gs_ptr + e).to(gl.float32)
+        else:
+            gb = gl.load(gs_ptr).to(gl.float32)
         if HAS_AGS:
             gb = gb * gl.load(ags_ptr).to(gl.float32)
         acc = acc * gl.div_rn(gl.full([], 256.0, gl.float32), gb)
@@ -192,7 +199,7 @@ def _tiled_consumer(x_desc, w_desc, x_bufs, w_bufs, wd_bufs, ready, empty, ws_pt
     out_l: gl.constexpr = mma_l
     rows = gl.arange(0, BM, layout=gl.SliceLayout(1, out_l))
     cols = gl.arange(0, BN, layout=gl.SliceLayout(0, out_l))
-    mask = (rows < M - off_m)[:, None] & (cols < N - off_n)[None, :]
+    mask = (rows < row_end - off_m)[:, None] & (cols < N - off_n)[None, :]
     c_ptrs = c_ptr + (off_m + rows).to(gl.int64)[:, None] * stride_cm + (off_n + cols)[None, :]
     if HAS_BIAS:
         bias = gl.load(bias_ptr + off_n + cols, mask=cols < N - off_n, other=0.0).to(gl.float32)[None, :]
@@ -214,16 +221,26 @@ PRODUCER_REGS = gl.constexpr(40)
 
 @gluon.jit(do_not_specialize=["M", "ks_per_split"])
 def tiled_kernel(x_desc, w_desc, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_ptr, cnt_ptr, M, N, K, ks_per_split, SPLIT,
-                 stride_wsn, stride_cm, FMT: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-                 HAS_AGS: gl.constexpr, HAS_BIAS: gl.constexpr, WS: gl.constexpr, num_warps: gl.constexpr):
-    """One program per (BM x BN output tile, K split), tiles N-major within a column of M tiles
+                 stride_wsn, stride_cm, seg_ptr, E, stride_wse, FMT: gl.constexpr, BN: gl.constexpr,
+                 STAGES: gl.constexpr, HAS_AGS: gl.constexpr, HAS_BIAS: gl.constexpr, WS: gl.constexpr,
+                 MODE: gl.constexpr, E_POW2: gl.constexpr, GS_PER_E: gl.constexpr, num_warps: gl.constexpr):
+    """One program per (BM x BN output tile, K split), tiles N-major within a row of M tiles
     (consecutive programs share the activation rows). ``x_desc``: TMA boxes [BM, 64] of bf16 x
     [M, K]; ``w_desc``: boxes [BN, 64 elements] of the packed weights as int32 [N, K / 8] (e2m1) or
     [N, K / 4] (e4m3); ``ws_ptr``: E8M0 [N, K / 32] (mx) or e4m3 [N, K / 16] (nvfp4) scales, row
     stride ``stride_wsn``; ``gs_ptr``: nvfp4's fp32 global scale (any pointer otherwise); ``ags_ptr``
     (HAS_AGS, nvfp4 W x A): the activations' fp32 global scale (they were dequantized exactly without it);
     ``bias_ptr`` [N] (HAS_BIAS); ``c_ptr`` [M, N] (N contiguous); ``part_ptr`` / ``cnt_ptr``: fp32
-    [SPLIT, tiles, BM, BN] and int32 zeros [tiles] (SPLIT > 1). Every split non-empty (the host)."""
+    [SPLIT, tiles, BM, BN] and int32 zeros [tiles] (SPLIT > 1). Every split non-empty (the host).
+
+    Grouped (MODE 1 contiguous: ``seg_ptr`` = offsets [E + 1] of the experts' rows in x [M, K];
+    MODE 2 masked: ``seg_ptr`` = row counts [E], x the 2-D view [E * M, K] of [E, M, K]): the
+    weights are the 2-D views [E * N, K / 8 | K / 4] and their scales expert ``e`` at
+    ``e * stride_wse``; the M tiles are numbered densely over the experts' rows from the counts on
+    the device (no host sync; ``wide._segments``), the grid covers an upper bound and programs past
+    the real count run no K step and store nothing; a tile's rows past its expert's are computed
+    (the next expert's activations) and masked at the store. ``GS_PER_E``: nvfp4 global scales [E].
+    The grouped modes take no bias and no K split."""
     BM: gl.constexpr = x_desc.block_type.shape[0]
     gl.static_assert(BM == 16 * num_warps, "one warpgroup per 64 rows")
     gl.static_assert(STAGES >= 3, "the slot of step i - 2 is refilled at step i")
@@ -234,11 +251,27 @@ def tiled_kernel(x_desc, w_desc, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_
     tile = pid // SPLIT
     sp = pid % SPLIT
     tiles_n = gl.cdiv(N, BN)
-    off_m = (tile // tiles_n) * BM
+    pid_m = tile // tiles_n
     off_n = (tile % tiles_n) * BN
     num_k = gl.cdiv(K, BLOCK_K)
     k_lo = sp * ks_per_split
     n_k = gl.minimum(ks_per_split, num_k - k_lo)
+    if MODE == 0:
+        off_m = pid_m * BM
+        row_end = M
+        e = pid_m * 0
+        w_row = off_n
+    else:
+        seg_l: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+        oe, lo, hi, cum = _segments(seg_ptr, M, E, MODE, E_POW2, BM, seg_l)
+        e = gl.sum((cum <= pid_m).to(gl.int32), 0)
+        valid = e < E
+        e = gl.minimum(e, E - 1)  # a program past the tiles: any expert, no K step, nothing stored
+        tile0 = gl.sum(gl.where(oe == e - 1, cum, 0), 0)  # M tiles of the experts before e
+        off_m = gl.sum(gl.where(oe == e, lo, 0), 0) + (pid_m - tile0) * BM
+        row_end = gl.where(valid, gl.sum(gl.where(oe == e, hi, 0), 0), off_m)
+        n_k = gl.where(valid, n_k, 0)
+        w_row = e * N + off_n
 
     x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BLOCK_K], x_desc.layout)
     w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES, BN, WPR], w_desc.layout)
@@ -251,19 +284,21 @@ def tiled_kernel(x_desc, w_desc, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_
     if WS:
         gl.warp_specialize([
             (_tiled_consumer, (x_desc, w_desc, x_bufs, w_bufs, wd_bufs, ready, empty, ws_ptr, gs_ptr, ags_ptr, bias_ptr,
-                               c_ptr, part_ptr, cnt_ptr, M, N, K, SPLIT, stride_wsn, stride_cm, tile, sp, off_m, off_n,
-                               k_lo, n_k, FMT, BM, BN, STAGES, HAS_AGS, HAS_BIAS, True, num_warps)),
-            (_tiled_producer, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, off_n, k_lo, n_k, WPR, STAGES)),
+                               c_ptr, part_ptr, cnt_ptr, row_end, N, K, SPLIT, stride_wsn, stride_cm, tile, sp, off_m,
+                               off_n, w_row, e, stride_wse, k_lo, n_k, FMT, BM, BN, STAGES, HAS_AGS, HAS_BIAS, True,
+                               GS_PER_E, num_warps)),
+            (_tiled_producer, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, w_row, k_lo, n_k, WPR, STAGES)),
         ], [1], [PRODUCER_REGS])
         # no mbarrier.invalidate after the warp-specialised region (as kernels/hopper/wide.py: nothing
         # reuses the barrier memory, and the invalidates raced with the partition-switch loop there)
     else:
         # the math warps issue the TMA loads themselves: the ring filled here, then one refill per step
         for i in gl.static_range(STAGES):
-            _load_step(x_desc, w_desc, x_bufs, w_bufs, ready, i, off_m, off_n, k_lo + i, WPR, i < n_k)
+            _load_step(x_desc, w_desc, x_bufs, w_bufs, ready, i, off_m, w_row, k_lo + i, WPR, i < n_k)
         _tiled_consumer(x_desc, w_desc, x_bufs, w_bufs, wd_bufs, ready, empty, ws_ptr, gs_ptr, ags_ptr, bias_ptr,
-                        c_ptr, part_ptr, cnt_ptr, M, N, K, SPLIT, stride_wsn, stride_cm, tile, sp, off_m, off_n, k_lo,
-                        n_k, FMT, BM, BN, STAGES, HAS_AGS, HAS_BIAS, False, num_warps)
+                        c_ptr, part_ptr, cnt_ptr, row_end, N, K, SPLIT, stride_wsn, stride_cm, tile, sp, off_m, off_n,
+                        w_row, e, stride_wse, k_lo, n_k, FMT, BM, BN, STAGES, HAS_AGS, HAS_BIAS, False, GS_PER_E,
+                        num_warps)
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(i))
             mbarrier.invalidate(empty.index(i))
