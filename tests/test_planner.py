@@ -563,6 +563,16 @@ def test_grouped_tiled_plans(monkeypatch):
     odd = Problem("grouped", "mxfp4", 4096, 2880, 2880 + 16, a="bfloat16", grouping="contiguous", experts=32,
                   rows_per_expert=128.0, tma=True)
     assert plan_grouped(odd, H100_SXM, hopper_why=why).kernel != "hopper_tiled"
+    # config= forces it where it can run, with the plan's dequant_a; refuses with the reason elsewhere
+    cfg = GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=5, strategy="tiled")
+    forced = plan_grouped(dataclasses.replace(big, a="quantized"), H100_SXM, cfg, hopper_why=why)
+    assert forced.kernel == "hopper_tiled" and forced.config.dequant_a and "forced" in str(forced)
+    with pytest.raises(ValueError, match="'tiled' cannot run this grouped call: K = 2896"):
+        plan_grouped(odd, H100_SXM, cfg, hopper_why=why)
+    with pytest.raises(ValueError, match="'tiled' cannot run this grouped call: not an sm_90"):
+        plan_grouped(dataclasses.replace(big, interpret=True), CPU_INTERPRETER, cfg, hopper_why=why)
+    with pytest.raises(ValueError, match="config.split_k"):
+        plan_grouped(big, H100_SXM, dataclasses.replace(cfg, split_k=2), hopper_why=why)
     monkeypatch.setattr(plan_tiled, "TILED_ENABLED", False)
     p = Problem("grouped", "mxfp4", 8192, 5760, 2880, a="bfloat16", grouping="contiguous", experts=128,
                 rows_per_expert=64.0, tma=True)

@@ -7,6 +7,7 @@ portable grouped kernel or dequantize + cuBLAS (plan/grouped_portable.py).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -145,6 +146,8 @@ def plan_grouped(p: Problem, dev: DeviceInfo, forced=None, *, hopper_why: str | 
             reasons.append(f"tail split {cfg.tail_split}: the last partial wave's tiles in K ranges "
                            "(decided on the device from the real tile count)")
         return Plan(p.op, backend, cfg, p, reasons=tuple(reasons))
+    if forced is not None and (forced.get("strategy") if isinstance(forced, dict) else forced.strategy) == "tiled":
+        return _forced_tiled(p, dev, forced, backend)
     if forced is not None:
         cfg = check_grouped_config(forced, p.fmt, a_dtype=a_dtype, grouping=p.grouping, out_dtype=out_dtype,
                                    n=p.n, k=p.k, device=device, a_row_stride=a_row_stride)
@@ -194,6 +197,20 @@ def plan_grouped(p: Problem, dev: DeviceInfo, forced=None, *, hopper_why: str | 
     first = (f"the Hopper kernel cannot take it: {hopper_why}" if hopper_why else
              f"dense SwiGLU below {SWIGLU_HOPPER_MIN_M} rows: the portable kernel measured faster")
     return Plan(p.op, backend, cfg, p, reasons=(first, why))
+
+
+def _forced_tiled(p: Problem, dev: DeviceInfo, forced, backend: str) -> Plan:
+    """``config=`` with ``strategy="tiled"`` on a grouped call: the grouped tiled kernel with those
+    tiles where it can run (else ValueError with the reason); activations dequantized first for
+    W x A whatever ``dequant_a`` says (the kernel reads bf16)."""
+    why = grouped_tiled_reason(p, dev, p.tma)
+    if why is not None:
+        raise ValueError(f"config.strategy: 'tiled' cannot run this grouped call: {why}")
+    cfg = forced if isinstance(forced, GemmConfig) else GemmConfig(**forced)
+    if cfg.split_k != 1:
+        raise ValueError(f"config.split_k: the grouped tiled kernel does not split K, got {cfg.split_k}")
+    cfg = dataclasses.replace(cfg, dequant_a=not p.weight_only)
+    return Plan(p.op, backend, cfg, p, reasons=("forced by config=",))
 
 
 def plan_grouped_list(p: Problem, dev: DeviceInfo, forced=None) -> Plan:

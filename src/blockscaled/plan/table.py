@@ -50,6 +50,12 @@ def dispatch_table(dev: DeviceInfo = H100_SXM) -> str:
                     dual=dual)
         plan = plan_grouped(p, dev)
         lines.append(f"| {op} {grouping} E={e} x {rows} rows, N={n} K={k} | {plan.describe()} |")
+    lines += ["", "| grouped mxfp4 weight-only (gpt-oss-120b gate_up: E=128, N=5760, K=2880) | plan |", "|---|---|"]
+    for rows in (2, 16, 64, 256):
+        p = Problem("grouped", "mxfp4", 128 * rows, 5760, 2880, a="bfloat16", b_block_rows=1, grouping="contiguous",
+                    experts=128, rows_per_expert=float(rows))
+        plan = plan_grouped(p, dev, hopper_why="mxfp4 weights")
+        lines.append(f"| {rows} rows per expert (T = {32 * rows} tokens, top-4) | {plan.describe()} |")
     return "\n".join(lines) + "\n"
 
 
