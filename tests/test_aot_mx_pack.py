@@ -82,14 +82,27 @@ for fp4 in (True, False):
     ptx = k.asm["ptx"]
     out["fp4" if fp4 else "fp8"] = {"cvt_e4m3": ptx.count("e4m3x2"), "atom": ptx.count("atom.global"),
                                     "ex2": ptx.count("ex2.approx")}
+from blockscaled.kernels.triton.mx_pack import mx_quantize_encode_kernel
+for xdt in ("bf16", "fp32"):
+    sig = {"x_ptr": f"*{xdt}", "d_ptr": "*fp8e4nv", "o_ptr": "*fp32", "f_ptr": "*i32", "M": "i32", "K": "i32",
+           "NBLK": "i32", "stride_xm": "i32", "stride_dm": "i32", "stride_om": "i32", "ROUND": "constexpr",
+           "LIMIT": "constexpr", "HEAD": "constexpr", "BLOCK_R": "constexpr", "GROUPS": "constexpr",
+           "GPU": "constexpr", "HW_CVT": "constexpr"}
+    k = triton.compile(triton.compiler.ASTSource(mx_quantize_encode_kernel, sig, constexprs={
+        "ROUND": 1, "LIMIT": 14, "HEAD": 6, "BLOCK_R": 16, "GROUPS": 4, "GPU": True, "HW_CVT": True}),
+        target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    ptx = k.asm["ptx"]
+    out["fused_" + xdt] = {"cvt_e4m3": ptx.count("e4m3x2"), "atom": ptx.count("atom.global"),
+                           "ex2": ptx.count("ex2.approx"), "ld_packed": ptx.count("ld.global.u8") + ptx.count("ld.global.b8")}
 print(json.dumps(out))
 '''
 
 
 @pytest.mark.timeout(300)
 def test_encoder_compiles_for_sm90():
-    """The encoder builds for sm_90a: hardware e4m3 conversions, the flags' atomic max, and no
-    ex2 (scales come from their bits: ex2.approx flushes the subnormal 2^-127)."""
+    """The encoder and the fused quantize-encode kernel (bf16 / fp32 activations) build for sm_90a:
+    hardware e4m3 conversions, the flags' atomic max, and no ex2 (scales come from their bits:
+    ex2.approx flushes the subnormal 2^-127)."""
     c = run_compile_script(_AOT_ENC)
-    for key in ("fp4", "fp8"):
+    for key in ("fp4", "fp8", "fused_bf16", "fused_fp32"):
         assert c[key]["cvt_e4m3"] >= 1 and c[key]["atom"] >= 1 and c[key]["ex2"] == 0, (key, c[key])

@@ -484,3 +484,44 @@ def test_encoder_ignores_the_pad_nibble():
         got = ops_mx.encode_mx_activations(qp)
         assert torch.equal(got[1].view(torch.int32), ref[1].view(torch.int32)) and torch.equal(got[2], ref[2])
         assert _same_values(got[0], ref[0])
+
+
+@pytest.mark.parametrize("m,k", [(5, 128), (17, 320), (3, 2880), (33, 4160), (2, 100), (4, 33), (0, 64), (3, 0)])
+def test_quantize_encode_is_the_two_passes(m, k, path):
+    """The fused quantize-and-encode pass (ops/mx_pack.quantize_encode) gives bitwise what the
+    quantizer then the encoder give: bf16 and fp32 inputs, both roundings, a row with a wide
+    exponent span (flagged), an empty row, a NaN (flagged, NaN scales), K tails (odd K too)."""
+    from blockscaled.formats import ScaleRounding
+    from blockscaled.testing.inputs import randn_like_activations
+
+    for dt in (torch.bfloat16, torch.float32):
+        x = randn_like_activations(m, k, device="cpu", seed=m + k).to(dt) if m and k else torch.zeros(m, k, dtype=dt)
+        if m > 3 and k >= 64:
+            x[1, :64] *= 2.0 ** 20
+            x[2] = 0
+            x[3, 5] = float("nan")
+        for rnd in (ScaleRounding.RCEIL, ScaleRounding.FLOOR):
+            got = ops_mx.quantize_encode(x, rnd)
+            two = ops_mx.encode_mx_activations(bs.quantize(x, "mxfp4", rounding=rnd))
+            assert torch.equal(got[0].view(torch.uint8), two[0].view(torch.uint8)), (dt, rnd)
+            assert torch.equal(got[1].view(torch.int32), two[1].view(torch.int32)), (dt, rnd)
+            assert torch.equal(got[2], two[2]), (dt, rnd)
+            if m > 3 and k >= 64:
+                assert got[2].tolist()[:4] == [0, 1, 0, 1]
+    with pytest.raises(ValueError, match=r"x: expected a 2-D \[M, K\] tensor"):
+        ops_mx.quantize_encode(torch.zeros(2, 3, 64))
+
+
+def test_packed_linear_is_the_two_pass_call(path):
+    """ops/mx_linear.packed_linear (a prepacked layer's forward) off sm_90 runs exactly
+    ``gemm(quantize(x, "mxfp4"), w8)``: the same tensor, [..., K] inputs, a bias, fp32 output."""
+    from blockscaled.ops.mx_linear import packed_linear
+
+    torch.manual_seed(1)
+    w8 = bs.layouts.mxfp4_to_fp8_block(bs.quantize(torch.randn(192, 256) * 0.05, "mxfp4"))
+    x = torch.randn(2, 3, 256, dtype=torch.bfloat16)
+    bias = torch.randn(192)
+    for b, dt in ((None, torch.bfloat16), (bias, torch.float32)):
+        y = packed_linear(x, w8, b, out_dtype=dt)
+        ref = bs.gemm(bs.quantize(x.reshape(6, 256), "mxfp4"), w8, dt, bias=b).reshape(2, 3, 192)
+        assert y.shape == (2, 3, 192) and y.dtype == dt and torch.equal(y, ref)

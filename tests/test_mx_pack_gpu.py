@@ -109,3 +109,46 @@ def test_linear_prepack_on_the_gpu():
         assert_gemm_close(y, ref, "mxfp4", torch.bfloat16, what=f"M={m}")
     rep = bs.warmup(q, max_tokens=4096, progress=False)
     assert any(e[0].endswith("(fp8_block copy)") for e in rep.entries), str(rep)
+
+
+def test_fused_quantize_encode_and_packed_linear():
+    """The fused quantize-and-encode pass is bitwise the quantizer then the encoder on the GPU (bf16
+    and fp32 inputs, a flagged row, a NaN, K tails); packed_linear (a prepacked layer's forward)
+    gives bitwise the two-pass ``gemm(quantize(x), w8)``, with a bias and [..., K] inputs, inside
+    a CUDA graph too; the prepacked nn.Linear's large-M forward is that call."""
+    import blockscaled.nn as bsnn
+    from blockscaled.ops.mx_linear import packed_linear
+    from blockscaled.testing.inputs import randn_like_activations
+
+    for m, k in ((1, 128), (300, 2880), (77, 4160), (64, 100), (2048, 14336)):
+        x = randn_like_activations(m, k, device="cuda", seed=m + k)
+        if m > 3:
+            x[1, :64] *= 2.0 ** 20
+            x[3, 5] = float("nan")
+        for xx in (x, x.float()):
+            got = ops_mx.quantize_encode(xx)
+            two = ops_mx.encode_mx_activations(bs.quantize(xx, "mxfp4"))
+            assert torch.equal(got[0].view(torch.uint8), two[0].view(torch.uint8)), (m, k)
+            assert torch.equal(got[1].view(torch.int32), two[1].view(torch.int32)), (m, k)
+            assert torch.equal(got[2], two[2]), (m, k)
+    torch.manual_seed(1)
+    w8 = bs.layouts.mxfp4_to_fp8_block(bs.quantize(torch.randn(520, 2880, device="cuda") * 0.05, "mxfp4"))
+    bias = torch.randn(520, device="cuda")
+    x = torch.randn(3, 100, 2880, dtype=torch.bfloat16, device="cuda")
+    for b, dt in ((None, torch.bfloat16), (bias, torch.float32)):
+        with observe_plans() as plans:
+            y = packed_linear(x, w8, b, out_dtype=dt)
+        assert isinstance(plans[-1].config, HopperConfig) and plans[-1].problem.a_fmt == "mxfp4", plans
+        ref = bs.gemm(bs.quantize(x.reshape(300, 2880), "mxfp4"), w8, dt, bias=b).reshape(3, 100, 520)
+        assert torch.equal(y, ref)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        yg = packed_linear(x, w8, bias, out_dtype=torch.float32)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    assert torch.equal(yg, packed_linear(x, w8, bias, out_dtype=torch.float32))
+    lin = torch.nn.Linear(2880, 520, bias=True, dtype=torch.bfloat16, device="cuda")
+    q = bsnn.Linear.from_linear(lin, "mxfp4")
+    assert q.prepack() is None
+    xl = torch.randn(4096, 2880, dtype=torch.bfloat16, device="cuda")
+    assert torch.equal(q(xl), packed_linear(xl, q.packed_weight, q.bias, out_dtype=torch.bfloat16))

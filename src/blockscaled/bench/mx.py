@@ -12,8 +12,9 @@ in three modes, all against cuBLAS bf16 on the weight dequantized ahead of time 
   ``packed``       mxfp4 at M >= PACKED_MIN_M: ``bs.gemm(qa, w8)`` with ``w8 =
                    bs.layouts.mxfp4_to_fp8_block(w)`` (the mixed pair on the FP8 tensor cores,
                    plan/mx_packed.py; packing outside the timing), W x A on mxfp4 activations
-  ``packed-linear`` the same with the activation quantizer: ``bs.gemm(bs.quantize(x, "mxfp4"), w8)``,
-                   what a prepacked ``nn.Linear`` runs at these M (E2E)
+  ``packed-linear`` the same from bf16 ``x``, as a prepacked ``nn.Linear`` runs it at these M (E2E):
+                   ``ops.mx_linear.packed_linear(x, w8)``, one fused quantize-and-encode pass and
+                   the GEMM (the numbers of ``bs.gemm(bs.quantize(x, "mxfp4"), w8)``)
 
 MoE cases (kind ``mx-moe``): contiguous ``bs.grouped_gemm`` with skewed routing
 (:func:`blockscaled.bench.suites.skewed_routing`), ``weight-only`` (bf16 activations: the
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from ..layouts import mxfp4_to_fp8_block
+from ..ops.mx_linear import packed_linear
 from ..reference.quantize import dequantize as deq
 from ..reference.quantize import quantize as ref_quantize
 from .baselines import GemmInputs, GroupedInputs
@@ -150,8 +152,8 @@ def _run_packed(r, case, fmt, ops, inputs, qa0, refs, ob, xb) -> None:
         r._measure(case, fmt, "packed", OURS, lambda a, w: g(a, w, out_dtype=dt),
                    [(i.qa, w) for i, w in zip(inputs, w8s)], Count(2 * m * n * k, qa0.nbytes() + w8b + ob),
                    r._check_close(fmt, lambda: refs("qa")))
-    if "packed-linear" in ops:
-        r._measure(case, fmt, "packed-linear", OURS, lambda x, w: g(q(x, fmt), w, out_dtype=dt),
+    if "packed-linear" in ops:  # what a prepacked nn.Linear runs: one fused quantize-encode pass, the GEMM
+        r._measure(case, fmt, "packed-linear", OURS, lambda x, w: packed_linear(x, w, out_dtype=dt),
                    [(i.x, w) for i, w in zip(inputs, w8s)], Count(2 * m * n * k, xb + w8b + ob),
                    r._check_close(fmt, lambda: refs("e2e")))
 

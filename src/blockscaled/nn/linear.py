@@ -9,7 +9,7 @@ import torch
 from .._checks import check_flag, check_size, resolve_block, resolve_rounding
 from ..formats import Format, ScaleRounding, get_format
 from ..ops._hopper import gluon_unavailable_reason
-from ..ops.gemm import gemm as _gemm
+from ..ops.mx_linear import packed_linear as _packed_linear
 from ..ops.linear import linear as _linear
 from ..plan.device import device_info
 from ..plan.mx_packed import prefer_packed
@@ -289,9 +289,7 @@ class Linear(torch.nn.Module):
             m = x.numel() // self.in_features
             if prefer_packed(self.format.name, m, self.out_features, self.in_features, _DTYPE_NAMES[x.dtype],
                              self.bias is not None, device_info(x.device), gluon_unavailable_reason() is None):
-                a = _quantize(x, self.format, block=(1, self.format.block_k), rounding=self.rounding,
-                              check_range=False)
-                return _gemm(a, packed, x.dtype, bias=self.bias)
+                return _packed_linear(x, packed, self.bias, out_dtype=x.dtype, rounding=self.rounding)
         return _linear(x, self.weight, self.bias, weight_only=self.weight_only, out_dtype=x.dtype)
 
     # --- the packed copy (MX weights on Hopper's FP8 tensor cores) -----------------------

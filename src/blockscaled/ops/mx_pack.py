@@ -8,11 +8,13 @@ import torch
 import triton
 
 from .. import _checks
-from ..kernels.triton.mx_pack import mx_encode_kernel
+from ..formats import ScaleRounding, get_format
+from ..kernels.triton.mx_pack import mx_encode_kernel, mx_quantize_encode_kernel
 from ..reference import mx_pack as _ref
 from ..tensor import ScaledTensor
+from .quantize import _ROUND_CODE, GPU_HW_CVT
 
-__all__ = ["encode_mx_activations", "encode_raw"]
+__all__ = ["encode_mx_activations", "encode_raw", "quantize_encode"]
 
 #: rows per program of the encoder (16 rows x one 128-K group = 2048 elements per step, 4 warps)
 _ENCODE_ROWS = 16
@@ -57,4 +59,44 @@ def encode_raw(data: torch.Tensor, scale: torch.Tensor, fmt: str, k: int):
         data, scale, out, osc, flag, m, k, scale.shape[1], data.stride(0), scale.stride(0), out.stride(0),
         osc.stride(0), FP4=fp4, LIMIT=_ref.SPAN if fp4 else 0, HEAD=_ref.HEADROOM if fp4 else 0,
         BLOCK_R=_ENCODE_ROWS, GROUPS=_ENCODE_GROUPS, num_warps=4)
+    return out, osc, flag
+
+
+def _outputs(m: int, k: int, dev):
+    kb = triton.cdiv(k, 128)
+    return (torch.empty((m, k), dtype=torch.float8_e4m3fn, device=dev),
+            torch.empty((m, 4 * kb), dtype=torch.float32, device=dev), torch.zeros((m,), dtype=torch.int32, device=dev))
+
+
+def quantize_encode(x: torch.Tensor, rounding: ScaleRounding | None = None):
+    """``encode_mx_activations(quantize(x, "mxfp4", rounding=rounding))`` in one pass (bitwise the
+    same three tensors): ``x`` bf16 / fp16 / fp32 ``[M, K]`` (unit K stride) -> e4m3 ``[M, K]``, fp32
+    ``[M, 4 * ceil(K/128)]``, int32 flags ``[M]``. The mxfp4 numbers and the packed weight's FP8
+    tensor cores without the packed activations' round trip through memory (one read of ``x``,
+    one write of the encoded form; two passes read and wrote ~1.9x those bytes). ``rounding``: the
+    E8M0 scale rounding (None: mxfp4's default). CUDA or the interpreter; elsewhere the two
+    reference passes.
+
+    Example::
+
+        data, scale, flag = quantize_encode(torch.randn(64, 2880, dtype=torch.bfloat16, device="cuda"))
+    """
+    if x.ndim != 2:
+        raise ValueError(f"x: expected a 2-D [M, K] tensor, got shape {tuple(x.shape)}")
+    rounding = get_format("mxfp4").default_rounding if rounding is None else rounding
+    m, k = x.shape
+    if not (x.device.type == "cuda" or _checks.INTERPRET):
+        from .quantize import quantize  # (optional: the reference path only)
+
+        return _ref.encode_mx_activations(quantize(x, "mxfp4", rounding=rounding))
+    out, osc, flag = _outputs(m, k, x.device)
+    if m == 0 or k == 0:
+        return out, osc, flag
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    gpu = x.device.type == "cuda"
+    mx_quantize_encode_kernel[(triton.cdiv(m, _ENCODE_ROWS), triton.cdiv(triton.cdiv(k, 128), _ENCODE_GROUPS))](
+        x, out, osc, flag, m, k, triton.cdiv(k, 32), x.stride(0), out.stride(0), osc.stride(0),
+        ROUND=_ROUND_CODE[rounding], LIMIT=_ref.SPAN, HEAD=_ref.HEADROOM, BLOCK_R=_ENCODE_ROWS,
+        GROUPS=_ENCODE_GROUPS, GPU=gpu, HW_CVT=GPU_HW_CVT and gpu, num_warps=4)
     return out, osc, flag

@@ -166,6 +166,10 @@ def encode_mx_activations(a: ScaledTensor) -> tuple[torch.Tensor, torch.Tensor, 
     _check_mx("a", a, ("mxfp4", "mxfp8"))
     m, k = a.shape
     kb = -(-k // 128)
+    if m == 0 or k == 0:  # (the group views below cannot take an empty dimension)
+        dev = a.data.device
+        return (torch.empty((m, k), dtype=torch.float8_e4m3fn, device=dev), torch.zeros((m, 4 * kb), device=dev),
+                torch.zeros((m,), dtype=torch.int32, device=dev))
     nblk = a.scale.shape[1]
     v, s, nz, nan = _blocks(a)
     hi, lo = _exponent_range(s, nz, nan, 1)  # [M, kb]

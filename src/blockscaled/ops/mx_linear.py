@@ -1,0 +1,58 @@
+"""The forward of a prepacked mxfp4 W x A layer (``nn.Linear.prepack``): bf16 activations quantized
+to mxfp4 and encoded for the FP8 tensor cores in one pass (``ops/mx_pack.quantize_encode``), then
+the mixed pair's plan (plan/mx_packed.py) on the exact fp8_block copy of the weight.
+
+Same numbers as ``gemm(quantize(x, "mxfp4"), w8)``: the fused pass is bitwise the quantizer then
+the encoder. Where the plan is not the wide kernel (other GPUs, the interpreter, a bias-free
+fallback, misaligned operands) or gradients are wanted, it runs exactly that two-pass call.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..formats import ScaleRounding, get_format
+from ..plan.mx_packed import mixed_config_ok
+from ..config.hopper import HopperConfig
+from ..tensor import ScaledTensor
+from . import _hopper
+from .gemm import _memo_plan, gemm
+from .mx_pack import quantize_encode
+from .quantize import quantize
+
+__all__ = ["packed_linear"]
+
+_MXFP4 = get_format("mxfp4")
+
+
+def packed_linear(x: torch.Tensor, w8: ScaledTensor, bias: torch.Tensor | None = None, *,
+                  out_dtype: torch.dtype = torch.bfloat16, rounding: ScaleRounding | None = None) -> torch.Tensor:
+    """``quantize(x, "mxfp4") @ w8.T (+ bias)`` for ``x`` bf16 / fp16 ``[..., K]`` and ``w8`` the
+    fp8_block (128 x 128) copy of an mxfp4 weight ``[N, K]`` (``layouts.mxfp4_to_fp8_block``);
+    returns ``[..., N]`` in ``out_dtype``. ``rounding``: the activations' E8M0 rounding (None:
+    mxfp4's default). On sm_90 with the wide kernel planned: one fused quantize-and-encode pass
+    and the GEMM; else the two-pass call.
+
+    Example::
+
+        w8 = bs.layouts.mxfp4_to_fp8_block(bs.quantize(w, "mxfp4"))
+        y = packed_linear(x, w8)       # == bs.gemm(bs.quantize(x, "mxfp4"), w8)
+    """
+    rounding = _MXFP4.default_rounding if rounding is None else rounding
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k)
+    m, n = x2.shape[0], w8.shape[0]
+    if (x2.device.type == "cuda" and m and n and not (x.requires_grad and torch.is_grad_enabled())
+            and not torch.compiler.is_compiling()):
+        out = torch.empty((m, n), dtype=out_dtype, device=x2.device)
+        # (a mixed pair's Problem reads only that A is quantized: x2 stands in for A's fields)
+        plan = _memo_plan(x2, x2, w8.data, w8.block[0], w8.format, k, m, n, out_dtype, bias, out, _MXFP4.name)
+        cfg = plan.config
+        if isinstance(cfg, HopperConfig) and mixed_config_ok(cfg):
+            data, scale, flag = quantize_encode(x2, rounding)
+            if _hopper.gemm_fp8_block_hopper_impl(data, scale, w8.data, w8.scale, out, cfg, asub=4, aflag=flag):
+                if bias is not None:  # (no bias epilogue in the wide kernel: one in-place pass)
+                    out.add_(bias)
+                return out.reshape(*x.shape[:-1], n)
+    a = quantize(x2, _MXFP4, block=(1, _MXFP4.block_k), rounding=rounding, check_range=False)
+    return gemm(a, w8, out_dtype, bias=bias).reshape(*x.shape[:-1], n)
