@@ -124,12 +124,13 @@ def test_planned_for_many_experts(fmt):
     g = torch.Generator().manual_seed(7)
     counts = torch.randint(0, 200, (e,), generator=g).tolist()
     counts[5] = 0
-    w, wd, _ = _experts(e, n, k, fmt, seed=8)
+    w, wd, gs = _experts(e, n, k, fmt, seed=8)
     off = _offsets(counts)
     x = randn_like_activations(int(off[-1]), k, dtype=torch.bfloat16, device="cuda", seed=9)
-    plan = bs.explain("grouped_gemm", x, w, offsets=off.cuda(), out_dtype=torch.float32)
+    kw = dict(out_dtype=torch.float32, b_global_scale=gs)
+    plan = bs.explain("grouped_gemm", x, w, offsets=off.cuda(), **kw)
     assert plan.kernel == "hopper_tiled" and plan.predicted_us, plan
-    y = bs.grouped_gemm(x, w, offsets=off.cuda(), out_dtype=torch.float32)
+    y = bs.grouped_gemm(x, w, offsets=off.cuda(), **kw)
     ref = torch.cat([x[off[i]:off[i + 1]].double() @ wd[i].T for i in range(e)])
     assert_gemm_close(y, ref, fmt, torch.float32, what="planned")
 

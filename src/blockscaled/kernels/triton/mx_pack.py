@@ -118,22 +118,19 @@ def mx_quantize_encode_kernel(x_ptr, d_ptr, o_ptr, f_ptr, M, K, NBLK, stride_xm,
     rm = r < M
     r64 = r.to(tl.int64)
     j = tl.arange(0, 4)
-    h = tl.arange(0, 16)
+    e = tl.arange(0, 32)
     flag = tl.zeros([BLOCK_R], dtype=tl.int32)
     for g in range(pid_k * GROUPS, tl.minimum((pid_k + 1) * GROUPS, tl.cdiv(K, 128))):
         blk = g * 4 + j
-        # [R, 4, 16, 2]: element 2i + t of block j, so that the even / odd elements split off as the
-        # packed format's low / high nibbles do
-        col = (blk[None, :, None] * 32 + 2 * h[None, None, :])[:, :, :, None] + tl.arange(0, 2)[None, None, None, :]
-        xf = tl.load(x_ptr + r64[:, None, None, None] * stride_xm + col, mask=rm[:, None, None, None] & (col < K),
+        col = blk[None, :, None] * 32 + e[None, None, :]  # [1, 4, 32]
+        xf = tl.load(x_ptr + r64[:, None, None] * stride_xm + col, mask=rm[:, None, None] & (col < K),
                      other=0.0).to(tl.float32)
-        xf = tl.reshape(xf, [BLOCK_R, 4, 32])
         codes, b = _quantize_tile(xf, _block_amax(xf, 2), 0.0, FMT_MXFP4, ROUND, HW_CVT, GPU)
-        c_lo, c_hi = tl.split(tl.reshape(codes, [BLOCK_R, 4, 16, 2]))
-        v_lo = _e2m1_decode(c_lo & 15)
-        v_hi = _e2m1_decode(c_hi & 15)
-        nz = tl.max(((v_lo != 0) | (v_hi != 0)).to(tl.int32), axis=2) > 0  # [R, 4]
-        uni = _encode_group(b.to(tl.int32), nz, d_ptr, o_ptr, r64, rm, blk, K, NBLK, stride_dm, stride_om, v_lo, v_hi,
-                            0.0, True, LIMIT, HEAD, BLOCK_R)
+        # the values in natural K order, the layout they were loaded in (no even / odd split as
+        # the packed bytes need: every reshape of this tile would be a layout conversion)
+        v = _e2m1_decode(codes & 15)
+        nz = tl.max((v != 0).to(tl.int32), axis=2) > 0  # [R, 4]
+        uni = _encode_group(b.to(tl.int32), nz, d_ptr, o_ptr, r64, rm, blk, K, NBLK, stride_dm, stride_om, 0.0, 0.0,
+                            v, False, LIMIT, HEAD, BLOCK_R)
         flag = tl.maximum(flag, tl.where(uni, 0, 1))
     tl.atomic_max(f_ptr + r, flag, mask=rm & (flag > 0))
