@@ -191,12 +191,20 @@ def grouped_tiles_words(p: Problem) -> str:
     return f"~{_grouped_m_tiles(p)} M tiles x {-(-p.n // 128)} N tiles"
 
 
+#: the grouped form's extra time per round of tiles, us (the expert lookup from the offsets before the
+#: first load, the masked epilogue): H200 A/B of the forced kernel against dequantize + grouped cuBLAS
+#: (benchmarks/results/h200/archive/grouped-tiled-ab-20261128.json, 27 rows: 8 / 32 experts x 256-2048
+#: rows on DeepSeek-V3 and gpt-oss expert shapes, mxfp4 / nvfp4), measured minus the R1 model per
+#: round: median 2.9 (-3.6 .. 4.1)
+TILED_GROUPED_ROUND_US = 2.9
+
+
 def grouped_tiled_config(p: Problem, dev: DeviceInfo) -> tuple[GemmConfig, float]:
-    """(R1's config without a split, its predicted us: rounds of tiles x steps x TILED_STEP_US, the
-    activations' dequantize pass included for W x A)."""
+    """(R1's config without a split, its predicted us: rounds of tiles x (steps x TILED_STEP_US +
+    TILED_GROUPED_ROUND_US), the activations' dequantize pass included for W x A)."""
     steps = -(-p.k // 64)
     programs = _grouped_m_tiles(p) * -(-p.n // 128)
-    t = math.ceil(programs / dev.sm_count) * steps * TILED_STEP_US[p.fmt]
+    t = math.ceil(programs / dev.sm_count) * (steps * TILED_STEP_US[p.fmt] + TILED_GROUPED_ROUND_US)
     if not p.weight_only:
         t += _dequant_bytes(p.fmt, p.m, p.k) / (dev.mem_bw * DEQUANT_EFF[p.fmt]) * 1e6
     return GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=TILED_STAGES_1, split_k=1,
