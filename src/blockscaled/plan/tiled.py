@@ -85,8 +85,9 @@ _TRITON_OK = _triton_release() in TILED_TRITON
 TILED_ENABLED = mx_kernel_enabled("tiled")
 
 
-def tiled_reason(p: Problem, dev: DeviceInfo, gluon_ok: bool) -> str | None:
-    """None when the kernel can take the call, else why not (plain words, for ``explain``)."""
+def _kernel_reason(p: Problem, dev: DeviceInfo, gluon_ok: bool) -> str | None:
+    """What the dense and the grouped form both need: a weight format it decodes, an sm_90 device
+    whose triton builds it, the kernel switched on, bf16 or quantized activations."""
     if p.fmt not in TILED_FORMATS:
         return f"{p.fmt} weights (it takes {', '.join(TILED_FORMATS)})"
     if not dev.is_hopper or not gluon_ok:
@@ -95,15 +96,27 @@ def tiled_reason(p: Problem, dev: DeviceInfo, gluon_ok: bool) -> str | None:
         return f"switched off (BLOCKSCALED_MX_KERNELS) or triton {'.'.join(map(str, _triton_release()))} unchecked"
     if p.a not in TILED_ACTIVATIONS:
         return f"{p.a} activations (it takes bf16 or quantized {p.fmt})"
-    if p.op != "gemm" or p.grouping != "dense":
-        return "not a dense GEMM"
-    if p.m < TILED_MIN_M:
-        return f"M = {p.m} < {TILED_MIN_M} (the streaming kernel's rows)"
+    return None
+
+
+def _operand_reason(p: Problem) -> str | None:
     if p.k % 32 or p.k <= 0:
         return f"K = {p.k} not a positive multiple of 32 (16-byte TMA rows of packed e2m1)"
     if not p.tma:
         return "weights not 16-byte aligned for TMA"
     return None
+
+
+def tiled_reason(p: Problem, dev: DeviceInfo, gluon_ok: bool) -> str | None:
+    """None when the kernel can take the call, else why not (plain words, for ``explain``)."""
+    why = _kernel_reason(p, dev, gluon_ok)
+    if why is not None:
+        return why
+    if p.op != "gemm" or p.grouping != "dense":
+        return "not a dense GEMM"
+    if p.m < TILED_MIN_M:
+        return f"M = {p.m} < {TILED_MIN_M} (the streaming kernel's rows)"
+    return _operand_reason(p)
 
 
 def tiled_us(p: Problem, dev: DeviceInfo, split: int, regime: int = 1) -> float:
@@ -164,19 +177,7 @@ def grouped_tiled_reason(p: Problem, dev: DeviceInfo, gluon_ok: bool) -> str | N
     """None when a grouped call (contiguous / masked, not SwiGLU) can take the tiled kernel."""
     if p.op != "grouped" or p.dual or p.grouping not in ("contiguous", "masked"):
         return "not a contiguous / masked grouped GEMM"
-    if p.fmt not in TILED_FORMATS:
-        return f"{p.fmt} weights (it takes {', '.join(TILED_FORMATS)})"
-    if not dev.is_hopper or not gluon_ok:
-        return "not an sm_90 device whose triton builds the Gluon kernels"
-    if not TILED_ENABLED or not _TRITON_OK:
-        return f"switched off (BLOCKSCALED_MX_KERNELS) or triton {'.'.join(map(str, _triton_release()))} unchecked"
-    if p.a not in TILED_ACTIVATIONS:
-        return f"{p.a} activations (it takes bf16 or quantized {p.fmt})"
-    if p.k % 32 or p.k <= 0:
-        return f"K = {p.k} not a positive multiple of 32 (16-byte TMA rows of packed e2m1)"
-    if not p.tma:
-        return "weights not 16-byte aligned for TMA"
-    return None
+    return _kernel_reason(p, dev, gluon_ok) or _operand_reason(p)
 
 
 def _grouped_m_tiles(p: Problem, bm: int = 128) -> int:
