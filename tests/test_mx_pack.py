@@ -508,8 +508,8 @@ def test_quantize_encode_is_the_two_passes(m, k, path):
             assert torch.equal(got[2], two[2]), (dt, rnd)
             if m > 3 and k >= 64:
                 assert got[2].tolist()[:4] == [0, 1, 0, 1]
-    with pytest.raises(ValueError, match=r"x: expected a 2-D \[M, K\] tensor"):
-        ops_mx.quantize_encode(torch.zeros(2, 3, 64))
+    with pytest.raises(ValueError, match=r"x: expected a 2-D \[M, K\] bf16"):
+        ops_mx.quantize_encode(torch.zeros(2, 3, 64))  # (3-D)
 
 
 def test_packed_linear_is_the_two_pass_call(path):
@@ -525,3 +525,19 @@ def test_packed_linear_is_the_two_pass_call(path):
         y = packed_linear(x, w8, b, out_dtype=dt)
         ref = bs.gemm(bs.quantize(x.reshape(6, 256), "mxfp4"), w8, dt, bias=b).reshape(2, 3, 192)
         assert y.shape == (2, 3, 192) and y.dtype == dt and torch.equal(y, ref)
+
+
+def test_quantize_encode_and_packed_linear_check_their_arguments():
+    from blockscaled.ops.mx_linear import packed_linear
+
+    x = torch.randn(4, 64)
+    with pytest.raises(ValueError, match="rounding"):
+        ops_mx.quantize_encode(x, "exact")  # not an mxfp4 rounding
+    ops_mx.quantize_encode(x, "FLOOR")  # the names in any case, as quantize takes them
+    with pytest.raises(ValueError, match=r"x: expected a 2-D \[M, K\] bf16 / fp16 / fp32 tensor"):
+        ops_mx.quantize_encode(torch.ones(4, 64, dtype=torch.int32))
+    w8 = bs.layouts.mxfp4_to_fp8_block(bs.quantize(torch.randn(128, 256) * 0.05, "mxfp4"))
+    with pytest.raises(ValueError, match=r"x: expected \[\.\.\., 256\]"):
+        packed_linear(torch.randn(2, 128, dtype=torch.bfloat16), w8)
+    with pytest.raises(ValueError, match="w8: expected a 2-D fp8_block ScaledTensor"):
+        packed_linear(torch.randn(2, 256, dtype=torch.bfloat16), bs.quantize(torch.randn(128, 256), "mxfp4"))

@@ -532,11 +532,14 @@ def test_grouped_tiled_plans(monkeypatch):
     (gpt-oss-120b prefill: 128 experts, whose bf16 weights alone would be 4.2 GB to write), and
     dequantize + cuBLAS where few experts hold thousands of rows each; both predictions are in the
     reasons; SwiGLU and fp8_block keep their kernels."""
+    from blockscaled.plan import stream as plan_stream
     from blockscaled.plan import tiled as plan_tiled
     from blockscaled.plan.grouped import plan_grouped
 
-    monkeypatch.setattr(plan_tiled, "_TRITON_OK", True)
-    monkeypatch.setattr(plan_tiled, "TILED_ENABLED", True)
+    # the GPU image's triton (3.6), where all three sm_90 MX kernels are checked
+    for mod, flag in ((plan_tiled, "TILED_ENABLED"), (plan_stream, "STREAM_ENABLED")):
+        monkeypatch.setattr(mod, "_TRITON_OK", True)
+        monkeypatch.setattr(mod, flag, True)
     why = "mx weights: not the fp8_block Hopper kernel"
     for fmt in ("mxfp4", "nvfp4", "mxfp8"):
         for a in ("bfloat16", "quantized"):

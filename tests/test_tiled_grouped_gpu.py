@@ -146,3 +146,24 @@ def test_forced_config_refused_where_it_cannot_run():
     with pytest.raises(ValueError, match="split_k"):
         bs.grouped_gemm(x, w, offsets=off, config=GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8,
                                                               num_stages=5, split_k=2, strategy="tiled"))
+
+
+@pytest.mark.parametrize("fmt", ("mxfp4",))
+def test_masked_strided_out_and_empty_calls(fmt):
+    """A masked ``out=`` whose experts are not evenly strided (a slice of a larger buffer): rows past
+    the counts keep their content; empty calls (no rows, forced config) return without a launch."""
+    e, max_m, n, k = 3, 130, 256, 512
+    counts = torch.tensor([130, 0, 7], dtype=torch.int32)
+    w, wd, _ = _experts(e, n, k, fmt, seed=11)
+    xm = randn_like_activations(e * max_m, k, dtype=torch.bfloat16, device="cuda", seed=12).view(e, max_m, k)
+    buf = torch.full((e, max_m + 10, n), float("nan"), dtype=torch.float32, device="cuda")
+    out = buf[:, :max_m]
+    bs.grouped_gemm(xm, w, masked_m=counts.cuda(), out=out, out_dtype=torch.float32, config=CFG)
+    for i in range(e):
+        c = int(counts[i])
+        if c:
+            assert_gemm_close(out[i, :c], xm[i, :c].double() @ wd[i].T, fmt, torch.float32, what=f"e={i}")
+        assert out[i, c:].isnan().all() and buf[:, max_m:].isnan().all()
+    x0 = torch.empty(0, k, dtype=torch.bfloat16, device="cuda")
+    y0 = bs.grouped_gemm(x0, w, offsets=torch.zeros(e + 1, dtype=torch.int32, device="cuda"), config=CFG)
+    assert y0.shape == (0, n)

@@ -84,8 +84,13 @@ def launch_tiled(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, w
     else:
         e = w_data.shape[0] if grouping else 1
         rows_x = x.shape[0]
-    o2 = out.reshape(-1, n) if grouping != 2 or out.stride(0) == out.shape[1] * out.stride(1) else None
-    target = o2 if o2 is not None else torch.empty(out.shape, dtype=out.dtype, device=out.device).view(-1, n)
+    if x.shape[0] == 0 or n == 0:  # nothing to compute (a TMA descriptor takes no empty dimension)
+        return
+    # one 2-D [rows, N] view of the output; a masked out= whose experts are not evenly strided is
+    # computed in a copy of itself (rows past the counts must keep their content) and copied back
+    uniform = grouping != 2 or out.stride(0) == out.shape[1] * out.stride(1)
+    o2 = out.reshape(-1, n) if uniform else None
+    target = o2 if o2 is not None else out.contiguous().view(-1, n)
     m = target.shape[0]
     x_desc = _descriptor(desc_cls, x, [x.shape[0], k], [x.stride(0), 1], [cfg.block_m, 64], x_layout)
     w32 = w_data.reshape(-1, w_data.shape[-1]).view(torch.int32)  # [(E *) N, K'] (validated contiguous rows)

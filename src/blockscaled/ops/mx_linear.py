@@ -16,7 +16,9 @@ from ..plan.mx_packed import mixed_config_ok
 from ..config.hopper import HopperConfig
 from ..tensor import ScaledTensor
 from . import _hopper
-from .gemm import _memo_plan, gemm
+from .._checks import resolve_rounding
+from ._autograd import wants_grad
+from .gemm import _eager_ok, _memo_plan, gemm
 from .mx_pack import quantize_encode
 from .quantize import quantize
 
@@ -38,12 +40,18 @@ def packed_linear(x: torch.Tensor, w8: ScaledTensor, bias: torch.Tensor | None =
         w8 = bs.layouts.mxfp4_to_fp8_block(bs.quantize(w, "mxfp4"))
         y = packed_linear(x, w8)       # == bs.gemm(bs.quantize(x, "mxfp4"), w8)
     """
-    rounding = _MXFP4.default_rounding if rounding is None else rounding
+    rounding = resolve_rounding("rounding", rounding, _MXFP4)
+    if not isinstance(w8, ScaledTensor) or w8.format.name != "fp8_block" or w8.block != (128, 128) or len(w8.shape) != 2:
+        raise ValueError(f"w8: expected a 2-D fp8_block ScaledTensor with (128, 128) blocks (the packed copy of an "
+                         f"mxfp4 weight), got {w8!r}")
     k = x.shape[-1]
+    if k != w8.shape[1]:
+        raise ValueError(f"x: expected [..., {w8.shape[1]}] (the weight's K), got shape {tuple(x.shape)}")
     x2 = x.reshape(-1, k)
     m, n = x2.shape[0], w8.shape[0]
-    if (x2.device.type == "cuda" and m and n and not (x.requires_grad and torch.is_grad_enabled())
-            and not torch.compiler.is_compiling()):
+    # the fused path only where the ops would run eagerly too (not tracing, no dispatch / function
+    # mode, plain tensors) and no gradient is wanted (the two-pass call carries the autograd rules)
+    if x2.device.type == "cuda" and m and n and _eager_ok(x2, w8.data) and not wants_grad(x, bias):
         out = torch.empty((m, n), dtype=out_dtype, device=x2.device)
         # (a mixed pair's Problem reads only that A is quantized: x2 stands in for A's fields)
         plan = _memo_plan(x2, x2, w8.data, w8.block[0], w8.format, k, m, n, out_dtype, bias, out, _MXFP4.name)

@@ -8,6 +8,7 @@ import torch
 import triton
 
 from .. import _checks
+from .._checks import resolve_rounding
 from ..formats import ScaleRounding, get_format
 from ..kernels.triton.mx_pack import mx_encode_kernel, mx_quantize_encode_kernel
 from ..reference import mx_pack as _ref
@@ -68,7 +69,7 @@ def _outputs(m: int, k: int, dev):
             torch.empty((m, 4 * kb), dtype=torch.float32, device=dev), torch.zeros((m,), dtype=torch.int32, device=dev))
 
 
-def quantize_encode(x: torch.Tensor, rounding: ScaleRounding | None = None):
+def quantize_encode(x: torch.Tensor, rounding: ScaleRounding | str | None = None):
     """``encode_mx_activations(quantize(x, "mxfp4", rounding=rounding))`` in one pass (bitwise the
     same three tensors): ``x`` bf16 / fp16 / fp32 ``[M, K]`` (unit K stride) -> e4m3 ``[M, K]``, fp32
     ``[M, 4 * ceil(K/128)]``, int32 flags ``[M]``. The mxfp4 numbers and the packed weight's FP8
@@ -81,9 +82,11 @@ def quantize_encode(x: torch.Tensor, rounding: ScaleRounding | None = None):
 
         data, scale, flag = quantize_encode(torch.randn(64, 2880, dtype=torch.bfloat16, device="cuda"))
     """
-    if x.ndim != 2:
-        raise ValueError(f"x: expected a 2-D [M, K] tensor, got shape {tuple(x.shape)}")
-    rounding = get_format("mxfp4").default_rounding if rounding is None else rounding
+    if not isinstance(x, torch.Tensor) or x.ndim != 2 or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"x: expected a 2-D [M, K] bf16 / fp16 / fp32 tensor, got "
+                         f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}"
+                         f"{' ' + str(x.dtype) if isinstance(x, torch.Tensor) else ''}")
+    rounding = resolve_rounding("rounding", rounding, get_format("mxfp4"))
     m, k = x.shape
     if not (x.device.type == "cuda" or _checks.INTERPRET):
         from .quantize import quantize  # (optional: the reference path only)
@@ -98,5 +101,6 @@ def quantize_encode(x: torch.Tensor, rounding: ScaleRounding | None = None):
     mx_quantize_encode_kernel[(triton.cdiv(m, _ENCODE_ROWS), triton.cdiv(triton.cdiv(k, 128), _ENCODE_GROUPS))](
         x, out, osc, flag, m, k, triton.cdiv(k, 32), x.stride(0), out.stride(0), osc.stride(0),
         ROUND=_ROUND_CODE[rounding], LIMIT=_ref.SPAN, HEAD=_ref.HEADROOM, BLOCK_R=_ENCODE_ROWS,
-        GROUPS=_ENCODE_GROUPS, GPU=gpu, HW_CVT=GPU_HW_CVT and gpu, num_warps=4)
+        GROUPS=_ENCODE_GROUPS, GPU=gpu, HW_CVT=GPU_HW_CVT and gpu, num_warps=4,
+        enable_fp_fusion=False)  # (as the quantizer's launch: no contraction may change its bits)
     return out, osc, flag
