@@ -177,7 +177,11 @@ def grouped_tiled_reason(p: Problem, dev: DeviceInfo, gluon_ok: bool) -> str | N
     """None when a grouped call (contiguous / masked, not SwiGLU) can take the tiled kernel."""
     if p.op != "grouped" or p.dual or p.grouping not in ("contiguous", "masked"):
         return "not a contiguous / masked grouped GEMM"
-    return _kernel_reason(p, dev, gluon_ok) or _operand_reason(p)
+    why = _kernel_reason(p, dev, gluon_ok) or _operand_reason(p)
+    if why is not None and not p.tma and why.startswith("weights not"):
+        # (the grouped Problem's tma also holds the streaming kernel's word alignment of quantized A)
+        why += ", or quantized activations not 4-byte aligned"
+    return why
 
 
 def _grouped_m_tiles(p: Problem, bm: int = 128) -> int:
