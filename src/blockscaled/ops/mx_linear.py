@@ -3,8 +3,10 @@ to mxfp4 and encoded for the FP8 tensor cores in one pass (``ops/mx_pack.quantiz
 the mixed pair's plan (plan/mx_packed.py) on the exact fp8_block copy of the weight.
 
 Same numbers as ``gemm(quantize(x, "mxfp4"), w8)``: the fused pass is bitwise the quantizer then
-the encoder. Where the plan is not the wide kernel (other GPUs, the interpreter, a bias-free
-fallback, misaligned operands) or gradients are wanted, it runs exactly that two-pass call.
+the encoder. Where the plan is not the wide kernel (other GPUs, the interpreter, misaligned
+operands), while tracing or under a dispatch mode, or where an operand wants a gradient (a bias
+``Parameter`` outside ``torch.no_grad`` / ``torch.inference_mode``: the two-pass call's autograd
+gives it an fp32 gradient), it runs exactly that two-pass call.
 """
 
 from __future__ import annotations
