@@ -600,6 +600,18 @@ def gemm_impl(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows: int, fmt: Format, k
     run_plan(plan, a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows, fmt, k, out2, bias, out_dtype)
 
 
+def launch_mixed_wide(data, scale, flag, b_data, b_scale, out2, cfg: HopperConfig, bias) -> bool:
+    """The wide kernel on encoded MX activations (``ops/mx_pack.py``: e4m3 data, per-32 fp32
+    scales, row flags) x the fp8_block weight into ``out2``, then the bias (no bias epilogue in the
+    wide kernel: one in-place pass). False (nothing launched) where the Gluon kernels cannot be
+    built: the caller runs its fallback."""
+    if not _hopper.gemm_fp8_block_hopper_impl(data, scale, b_data, b_scale, out2, cfg, asub=4, aflag=flag):
+        return False
+    if bias is not None:
+        out2.add_(bias)
+    return True
+
+
 def _run_mixed(plan: Plan, a2, a_s2, a_fmt: Format, b_data, b_scale, b_rows: int, fmt: Format, k: int, out2,
                bias) -> None:
     """Run a mixed pair's plan (plan/mx_packed.py): the encoder + the wide kernel with per-32 A
@@ -612,10 +624,7 @@ def _run_mixed(plan: Plan, a2, a_s2, a_fmt: Format, b_data, b_scale, b_rows: int
             # (a Plan passed as config= is run as given: one made for another pair may not fit)
             raise ValueError(f"config: a {a_fmt.name} x {fmt.name} GEMM runs the wide kernel unsplit with 128-row "
                              f"tiles, got {cfg}")
-        data, scale, flag = encode_raw(a2, a_s2, a_fmt.name, k)
-        if _hopper.gemm_fp8_block_hopper_impl(data, scale, b_data, b_scale, out2, cfg, asub=4, aflag=flag):
-            if bias is not None:  # (no bias epilogue in the wide kernel: one in-place pass)
-                out2.add_(bias)
+        if launch_mixed_wide(*encode_raw(a2, a_s2, a_fmt.name, k), b_data, b_scale, out2, cfg, bias):
             return
     A = _dequant(a2, a_s2, None, a_fmt, (m, k), 1, torch.float32)
     B = _dequant(b_data, b_scale, None, fmt, (n, k), b_rows, torch.float32)

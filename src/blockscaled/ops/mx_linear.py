@@ -17,10 +17,9 @@ from ..formats import ScaleRounding, get_format
 from ..plan.mx_packed import mixed_config_ok
 from ..config.hopper import HopperConfig
 from ..tensor import ScaledTensor
-from . import _hopper
 from .._checks import resolve_rounding
 from ._autograd import wants_grad
-from .gemm import _eager_ok, _memo_plan, gemm
+from .gemm import _eager_ok, _memo_plan, gemm, launch_mixed_wide
 from .mx_pack import quantize_encode
 from .quantize import quantize
 
@@ -59,10 +58,7 @@ def packed_linear(x: torch.Tensor, w8: ScaledTensor, bias: torch.Tensor | None =
         plan = _memo_plan(x2, x2, w8.data, w8.block[0], w8.format, k, m, n, out_dtype, bias, out, _MXFP4.name)
         cfg = plan.config
         if isinstance(cfg, HopperConfig) and mixed_config_ok(cfg):
-            data, scale, flag = quantize_encode(x2, rounding)
-            if _hopper.gemm_fp8_block_hopper_impl(data, scale, w8.data, w8.scale, out, cfg, asub=4, aflag=flag):
-                if bias is not None:  # (no bias epilogue in the wide kernel: one in-place pass)
-                    out.add_(bias)
+            if launch_mixed_wide(*quantize_encode(x2, rounding), w8.data, w8.scale, out, cfg, bias):
                 return out.reshape(*x.shape[:-1], n)
     a = quantize(x2, _MXFP4, block=(1, _MXFP4.block_k), rounding=rounding, check_range=False)
     return gemm(a, w8, out_dtype, bias=bias).reshape(*x.shape[:-1], n)

@@ -26,6 +26,13 @@ _ENCODE_ROWS = 16
 _ENCODE_GROUPS = 4
 
 
+def _outputs(m: int, k: int, dev):
+    """The encoded form's fresh tensors: e4m3 data, fp32 scales per 32 K, zeroed int32 row flags."""
+    kb = triton.cdiv(k, 128)
+    return (torch.empty((m, k), dtype=torch.float8_e4m3fn, device=dev),
+            torch.empty((m, 4 * kb), dtype=torch.float32, device=dev), torch.zeros((m,), dtype=torch.int32, device=dev))
+
+
 def encode_mx_activations(a: ScaledTensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(data e4m3 [M, K], scale fp32 [M, 4 * ceil(K/128)], flag int32 [M])`` of mxfp4 / mxfp8
     activations ``a [M, K]`` (1 x 32 blocks): bitwise ``reference.mx_pack.encode_mx_activations``
@@ -46,11 +53,8 @@ def encode_raw(data: torch.Tensor, scale: torch.Tensor, fmt: str, k: int):
     """:func:`encode_mx_activations` on the fields (``data`` packed e2m1 ``[M, K/2]`` uint8 or e4m3
     ``[M, K]``, ``scale`` uint8 E8M0 ``[M, ceil(K/32)]``, unit K stride), CUDA or the interpreter."""
     m = data.shape[0]
-    dev = data.device
     kb = triton.cdiv(k, 128)
-    out = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=dev)
-    osc = torch.empty((m, 4 * kb), dtype=torch.float32, device=dev)
-    flag = torch.zeros((m,), dtype=torch.int32, device=dev)
+    out, osc, flag = _outputs(m, k, data.device)
     if m == 0 or k == 0:
         return out, osc, flag
     fp4 = fmt == "mxfp4"
@@ -61,12 +65,6 @@ def encode_raw(data: torch.Tensor, scale: torch.Tensor, fmt: str, k: int):
         osc.stride(0), FP4=fp4, LIMIT=_ref.SPAN if fp4 else 0, HEAD=_ref.HEADROOM if fp4 else 0,
         BLOCK_R=_ENCODE_ROWS, GROUPS=_ENCODE_GROUPS, num_warps=4)
     return out, osc, flag
-
-
-def _outputs(m: int, k: int, dev):
-    kb = triton.cdiv(k, 128)
-    return (torch.empty((m, k), dtype=torch.float8_e4m3fn, device=dev),
-            torch.empty((m, 4 * kb), dtype=torch.float32, device=dev), torch.zeros((m,), dtype=torch.int32, device=dev))
 
 
 def quantize_encode(x: torch.Tensor, rounding: ScaleRounding | str | None = None):

@@ -20,7 +20,7 @@ from .device import DeviceInfo
 from .stream import STREAM_GROUPED_MAX_ROWS, grouped_stream_config, grouped_stream_reason, grouped_stream_split_why
 from ..config.gemm import GemmConfig
 from .grouped_portable import check_grouped_config, choose_grouped_config, dequant_matmul_reason
-from .tiled import grouped_dequant_matmul_us, grouped_tiled_config, grouped_tiled_reason, grouped_tiles_words
+from .tiled import dequant_matmul_us, grouped_tiled_config, grouped_tiled_reason, grouped_tiles_words
 from .splits import cdiv as _cdiv
 from .types import DTYPES, Plan, Problem
 
@@ -120,7 +120,7 @@ def plan_grouped(p: Problem, dev: DeviceInfo, forced=None, *, hopper_why: str | 
     device = torch.device("cuda" if dev.kind == "cuda" else "cpu")
     backend = "cuda" if dev.kind == "cuda" else "interpreter"
     forced_hopper = isinstance(forced, HopperConfig) or (
-        forced is not None and (forced.get("strategy") if isinstance(forced, dict) else forced.strategy) == "hopper")
+        forced is not None and _strategy(forced) == "hopper")
     if forced_hopper and hopper_why is not None:
         raise ValueError(f"config.strategy: 'hopper' cannot run this call: {hopper_why}")
     if dev.kind == "cpu" and not p.interpret:
@@ -146,7 +146,7 @@ def plan_grouped(p: Problem, dev: DeviceInfo, forced=None, *, hopper_why: str | 
             reasons.append(f"tail split {cfg.tail_split}: the last partial wave's tiles in K ranges "
                            "(decided on the device from the real tile count)")
         return Plan(p.op, backend, cfg, p, reasons=tuple(reasons))
-    if forced is not None and (forced.get("strategy") if isinstance(forced, dict) else forced.strategy) == "tiled":
+    if forced is not None and _strategy(forced) == "tiled":
         return _forced_tiled(p, dev, forced, backend)
     if forced is not None:
         cfg = check_grouped_config(forced, p.fmt, a_dtype=a_dtype, grouping=p.grouping, out_dtype=out_dtype,
@@ -173,7 +173,7 @@ def plan_grouped(p: Problem, dev: DeviceInfo, forced=None, *, hopper_why: str | 
     if stream_why is not None and grouped_tiled_reason(p, dev, p.tma) is None:
         cfg, t = grouped_tiled_config(p, dev)
         dq_why = dequant_matmul_reason(p.fmt, p.grouping, out_dtype, a_dtype, p.n, p.k, dev, a_row_stride)
-        t_dq = grouped_dequant_matmul_us(p, dev) if dq_why is None else math.inf
+        t_dq = dequant_matmul_us(p, dev) if dq_why is None else math.inf
         tiles = grouped_tiles_words(p)
         if t <= t_dq:
             return Plan(p.op, backend, cfg, p, predicted_us=t, reasons=(
@@ -197,6 +197,11 @@ def plan_grouped(p: Problem, dev: DeviceInfo, forced=None, *, hopper_why: str | 
     first = (f"the Hopper kernel cannot take it: {hopper_why}" if hopper_why else
              f"dense SwiGLU below {SWIGLU_HOPPER_MIN_M} rows: the portable kernel measured faster")
     return Plan(p.op, backend, cfg, p, reasons=(first, why))
+
+
+def _strategy(forced) -> str | None:
+    """The strategy a forced ``config=`` (GemmConfig or dict) names."""
+    return forced.get("strategy") if isinstance(forced, dict) else forced.strategy
 
 
 def _forced_tiled(p: Problem, dev: DeviceInfo, forced, backend: str) -> Plan:

@@ -42,7 +42,7 @@ from .stream import STREAM_MAX_M, _triton_release
 from .types import Problem
 
 __all__ = ["TILED_FORMATS", "tiled_reason", "tiled_config", "tiled_us", "dequant_matmul_us", "TILED_MIN_M",
-           "DEQUANT_MATMUL_FIX_US", "grouped_tiled_reason", "grouped_tiled_config", "grouped_dequant_matmul_us",
+           "DEQUANT_MATMUL_FIX_US", "grouped_tiled_reason", "grouped_tiled_config",
            "grouped_tiles_words"]
 
 #: weight formats the kernel decodes (the streaming kernel's decode)
@@ -144,9 +144,11 @@ def _dequant_bytes(fmt: str, rows: int, k: int) -> float:
 
 
 def dequant_matmul_us(p: Problem, dev: DeviceInfo) -> float:
-    """Predicted dequantize (weights; activations too for W x A) + cuBLAS bf16 time."""
-    dq = _dequant_bytes(p.fmt, p.n, p.k) + (0 if p.weight_only else _dequant_bytes(p.fmt, p.m, p.k))
-    mm = max(2.0 * p.m * p.n * p.k / _BF16_FLOPS, ((p.m + p.n) * p.k * 2 + p.m * p.n * p.out_bytes) / dev.mem_bw)
+    """Predicted dequantize (the weights, every expert's for a grouped call; the activations too
+    for W x A) + cuBLAS bf16 time (one GEMM, or the grouped GEMM over all ``p.m`` rows)."""
+    dq = p.experts * _dequant_bytes(p.fmt, p.n, p.k) + (0 if p.weight_only else _dequant_bytes(p.fmt, p.m, p.k))
+    byts = (p.experts * p.n + p.m) * p.k * 2 + p.m * p.n * p.out_bytes
+    mm = max(2.0 * p.m * p.n * p.k / _BF16_FLOPS, byts / dev.mem_bw)
     return (dq / (dev.mem_bw * DEQUANT_EFF[p.fmt]) + mm) * 1e6 + DEQUANT_MATMUL_FIX_US
 
 
@@ -214,12 +216,3 @@ def grouped_tiled_config(p: Problem, dev: DeviceInfo) -> tuple[GemmConfig, float
         t += _dequant_bytes(p.fmt, p.m, p.k) / (dev.mem_bw * DEQUANT_EFF[p.fmt]) * 1e6
     return GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=TILED_STAGES_1, split_k=1,
                       strategy="tiled", dequant_a=not p.weight_only), t
-
-
-def grouped_dequant_matmul_us(p: Problem, dev: DeviceInfo) -> float:
-    """Predicted dequantize (every expert's weights; the activations too for W x A) + grouped
-    cuBLAS bf16 time, as :func:`dequant_matmul_us` for the dense call."""
-    dq = p.experts * _dequant_bytes(p.fmt, p.n, p.k) + (0 if p.weight_only else _dequant_bytes(p.fmt, p.m, p.k))
-    w_bytes = p.experts * p.n * p.k * 2
-    mm = max(2.0 * p.m * p.n * p.k / _BF16_FLOPS, (w_bytes + p.m * p.k * 2 + p.m * p.n * p.out_bytes) / dev.mem_bw)
-    return (dq / (dev.mem_bw * DEQUANT_EFF[p.fmt]) + mm) * 1e6 + DEQUANT_MATMUL_FIX_US
