@@ -34,8 +34,8 @@ NAMES = {1: "mxfp8", 2: "mxfp4", 3: "nvfp4"}
 out = {}
 for fmt, bm, st, bias, ags, cdt, mode in [(2, 128, 4, 0, 0, "*bf16", 0), (3, 128, 4, 1, 1, "*bf16", 0),
                                           (1, 128, 4, 0, 0, "*fp32", 0), (2, 128, 4, 1, 0, "*fp16", 0),
-                                          (3, 128, 3, 0, 0, "*bf16", 0), (2, 256, 4, 0, 0, "*bf16", 0),
-                                          (3, 256, 4, 0, 1, "*fp32", 0), (2, 128, 5, 0, 0, "*bf16", 1),
+                                          (3, 128, 3, 0, 0, "*bf16", 0), (2, 128, 6, 0, 0, "*bf16", 0),
+                                          (3, 128, 6, 0, 1, "*fp32", 0), (2, 128, 5, 0, 0, "*bf16", 1),
                                           (3, 128, 5, 0, 1, "*bf16", 2), (1, 128, 5, 0, 0, "*fp32", 1)]:
     xl, wl = _layouts(bm)
     wpr = TILED_FMT[NAMES[fmt]][1]
@@ -65,6 +65,35 @@ for fmt, bm, st, bias, ags, cdt, mode in [(2, 128, 4, 0, 0, "*bf16", 0), (3, 128
            "cta_barriers": len(re.findall(r"bar\.sync\s+0;", ptx))}
     rec.update(ptxas_stats(ptx))
     out[key] = rec
+
+# the register-operand kernel (tiled_rs.py): two consumer warpgroups of 4 warps + the producer warp
+from blockscaled.kernels.hopper import tiled_rs as R
+for fmt, st, bias, ags, cdt, mode in [(2, 4, 1, 0, "*bf16", 0), (3, 4, 0, 1, "*fp32", 0), (2, 3, 0, 0, "*fp16", 0),
+                                      (3, 4, 0, 0, "*bf16", 1), (2, 4, 0, 0, "*bf16", 2)]:
+    xl, wl = _layouts(256)
+    sig = {"x_desc": f"tensordesc<bf16[256, 64],{xl!r}>", "w_desc": f"tensordesc<i32[128, 8],{wl!r}>",
+           "ws_ptr": "*fp8e4nv" if fmt == 3 else "*u8", "gs_ptr": "*fp32", "ags_ptr": "*fp32", "bias_ptr": "*fp32",
+           "c_ptr": cdt, "M": "i32", "N": "i32", "K": "i32", "stride_wsn": "i32", "stride_cm": "i32",
+           "seg_ptr": "*i32", "E": "i32", "stride_wse": "i32", "FMT": "constexpr", "STAGES": "constexpr",
+           "HAS_AGS": "constexpr", "HAS_BIAS": "constexpr", "MODE": "constexpr", "E_POW2": "constexpr",
+           "GS_PER_E": "constexpr", "num_warps": "constexpr"}
+    key = f"rs_{NAMES[fmt]}_st{st}" + ("_bias" if bias else "") + ("_ags" if ags else "") + (f"_mode{mode}" if mode else "")
+    try:
+        k = triton.compile(GluonASTSource(R.tiled_rs_kernel, sig, constexprs={
+            "FMT": fmt, "STAGES": st, "HAS_AGS": bool(ags), "HAS_BIAS": bool(bias), "MODE": mode,
+            "E_POW2": 128 if mode else 1, "GS_PER_E": mode == 2, "num_warps": 4}), target=TGT, options={"num_warps": 4})
+    except Exception as e:
+        out[key] = {"error": f"{type(e).__name__}: {str(e)[-800:]}"}
+        continue
+    ptx = k.asm["ptx"]
+    wg = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+\.f32\.bf16\.bf16)\s+\{[^}]*\},\s*(\S)", ptx)
+    rec = {"wgmma": sorted({w for w, _ in wg}), "a_operand": sorted({"regs" if a == "{" else "desc" for _, a in wg}),
+           "wgmma_count": len(wg), "tma_load": ptx.count("cp.async.bulk.tensor.2d.shared"),
+           "wait0": ptx.count("wgmma.wait_group.sync.aligned 0;"), "prmt": ptx.count("prmt.b32"),
+           "ld_shared_v4": ptx.count("ld.shared.v4.b32"), "st_shared": ptx.count("st.shared"),
+           "bf16x2_fma": ptx.count("fma.rn.bf16x2"), "shared": k.metadata.shared, "stages": st, "rs": True}
+    rec.update(ptxas_stats(ptx))
+    out[key] = rec
 print("JSON" + json.dumps(out))
 '''
 
@@ -75,8 +104,10 @@ def compiled():
 
 
 def test_tiled_builds_for_sm90(compiled):
-    assert len(compiled) == 10, compiled
+    assert len(compiled) == 15, compiled
     for key, c in compiled.items():
+        if key.startswith("rs_"):
+            continue
         assert "error" not in c, (key, c)
         assert c["wgmma"] == ["m64n128k16.f32.bf16.bf16"], (key, c)
         assert c["a_operand"] == ["desc"], (key, c)  # activations from shared memory, not registers
@@ -93,4 +124,28 @@ def test_tiled_builds_for_sm90(compiled):
         assert c["bf16x2_fma"] == per_thread // 2 * (1 if key.startswith("nvfp4") else 2), (key, c)
         if c.get("spill_stores") is not None:
             assert c["spill_stores"] == 0 and not c["wgmma_serialized"], (key, {k: c[k] for k in ("regs", "spill_stores")})
+        assert c["shared"] <= 227 * 1024, (key, c)
+
+
+def test_register_operand_kernel_builds_for_sm90(compiled):
+    """kernels/hopper/tiled_rs.py: per consumer warpgroup and 64-element K step, 4 bf16 wgmma m64
+    n256 k16 whose A operand is registers (the decoded weights), waited for before the next decode;
+    the weights read as two 128-bit shared loads per row and thread, one prmt per e2m1 pair (16 per
+    thread and step), 2 packed multiplies per pair for MX and 1 for nvfp4; the whole ring (bias,
+    W x A global scales, grouped modes) fits in shared memory; no spills, no wgmma serialisation;
+    dense builds store nothing to shared memory beyond the barriers' initial state."""
+    rs = {k: c for k, c in compiled.items() if k.startswith("rs_")}
+    assert len(rs) == 5, rs
+    for key, c in rs.items():
+        assert "error" not in c, (key, c)
+        assert c["wgmma"] == ["m64n256k16.f32.bf16.bf16"] and c["a_operand"] == ["regs"], (key, c)
+        assert c["wgmma_count"] == 2 * 4 and c["wait0"] == 2, (key, c)  # two consumers, 4 x k16 each
+        # (grouped modes: one more 128-bit shared load outside the loop, the experts' segment scan)
+        assert c["prmt"] == 2 * 16 and c["ld_shared_v4"] == 2 * 4 + ("_mode" in key), (key, c)
+        assert c["bf16x2_fma"] == 2 * 16 * (1 if "nvfp4" in key else 2), (key, c)
+        assert c["tma_load"] == 2, (key, c)  # the producer's loop: one activation and one weight box
+        if "_mode" not in key:  # (the grouped modes' segment scan goes through shared memory, once)
+            assert c["st_shared"] <= 2, (key, c)
+        if c.get("spill_stores") is not None:
+            assert c["spill_stores"] == 0 and not c["wgmma_serialized"], (key, c)
         assert c["shared"] <= 227 * 1024, (key, c)

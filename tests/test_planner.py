@@ -492,8 +492,9 @@ def test_tiled_plans_and_config_checks(monkeypatch):
     """plan/tiled.py on an H100 (any machine): above the streaming kernel's rows an MX / NV call with
     bf16 or quantized activations gets the tiled kernel or dequantize + cuBLAS, whichever the cost
     model predicts faster (large weights at M = 128-256: tiled; M = 8192: dequantize), its config
-    valid and its reasons naming both predictions; fp16 activations say why not; a bias keeps the
-    256-row regime out; GemmConfig rejects tiles and rings the kernel cannot build."""
+    valid and its reasons naming both predictions; fp16 activations say why not; a large fp4 call
+    at M = 256 takes the register-operand kernel (256-token tiles, with or without a bias) and mxfp8
+    never does; GemmConfig rejects tiles, rings and splits the kernels cannot build."""
     from blockscaled.config.gemm import GemmConfig
     from blockscaled.plan import H100_SXM, Problem
     from blockscaled.plan import gemm as plan_gemm_mod
@@ -512,19 +513,23 @@ def test_tiled_plans_and_config_checks(monkeypatch):
                 assert big.kernel == "dequant_matmul" and big.alternatives[0][0] == "hopper_tiled", str(big)
             fp16 = plan_gemm_mod.plan_gemm(Problem("gemm", fmt, 128, 28672, 8192, "float16", tma=True), H100_SXM)
             assert fp16.kernel != "hopper_tiled" and "not the tiled kernel: float16 activations" in str(fp16)
-        for bias in (False, True):
-            p = plan_gemm_mod.plan_gemm(Problem("gemm", "mxfp4", 256, 28672, 8192, "bfloat16", bias=bias, tma=True),
-                                        H100_SXM)
-            assert p.kernel == "hopper_tiled" and (p.config.block_m == 256) == (not bias), str(p)
+        for fmt in ("mxfp4", "nvfp4", "mxfp8"):
+            for bias in (False, True):
+                p = plan_gemm_mod.plan_gemm(Problem("gemm", fmt, 256, 28672, 8192, "bfloat16", bias=bias, tma=True),
+                                            H100_SXM)
+                assert p.kernel == "hopper_tiled" and (p.config.block_m == 256) == (fmt != "mxfp8"), str(p)
+                if p.config.block_m == 256:
+                    assert p.config.num_warps == 4 and p.config.split_k == 1 and "tiled_rs.py" in str(p), str(p)
     finally:
         plan_gemm_mod.plan_gemm.cache_clear()
-    base = dict(block_n=128, block_k=64, split_k=1, strategy="tiled")
-    GemmConfig(block_m=128, num_warps=8, num_stages=6, **base)
-    GemmConfig(block_m=256, num_warps=16, num_stages=4, **base)
-    for bad in (dict(block_m=256, num_warps=16, num_stages=5), dict(block_m=64, num_warps=4, num_stages=4),
-                dict(block_m=128, num_warps=8, num_stages=2)):
+    base = dict(block_n=128, block_k=64, strategy="tiled")
+    GemmConfig(block_m=128, num_warps=8, num_stages=6, split_k=2, **base)
+    GemmConfig(block_m=256, num_warps=4, num_stages=4, split_k=1, **base)
+    for bad in (dict(block_m=256, num_warps=4, num_stages=5), dict(block_m=64, num_warps=4, num_stages=4),
+                dict(block_m=128, num_warps=8, num_stages=2), dict(block_m=256, num_warps=16, num_stages=4),
+                dict(block_m=256, num_warps=4, num_stages=4, split_k=2)):
         with pytest.raises(ValueError, match="GemmConfig"):
-            GemmConfig(**bad, **base)
+            GemmConfig(**{"split_k": 1, **bad}, **base)
 
 def test_grouped_tiled_plans(monkeypatch):
     """plan/tiled.py's grouped form on an H100 (any machine): MoE calls above the streaming kernel's

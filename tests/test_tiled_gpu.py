@@ -51,18 +51,55 @@ def test_forced_weight_only(fmt, m, n, k, split, stages):
         assert_gemm_close(out, ref, fmt, out_dtype, what=f"{fmt} {m}x{n}x{k} split {split} {out_dtype}")
 
 
-@pytest.mark.parametrize("fmt", FMTS)
-def test_forced_256_row_tiles(fmt):
-    """256 x 128 tiles (16 math warps sharing one decoded weight tile, the planner's R3 regime)."""
-    cfg = GemmConfig(block_m=256, block_n=128, block_k=64, num_warps=16, num_stages=4, split_k=1, strategy="tiled")
-    for m, n, k, split in ((300, 257, 1056, 1), (257, 384, 2048, 3), (513, 130, 320, 1)):
+RS = GemmConfig(block_m=256, block_n=128, block_k=64, num_warps=4, num_stages=4, split_k=1, strategy="tiled")
+
+
+@pytest.mark.parametrize("fmt", ("mxfp4", "nvfp4"))
+def test_register_operand_kernel(fmt):
+    """block_m 256 with 4 warps: kernels/hopper/tiled_rs.py (the decoded weights as the wgmma's
+    register operand, 256 tokens x 128 weight rows): odd M / N (tails of both tiles), K tails that
+    are not a multiple of the 64-element step, both rings, output dtypes, a bias, W x A with nvfp4
+    global scales of both operands, and a CUDA graph replay."""
+    for m, n, k, stages in ((300, 257, 1056, 4), (257, 384, 2048, 3), (513, 130, 320, 4), (77, 136, 4128, 4),
+                            (1000, 640, 96, 3)):
         x = randn_like_activations(m, k, device="cuda", seed=m + k)
         w = _weights(n, k, fmt, seed=n)
+        bias = torch.randn(n, device="cuda")
         ref = ref_gemm.gemm(x, w)
-        for out_dtype in (torch.bfloat16, torch.float32):
+        refb = ref_gemm.gemm(x, w, bias=bias)
+        for out_dtype in (torch.bfloat16, torch.float32, torch.float16):
             out = _nan(m, n, out_dtype)
-            bs.gemm(x, w, out_dtype, out=out, config=cfg.replace(split_k=split))
-            assert_gemm_close(out, ref, fmt, out_dtype, what=f"{fmt} 256-row tiles {m}x{n}x{k} split {split}")
+            bs.gemm(x, w, out_dtype, out=out, config=RS.replace(num_stages=stages))
+            assert_gemm_close(out, ref, fmt, out_dtype, what=f"{fmt} register operand {m}x{n}x{k} {out_dtype}")
+        out = bs.gemm(x, w, config=RS, bias=bias)
+        assert_gemm_close(out, refb, fmt, torch.bfloat16, what=f"{fmt} register operand bias {m}x{n}x{k}")
+    a = bs.quantize(randn_like_activations(200, 544, device="cuda", seed=3), fmt)
+    w = _weights(300, 544, fmt, seed=4)
+    out = bs.gemm(a, w, config=RS.replace(dequant_a=True))
+    assert_gemm_close(out, ref_gemm.gemm(a, w), fmt, torch.bfloat16, what=f"{fmt} register operand W x A")
+    x = randn_like_activations(600, 1024, device="cuda", seed=12)
+    w = _weights(384, 1024, fmt, seed=13)
+    static_x = x.clone()
+    out = torch.empty(600, 384, dtype=torch.bfloat16, device="cuda")
+    bs.gemm(static_x, w, out=out, config=RS)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        bs.gemm(static_x, w, out=out, config=RS)
+    x2 = randn_like_activations(600, 1024, device="cuda", seed=14)
+    static_x.copy_(x2)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, bs.gemm(x2, w, config=RS))
+    assert_gemm_close(out, ref_gemm.gemm(x2, w), fmt, torch.bfloat16, what="graph replay")
+
+
+def test_register_operand_kernel_refuses_mxfp8_and_splits():
+    x = randn_like_activations(300, 256, device="cuda", seed=1)
+    with pytest.raises(ValueError, match="register-operand"):
+        bs.gemm(x, _weights(128, 256, "mxfp8", seed=2), config=RS)
+    with pytest.raises(ValueError, match="split_k"):
+        RS.replace(split_k=2)
 
 
 @pytest.mark.parametrize("fmt", FMTS)

@@ -21,6 +21,9 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_
 
 FMTS = ("mxfp4", "nvfp4", "mxfp8")
 CFG = GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=5, strategy="tiled")
+#: the register-operand kernel (kernels/hopper/tiled_rs.py): 256-token tiles, fp4 weights
+RS = GemmConfig(block_m=256, block_n=128, block_k=64, num_warps=4, num_stages=4, strategy="tiled")
+FMT_CFGS = [(f, c) for f in FMTS for c in ("r1", "rs") if not (f == "mxfp8" and c == "rs")]
 
 
 def _experts(e, n, k, fmt, seed):
@@ -40,8 +43,9 @@ def _offsets(counts):
     return o
 
 
-@pytest.mark.parametrize("fmt", FMTS)
-def test_contiguous_weight_only_and_w_x_a(fmt):
+@pytest.mark.parametrize("fmt,which", FMT_CFGS)
+def test_contiguous_weight_only_and_w_x_a(fmt, which):
+    CFG = {"r1": globals()["CFG"], "rs": RS}[which]
     e, n, k = 6, 200, 2880
     counts = [0, 130, 1, 300, 0, 257]
     w, wd, gs = _experts(e, n, k, fmt, seed=1)
@@ -66,8 +70,9 @@ def test_contiguous_weight_only_and_w_x_a(fmt):
     assert_gemm_close(y, ref, fmt, torch.float32, what="contiguous W x A")
 
 
-@pytest.mark.parametrize("fmt", FMTS)
-def test_masked_leaves_rows_past_the_counts(fmt):
+@pytest.mark.parametrize("fmt,which", FMT_CFGS)
+def test_masked_leaves_rows_past_the_counts(fmt, which):
+    CFG = {"r1": globals()["CFG"], "rs": RS}[which]
     e, max_m, n, k = 5, 300, 392, 1056
     counts = torch.tensor([0, 300, 17, 129, 256], dtype=torch.int32)
     w, wd, gs = _experts(e, n, k, fmt, seed=3)
@@ -146,10 +151,13 @@ def test_forced_config_refused_where_it_cannot_run():
     with pytest.raises(ValueError, match="split_k"):
         bs.grouped_gemm(x, w, offsets=off, config=GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8,
                                                               num_stages=5, split_k=2, strategy="tiled"))
+    w8, _, _ = _experts(4, 256, 512, "mxfp8", seed=10)
+    with pytest.raises(ValueError, match="register-operand"):
+        bs.grouped_gemm(x, w8, offsets=off, config=RS)
 
 
-@pytest.mark.parametrize("fmt", ("mxfp4",))
-def test_masked_strided_out_and_empty_calls(fmt):
+@pytest.mark.parametrize("fmt,CFG", [("mxfp4", CFG), ("mxfp4", RS)])
+def test_masked_strided_out_and_empty_calls(fmt, CFG):
     """A masked ``out=`` whose experts are not evenly strided (a slice of a larger buffer): rows past
     the counts keep their content; empty calls (no rows, forced config) return without a launch."""
     e, max_m, n, k = 3, 130, 256, 512

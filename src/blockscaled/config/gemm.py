@@ -76,9 +76,11 @@ class GemmConfig:
     strategy: "triton", "gemv", "hopper", "dequant_matmul", "stream", "tiled" or "direct" (see module
         docstring; "stream": kernels/hopper/stream.py, block_m = the padded activation rows 8..64,
         block_n 64, block_k 128, 4 warps, num_stages = TMA ring slots, split_k; "tiled":
-        kernels/hopper/tiled.py, block_m 128 with 8 warps or 256 with 16, block_n 128, block_k 64,
-        num_stages 3..6 TMA ring slots (4 and more add a TMA producer warp; 3 fits two programs
-        per SM without one: ops/_tiled.py TILED_WS_MIN_STAGES), split_k; "direct":
+        kernels/hopper/tiled.py, block_m 128 with 8 warps, block_n 128, block_k 64, num_stages
+        3..6 TMA ring slots (4 and more add a TMA producer warp; 3 fits two programs per SM
+        without one: ops/_tiled.py TILED_WS_MIN_STAGES), split_k; or block_m 256 with 4 warps:
+        kernels/hopper/tiled_rs.py, mxfp4 / nvfp4 weights as the wgmma's register operand, 256
+        tokens x 128 weight rows, 3..4 slots, no split; "direct":
         kernels/hopper/direct.py, mxfp4 / nvfp4 weights, block_m 8 padded activation rows, block_n
         64, block_k 128, 4 warps, num_stages 1 (no ring: loads a step ahead in registers),
         split_k). "gemv"
@@ -206,20 +208,24 @@ class GemmConfig:
     def _check_tiled(self) -> None:
         # kernels/hopper/tiled.py: one warpgroup per 64 activation rows, 128 weight rows, 64-element
         # K steps, a TMA ring of num_stages slots (the slot of step i - 2 is refilled at step i)
-        # one warpgroup per 64 activation rows (64-row tiles: slower on every A/B row, and 255
-        # registers with a bias: spills)
-        if (self.block_m, self.num_warps) not in ((128, 8), (256, 16)):
-            raise ValueError(f"GemmConfig: strategy 'tiled' runs block_m=128 with num_warps=8 or block_m=256 with "
-                             f"num_warps=16, got block_m={self.block_m}, num_warps={self.num_warps}")
+        # (64-row tiles: slower on every A/B row, and 255 registers with a bias: spills);
+        # kernels/hopper/tiled_rs.py (block_m 256, 4 warps: the launch's default partition, one of
+        # two consumer warpgroups): 256 tokens x 128 weight rows, no K split, fp4 weights
+        if (self.block_m, self.num_warps) not in ((128, 8), (256, 4)):
+            raise ValueError(f"GemmConfig: strategy 'tiled' runs block_m=128 with num_warps=8 (kernels/hopper/tiled.py) "
+                             f"or block_m=256 with num_warps=4 (the register-operand kernel, "
+                             f"kernels/hopper/tiled_rs.py), got block_m={self.block_m}, num_warps={self.num_warps}")
         if (self.block_n, self.block_k) != (128, 64):
             raise ValueError(f"GemmConfig: strategy 'tiled' runs block_n=128, block_k=64, got {self.block_n}, "
                              f"{self.block_k}")
         if not 3 <= self.num_stages <= (4 if self.block_m == 256 else 6):
-            # 256-row tiles: 32 KB of activations per slot; 5 slots need 233 KB of shared memory
+            # 256-token tiles: 32 KB of activations per slot; 5 slots need 180 KB with the weights
+            # and fit, but measured no faster than 4 (twenty-eighth session); 3..4 kept
             raise ValueError(f"GemmConfig.num_stages: strategy 'tiled' needs 3..6 ring slots (3..4 with block_m=256), "
                              f"got {self.num_stages} with block_m={self.block_m}")
-        if self.split_k < 1:
-            raise ValueError(f"GemmConfig.split_k: expected >= 1, got {self.split_k}")
+        if self.split_k < 1 or (self.block_m == 256 and self.split_k != 1):
+            raise ValueError(f"GemmConfig.split_k: strategy 'tiled' takes split_k >= 1 (1 with block_m=256: the "
+                             f"register-operand kernel has no K split), got {self.split_k}")
 
     def replace(self, **kw) -> "GemmConfig":
         return replace(self, **kw)

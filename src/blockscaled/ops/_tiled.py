@@ -17,7 +17,7 @@ from ._launch import fast
 from ._splitk import splitk_scratch
 from ._stream import _descriptor
 
-__all__ = ["launch_tiled", "TILED_FMT", "TILED_WS_MIN_STAGES"]
+__all__ = ["launch_tiled", "launch_tiled_rs", "TILED_FMT", "TILED_WS_MIN_STAGES"]
 
 #: rings of at least this many slots run with a TMA producer warp (warp-specialised: the math warps
 #: keep one barrier of their own per step instead of four; H200 A/B, twentieth session: 1.03-1.12x
@@ -41,6 +41,14 @@ def _gluon():
 
 
 @functools.lru_cache(maxsize=None)
+def _gluon_rs():
+    # Local and optional: the Gluon kernels fail to import on some triton versions.
+    from ..kernels.hopper.tiled_rs import tiled_rs_kernel
+
+    return fast(tiled_rs_kernel)
+
+
+@functools.lru_cache(maxsize=None)
 def _layouts(block_m: int):
     from triton.experimental.gluon import language as gl
 
@@ -53,7 +61,8 @@ def _layouts(block_m: int):
 def launch_tiled(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, w_gs, fmt_name: str, k: int,
                  out: torch.Tensor, cfg: GemmConfig, bias: torch.Tensor | None = None, x_gs=None,
                  seg: torch.Tensor | None = None, grouping: int = 0) -> None:
-    """``out [M, N] = x [M, K] @ dequantize(w).T`` (+ bias) with ``cfg`` (strategy "tiled").
+    """``out [M, N] = x [M, K] @ dequantize(w).T`` (+ bias) with ``cfg`` (strategy "tiled"; block_m
+    256: the register-operand kernel, :func:`launch_tiled_rs`).
 
     ``x``: bf16, K contiguous, 16-byte aligned base and row stride; ``w_data``: the packed weights
     ``[N, K / 2]`` uint8 (e2m1) or ``[N, K]`` e4m3, rows contiguous and 16-byte aligned; ``w_scale``
@@ -71,38 +80,22 @@ def launch_tiled(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, w
                      GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=5,
                                 strategy="tiled"), seg=offsets, grouping=1)
     """
+    if cfg.block_m == 256:  # the register-operand kernel (GemmConfig: 256 tokens x 128 rows, 4 warps)
+        launch_tiled_rs(x, w_data, w_scale, w_gs, fmt_name, k, out, cfg, bias, x_gs, seg, grouping)
+        return
     desc_cls, kernel = _gluon()
     fmt, wpr = TILED_FMT[fmt_name]
     n = w_data.shape[-2]
     x_layout, w_layout = _layouts(cfg.block_m)
-    if grouping == 2:  # one 2-D view each: [E * max_m, K] and [E * max_m, N] (uniform row strides)
-        e, max_m = x.shape[0], x.shape[1]
-        if x.stride(0) != max_m * x.stride(1):
-            x = x.contiguous()
-        x = x.reshape(-1, k)
-        rows_x = max_m
-    else:
-        e = w_data.shape[0] if grouping else 1
-        rows_x = x.shape[0]
+    x, rows_x, e, o2 = _grouped_views(x, out, w_data, k, grouping)
     if x.shape[0] == 0 or n == 0:  # nothing to compute (a TMA descriptor takes no empty dimension)
         return
-    # one 2-D [rows, N] view of the output; a masked out= whose experts are not evenly strided is
-    # computed in a copy of itself (rows past the counts must keep their content) and copied back
-    uniform = grouping != 2 or out.stride(0) == out.shape[1] * out.stride(1)
-    o2 = out.reshape(-1, n) if uniform else None
     target = o2 if o2 is not None else out.contiguous().view(-1, n)
     m = target.shape[0]
     x_desc = _descriptor(desc_cls, x, [x.shape[0], k], [x.stride(0), 1], [cfg.block_m, 64], x_layout)
     w32 = w_data.reshape(-1, w_data.shape[-1]).view(torch.int32)  # [(E *) N, K'] (validated contiguous rows)
     w_desc = _descriptor(desc_cls, w32, [w32.shape[0], k * wpr // 64], [w32.stride(0), 1], [cfg.block_n, wpr], w_layout)
-    tiles_n = triton.cdiv(n, cfg.block_n)
-    if grouping == 1:  # sum over experts of ceil(rows_e / BM) <= ceil(sum_m / BM) + E
-        tiles_m = triton.cdiv(rows_x, cfg.block_m) + e
-    elif grouping == 2:
-        tiles_m = e * triton.cdiv(rows_x, cfg.block_m)
-    else:
-        tiles_m = triton.cdiv(m, cfg.block_m)
-    tiles = tiles_m * tiles_n
+    tiles = _tiles_m(grouping, rows_x, e, m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     steps = triton.cdiv(k, 64)
     per = triton.cdiv(steps, cfg.split_k if not grouping else 1)
     nsplit = triton.cdiv(steps, per)  # every split non-empty
@@ -117,5 +110,69 @@ def launch_tiled(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, w
         STAGES=cfg.num_stages, HAS_AGS=x_gs is not None, HAS_BIAS=bias is not None,
         WS=cfg.num_stages >= TILED_WS_MIN_STAGES, MODE=grouping, E_POW2=triton.next_power_of_2(e) if grouping else 1,
         GS_PER_E=w_gs is not None and w_gs.numel() > 1, num_warps=cfg.num_warps)
+    if o2 is None:
+        out.copy_(target.view(out.shape))
+
+
+def _tiles_m(grouping: int, rows_x: int, e: int, m: int, bm: int) -> int:
+    """M tiles of the grid: contiguous, an upper bound (sum over experts of ceil(rows_e / BM) <=
+    ceil(sum_m / BM) + E); masked, every expert's max_m rows; dense, M's."""
+    if grouping == 1:
+        return triton.cdiv(rows_x, bm) + e
+    if grouping == 2:
+        return e * triton.cdiv(rows_x, bm)
+    return triton.cdiv(m, bm)
+
+
+def _grouped_views(x, out, w_data, k, grouping):
+    """(x as 2-D, rows of x per expert or in all, experts, the output as 2-D, or None where a masked
+    out= is not evenly strided)."""
+    if grouping == 2:  # one 2-D view each: [E * max_m, K] and [E * max_m, N] (uniform row strides)
+        e, max_m = x.shape[0], x.shape[1]
+        if x.stride(0) != max_m * x.stride(1):
+            x = x.contiguous()
+        x = x.reshape(-1, k)
+        rows_x = max_m
+    else:
+        e = w_data.shape[0] if grouping else 1
+        rows_x = x.shape[0]
+    uniform = grouping != 2 or out.stride(0) == out.shape[1] * out.stride(1)
+    return x, rows_x, e, (out.reshape(-1, w_data.shape[-2]) if uniform else None)
+
+
+def launch_tiled_rs(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, w_gs, fmt_name: str, k: int,
+                    out: torch.Tensor, cfg: GemmConfig, bias: torch.Tensor | None = None, x_gs=None,
+                    seg: torch.Tensor | None = None, grouping: int = 0) -> None:
+    """``out [M, N] = x [M, K] @ dequantize(w).T`` (+ bias) on the register-operand tiled kernel
+    (kernels/hopper/tiled_rs.py; :func:`launch_tiled` sends ``block_m=256`` configs here): mxfp4 /
+    nvfp4 weights only, 256 tokens x 128 weight rows per program (``cfg.block_m`` tokens; 128 also
+    builds), ``cfg.num_stages`` ring slots, no K split. Operands, grouping and layouts as
+    :func:`launch_tiled`. Example (Llama 3 70B o, a prefill)::
+
+        launch_tiled_rs(x, w.data, w.scale, None, "mxfp4", 8192, out,
+                        GemmConfig(block_m=256, block_n=128, block_k=64, num_warps=4, num_stages=4,
+                                   strategy="tiled"))
+    """
+    desc_cls, _ = _gluon()
+    kernel = _gluon_rs()
+    fmt, wpr = TILED_FMT[fmt_name]
+    n = w_data.shape[-2]
+    x, rows_x, e, o2 = _grouped_views(x, out, w_data, k, grouping)
+    if x.shape[0] == 0 or n == 0:  # nothing to compute (a TMA descriptor takes no empty dimension)
+        return
+    target = o2 if o2 is not None else out.contiguous().view(-1, n)
+    x_layout, w_layout = _layouts(cfg.block_m)
+    x_desc = _descriptor(desc_cls, x, [x.shape[0], k], [x.stride(0), 1], [cfg.block_m, 64], x_layout)
+    w32 = w_data.reshape(-1, w_data.shape[-1]).view(torch.int32)
+    w_desc = _descriptor(desc_cls, w32, [w32.shape[0], k * wpr // 64], [w32.stride(0), 1], [128, wpr], w_layout)
+    tiles_m = _tiles_m(grouping, rows_x, e, target.shape[0], cfg.block_m)
+    gs = w_gs if w_gs is not None else w_scale  # not read unless nvfp4
+    kernel[(tiles_m * triton.cdiv(n, 128),)](
+        x_desc, w_desc, w_scale, gs, x_gs if x_gs is not None else gs, bias if bias is not None else gs, target,
+        rows_x if grouping else target.shape[0], n, k, w_scale.stride(-2), target.stride(0),
+        seg if seg is not None else gs, e, w_scale.stride(0) if grouping else 0, FMT=fmt, STAGES=cfg.num_stages,
+        HAS_AGS=x_gs is not None, HAS_BIAS=bias is not None, MODE=grouping,
+        E_POW2=triton.next_power_of_2(e) if grouping else 1, GS_PER_E=w_gs is not None and w_gs.numel() > 1,
+        num_warps=4)
     if o2 is None:
         out.copy_(target.view(out.shape))

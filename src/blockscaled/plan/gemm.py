@@ -16,7 +16,7 @@ from .device import DeviceInfo
 from .mx_gemv import MX_GEMV_ROWS, mx_gemv_config, use_mx_gemv
 from .mx_packed import mixed_config_ok, plan_mixed
 from .portable import choose_portable, mx_bf16_applies
-from .tiled import TILED_STAGES_2, dequant_matmul_us, tiled_config, tiled_reason
+from .tiled import TILED_STAGES_2, dequant_matmul_us, kernel_words, tiled_config, tiled_reason
 from .types import DTYPES, Plan, Problem
 
 __all__ = ["plan_gemm"]
@@ -148,8 +148,7 @@ def _plan_tiled(p: Problem, dev: DeviceInfo, scope: str) -> Plan:
              f"dequantize + cuBLAS {t_dq:.1f} us")
     if t_tiled < t_dq:
         return Plan("gemm", "cuda", cfg, p, predicted_us=t_tiled, alternatives=(("dequant_matmul", t_dq),), reasons=(
-            head, "tiled kernel (kernels/hopper/tiled.py): weights decoded to bf16 in shared memory, "
-            "both wgmma operands in shared memory, one wgmma in flight" + (
+            head, kernel_words(cfg) + (
                 "; the activations dequantized exactly to bf16 by one pass first" if cfg.dequant_a else ""), model))
     return Plan("gemm", "cuda", GemmConfig(strategy="dequant_matmul"), p, predicted_us=t_dq,
                 alternatives=(("hopper_tiled", t_tiled),), reasons=(

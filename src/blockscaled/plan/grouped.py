@@ -20,7 +20,8 @@ from .device import DeviceInfo
 from .stream import STREAM_GROUPED_MAX_ROWS, grouped_stream_config, grouped_stream_reason, grouped_stream_split_why
 from ..config.gemm import GemmConfig
 from .grouped_portable import check_grouped_config, choose_grouped_config, dequant_matmul_reason
-from .tiled import dequant_matmul_us, grouped_tiled_config, grouped_tiled_reason, grouped_tiles_words
+from .tiled import (dequant_matmul_us, grouped_tiled_config, grouped_tiled_reason, grouped_tiles_words, kernel_words,
+                    rs_reason)
 from .splits import cdiv as _cdiv
 from .types import DTYPES, Plan, Problem
 
@@ -174,14 +175,14 @@ def plan_grouped(p: Problem, dev: DeviceInfo, forced=None, *, hopper_why: str | 
         cfg, t = grouped_tiled_config(p, dev)
         dq_why = dequant_matmul_reason(p.fmt, p.grouping, out_dtype, a_dtype, p.n, p.k, dev, a_row_stride)
         t_dq = dequant_matmul_us(p, dev) if dq_why is None else math.inf
-        tiles = grouped_tiles_words(p)
+        tiles = grouped_tiles_words(p, cfg.block_m)
         if t <= t_dq:
             return Plan(p.op, backend, cfg, p, predicted_us=t, reasons=(
                 (f"{p.fmt} weight-only" if p.weight_only else f"{p.fmt} x {p.fmt} (activations dequantized to bf16 "
                  "by one pass first)") + f" on sm_90, ~{p.rows_per_expert:g} rows per expert (above the streaming "
                 f"kernel's {STREAM_GROUPED_MAX_ROWS:g})",
-                f"tiled kernel, grouped (kernels/hopper/tiled.py): 128 x 128 tiles numbered over the experts' rows on "
-                f"the device, a decoded bf16 weight tile per 64-K step; {tiles}; predicted {t:.1f} us",
+                f"{kernel_words(cfg)}, grouped: tiles numbered over the experts' rows on the device; {tiles}; "
+                f"predicted {t:.1f} us",
                 "dequantize + grouped cuBLAS: " + (f"predicted {t_dq:.1f} us" if dq_why is None else dq_why)))
         return Plan(p.op, backend, GemmConfig(strategy="dequant_matmul"), p, predicted_us=t_dq, reasons=(
             f"{p.fmt} on sm_90, ~{p.rows_per_expert:g} rows per expert",
@@ -214,6 +215,10 @@ def _forced_tiled(p: Problem, dev: DeviceInfo, forced, backend: str) -> Plan:
     cfg = forced if isinstance(forced, GemmConfig) else GemmConfig(**forced)
     if cfg.split_k != 1:
         raise ValueError(f"config.split_k: the grouped tiled kernel does not split K, got {cfg.split_k}")
+    rs_why = rs_reason(p)
+    if cfg.block_m == 256 and rs_why is not None:
+        raise ValueError(f"config.block_m: 256 is the register-operand tiled kernel, which cannot run this call: "
+                         f"{rs_why}")
     cfg = dataclasses.replace(cfg, dequant_a=not p.weight_only)
     return Plan(p.op, backend, cfg, p, reasons=("forced by config=",))
 

@@ -1,15 +1,19 @@
-"""When the sm_90 tiled MX / NV kernel (kernels/hopper/tiled.py) runs, with which split, and what
-it costs against the other plans of an MX / NV call above the streaming kernel's rows.
+"""When the sm_90 tiled MX / NV kernels (kernels/hopper/tiled.py, tiled_rs.py) run, with which
+split, and what they cost against the other plans of an MX / NV call above the streaming kernel's
+rows.
 
-Cost model (per-program time, measured). The kernel runs in one of three regimes, each a chain of
-64-element K steps per program, ``rounds = ceil(programs / (programs per SM x SMs))``:
+Cost model (per-program time, measured). Three regimes, each a chain of 64-element K steps per
+program, ``rounds = ceil(programs / (programs per SM x SMs))``:
 
 * R1: 128 x 128 tiles, a 5-slot ring with a TMA producer warp, one program per SM, any K split
   <= 8: ``rounds x (steps x TILED_STEP_US[fmt] + TILED_SPLIT_US if split)``;
 * R2 (fp4): 128 x 128 tiles, a 3-slot ring without the producer, two programs per SM, unsplit,
   planned only where the grid has more programs than SMs: ``rounds x steps x TILED_STEP2_US``;
-* R3 (fp4, no bias): 256 x 128 tiles (4 math warpgroups share one decoded weight tile: half the
-  decode per MAC), a 4-slot ring with the producer, unsplit: ``rounds x steps x TILED_STEP3_US``.
+* R3 (fp4): the register-operand kernel (tiled_rs.py): 256 tokens x 128 weight rows, two consumer
+  warpgroups with the decoded weights as the wgmma's register operand (no shared-memory round
+  trip), a 4-slot ring with the producer, unsplit: ``rounds x steps x TILED_STEP3_US``. It replaced
+  tiled.py's 256 x 128 regime (16 math warps sharing one decoded tile; 1.088 / 1.137 us per step),
+  which it beats by 1.1-1.35x (mxfp4) and 1.0-1.1x (nvfp4) on every A/B row (twenty-eighth session).
 
 The planner takes the regime and split with the smallest prediction. Fitted (least squares) on the
 H200 A/B of the head's kernel (benchmarks/results/h200/archive/tiled-ab4-20261127.json: mxfp4 /
@@ -42,8 +46,8 @@ from .stream import STREAM_MAX_M, _triton_release
 from .types import Problem
 
 __all__ = ["TILED_FORMATS", "tiled_reason", "tiled_config", "tiled_us", "dequant_matmul_us", "TILED_MIN_M",
-           "DEQUANT_MATMUL_FIX_US", "grouped_tiled_reason", "grouped_tiled_config",
-           "grouped_tiles_words"]
+           "DEQUANT_MATMUL_FIX_US", "grouped_tiled_reason", "grouped_tiled_config", "regime_config", "rs_reason",
+           "grouped_tiles_words", "kernel_words"]
 
 #: weight formats the kernel decodes (the streaming kernel's decode)
 TILED_FORMATS = ("mxfp4", "nvfp4", "mxfp8")
@@ -60,9 +64,13 @@ TILED_SPLIT_US = 7.0
 #: R2: 3-slot ring without the producer, two 128 x 128 programs per SM (fp4): us per step and program
 TILED_STAGES_2 = 3
 TILED_STEP2_US = {"mxfp4": 1.255, "nvfp4": 1.347}
-#: R3: 4-slot ring (producer warp), one 256 x 128 program per SM (fp4, no bias): us per step
+#: R3: the register-operand kernel, 4-slot ring, one 256 x 128 program per SM (fp4): us per step.
+#: Fitted (relative least squares) on the H200 A/B of twenty-eighth session (rs-ab-20261128.json:
+#: 2880 x 2880 .. 28672 x 8192 and 8192 x 28672, M = 256 / 2048 / 8192, three runs): mxfp4 0.843
+#: (rows -15 .. +19 %: per-step time rises from ~0.75 us with a few programs to ~0.95 at full
+#: load), nvfp4 1.020 (-8 .. +6 %)
 TILED_STAGES_3 = 4
-TILED_STEP3_US = {"mxfp4": 1.088, "nvfp4": 1.137}
+TILED_STEP3_US = {"mxfp4": 0.843, "nvfp4": 1.020}
 #: splits the planner considers (each split keeps >= TILED_MIN_STEPS steps)
 TILED_MAX_SPLIT = 8
 TILED_MIN_STEPS = 4
@@ -158,12 +166,22 @@ def tiled_config(p: Problem, dev: DeviceInfo) -> tuple[GemmConfig, float]:
     cands = [(1, s) for s in range(1, TILED_MAX_SPLIT + 1) if s == 1 or steps >= TILED_MIN_STEPS * s]
     if p.fmt in TILED_STEP2_US and -(-p.m // 128) * -(-p.n // 128) > dev.sm_count:
         cands.append((2, 1))
-    if p.fmt in TILED_STEP3_US and not p.bias:
+    if p.fmt in TILED_STEP3_US:
         cands.append((3, 1))
     regime, split, t = min(((r, s, tiled_us(p, dev, s, r)) for r, s in cands), key=lambda c: c[2])
-    bm, stages = {1: (128, TILED_STAGES_1), 2: (128, TILED_STAGES_2), 3: (256, TILED_STAGES_3)}[regime]
-    return GemmConfig(block_m=bm, block_n=128, block_k=64, num_warps=bm // 16, num_stages=stages, split_k=split,
-                      strategy="tiled", dequant_a=not p.weight_only), t
+    return regime_config(regime, split, p.weight_only), t
+
+
+def regime_config(regime: int, split: int, weight_only: bool) -> GemmConfig:
+    """The GemmConfig of a regime (block_m 256 with 4 warps is the register-operand kernel)."""
+    bm, warps, stages = {1: (128, 8, TILED_STAGES_1), 2: (128, 8, TILED_STAGES_2), 3: (256, 4, TILED_STAGES_3)}[regime]
+    return GemmConfig(block_m=bm, block_n=128, block_k=64, num_warps=warps, num_stages=stages, split_k=split,
+                      strategy="tiled", dequant_a=not weight_only)
+
+
+def rs_reason(p: Problem) -> str | None:
+    """None when the register-operand kernel (R3) can take the call: packed e2m1 weights."""
+    return None if p.fmt in TILED_STEP3_US else f"{p.fmt} weights (it decodes mxfp4 / nvfp4)"
 
 
 # ----------------------------------------------------------------------------- grouped (MoE prefill)
@@ -193,9 +211,18 @@ def _grouped_m_tiles(p: Problem, bm: int = 128) -> int:
     return active * math.ceil(rpe / bm)
 
 
-def grouped_tiles_words(p: Problem) -> str:
+def kernel_words(cfg: GemmConfig) -> str:
+    """Which tiled kernel a config runs, in words (for the plans' reasons)."""
+    if cfg.block_m == 256:
+        return ("register-operand tiled kernel (kernels/hopper/tiled_rs.py): 256 tokens x 128 weight rows, the "
+                "decoded weights the wgmma's register operand (swap-AB), two consumer warpgroups")
+    return ("tiled kernel (kernels/hopper/tiled.py): 128 x 128 tiles, weights decoded to bf16 in shared memory, "
+            "both wgmma operands in shared memory, one wgmma in flight")
+
+
+def grouped_tiles_words(p: Problem, bm: int = 128) -> str:
     """The expected tile grid in words (for the plan's reasons)."""
-    return f"~{_grouped_m_tiles(p)} M tiles x {-(-p.n // 128)} N tiles"
+    return f"~{_grouped_m_tiles(p, bm)} M tiles of {bm} rows x {-(-p.n // 128)} N tiles"
 
 
 #: the grouped form's extra time per round of tiles, us (the expert lookup from the offsets before the
@@ -207,12 +234,16 @@ TILED_GROUPED_ROUND_US = 2.9
 
 
 def grouped_tiled_config(p: Problem, dev: DeviceInfo) -> tuple[GemmConfig, float]:
-    """(R1's config without a split, its predicted us: rounds of tiles x (steps x TILED_STEP_US +
-    TILED_GROUPED_ROUND_US), the activations' dequantize pass included for W x A)."""
+    """(the grouped regime the model predicts faster, unsplit, and its predicted us): R1 (128 x 128
+    tiles) or, for fp4 weights, R3 (256 tokens x 128 rows, the register-operand kernel): rounds of
+    tiles x (steps x the regime's step time + TILED_GROUPED_ROUND_US), the activations' dequantize
+    pass included for W x A. R3 pays for its 256-row tiles where experts hold fewer rows."""
     steps = -(-p.k // 64)
-    programs = _grouped_m_tiles(p) * -(-p.n // 128)
-    t = math.ceil(programs / dev.sm_count) * (steps * TILED_STEP_US[p.fmt] + TILED_GROUPED_ROUND_US)
+    cands = [(1, _grouped_m_tiles(p, 128), TILED_STEP_US[p.fmt])]
+    if rs_reason(p) is None:
+        cands.append((3, _grouped_m_tiles(p, 256), TILED_STEP3_US[p.fmt]))
+    regime, t = min(((r, math.ceil(m_tiles * -(-p.n // 128) / dev.sm_count) * (steps * step + TILED_GROUPED_ROUND_US))
+                     for r, m_tiles, step in cands), key=lambda c: c[1])
     if not p.weight_only:
         t += _dequant_bytes(p.fmt, p.m, p.k) / (dev.mem_bw * DEQUANT_EFF[p.fmt]) * 1e6
-    return GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=TILED_STAGES_1, split_k=1,
-                      strategy="tiled", dequant_a=not p.weight_only), t
+    return regime_config(regime, 1, p.weight_only), t

@@ -1,0 +1,248 @@
+"""The sm_90a tiled MX / NV GEMM with the weights as the wgmma's register operand (swap-AB), in Gluon.
+
+``C[m, n] = sum_k x[m, k] * dequantize(W)[n, k]`` (+ bias) for prefill-sized M, bf16 activations x
+mxfp4 / nvfp4 weights. Kernel body only; the host launcher is ``blockscaled.ops._tiled``.
+
+Why a second tiled kernel (benchmarks/NOTES.md, twenty-eighth session): ``tiled.py`` stores each
+decoded weight tile to shared memory as a bf16 wgmma operand, so every weight element is written
+and read back at 2 bytes and the two math warpgroups meet at a CTA barrier per K step; it runs at
+~0.7x cuBLAS bf16's rate, and moving the decode to a warpgroup of its own did not change that.
+Here the decoded weights never leave the registers:
+
+* the output tile is 128 weight rows x BT tokens (BT = 128 or 256), computed transposed: two
+  consumer warpgroups each own 64 weight rows, the wgmma's M side, as its register operand A;
+  the tokens are the wgmma's N side, B = the activation box [BT, 64] from shared memory (TMA,
+  128-byte swizzle), shared by both warpgroups;
+* a TMA producer warp fills a ring of STAGES slots (the activations and the packed weights of
+  one 64-element K step: [128 rows, 8 int32 words]); each slot's ``empty`` barrier takes one
+  arrival per consumer, so the consumers never wait for each other;
+* the weights stay in natural K order: the wgmma's A fragment gives lane quad t the element
+  pairs (2t, 2t + 1) and (2t + 8, 2t + 9) of each 16-element block, i.e. byte t of every 32-bit
+  word of packed e2m1 (word i of a step holds elements 8i .. 8i + 7, byte b the pair (2b, 2b+1));
+  each thread loads its rows' 8 words whole (two 128-bit shared loads per row, the quad's four
+  threads read the same addresses: a broadcast) and selects its byte per word with one ``prmt``
+  that also places the byte's high nibble 16 bits above its low one: the streaming kernel's pair
+  decode then yields the bf16x2 register of the pair (exact products of code and block scale);
+* the decoded registers are the wgmma's A operand as they are (the conversion is asserted
+  trivial at compile time); each consumer waits for its own wgmma before its next decode (an
+  in-flight register operand was overwritten in the streaming kernel's trial, nineteenth
+  session), and the other consumer's wgmma keeps the tensor cores busy meanwhile.
+
+Numerics: as ``tiled.py`` (exact products, fp32 accumulation in the tensor core, one rounding at
+the store; nvfp4's 2**-8 decode factor undone with the global scale in the epilogue). K must be a
+multiple of 32 (16-byte TMA rows of packed e2m1; the planner checks): TMA zero-fills the codes and
+activations past K, N and M; scale loads past K read 2**0 / 0, never a NaN code. No K split.
+
+Grouped (MODE 1 contiguous, 2 masked): as ``tiled.py``, the token tiles numbered densely over the
+experts on the device (``wide._segments``), weights the 2-D view [E x N, K / 8].
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
+
+from .stream import _FMT_MXFP4, _FMT_NVFP4, _scale_factor
+from .tiled import BLOCK_K, _tiled_producer
+from .wide import _segments
+
+__all__ = ["tiled_rs_kernel", "RS_ROWS", "rs_layouts"]
+
+#: weight rows per consumer warpgroup (the wgmma's M) and per program (two consumers)
+RS_ROWS = gl.constexpr(64)
+#: int32 words of packed e2m1 per row and 64-element K step
+_WPR = gl.constexpr(8)
+
+# One pair of e2m1 codes -> its bf16x2 register: $1 = the 32-bit word holding the pair's byte,
+# $2 = the prmt selector of this thread's byte (t | (t + 4) << 8: the byte to bits 0..7 and the
+# word shifted right by 4 to bits 16..23, so the high nibble sits 16 bits above the low one), $3 =
+# the block's bf16x2 factor. Then the streaming kernel's pair code (stream._PAIR with j = 0):
+# magnitudes to bf16 bits 6..8 / 22..24, signs to 15 / 31, times 2**126 (mx: the placed bits are
+# e2m1 * 2**-126) and times the factor; fma with -0.0 keeps the sign of zero products.
+_RS_PAIR = """
+{{
+.reg .b32 h, v, m, s, nz, c;
+mov.b32 nz, 0x80008000;
+mov.b32 c, 0x7E807E80;
+shr.b32 h, $1, 4;
+prmt.b32 v, $1, h, $2;
+shl.b32 m, v, 6;
+and.b32 m, m, 0x01C001C0;
+shl.b32 s, v, 12;
+and.b32 s, s, 0x80008000;
+or.b32 m, m, s;
+{mx}fma.rn.bf16x2 $0, m, $3, nz;
+}}
+"""
+_RS_PAIR_MX = gl.constexpr(_RS_PAIR.format(mx="fma.rn.bf16x2 m, m, c, nz;\n"))
+_RS_PAIR_NV = gl.constexpr(_RS_PAIR.format(mx=""))
+
+
+@gluon.constexpr_function
+def rs_layouts(ns):
+    """(words [64, 8], pairs [64, NS, WPB, 4]) register layouts of one consumer's step (4 warps):
+    NS scale blocks per row and step (2 mx, 4 nvfp4), WPB = 8 / NS words per block, 4 = the lane
+    quad t. A thread holds rows r and r + 8 (r = lane / 4 + 16 warp), all 8 words of each (the
+    quad's lanes hold the same words), and in the pair layout only its own t."""
+    wpb = 8 // ns
+
+    def c4(i):  # word index bit -> [row, block, word, t]
+        return [0, 0, i, 0] if i < wpb else [0, i // wpb, 0, 0]
+
+    words = gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [0, 2], [0, 4], [8, 0]],
+        lane_bases=[[0, 0], [0, 0], [1, 0], [2, 0], [4, 0]],
+        warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 8])
+    pairs = gl.DistributedLinearLayout(
+        reg_bases=[c4(1), c4(2), c4(4), [8, 0, 0, 0]],
+        lane_bases=[[0, 0, 0, 1], [0, 0, 0, 2], [1, 0, 0, 0], [2, 0, 0, 0], [4, 0, 0, 0]],
+        warp_bases=[[16, 0, 0, 0], [32, 0, 0, 0]], block_bases=[], shape=[64, ns, wpb, 4])
+    return words, pairs
+
+
+@gluon.constexpr_function
+def rs_acc_layout(bt):
+    """One consumer's accumulator [64 weight rows, BT tokens]: wgmma m64 nBT."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, bt, 16])
+
+
+@gluon.jit
+def _rs_decode(words, fac, sel, FMT: gl.constexpr):
+    """words [64, NS, WPB, 1], factors [64, NS, 1, 1], selectors [1, 1, 1, 4] -> the bf16 A
+    operand [64, 64] (K order 8i + 2t + h, natural)."""
+    if FMT == _FMT_NVFP4:
+        pr = gl.inline_asm_elementwise(_RS_PAIR_NV, "=r,r,r,r", [words, sel, fac], dtype=gl.int32, is_pure=True,
+                                       pack=1)
+    else:
+        pr = gl.inline_asm_elementwise(_RS_PAIR_MX, "=r,r,r,r", [words, sel, fac], dtype=gl.int32, is_pure=True,
+                                       pack=1)
+    pr = gl.reshape(pr, [64, 8, 4])  # [row, word i, t]
+    lo = pr.to(gl.int16)
+    hi = (pr >> 16).to(gl.int16)
+    h = gl.join(lo, hi).to(gl.bfloat16, bitcast=True)  # [row, i, t, h]: element 8i + 2t + h
+    return gl.reshape(h, [64, BLOCK_K])
+
+
+@gluon.jit
+def _rs_consumer(x_bufs, w_bufs, ready, empty, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, row_end, N, K, stride_wsn,
+                 stride_cm, off_m, off_n, e, stride_wse, k_lo, n_k, G: gl.constexpr, FMT: gl.constexpr,
+                 BT: gl.constexpr, STAGES: gl.constexpr, HAS_AGS: gl.constexpr, HAS_BIAS: gl.constexpr,
+                 GS_PER_E: gl.constexpr):
+    """Consumer warpgroup G (0 / 1): weight rows off_n + 64 G .. + 63 of the tile. Per K step:
+    wait for the slot, load and decode its words into the A operand, one wgmma [64, 64] x [64, BT]
+    and wait for it, release the slot; then the epilogue (tokens below ``row_end``)."""
+    NS: gl.constexpr = 4 if FMT == _FMT_NVFP4 else 2
+    WPB: gl.constexpr = 8 // NS
+    SPB: gl.constexpr = 16 if FMT == _FMT_NVFP4 else 32  # elements per scale
+    WL: gl.constexpr = rs_layouts(NS)[0]
+    PL: gl.constexpr = rs_layouts(NS)[1]
+    W3: gl.constexpr = gl.SliceLayout(3, PL)
+    FL: gl.constexpr = gl.SliceLayout(2, W3)  # [64, NS] factors
+    acc_l: gl.constexpr = rs_acc_layout(BT)
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
+
+    tq = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, PL))))
+    sel = (tq | ((tq + 4) << 8))[None, None, None, :]
+
+    row0 = off_n + G * 64
+    sr = gl.arange(0, 64, layout=gl.SliceLayout(1, FL))
+    sc = gl.arange(0, NS, layout=gl.SliceLayout(0, FL))
+    srow = e.to(gl.int64) * stride_wse + (row0 + gl.minimum(sr, N - 1 - row0)).to(gl.int64)[:, None] * stride_wsn
+    ncol = gl.cdiv(K, SPB)
+    f_cur = _scale_factor(ws_ptr, srow, (k_lo * NS + sc)[None, :], ncol, FMT)
+
+    acc = gl.zeros((64, BT), dtype=gl.float32, layout=acc_l)
+    for i in range(n_k):
+        s = i % STAGES
+        f_nxt = _scale_factor(ws_ptr, srow, ((k_lo + gl.minimum(i + 1, n_k - 1)) * NS + sc)[None, :], ncol, FMT)
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        w2 = w_bufs.index(s).slice(G * 64, 64).load(WL)
+        words = gl.convert_layout(gl.reshape(w2, [64, NS, WPB]), W3, assert_trivial=True)
+        a = _rs_decode(gl.expand_dims(words, 3), gl.expand_dims(gl.expand_dims(f_cur, 2), 3), sel, FMT)
+        a = gl.convert_layout(a, a_l, assert_trivial=True)
+        acc = warpgroup_mma(a, x_bufs.index(s).permute((1, 0)), acc, is_async=True)
+        acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
+        mbarrier.arrive(empty.index(s), count=1)
+        f_cur = f_nxt
+
+    if FMT == _FMT_NVFP4:
+        if GS_PER_E:
+            gb = gl.load(gs_ptr + e).to(gl.float32)
+        else:
+            gb = gl.load(gs_ptr).to(gl.float32)
+        if HAS_AGS:
+            gb = gb * gl.load(ags_ptr).to(gl.float32)
+        acc = acc * gl.div_rn(gl.full([], 256.0, gl.float32), gb)
+    # stored from the wgmma layout (transposed: a thread's column pairs are two tokens, i.e. two
+    # output rows); a conversion would need shared-memory scratch next to the ring
+    wr = gl.arange(0, 64, layout=gl.SliceLayout(1, acc_l))
+    tk = gl.arange(0, BT, layout=gl.SliceLayout(0, acc_l))
+    mask = (wr < N - row0)[:, None] & (tk < row_end - off_m)[None, :]
+    c_ptrs = c_ptr + (off_m + tk).to(gl.int64)[None, :] * stride_cm + (row0 + wr)[:, None]
+    res = acc
+    if HAS_BIAS:
+        res = res + gl.load(bias_ptr + row0 + wr, mask=wr < N - row0, other=0.0).to(gl.float32)[:, None]
+    gl.store(c_ptrs, res.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+#: registers of the TMA producer warp (it holds a few indices)
+RS_PRODUCER_REGS = gl.constexpr(40)
+#: registers of the second consumer warpgroup (the first, the default partition, gets what the
+#: producer and this one leave): a 64 x 256 fp32 accumulator is 128 per thread
+RS_CONSUMER_REGS = gl.constexpr(232)
+
+
+@gluon.jit(do_not_specialize=["M"])
+def tiled_rs_kernel(x_desc, w_desc, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, M, N, K, stride_wsn, stride_cm, seg_ptr,
+                    E, stride_wse, FMT: gl.constexpr, STAGES: gl.constexpr, HAS_AGS: gl.constexpr,
+                    HAS_BIAS: gl.constexpr, MODE: gl.constexpr, E_POW2: gl.constexpr, GS_PER_E: gl.constexpr,
+                    num_warps: gl.constexpr):
+    """One program per output tile of BT tokens x 128 weight rows, the 128-row weight tiles
+    innermost (consecutive programs share the activation rows). ``x_desc``: TMA boxes [BT, 64] of
+    bf16 x [M, K] (128-byte swizzle); ``w_desc``: boxes [128, 8] of the packed e2m1 weights as
+    int32 [N, K / 8] (unswizzled); ``ws_ptr``: E8M0 [N, K / 32] (mxfp4) or e4m3 [N, K / 16]
+    (nvfp4) scales, row stride ``stride_wsn``; ``gs_ptr``: nvfp4's fp32 global scale; ``ags_ptr``
+    (HAS_AGS): the activations' fp32 global scale (nvfp4 W x A); ``bias_ptr`` [N] (HAS_BIAS);
+    ``c_ptr`` [M, N] (N contiguous). Grouped modes: as ``tiled.tiled_kernel`` (no bias)."""
+    gl.static_assert(num_warps == 4, "the default partition is one consumer warpgroup")
+    gl.static_assert(FMT == _FMT_MXFP4 or FMT == _FMT_NVFP4, "packed e2m1 weights")
+    BT: gl.constexpr = x_desc.block_type.shape[0]
+    BN: gl.constexpr = 2 * RS_ROWS
+
+    pid = gl.program_id(0)
+    tiles_n = gl.cdiv(N, BN)
+    pid_m = pid // tiles_n
+    off_n = (pid % tiles_n) * BN
+    n_k = gl.cdiv(K, BLOCK_K)
+    if MODE == 0:
+        off_m = pid_m * BT
+        row_end = M
+        e = pid_m * 0
+        w_row = off_n
+    else:
+        seg_l: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+        oe, lo, hi, cum = _segments(seg_ptr, M, E, MODE, E_POW2, BT, seg_l)
+        e = gl.sum((cum <= pid_m).to(gl.int32), 0)
+        valid = e < E
+        e = gl.minimum(e, E - 1)  # a program past the tiles: any expert, no K step, nothing stored
+        tile0 = gl.sum(gl.where(oe == e - 1, cum, 0), 0)
+        off_m = gl.sum(gl.where(oe == e, lo, 0), 0) + (pid_m - tile0) * BT
+        row_end = gl.where(valid, gl.sum(gl.where(oe == e, hi, 0), 0), off_m)
+        n_k = gl.where(valid, n_k, 0)
+        w_row = e * N + off_n
+
+    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, BLOCK_K], x_desc.layout)
+    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES, BN, _WPR], w_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    gl.warp_specialize([
+        (_rs_consumer, (x_bufs, w_bufs, ready, empty, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, row_end, N, K,
+                        stride_wsn, stride_cm, off_m, off_n, e, stride_wse, 0, n_k, 0, FMT, BT, STAGES, HAS_AGS,
+                        HAS_BIAS, GS_PER_E)),
+        (_rs_consumer, (x_bufs, w_bufs, ready, empty, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, row_end, N, K,
+                        stride_wsn, stride_cm, off_m, off_n, e, stride_wse, 0, n_k, 1, FMT, BT, STAGES, HAS_AGS,
+                        HAS_BIAS, GS_PER_E)),
+        (_tiled_producer, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, w_row, 0, n_k, _WPR, STAGES)),
+    ], [4, 1], [RS_CONSUMER_REGS, RS_PRODUCER_REGS])
