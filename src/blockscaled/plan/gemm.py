@@ -16,7 +16,7 @@ from .device import DeviceInfo
 from .mx_gemv import MX_GEMV_ROWS, mx_gemv_config, use_mx_gemv
 from .mx_packed import mixed_config_ok, plan_mixed
 from .portable import choose_portable, mx_bf16_applies
-from .tiled import TILED_STAGES_2, dequant_matmul_us, kernel_words, tiled_config, tiled_reason
+from .tiled import RS_DEQUANT_MARGIN, TILED_STAGES_2, dequant_matmul_us, kernel_words, tiled_config, tiled_reason
 from .types import DTYPES, Plan, Problem
 
 __all__ = ["plan_gemm"]
@@ -146,7 +146,10 @@ def _plan_tiled(p: Problem, dev: DeviceInfo, scope: str) -> Plan:
              f"({-(-p.m // cfg.block_m) * -(-p.n // 128)} tiles of {cfg.block_m}x128 x split {cfg.split_k}, "
              f"{-(-steps // cfg.split_k)} K steps each, {per_sm} program(s) per SM), "
              f"dequantize + cuBLAS {t_dq:.1f} us")
-    if t_tiled < t_dq:
+    margin = RS_DEQUANT_MARGIN if cfg.block_m == 256 else 0.0
+    if margin:
+        model += f" (the register-operand kernel must win by {margin:.0%}: RS_DEQUANT_MARGIN)"
+    if t_tiled * (1 + margin) < t_dq:
         return Plan("gemm", "cuda", cfg, p, predicted_us=t_tiled, alternatives=(("dequant_matmul", t_dq),), reasons=(
             head, kernel_words(cfg) + (
                 "; the activations dequantized exactly to bf16 by one pass first" if cfg.dequant_a else ""), model))

@@ -47,6 +47,7 @@ from .types import Problem
 
 __all__ = ["TILED_FORMATS", "tiled_reason", "tiled_config", "tiled_us", "dequant_matmul_us", "TILED_MIN_M",
            "DEQUANT_MATMUL_FIX_US", "grouped_tiled_reason", "grouped_tiled_config", "regime_config", "rs_reason",
+           "RS_DEQUANT_MARGIN",
            "grouped_tiles_words", "kernel_words"]
 
 #: weight formats the kernel decodes (the streaming kernel's decode)
@@ -71,6 +72,13 @@ TILED_STEP2_US = {"mxfp4": 1.255, "nvfp4": 1.347}
 #: load), nvfp4 1.020 (-8 .. +6 %)
 TILED_STAGES_3 = 4
 TILED_STEP3_US = {"mxfp4": 0.843, "nvfp4": 1.020}
+#: a dense call takes R3 over dequantize + cuBLAS only when predicted this much faster: within it
+#: the two measured either way (twenty-eighth session, H200, M = 2048: rs-ab rows predicted 1-4 %
+#: apart measured 0.87-1.13x; the mx suite's Llama 3 8B qkv and 70B gate_up rows, predicted 3.7 /
+#: 1.1 % faster on R3, ran 13 / 10 % slower than dequantize + cuBLAS had), the size of R3's model
+#: error on mxfp4 (-15 .. +19 %). Grouped calls compare plainly (their dequantize pass writes
+#: every expert's weights; no row of the grouped A/B was within 10 %).
+RS_DEQUANT_MARGIN = 0.10
 #: splits the planner considers (each split keeps >= TILED_MIN_STEPS steps)
 TILED_MAX_SPLIT = 8
 TILED_MIN_STEPS = 4
