@@ -9,6 +9,8 @@ against the float64 reference, then timed in interleaved rounds.
     python scripts/sweeps/ab.py --op swiglu --layout dense --shapes 256x18432x7168 --variants plan,hopper,portable
     python scripts/sweeps/ab.py --fmt mxfp4 --weight-only --shapes 16x8192x8192 \\
         --variants plan,stream@split_k=1,stream@split_k=2,stream@split_k=4,stream@split_k=8,portable
+    python scripts/sweeps/ab.py --fmt nvfp4 --weight-only --shapes 2048x8192x8192 \\
+        --variants plan,tiled:r1,tiled:r3,dequant_matmul
     python scripts/sweeps/ab.py --shapes 64x7168x2048 --variants plan,cands --list   # resolve only (CPU: an H100)
 
 Ops: ``gemm`` (``blockscaled.gemm``; ``--fmt``, ``--weight-only`` for bf16 activations), ``grouped``
@@ -29,6 +31,11 @@ Variants (comma list; the first is the baseline of the ratio column):
                   kernel with the planner's split and ring (plan/stream.py); stream@split_k=N
                   times another split (the measurement behind STREAM_PROGRAMS_PER_SM /
                   STREAM_MIN_CHUNKS)
+  tiled[:rN]      mxfp4 / nvfp4 / mxfp8 above 64 rows on sm_90 (dense or grouped): the tiled kernels'
+                  regime the planner predicts fastest (plan/tiled.py tiled_config / grouped_tiled_config),
+                  or regime N unsplit (r1: kernels/hopper/tiled.py 128 x 128; r3: the register-operand
+                  kernel kernels/hopper/tiled_rs.py, 256 tokens x 128 rows, fp4): the measurement
+                  behind TILED_STEP_US / TILED_STEP3_US (tiled@split_k=2: another split)
   KIND@f=v:f=v    KIND's config with fields replaced, e.g. wide@block_n=128:epilogue=masked,
                   portable@split_k=2; Hopper rings are refilled to what fits unless stages= is given
   cands[:PREFIX]  dense fp8_block on sm_90: every candidate the planner ranks (plan.dense.fp8_candidates)
@@ -53,7 +60,7 @@ import json
 import statistics
 import sys
 
-KINDS = ("plan", "hopper", "wide", "skinny", "portable", "gemv", "dequant_matmul", "stream", "cands")
+KINDS = ("plan", "hopper", "wide", "skinny", "portable", "gemv", "dequant_matmul", "stream", "tiled", "cands")
 LAYOUTS = {"gemm": ("dense",), "grouped": ("contiguous", "masked"), "swiglu": ("dense", "contiguous", "masked")}
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 #: HopperConfig fields whose change calls for another ring depth (unless stages= is given too)
@@ -214,6 +221,17 @@ def resolve(case: Case, tokens: list[str], dev) -> list[tuple[str, object]]:
             if case.op != "gemm" or case.fmt not in STREAM_FORMATS or case.m > STREAM_MAX_M:
                 raise SystemExit(f"variant {tok!r}: dense {' / '.join(STREAM_FORMATS)} at M <= {STREAM_MAX_M}")
             cfg = stream_config(p, dev)
+        elif kind == "tiled":
+            from blockscaled.plan.tiled import TILED_FORMATS, grouped_tiled_config, regime_config, tiled_config
+
+            if case.op == "swiglu" or case.fmt not in TILED_FORMATS:
+                raise SystemExit(f"variant {tok!r}: gemm / grouped with {' / '.join(TILED_FORMATS)} weights")
+            if prefix:
+                if prefix not in ("r1", "r3"):
+                    raise SystemExit(f"variant {tok!r}: expected tiled:r1 or tiled:r3")
+                cfg = regime_config(int(prefix[1]), 1, case.weight_only)
+            else:
+                cfg = (grouped_tiled_config(p, dev) if case.grouped else tiled_config(p, dev))[0]
         elif kind == "portable" and fp8_hopper:
             cfg = _best(case, dev, lambda c: not isinstance(c, HopperConfig) and c.strategy == "triton")
         elif kind == "portable" and case.op == "gemm":

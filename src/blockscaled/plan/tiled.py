@@ -18,7 +18,7 @@ program, ``rounds = ceil(programs / (programs per SM x SMs))``:
 The planner takes the regime and split with the smallest prediction. Fitted (least squares) on the
 H200 A/B of the head's kernel (benchmarks/results/h200/archive/tiled-ab4-20261127.json: mxfp4 /
 nvfp4 weight-only, 2880 x 2880, 5760 x 2880, 8192 x 8192, 28672 x 8192 at M = 256-2048, every
-regime, splits 1 / 2 / 4): unsplit rows within -8 / +4 % (R1, R3) and -16 / +4 % (R2) of the fit;
+regime, splits 1 / 2 / 4): unsplit rows within -8 / +4 % (R1) and -16 / +4 % (R2) of the fit;
 the fixed cost per round came out near zero once the epilogue stored straight from the wgmma
 layout; a K split costs 5-8 us more per round (TILED_SPLIT_US: the fp32 partial tiles). ncu of an
 earlier build (M = 2048, 8192 x 8192, no producer warp): 2 warps per scheduler, 41 % of the cycles

@@ -24,9 +24,13 @@ Here the decoded weights never leave the registers:
   that also places the byte's high nibble 16 bits above its low one: the streaming kernel's pair
   decode then yields the bf16x2 register of the pair (exact products of code and block scale);
 * the decoded registers are the wgmma's A operand as they are (the conversion is asserted
-  trivial at compile time); each consumer waits for its own wgmma before its next decode (an
-  in-flight register operand was overwritten in the streaming kernel's trial, nineteenth
-  session), and the other consumer's wgmma keeps the tensor cores busy meanwhile.
+  trivial at compile time); each consumer waits for its own wgmma before its next decode, and the
+  other consumer's wgmma can keep the tensor cores busy meanwhile. Decoding the next step under
+  the in-flight wgmma, half steps, and a ping-pong order of the two consumers were built and
+  measured no faster (docs/design.md, "The register-operand tiled kernel").
+
+Measured (H200, benchmarks/NOTES.md twenty-eighth session): 1.1-1.35x the 128 x 128 tiled kernel
+on mxfp4 and 1.0-1.1x on nvfp4 at M >= 2048, ~0.8-0.86x cuBLAS bf16 on pre-dequantized weights.
 
 Numerics: as ``tiled.py`` (exact products, fp32 accumulation in the tensor core, one rounding at
 the store; nvfp4's 2**-8 decode factor undone with the global scale in the epilogue). K must be a
