@@ -1,9 +1,10 @@
-"""The sm_90a tiled MX / NV kernel (kernels/hopper/tiled.py) built ahead of time, no GPU.
+"""The sm_90a tiled MX / NV kernels (kernels/hopper/tiled.py, and tiled_rs.py: the register-operand
+kernel, its own test below) built ahead of time, no GPU.
 
 Compiled for sm_90a in a subprocess (no interpreter) for mxfp4 / nvfp4 / mxfp8 (128 x 128 tiles),
 with a bias and nvfp4's activation global scale, the grouped modes (contiguous; masked with
 per-expert nvfp4 global scales: the same MMA and decode, the M tiles numbered over the experts on
-the device), 3- to 5-slot rings (4 and more: a TMA producer warp and 8 math warps that synchronise among themselves with named barriers of 256 threads; 3: the
+the device), 3- to 6-slot rings (4 and more: a TMA producer warp and 8 math warps that synchronise among themselves with named barriers of 256 threads; 3: the
 math warps issue the TMA loads, a full ring before the loop and one refill per step). Per build the
 MMA is a bf16 wgmma m64 n128 k16 with both operands in shared memory (the decoded weights are
 stored there: no register A operand), 4 per 64-element K step, one left in flight
@@ -118,9 +119,9 @@ def test_tiled_builds_for_sm90(compiled):
             assert c["named_barriers"] >= 1 and c["cta_barriers"] == 0, (key, c)  # the math warps sync alone
         else:  # the math warps load: the ring filled before the loop, one refill per step
             assert c["tma_load"] == 2 * (c["stages"] + 1) and c["named_barriers"] == 0, (key, c)
-        # 128 x 64 weight elements per step over the math warps' threads (32 each with 8, 16 with 16), as bf16
+        # 128 x 64 weight elements per step over the math warps' threads (32 each with 8), as bf16
         # pairs: 2 packed multiplies per pair (x 2**126 or 2**120, then x scale), 1 for nvfp4
-        per_thread = 128 * 64 // (32 * (16 if "_bm256" in key else 8))
+        per_thread = 128 * 64 // (32 * 8)
         assert c["bf16x2_fma"] == per_thread // 2 * (1 if key.startswith("nvfp4") else 2), (key, c)
         if c.get("spill_stores") is not None:
             assert c["spill_stores"] == 0 and not c["wgmma_serialized"], (key, {k: c[k] for k in ("regs", "spill_stores")})
@@ -133,7 +134,7 @@ def test_register_operand_kernel_builds_for_sm90(compiled):
     the weights read as two 128-bit shared loads per row and thread, one prmt per e2m1 pair (16 per
     thread and step), 2 packed multiplies per pair for MX and 1 for nvfp4; the whole ring (bias,
     W x A global scales, grouped modes) fits in shared memory; no spills, no wgmma serialisation;
-    dense builds store nothing to shared memory beyond the barriers' initial state."""
+    dense builds store no decoded weights to shared memory (a few stores at most: the barriers)."""
     rs = {k: c for k, c in compiled.items() if k.startswith("rs_")}
     assert len(rs) == 5, rs
     for key, c in rs.items():
@@ -145,7 +146,9 @@ def test_register_operand_kernel_builds_for_sm90(compiled):
         assert c["bf16x2_fma"] == 2 * 16 * (1 if "nvfp4" in key else 2), (key, c)
         assert c["tma_load"] == 2, (key, c)  # the producer's loop: one activation and one weight box
         if "_mode" not in key:  # (the grouped modes' segment scan goes through shared memory, once)
-            assert c["st_shared"] <= 2, (key, c)
+            # the barriers' initial state, and on some releases one epilogue scratch store (triton 3.8:
+            # 3 with a bias); a decoded tile stored per step would add at least 4 vector stores
+            assert c["st_shared"] < 6, (key, c)
         if c.get("spill_stores") is not None:
             assert c["spill_stores"] == 0 and not c["wgmma_serialized"], (key, c)
         assert c["shared"] <= 227 * 1024, (key, c)

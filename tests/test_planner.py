@@ -581,6 +581,10 @@ def test_grouped_tiled_plans(monkeypatch):
         plan_grouped(dataclasses.replace(big, interpret=True), CPU_INTERPRETER, cfg, hopper_why=why)
     with pytest.raises(ValueError, match="config.split_k"):
         plan_grouped(big, H100_SXM, dataclasses.replace(cfg, split_k=2), hopper_why=why)
+    rs = GemmConfig(block_m=256, block_n=128, block_k=64, num_warps=4, num_stages=4, strategy="tiled")
+    assert plan_grouped(big, H100_SXM, rs, hopper_why=why).config.block_m == 256
+    with pytest.raises(ValueError, match="register-operand tiled kernel, which cannot run this call: mxfp8"):
+        plan_grouped(dataclasses.replace(big, fmt="mxfp8"), H100_SXM, rs, hopper_why=why)
     monkeypatch.setattr(plan_tiled, "TILED_ENABLED", False)
     p = Problem("grouped", "mxfp4", 8192, 5760, 2880, a="bfloat16", grouping="contiguous", experts=128,
                 rows_per_expert=64.0, tma=True)
@@ -658,3 +662,52 @@ def test_direct_register_budget(direct_on):
     with pytest.raises(ValueError, match="maxnreg"):
         GemmConfig(8, 64, 128, 4, 1, 1, "direct", maxnreg=100)
     assert GemmConfig(8, 64, 128, 4, 1, 1, "direct", maxnreg=96).maxnreg == 96
+
+
+def test_tiled_regimes_and_the_register_operand_margin(monkeypatch):
+    """plan/tiled.py's regimes (any machine, an H200): the register-operand kernel (R3, block_m 256,
+    4 warps) only for mxfp4 / nvfp4 and never split; grouped calls take it where the experts hold
+    256-token tiles' worth of rows and the 128 x 128 regime where they hold fewer; a dense call whose
+    R3 prediction is within RS_DEQUANT_MARGIN of dequantize + cuBLAS compares the other regimes
+    plainly instead (its reasons say so); the reasons name the kernel that runs."""
+    from blockscaled.plan import H200_SXM
+    from blockscaled.plan import gemm as plan_gemm_mod
+    from blockscaled.plan import tiled as plan_tiled
+
+    monkeypatch.setattr(plan_tiled, "_TRITON_OK", True)
+    monkeypatch.setattr(plan_tiled, "TILED_ENABLED", True)
+    for fmt in ("mxfp4", "nvfp4", "mxfp8"):
+        for m, n, k in ((256, 28672, 8192), (2048, 8192, 8192), (8192, 6144, 4096), (300, 2880, 2880)):
+            p = Problem("gemm", fmt, m, n, k, "bfloat16", tma=True)
+            cfg, t = plan_tiled.tiled_config(p, H200_SXM)
+            assert t > 0 and (cfg.block_m == 256) <= (fmt != "mxfp8"), (fmt, m, cfg)
+            assert cfg.block_m == 128 or (cfg.num_warps, cfg.split_k) == (4, 1), cfg
+            no_rs, t2 = plan_tiled.tiled_config(p, H200_SXM, allow_rs=False)
+            assert no_rs.block_m == 128 and t2 >= t, (no_rs, t, t2)
+        for rows, bm in ((64, 128), (1024, 256)):
+            g = Problem("grouped", fmt, 32 * rows, 5760, 2880, "bfloat16", grouping="contiguous", experts=32,
+                        rows_per_expert=float(rows), tma=True)
+            cfg, _ = plan_tiled.grouped_tiled_config(g, H200_SXM)
+            assert cfg.block_m == (bm if fmt != "mxfp8" else 128), (fmt, rows, cfg)
+            assert f"of {cfg.block_m} rows" in plan_tiled.grouped_tiles_words(g, cfg.block_m)
+    assert "tiled_rs.py" in plan_tiled.kernel_words(plan_tiled.regime_config(3, 1, True))
+    assert "kernels/hopper/tiled.py" in plan_tiled.kernel_words(plan_tiled.regime_config(1, 2, False))
+    # the margin: find a shape where R3 is predicted faster than dequantize + cuBLAS by less than it
+    plan_gemm_mod.plan_gemm.cache_clear()
+    try:
+        seen = 0
+        for m in (1024, 1536, 2048, 3072):
+            for n, k in ((8192, 8192), (6144, 4096), (4096, 14336), (28672, 8192)):
+                p = Problem("gemm", "mxfp4", m, n, k, "bfloat16", tma=True)
+                cfg, t = plan_tiled.tiled_config(p, H200_SXM)
+                t_dq = plan_tiled.dequant_matmul_us(p, H200_SXM)
+                plan = plan_gemm_mod.plan_gemm(p, H200_SXM)
+                if cfg.block_m == 256 and t < t_dq <= t * (1 + plan_tiled.RS_DEQUANT_MARGIN):
+                    seen += 1
+                    assert plan.config.strategy == "dequant_matmul" or plan.config.block_m == 128, str(plan)
+                    assert "RS_DEQUANT_MARGIN" in str(plan), str(plan)
+                elif cfg.block_m == 256 and t * (1 + plan_tiled.RS_DEQUANT_MARGIN) < t_dq:
+                    assert plan.config.block_m == 256 and "tiled_rs.py" in str(plan), str(plan)
+        assert seen, "no shape inside the margin: widen the grid"
+    finally:
+        plan_gemm_mod.plan_gemm.cache_clear()

@@ -1,4 +1,5 @@
-"""The sm_90a tiled MX / NV kernel's grouped modes (kernels/hopper/tiled.py MODE 1 / 2) on the GPU,
+"""The sm_90a tiled MX / NV kernels' grouped modes (kernels/hopper/tiled.py MODE 1 / 2, and
+tiled_rs.py's for fp4 with 256-token tiles) on the GPU,
 through the public grouped op, forced (``config=``, small shapes where the planner would pick
 dequantize + cuBLAS) and planned (many experts, MoE prefill sizes): contiguous offsets with empty, one-row and multi-tile experts, masked counts (0 and
 max_m included) with NaN-poisoned outputs whose rows past the counts must stay untouched, N and K

@@ -222,13 +222,16 @@ def resolve(case: Case, tokens: list[str], dev) -> list[tuple[str, object]]:
                 raise SystemExit(f"variant {tok!r}: dense {' / '.join(STREAM_FORMATS)} at M <= {STREAM_MAX_M}")
             cfg = stream_config(p, dev)
         elif kind == "tiled":
-            from blockscaled.plan.tiled import TILED_FORMATS, grouped_tiled_config, regime_config, tiled_config
+            from blockscaled.plan.tiled import (RS_FORMATS, TILED_FORMATS, grouped_tiled_config, regime_config,
+                                                tiled_config)
 
             if case.op == "swiglu" or case.fmt not in TILED_FORMATS:
                 raise SystemExit(f"variant {tok!r}: gemm / grouped with {' / '.join(TILED_FORMATS)} weights")
             if prefix:
                 if prefix not in ("r1", "r3"):
                     raise SystemExit(f"variant {tok!r}: expected tiled:r1 or tiled:r3")
+                if prefix == "r3" and case.fmt not in RS_FORMATS:
+                    raise SystemExit(f"variant {tok!r}: the register-operand kernel takes {' / '.join(RS_FORMATS)}")
                 cfg = regime_config(int(prefix[1]), 1, case.weight_only)
             else:
                 cfg = (grouped_tiled_config(p, dev) if case.grouped else tiled_config(p, dev))[0]
@@ -251,7 +254,10 @@ def resolve(case: Case, tokens: list[str], dev) -> list[tuple[str, object]]:
                                         a_dtype=torch.bfloat16 if case.weight_only else None)
         if cfg is None and kind != "plan":
             raise SystemExit(f"variant {tok!r}: the planner has no such candidate for {case.label()}")
-        out.append((tok, _override(cfg, kw, p.out_bytes)))
+        try:
+            out.append((tok, _override(cfg, kw, p.out_bytes)))
+        except ValueError as e:  # a field the config cannot take (e.g. a split of the 256-token tiles)
+            raise SystemExit(f"variant {tok!r}: {e}") from None
     return out
 
 

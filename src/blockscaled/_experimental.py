@@ -14,7 +14,8 @@ read once, at import):
   where it measured faster, mxfp8) weights at M <= 64, weight-only or W x A, dense and grouped
   (plan/stream.py). **On by default**: its GPU tests and every row of ``bench --suite mx`` passed
   the float64 checks on an H200.
-* ``tiled``: the sm_90 tiled kernel (kernels/hopper/tiled.py) for mxfp4 / nvfp4 / mxfp8 weights
+* ``tiled``: the sm_90 tiled kernels (kernels/hopper/tiled.py; tiled_rs.py for mxfp4 / nvfp4 on
+  256-token tiles) for mxfp4 / nvfp4 / mxfp8 weights
   with bf16 or quantized activations at M > 64, where its cost model predicts it faster than the
   portable kernel or dequantize + cuBLAS (plan/tiled.py). **On by default**: its GPU tests and A/B
   rows passed the float64 checks on an H200 (benchmarks/NOTES.md, twentieth session).

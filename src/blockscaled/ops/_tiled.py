@@ -1,5 +1,5 @@
-"""Host launcher of the sm_90a tiled MX / NV GEMM (kernels/hopper/tiled.py): bf16 activations x
-mxfp4 / nvfp4 / mxfp8 weights, prefill-sized M.
+"""Host launchers of the sm_90a tiled MX / NV GEMMs (kernels/hopper/tiled.py, and tiled_rs.py for
+block_m 256 configs): bf16 activations x mxfp4 / nvfp4 / mxfp8 weights (tiled_rs: fp4), prefill-sized M.
 
 No validation here (ops/gemm.py validates the call and checks a forced config; the planner plans
 the kernel only for operands it can take: plan/tiled.py).
@@ -126,7 +126,7 @@ def _tiles_m(grouping: int, rows_x: int, e: int, m: int, bm: int) -> int:
 
 def _grouped_views(x, out, w_data, k, grouping):
     """(x as 2-D, rows of x per expert or in all, experts, the output as 2-D, or None where a masked
-    out= is not evenly strided)."""
+    out= is not evenly strided or the call is empty: no rows or N = 0)."""
     if grouping == 2:  # one 2-D view each: [E * max_m, K] and [E * max_m, N] (uniform row strides)
         e, max_m = x.shape[0], x.shape[1]
         if x.stride(0) != max_m * x.stride(1):
@@ -136,8 +136,11 @@ def _grouped_views(x, out, w_data, k, grouping):
     else:
         e = w_data.shape[0] if grouping else 1
         rows_x = x.shape[0]
+    n = w_data.shape[-2]
+    if x.shape[0] == 0 or n == 0:  # nothing to compute: the caller returns (no view of an empty out)
+        return x, rows_x, e, None
     uniform = grouping != 2 or out.stride(0) == out.shape[1] * out.stride(1)
-    return x, rows_x, e, (out.reshape(-1, w_data.shape[-2]) if uniform else None)
+    return x, rows_x, e, (out.reshape(-1, n) if uniform else None)
 
 
 def launch_tiled_rs(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, w_gs, fmt_name: str, k: int,

@@ -39,6 +39,7 @@ from ._tiled import launch_tiled
 from ._splitk import splitk_scratch
 from ..formats import Format, get_format
 from ..plan.mx_packed import MIXED_PAIRS, mixed_config_ok
+from ..plan.tiled import RS_FORMATS
 from ..kernels.triton._mma import FORMAT_CODES
 from ..kernels.triton.gemm import gemm_kernel
 from ..kernels.triton.gemv import gemv_kernel
@@ -371,7 +372,7 @@ def _check_sm90_mx(strategy: str, a2, a_s2, fmt: Format, m: int, k: int, cfg: Ge
     if (strategy == "stream" and m > 64) or k % 32:
         raise ValueError(f"config.strategy: {strategy!r} takes " + ("M <= 64 and " if strategy == "stream" else "")
                          + f"K % 32 == 0, got M={m}, K={k}")
-    if strategy == "tiled" and cfg.block_m == 256 and fmt.name not in ("mxfp4", "nvfp4"):
+    if strategy == "tiled" and cfg.block_m == 256 and fmt.name not in RS_FORMATS:
         raise ValueError(f"config.block_m: 256 is the register-operand tiled kernel (kernels/hopper/tiled_rs.py), "
                          f"which takes mxfp4 / nvfp4 weights, got {fmt.name}")
     if strategy == "tiled" and a_s2 is not None and not cfg.dequant_a:

@@ -678,9 +678,10 @@ def grouped_gemm(
     and raises ValueError with the reason when it cannot; only the strategy of such a config is
     used, the tiles come from the planner, ``plan/grouped.py``; a ``HopperConfig`` runs as given).
     MX / NV weights on sm_90 run the register-streaming or streaming kernel at decode sizes (up to
-    16 rows per expert) and above that the tiled kernel's grouped form where its predicted time
+    16 rows per expert) and above that the tiled kernels' grouped forms where the predicted time
     beats dequantize + cuBLAS (``GemmConfig(strategy="tiled", block_m=128, block_n=128,
-    block_k=64, num_warps=8, num_stages=5)`` forces it; no split, no bias).
+    block_k=64, num_warps=8, num_stages=5)`` forces the 128 x 128 one, ``block_m=256, num_warps=4,
+    num_stages=4`` the register-operand one for mxfp4 / nvfp4; no split, no bias).
     ``blockscaled.explain("grouped_gemm", ...)`` returns the plan a call runs. Contiguous with one expert is a dense
     GEMM (offsets must then be ``[0, sum_m]``) and runs :func:`blockscaled.ops.gemm.gemm`
     (split-K / swap-AB at small M, which a one-expert grouped launch cannot use).

@@ -13,18 +13,19 @@ program, ``rounds = ceil(programs / (programs per SM x SMs))``:
   warpgroups with the decoded weights as the wgmma's register operand (no shared-memory round
   trip), a 4-slot ring with the producer, unsplit: ``rounds x steps x TILED_STEP3_US``. It replaced
   tiled.py's 256 x 128 regime (16 math warps sharing one decoded tile; 1.088 / 1.137 us per step),
-  which it beats by 1.1-1.35x (mxfp4) and 1.0-1.1x (nvfp4) on every A/B row (twenty-eighth session).
+  which it beats by 1.1-1.35x (mxfp4) and 1.0-1.1x (nvfp4) at M >= 2048 (twenty-eighth session,
+  rs-ab-20261128.json; its own fit below, at TILED_STEP3_US).
 
-The planner takes the regime and split with the smallest prediction. Fitted (least squares) on the
-H200 A/B of the head's kernel (benchmarks/results/h200/archive/tiled-ab4-20261127.json: mxfp4 /
+The planner takes the regime and split with the smallest prediction. R1 / R2 fitted (least squares)
+on the H200 A/B of that kernel (benchmarks/results/h200/archive/tiled-ab4-20261127.json: mxfp4 /
 nvfp4 weight-only, 2880 x 2880, 5760 x 2880, 8192 x 8192, 28672 x 8192 at M = 256-2048, every
 regime, splits 1 / 2 / 4): unsplit rows within -8 / +4 % (R1) and -16 / +4 % (R2) of the fit;
 the fixed cost per round came out near zero once the epilogue stored straight from the wgmma
 layout; a K split costs 5-8 us more per round (TILED_SPLIT_US: the fp32 partial tiles). ncu of an
 earlier build (M = 2048, 8192 x 8192, no producer warp): 2 warps per scheduler, 41 % of the cycles
 stalled at CTA barriers, tensor pipe 37 %: latency-bound, hence the producer warp, the second
-program per SM and the 256-row tiles. mxfp8 (R1 only; its 256-row build spills with a bias) runs
-~17 % slower per step than mxfp4 (tiled-ws-ab).
+program per SM and (then) 256-row tiles. mxfp8 (R1 only; R3 decodes packed e2m1) runs ~17 % slower
+per step than mxfp4 (tiled-ws-ab).
 
 The alternative above 64 rows is dequantize + cuBLAS bf16 (the portable kernel, and the experimental
 bf16 tiles, are not candidates where the tiled kernel can run: plan/gemm.py ``_plan_tiled``):
@@ -47,7 +48,7 @@ from .types import Problem
 
 __all__ = ["TILED_FORMATS", "tiled_reason", "tiled_config", "tiled_us", "dequant_matmul_us", "TILED_MIN_M",
            "DEQUANT_MATMUL_FIX_US", "grouped_tiled_reason", "grouped_tiled_config", "regime_config", "rs_reason",
-           "RS_DEQUANT_MARGIN",
+           "RS_DEQUANT_MARGIN", "RS_FORMATS",
            "grouped_tiles_words", "kernel_words"]
 
 #: weight formats the kernel decodes (the streaming kernel's decode)
@@ -72,12 +73,13 @@ TILED_STEP2_US = {"mxfp4": 1.255, "nvfp4": 1.347}
 #: load), nvfp4 1.020 (-8 .. +6 %)
 TILED_STAGES_3 = 4
 TILED_STEP3_US = {"mxfp4": 0.843, "nvfp4": 1.020}
-#: a dense call takes R3 over dequantize + cuBLAS only when predicted this much faster: within it
-#: the two measured either way (twenty-eighth session, H200, M = 2048: rs-ab rows predicted 1-4 %
-#: apart measured 0.87-1.13x; the mx suite's Llama 3 8B qkv and 70B gate_up rows, predicted 3.7 /
-#: 1.1 % faster on R3, ran 13 / 10 % slower than dequantize + cuBLAS had), the size of R3's model
-#: error on mxfp4 (-15 .. +19 %). Grouped calls compare plainly (their dequantize pass writes
-#: every expert's weights; no row of the grouped A/B was within 10 %).
+#: a dense call takes R3 over dequantize + cuBLAS only when predicted this much faster (else the
+#: best of the other regimes is compared plainly): within it the two measured either way
+#: (twenty-eighth session, H200, M = 2048: rs-ab rows predicted 1-4 % apart measured 0.87-1.13x;
+#: the mx suite's Llama 3 8B qkv and 70B gate_up rows, predicted 3.7 / 1.1 % faster on R3, ran 13 /
+#: 10 % slower than dequantize + cuBLAS had: the misprediction measured at M = 2048). Grouped calls
+#: compare plainly (their dequantize pass writes every expert's weights; no row of the grouped A/B
+#: was within 10 %).
 RS_DEQUANT_MARGIN = 0.10
 #: splits the planner considers (each split keeps >= TILED_MIN_STEPS steps)
 TILED_MAX_SPLIT = 8
@@ -168,13 +170,15 @@ def dequant_matmul_us(p: Problem, dev: DeviceInfo) -> float:
     return (dq / (dev.mem_bw * DEQUANT_EFF[p.fmt]) + mm) * 1e6 + DEQUANT_MATMUL_FIX_US
 
 
-def tiled_config(p: Problem, dev: DeviceInfo) -> tuple[GemmConfig, float]:
-    """(the config of the regime and split the model predicts fastest, its predicted us)."""
+def tiled_config(p: Problem, dev: DeviceInfo, allow_rs: bool = True) -> tuple[GemmConfig, float]:
+    """(the config of the regime and split the model predicts fastest, its predicted us); without
+    R3 where ``allow_rs`` is False (plan/gemm.py: R3 predicted faster than dequantize + cuBLAS by
+    less than RS_DEQUANT_MARGIN)."""
     steps = -(-p.k // 64)
     cands = [(1, s) for s in range(1, TILED_MAX_SPLIT + 1) if s == 1 or steps >= TILED_MIN_STEPS * s]
     if p.fmt in TILED_STEP2_US and -(-p.m // 128) * -(-p.n // 128) > dev.sm_count:
         cands.append((2, 1))
-    if p.fmt in TILED_STEP3_US:
+    if allow_rs and rs_reason(p) is None:
         cands.append((3, 1))
     regime, split, t = min(((r, s, tiled_us(p, dev, s, r)) for r, s in cands), key=lambda c: c[2])
     return regime_config(regime, split, p.weight_only), t
@@ -187,15 +191,20 @@ def regime_config(regime: int, split: int, weight_only: bool) -> GemmConfig:
                       strategy="tiled", dequant_a=not weight_only)
 
 
+#: weight formats of the register-operand kernel (packed e2m1)
+RS_FORMATS = ("mxfp4", "nvfp4")
+
+
 def rs_reason(p: Problem) -> str | None:
     """None when the register-operand kernel (R3) can take the call: packed e2m1 weights."""
-    return None if p.fmt in TILED_STEP3_US else f"{p.fmt} weights (it decodes mxfp4 / nvfp4)"
+    return None if p.fmt in RS_FORMATS else f"{p.fmt} weights (it decodes {' / '.join(RS_FORMATS)})"
 
 
 # ----------------------------------------------------------------------------- grouped (MoE prefill)
-# The same kernel over the experts' rows (kernels/hopper/tiled.py MODE 1 / 2): 128 x 128 tiles of
-# R1 numbered densely over the experts (M tiles from the per-expert counts on the device), no K
-# split, no bias. Its alternative there is dequantize + torch._grouped_mm / bmm, whose dequantize
+# The same kernels over the experts' rows (kernels/hopper/tiled.py / tiled_rs.py MODE 1 / 2): R1's
+# 128 x 128 or, for fp4, R3's 256-token tiles numbered densely over the experts (M tiles from the
+# per-expert counts on the device), no K split, no bias. Their alternative there is dequantize +
+# torch._grouped_mm / bmm, whose dequantize
 # pass writes every expert's weights in bf16 (2 bytes per element for each of E x N x K: 4.2 GB for
 # gpt-oss-120b's gate_up), which the tiled kernel never does; the portable grouped kernel ran at
 # 0.3-0.5x a per-expert cuBLAS loop there (mx-20261127-2312).

@@ -50,8 +50,8 @@ BLOCK_K = gl.constexpr(64)
 def word_layouts(bn, ns, wps, num_warps):
     """(2-D, 3-D) layouts of one step's packed weight words, [BN, NS * WPS] and [BN, NS, WPS]: NS
     scale blocks per row and step, WPS int32 words per scale block. A thread holds ``wt`` contiguous
-    words of a row (the step's BN x 64 elements over the threads: 32 elements each with 8 warps, 16
-    with 16), lanes the next word bit and 16 rows, warps the remaining word bits and further rows,
+    words of a row (the step's BN x 64 elements over the threads: 32 elements each with 8 warps),
+    lanes the next word bit and 16 rows, warps the remaining word bits and further rows,
     registers the rows past what the warps cover."""
     wpr = ns * wps
     wt = bn * wpr // (32 * num_warps)  # words per thread
@@ -194,8 +194,7 @@ def _tiled_consumer(x_desc, w_desc, x_bufs, w_bufs, wd_bufs, ready, empty, ws_pt
         acc = acc * gl.div_rn(gl.full([], 256.0, gl.float32), gb)
     # stored from the wgmma layout itself (pairs of adjacent columns per thread): a layout
     # conversion needs shared-memory scratch, which the warp-specialised kernel cannot take from
-    # its ring (allocated for the whole kernel): 128-row tiles would use 160 KB, 256-row tiles
-    # more than an SM has
+    # its ring (allocated for the whole kernel): 128-row tiles would use 160 KB
     out_l: gl.constexpr = mma_l
     rows = gl.arange(0, BM, layout=gl.SliceLayout(1, out_l))
     cols = gl.arange(0, BN, layout=gl.SliceLayout(0, out_l))
@@ -242,7 +241,9 @@ def tiled_kernel(x_desc, w_desc, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_
     (the next expert's activations) and masked at the store. ``GS_PER_E``: nvfp4 global scales [E].
     The grouped modes take no bias and no K split."""
     BM: gl.constexpr = x_desc.block_type.shape[0]
-    gl.static_assert(BM == 16 * num_warps, "one warpgroup per 64 rows")
+    # 128-row tiles, one warpgroup per 64 rows (256-token tiles are kernels/hopper/tiled_rs.py's,
+    # which replaced this kernel's 16-warp form: faster on all A/B rows but one, by 1 %)
+    gl.static_assert(BM == 128 and num_warps == 8, "128 x 128 tiles with 8 math warps")
     gl.static_assert(STAGES >= 3, "the slot of step i - 2 is refilled at step i")
     WPR: gl.constexpr = 16 if FMT == _FMT_MXFP8 else 8  # int32 words per row and step
     wd_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BLOCK_K], gl.bfloat16)

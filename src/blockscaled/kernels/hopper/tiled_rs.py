@@ -5,8 +5,8 @@ mxfp4 / nvfp4 weights. Kernel body only; the host launcher is ``blockscaled.ops.
 
 Why a second tiled kernel (benchmarks/NOTES.md, twenty-eighth session): ``tiled.py`` stores each
 decoded weight tile to shared memory as a bf16 wgmma operand, so every weight element is written
-and read back at 2 bytes and the two math warpgroups meet at a CTA barrier per K step; it runs at
-~0.7x cuBLAS bf16's rate, and moving the decode to a warpgroup of its own did not change that.
+and read back at 2 bytes and the math warpgroups meet at a CTA barrier per K step; it runs at
+~0.55-0.75x cuBLAS bf16's rate, and moving the decode to a warpgroup of its own did not change that.
 Here the decoded weights never leave the registers:
 
 * the output tile is 128 weight rows x BT tokens (BT = 128 or 256), computed transposed: two
@@ -29,8 +29,9 @@ Here the decoded weights never leave the registers:
   the in-flight wgmma, half steps, and a ping-pong order of the two consumers were built and
   measured no faster (docs/design.md, "The register-operand tiled kernel").
 
-Measured (H200, benchmarks/NOTES.md twenty-eighth session): 1.1-1.35x the 128 x 128 tiled kernel
-on mxfp4 and 1.0-1.1x on nvfp4 at M >= 2048, ~0.8-0.86x cuBLAS bf16 on pre-dequantized weights.
+Measured (H200, benchmarks/NOTES.md twenty-eighth session): at M >= 2048 1.1-1.35x the planner's
+previous tiled config (tiled.py's 16-warp 256-row form, which this kernel replaced) on mxfp4 and
+1.0-1.1x on nvfp4; 0.61-0.86x (mxfp4) / 0.54-0.80x (nvfp4) cuBLAS bf16 on pre-dequantized weights.
 
 Numerics: as ``tiled.py`` (exact products, fp32 accumulation in the tensor core, one rounding at
 the store; nvfp4's 2**-8 decode factor undone with the global scale in the epilogue). K must be a
