@@ -139,6 +139,8 @@ def _grouped_views(x, out, w_data, k, grouping):
     n = w_data.shape[-2]
     if x.shape[0] == 0 or n == 0:  # nothing to compute: the caller returns (no view of an empty out)
         return x, rows_x, e, None
+    # one 2-D [rows, N] view of the output; a masked out= whose experts are not evenly strided is
+    # computed in a copy of itself (rows past the counts must keep their content) and copied back
     uniform = grouping != 2 or out.stride(0) == out.shape[1] * out.stride(1)
     return x, rows_x, e, (out.reshape(-1, n) if uniform else None)
 
