@@ -214,6 +214,32 @@ def _tiled_consumer(x_desc, w_desc, x_bufs, w_bufs, wd_bufs, ready, empty, ws_pt
         _splitk_sum_store(acc, part_ptr, cnt_ptr, tile, sp, SPLIT, offs, c_ptrs, mask, bias, BM * BN, HAS_BIAS)
 
 
+@gluon.jit
+def tile_rows(pid_m, off_n, n_k, seg_ptr, M, N, E, MODE: gl.constexpr, E_POW2: gl.constexpr, BM: gl.constexpr,
+              num_warps: gl.constexpr):
+    """(first row, end of the valid rows, expert, first weight row in the [E x N, K'] view, K steps)
+    of M tile ``pid_m``. Dense (MODE 0): rows of M. Grouped (1 contiguous, 2 masked): the M tiles
+    numbered densely over the experts from ``seg_ptr`` on the device (``wide._segments``); a program
+    past the real count gets any expert, no K step and no valid row."""
+    if MODE == 0:
+        off_m = pid_m * BM
+        row_end = M
+        e = pid_m * 0
+        w_row = off_n
+    else:
+        seg_l: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+        oe, lo, hi, cum = _segments(seg_ptr, M, E, MODE, E_POW2, BM, seg_l)
+        e = gl.sum((cum <= pid_m).to(gl.int32), 0)
+        valid = e < E
+        e = gl.minimum(e, E - 1)  # a program past the tiles: any expert, no K step, nothing stored
+        tile0 = gl.sum(gl.where(oe == e - 1, cum, 0), 0)  # M tiles of the experts before e
+        off_m = gl.sum(gl.where(oe == e, lo, 0), 0) + (pid_m - tile0) * BM
+        row_end = gl.where(valid, gl.sum(gl.where(oe == e, hi, 0), 0), off_m)
+        n_k = gl.where(valid, n_k, 0)
+        w_row = e * N + off_n
+    return off_m, row_end, e, w_row, n_k
+
+
 #: registers of the TMA producer warp (it holds a few indices)
 PRODUCER_REGS = gl.constexpr(40)
 
@@ -257,22 +283,7 @@ def tiled_kernel(x_desc, w_desc, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_
     num_k = gl.cdiv(K, BLOCK_K)
     k_lo = sp * ks_per_split
     n_k = gl.minimum(ks_per_split, num_k - k_lo)
-    if MODE == 0:
-        off_m = pid_m * BM
-        row_end = M
-        e = pid_m * 0
-        w_row = off_n
-    else:
-        seg_l: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-        oe, lo, hi, cum = _segments(seg_ptr, M, E, MODE, E_POW2, BM, seg_l)
-        e = gl.sum((cum <= pid_m).to(gl.int32), 0)
-        valid = e < E
-        e = gl.minimum(e, E - 1)  # a program past the tiles: any expert, no K step, nothing stored
-        tile0 = gl.sum(gl.where(oe == e - 1, cum, 0), 0)  # M tiles of the experts before e
-        off_m = gl.sum(gl.where(oe == e, lo, 0), 0) + (pid_m - tile0) * BM
-        row_end = gl.where(valid, gl.sum(gl.where(oe == e, hi, 0), 0), off_m)
-        n_k = gl.where(valid, n_k, 0)
-        w_row = e * N + off_n
+    off_m, row_end, e, w_row, n_k = tile_rows(pid_m, off_n, n_k, seg_ptr, M, N, E, MODE, E_POW2, BM, num_warps)
 
     x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BLOCK_K], x_desc.layout)
     w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES, BN, WPR], w_desc.layout)

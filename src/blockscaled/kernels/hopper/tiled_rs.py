@@ -46,9 +46,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
+from .direct import _out_scale
 from .stream import _FMT_MXFP4, _FMT_NVFP4, _scale_factor
-from .tiled import BLOCK_K, _tiled_producer
-from .wide import _segments
+from .tiled import BLOCK_K, _tiled_producer, tile_rows
 
 __all__ = ["tiled_rs_kernel", "RS_ROWS", "rs_layouts"]
 
@@ -170,13 +170,7 @@ def _rs_consumer(x_bufs, w_bufs, ready, empty, ws_ptr, gs_ptr, ags_ptr, bias_ptr
         f_cur = f_nxt
 
     if FMT == _FMT_NVFP4:
-        if GS_PER_E:
-            gb = gl.load(gs_ptr + e).to(gl.float32)
-        else:
-            gb = gl.load(gs_ptr).to(gl.float32)
-        if HAS_AGS:
-            gb = gb * gl.load(ags_ptr).to(gl.float32)
-        acc = acc * gl.div_rn(gl.full([], 256.0, gl.float32), gb)
+        acc = acc * _out_scale(gs_ptr, ags_ptr, e, GS_PER_E, HAS_AGS)
     # stored from the wgmma layout (transposed: a thread's column pairs are two tokens, i.e. two
     # output rows); a conversion would need shared-memory scratch next to the ring
     wr = gl.arange(0, 64, layout=gl.SliceLayout(1, acc_l))
@@ -217,23 +211,8 @@ def tiled_rs_kernel(x_desc, w_desc, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, M,
     tiles_n = gl.cdiv(N, BN)
     pid_m = pid // tiles_n
     off_n = (pid % tiles_n) * BN
-    n_k = gl.cdiv(K, BLOCK_K)
-    if MODE == 0:
-        off_m = pid_m * BT
-        row_end = M
-        e = pid_m * 0
-        w_row = off_n
-    else:
-        seg_l: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-        oe, lo, hi, cum = _segments(seg_ptr, M, E, MODE, E_POW2, BT, seg_l)
-        e = gl.sum((cum <= pid_m).to(gl.int32), 0)
-        valid = e < E
-        e = gl.minimum(e, E - 1)  # a program past the tiles: any expert, no K step, nothing stored
-        tile0 = gl.sum(gl.where(oe == e - 1, cum, 0), 0)
-        off_m = gl.sum(gl.where(oe == e, lo, 0), 0) + (pid_m - tile0) * BT
-        row_end = gl.where(valid, gl.sum(gl.where(oe == e, hi, 0), 0), off_m)
-        n_k = gl.where(valid, n_k, 0)
-        w_row = e * N + off_n
+    off_m, row_end, e, w_row, n_k = tile_rows(pid_m, off_n, gl.cdiv(K, BLOCK_K), seg_ptr, M, N, E, MODE, E_POW2, BT,
+                                              num_warps)
 
     x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, BLOCK_K], x_desc.layout)
     w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES, BN, _WPR], w_desc.layout)
