@@ -141,8 +141,10 @@ def test_register_operand_kernel_builds_for_sm90(compiled):
         assert "error" not in c, (key, c)
         assert c["wgmma"] == ["m64n256k16.f32.bf16.bf16"] and c["a_operand"] == ["regs"], (key, c)
         assert c["wgmma_count"] == 2 * 4 and c["wait0"] == 2, (key, c)  # two consumers, 4 x k16 each
-        # (grouped modes: one more 128-bit shared load outside the loop, the experts' segment scan)
-        assert c["prmt"] == 2 * 16 and c["ld_shared_v4"] == 2 * 4 + ("_mode" in key), (key, c)
+        # 2 x 4 128-bit shared loads in the K loops; the grouped modes' segment scan adds one or two
+        # outside them, by release (triton 3.6: 1, 3.8: 2)
+        assert c["prmt"] == 2 * 16, (key, c)
+        assert c["ld_shared_v4"] == 2 * 4 if "_mode" not in key else 2 * 4 < c["ld_shared_v4"] <= 2 * 4 + 2, (key, c)
         assert c["bf16x2_fma"] == 2 * 16 * (1 if "nvfp4" in key else 2), (key, c)
         assert c["tma_load"] == 2, (key, c)  # the producer's loop: one activation and one weight box
         if "_mode" not in key:  # (the grouped modes' segment scan goes through shared memory, once)
