@@ -52,6 +52,17 @@ def _encode_group(sc, nz, d_ptr, o_ptr, r64, rm, blk, K, NBLK, stride_dm, stride
 
 
 @triton.jit
+def _program_rows(M, K, BLOCK_R: tl.constexpr, GROUPS: tl.constexpr):
+    """The encoders' program: (rows, their mask, as int64, block index in a 128-K group [4],
+    element index in a block [32], first and end 128-K group of this K chunk)."""
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+    return (r, r < M, r.to(tl.int64), tl.arange(0, 4), tl.arange(0, 32), pid_k * GROUPS,
+            tl.minimum((pid_k + 1) * GROUPS, tl.cdiv(K, 128)))
+
+
+@triton.jit
 def mx_encode_kernel(a_ptr, s_ptr, d_ptr, o_ptr, f_ptr, M, K, NBLK, stride_am, stride_sm, stride_dm, stride_om,
                      FP4: tl.constexpr, LIMIT: tl.constexpr, HEAD: tl.constexpr, BLOCK_R: tl.constexpr,
                      GROUPS: tl.constexpr):
@@ -66,15 +77,9 @@ def mx_encode_kernel(a_ptr, s_ptr, d_ptr, o_ptr, f_ptr, M, K, NBLK, stride_am, s
     Grid (row blocks, K chunks of GROUPS groups): one program walking all of K moved ~1 KB per
     step with ~4 programs per SM, latency-bound at 6-8x the copy time (H200: 372 us for 8192 x
     14336 mxfp4, ~48 us of bytes); the K chunks give every SM many independent programs."""
-    pid = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
-    rm = r < M
-    r64 = r.to(tl.int64)
-    j = tl.arange(0, 4)
-    e = tl.arange(0, 32)
+    r, rm, r64, j, e, g_lo, g_hi = _program_rows(M, K, BLOCK_R, GROUPS)
     flag = tl.zeros([BLOCK_R], dtype=tl.int32)
-    for g in range(pid_k * GROUPS, tl.minimum((pid_k + 1) * GROUPS, tl.cdiv(K, 128))):
+    for g in range(g_lo, g_hi):
         blk = g * 4 + j
         bmask = rm[:, None] & (blk[None, :] < NBLK)
         sc = tl.load(s_ptr + r64[:, None] * stride_sm + blk[None, :], mask=bmask, other=0).to(tl.int32)
@@ -112,15 +117,9 @@ def mx_quantize_encode_kernel(x_ptr, d_ptr, o_ptr, f_ptr, M, K, NBLK, stride_xm,
     codes and E8M0 scales), their e2m1 values decoded, then encoded by ``_encode_group``. Outputs
     and grid as ``mx_encode_kernel`` (``f_ptr`` zeros on entry); elements past K are zeros, as the
     quantizer's padding."""
-    pid = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
-    rm = r < M
-    r64 = r.to(tl.int64)
-    j = tl.arange(0, 4)
-    e = tl.arange(0, 32)
+    r, rm, r64, j, e, g_lo, g_hi = _program_rows(M, K, BLOCK_R, GROUPS)
     flag = tl.zeros([BLOCK_R], dtype=tl.int32)
-    for g in range(pid_k * GROUPS, tl.minimum((pid_k + 1) * GROUPS, tl.cdiv(K, 128))):
+    for g in range(g_lo, g_hi):
         blk = g * 4 + j
         col = blk[None, :, None] * 32 + e[None, None, :]  # [1, 4, 32]
         xf = tl.load(x_ptr + r64[:, None, None] * stride_xm + col, mask=rm[:, None, None] & (col < K),
