@@ -33,6 +33,31 @@ from blockscaled.ops._tiled import TILED_FMT, _layouts
 TGT = GPUTarget("cuda", 90, 32)
 NAMES = {1: "mxfp8", 2: "mxfp4", 3: "nvfp4"}
 out = {}
+# the parameters both kernels share (the rest per kernel below)
+COMMON = {"ws_ptr": None, "gs_ptr": "*fp32", "ags_ptr": "*fp32", "bias_ptr": "*fp32", "c_ptr": None, "M": "i32",
+          "N": "i32", "K": "i32", "stride_wsn": "i32", "stride_cm": "i32", "seg_ptr": "*i32", "E": "i32",
+          "stride_wse": "i32", "FMT": "constexpr", "STAGES": "constexpr", "HAS_AGS": "constexpr",
+          "HAS_BIAS": "constexpr", "MODE": "constexpr", "E_POW2": "constexpr", "GS_PER_E": "constexpr",
+          "num_warps": "constexpr"}
+
+
+def build(key, fn, sig, const, warps):
+    """PTX of one build and its common record (wgmma shapes, A operand, counts), or None (the error
+    recorded under ``key``)."""
+    try:
+        k = triton.compile(GluonASTSource(fn, sig, constexprs=const), target=TGT, options={"num_warps": warps})
+    except Exception as e:
+        out[key] = {"error": f"{type(e).__name__}: {str(e)[-800:]}"}
+        return None, None
+    ptx = k.asm["ptx"]
+    wg = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+\.f32\.bf16\.bf16)\s+\{[^}]*\},\s*(\S)", ptx)
+    rec = {"wgmma": sorted({w for w, _ in wg}), "a_operand": sorted({"regs" if a == "{" else "desc" for _, a in wg}),
+           "wgmma_count": len(wg), "tma_load": ptx.count("cp.async.bulk.tensor.2d.shared"),
+           "wait0": ptx.count("wgmma.wait_group.sync.aligned 0;"), "bf16x2_fma": ptx.count("fma.rn.bf16x2"),
+           "shared": k.metadata.shared, "stages": const["STAGES"]}
+    rec.update(ptxas_stats(ptx))
+    return ptx, rec
+
 for fmt, bm, st, bias, ags, cdt, mode in [(2, 128, 4, 0, 0, "*bf16", 0), (3, 128, 4, 1, 1, "*bf16", 0),
                                           (1, 128, 4, 0, 0, "*fp32", 0), (2, 128, 4, 1, 0, "*fp16", 0),
                                           (3, 128, 3, 0, 0, "*bf16", 0), (2, 128, 6, 0, 0, "*bf16", 0),
@@ -40,31 +65,19 @@ for fmt, bm, st, bias, ags, cdt, mode in [(2, 128, 4, 0, 0, "*bf16", 0), (3, 128
                                           (3, 128, 5, 0, 1, "*bf16", 2), (1, 128, 5, 0, 0, "*fp32", 1)]:
     xl, wl = _layouts(bm)
     wpr = TILED_FMT[NAMES[fmt]][1]
-    sig = {"x_desc": f"tensordesc<bf16[{bm}, 64],{xl!r}>", "w_desc": f"tensordesc<i32[128, {wpr}],{wl!r}>",
-           "ws_ptr": "*fp8e4nv" if fmt == 3 else "*u8", "gs_ptr": "*fp32", "ags_ptr": "*fp32", "bias_ptr": "*fp32",
-           "c_ptr": cdt, "part_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
-           "ks_per_split": "i32", "SPLIT": "i32", "stride_wsn": "i32", "stride_cm": "i32", "seg_ptr": "*i32",
-           "E": "i32", "stride_wse": "i32", "FMT": "constexpr", "BN": "constexpr", "STAGES": "constexpr",
-           "HAS_AGS": "constexpr", "HAS_BIAS": "constexpr", "WS": "constexpr", "MODE": "constexpr",
-           "E_POW2": "constexpr", "GS_PER_E": "constexpr", "num_warps": "constexpr"}
+    sig = {**COMMON, "x_desc": f"tensordesc<bf16[{bm}, 64],{xl!r}>", "w_desc": f"tensordesc<i32[128, {wpr}],{wl!r}>",
+           "ws_ptr": "*fp8e4nv" if fmt == 3 else "*u8", "c_ptr": cdt, "part_ptr": "*fp32", "cnt_ptr": "*i32",
+           "ks_per_split": "i32", "SPLIT": "i32", "BN": "constexpr", "WS": "constexpr"}
+    sig = {name: sig[name] for name in T.tiled_kernel.arg_names}  # parameter order
     key = f"{NAMES[fmt]}_bm{bm}_st{st}" + ("_bias" if bias else "") + ("_ags" if ags else "") + (f"_mode{mode}" if mode else "")
-    try:
-        k = triton.compile(GluonASTSource(T.tiled_kernel, sig, constexprs={
-            "FMT": fmt, "BN": 128, "STAGES": st, "HAS_AGS": bool(ags), "HAS_BIAS": bool(bias), "WS": st >= 4,
-            "MODE": mode, "E_POW2": 128 if mode else 1, "GS_PER_E": mode == 2, "num_warps": bm // 16}),
-            target=TGT, options={"num_warps": bm // 16})
-    except Exception as e:
-        out[key] = {"error": f"{type(e).__name__}: {str(e)[-800:]}"}
+    ptx, rec = build(key, T.tiled_kernel, sig, {
+        "FMT": fmt, "BN": 128, "STAGES": st, "HAS_AGS": bool(ags), "HAS_BIAS": bool(bias), "WS": st >= 4,
+        "MODE": mode, "E_POW2": 128 if mode else 1, "GS_PER_E": mode == 2, "num_warps": bm // 16}, bm // 16)
+    if ptx is None:
         continue
-    ptx = k.asm["ptx"]
-    wg = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+\.f32\.bf16\.bf16)\s+\{[^}]*\},\s*(\S)", ptx)
-    rec = {"wgmma": sorted({w for w, _ in wg}), "a_operand": sorted({"regs" if a == "{" else "desc" for _, a in wg}),
-           "wgmma_count": len(wg), "tma_load": ptx.count("cp.async.bulk.tensor.2d.shared"),
-           "wait1": ptx.count("wgmma.wait_group.sync.aligned 1;"), "wait0": ptx.count("wgmma.wait_group.sync.aligned 0;"),
-           "bf16x2_fma": ptx.count("fma.rn.bf16x2"), "shared": k.metadata.shared, "stages": st,
-           "named_barriers": len(re.findall(r"bar\.sync\s+\d+, (?:256|512);", ptx)),
-           "cta_barriers": len(re.findall(r"bar\.sync\s+0;", ptx))}
-    rec.update(ptxas_stats(ptx))
+    rec.update({"wait1": ptx.count("wgmma.wait_group.sync.aligned 1;"),
+                "named_barriers": len(re.findall(r"bar\.sync\s+\d+, (?:256|512);", ptx)),
+                "cta_barriers": len(re.findall(r"bar\.sync\s+0;", ptx))})
     out[key] = rec
 
 # the register-operand kernel (tiled_rs.py): two consumer warpgroups of 4 warps + the producer warp
@@ -72,28 +85,17 @@ from blockscaled.kernels.hopper import tiled_rs as R
 for fmt, st, bias, ags, cdt, mode in [(2, 4, 1, 0, "*bf16", 0), (3, 4, 0, 1, "*fp32", 0), (2, 3, 0, 0, "*fp16", 0),
                                       (3, 4, 0, 0, "*bf16", 1), (2, 4, 0, 0, "*bf16", 2)]:
     xl, wl = _layouts(256)
-    sig = {"x_desc": f"tensordesc<bf16[256, 64],{xl!r}>", "w_desc": f"tensordesc<i32[128, 8],{wl!r}>",
-           "ws_ptr": "*fp8e4nv" if fmt == 3 else "*u8", "gs_ptr": "*fp32", "ags_ptr": "*fp32", "bias_ptr": "*fp32",
-           "c_ptr": cdt, "M": "i32", "N": "i32", "K": "i32", "stride_wsn": "i32", "stride_cm": "i32",
-           "seg_ptr": "*i32", "E": "i32", "stride_wse": "i32", "FMT": "constexpr", "STAGES": "constexpr",
-           "HAS_AGS": "constexpr", "HAS_BIAS": "constexpr", "MODE": "constexpr", "E_POW2": "constexpr",
-           "GS_PER_E": "constexpr", "num_warps": "constexpr"}
+    sig = {**COMMON, "x_desc": f"tensordesc<bf16[256, 64],{xl!r}>", "w_desc": f"tensordesc<i32[128, 8],{wl!r}>",
+           "ws_ptr": "*fp8e4nv" if fmt == 3 else "*u8", "c_ptr": cdt}
+    sig = {name: sig[name] for name in R.tiled_rs_kernel.arg_names}
     key = f"rs_{NAMES[fmt]}_st{st}" + ("_bias" if bias else "") + ("_ags" if ags else "") + (f"_mode{mode}" if mode else "")
-    try:
-        k = triton.compile(GluonASTSource(R.tiled_rs_kernel, sig, constexprs={
-            "FMT": fmt, "STAGES": st, "HAS_AGS": bool(ags), "HAS_BIAS": bool(bias), "MODE": mode,
-            "E_POW2": 128 if mode else 1, "GS_PER_E": mode == 2, "num_warps": 4}), target=TGT, options={"num_warps": 4})
-    except Exception as e:
-        out[key] = {"error": f"{type(e).__name__}: {str(e)[-800:]}"}
+    ptx, rec = build(key, R.tiled_rs_kernel, sig, {
+        "FMT": fmt, "STAGES": st, "HAS_AGS": bool(ags), "HAS_BIAS": bool(bias), "MODE": mode,
+        "E_POW2": 128 if mode else 1, "GS_PER_E": mode == 2, "num_warps": 4}, 4)
+    if ptx is None:
         continue
-    ptx = k.asm["ptx"]
-    wg = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+\.f32\.bf16\.bf16)\s+\{[^}]*\},\s*(\S)", ptx)
-    rec = {"wgmma": sorted({w for w, _ in wg}), "a_operand": sorted({"regs" if a == "{" else "desc" for _, a in wg}),
-           "wgmma_count": len(wg), "tma_load": ptx.count("cp.async.bulk.tensor.2d.shared"),
-           "wait0": ptx.count("wgmma.wait_group.sync.aligned 0;"), "prmt": ptx.count("prmt.b32"),
-           "ld_shared_v4": ptx.count("ld.shared.v4.b32"), "st_shared": ptx.count("st.shared"),
-           "bf16x2_fma": ptx.count("fma.rn.bf16x2"), "shared": k.metadata.shared, "stages": st, "rs": True}
-    rec.update(ptxas_stats(ptx))
+    rec.update({"prmt": ptx.count("prmt.b32"), "ld_shared_v4": ptx.count("ld.shared.v4.b32"),
+                "st_shared": ptx.count("st.shared"), "rs": True})
     out[key] = rec
 print("JSON" + json.dumps(out))
 '''
