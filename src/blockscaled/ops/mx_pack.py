@@ -13,7 +13,7 @@ from ..formats import ScaleRounding, get_format
 from ..kernels.triton.mx_pack import mx_encode_kernel, mx_quantize_encode_kernel
 from ..reference import mx_pack as _ref
 from ..tensor import ScaledTensor
-from .quantize import _ROUND_CODE, GPU_HW_CVT
+from .quantize import _ROUND_CODE, GPU_HW_CVT, quantize
 
 __all__ = ["encode_mx_activations", "encode_raw", "quantize_encode"]
 
@@ -87,8 +87,6 @@ def quantize_encode(x: torch.Tensor, rounding: ScaleRounding | str | None = None
     rounding = resolve_rounding("rounding", rounding, get_format("mxfp4"))
     m, k = x.shape
     if not (x.device.type == "cuda" or _checks.INTERPRET):
-        from .quantize import quantize  # (optional: the reference path only)
-
         return _ref.encode_mx_activations(quantize(x, "mxfp4", rounding=rounding))
     out, osc, flag = _outputs(m, k, x.device)
     if m == 0 or k == 0:
