@@ -562,12 +562,13 @@ def test_grouped_tiled_plans(monkeypatch):
                   rows_per_expert=16384.0, tma=True)
     plan = plan_grouped(big, H100_SXM, hopper_why=why)
     assert plan.kernel == "grouped_dequant_matmul" and "grouped tiled kernel" in str(plan), str(plan)
-    # decode sizes stay on the streaming kernel, SwiGLU and untileable K on their kernels
+    # decode sizes stay on the streaming kernel, untileable K on its kernel; SwiGLU runs each
+    # projection on the tiled kernel (the split: test_swiglu_split_plans)
     small = dataclasses.replace(big, m=64, rows_per_expert=8.0, n=5760, k=2880)
     assert plan_grouped(small, H100_SXM, hopper_why=why).kernel in ("hopper_stream", "hopper_direct")
     sw = Problem("swiglu", "mxfp4", 4096, 2880, 2880, a="bfloat16", grouping="contiguous", experts=32,
                  rows_per_expert=128.0, dual=True, tma=True)
-    assert plan_grouped(sw, H100_SXM, hopper_why=why).kernel != "hopper_tiled"
+    assert plan_grouped(sw, H100_SXM, hopper_why=why).describe().startswith("gate, up: hopper_tiled")
     odd = Problem("grouped", "mxfp4", 4096, 2880, 2880 + 16, a="bfloat16", grouping="contiguous", experts=32,
                   rows_per_expert=128.0, tma=True)
     assert plan_grouped(odd, H100_SXM, hopper_why=why).kernel != "hopper_tiled"
@@ -711,3 +712,44 @@ def test_tiled_regimes_and_the_register_operand_margin(monkeypatch):
         assert seen, "no shape inside the margin: widen the grid"
     finally:
         plan_gemm_mod.plan_gemm.cache_clear()
+
+
+def test_swiglu_split_plans(direct_on, monkeypatch):
+    """A grouped MX / NV SwiGLU on sm_90 runs as gate and up, each the grouped GEMM (fp32 output)
+    the planner picks for one projection, where that is an sm_90 MX kernel (register-streaming at
+    decode, streaming, tiled at prefill), plus one activation pass; the fused SwiGLU (portable
+    kernel) where it is not (fp16 activations, no TMA), for dense SwiGLU, a forced config and with
+    the switch off. The plan says so, and crosses the custom op whole."""
+    import dataclasses
+
+    from blockscaled.plan import grouped as pg, tiled as plan_tiled
+    from blockscaled.plan.encoding import decode_plan, encode_plan
+    from blockscaled.plan.grouped import plan_grouped
+
+    monkeypatch.setattr(plan_tiled, "_TRITON_OK", True)
+    monkeypatch.setattr(plan_tiled, "TILED_ENABLED", True)
+    why = "mx weights: not the fp8_block Hopper kernel"
+    seen = set()
+    for fmt in ("mxfp4", "nvfp4", "mxfp8"):
+        for a in ("bfloat16", "quantized"):
+            for grouping, rows in (("contiguous", 0.5), ("contiguous", 12.0), ("contiguous", 600.0), ("masked", 4.0)):
+                p = Problem("swiglu", fmt, int(128 * rows), 1536, 2048, a, "bfloat16", False, 1, grouping, 128, rows,
+                            True, True)
+                plan = plan_grouped(p, H100_SXM, hopper_why=why)
+                one = plan_grouped(dataclasses.replace(p, op="grouped", dual=False, out_dtype="float32"), H100_SXM,
+                                   hopper_why=why)
+                assert plan.config == one.config and plan.kernel == one.kernel, (plan, one)
+                assert plan.describe().startswith("gate, up: hopper_") and plan.describe().endswith("silu * mul pass")
+                assert "gate and up each a grouped GEMM with fp32 output" in str(plan)
+                assert decode_plan(encode_plan(plan)) == plan
+                seen.add(plan.kernel)
+    assert seen == {"hopper_direct", "hopper_stream", "hopper_tiled"}
+    p = Problem("swiglu", "mxfp4", 64, 1536, 2048, "bfloat16", "bfloat16", False, 1, "contiguous", 128, 0.5,
+                True, True)
+    for other in (dataclasses.replace(p, a="float16"), dataclasses.replace(p, tma=False),
+                  dataclasses.replace(p, grouping="dense", experts=1)):
+        assert plan_grouped(other, H100_SXM, hopper_why=why).kernel == "portable_grouped", other
+    forced = GemmConfig(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=4)
+    assert plan_grouped(p, H100_SXM, forced, hopper_why=why).kernel == "portable_grouped"
+    monkeypatch.setattr(pg, "SPLIT_SWIGLU", False)
+    assert plan_grouped(p, H100_SXM, hopper_why=why).kernel == "portable_grouped"

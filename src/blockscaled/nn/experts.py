@@ -219,7 +219,8 @@ class Experts(torch.nn.Module):
         a = self._act(rows)
         biased = self.gate_bias is not None or self.up_bias is not None
         if self.activation == "silu" and not biased:
-            h = swiglu(a, self.w_gate, self.w_up, offsets=offsets)
+            # out_dtype: the intermediate in the input dtype, as the float64 twin casts it
+            h = swiglu(a, self.w_gate, self.w_up, offsets=offsets, out_dtype=rows.dtype)
         else:
             g, u = self._gate_up(a, offsets)
             if self.gate_bias is not None:
@@ -246,7 +247,7 @@ class Experts(torch.nn.Module):
         _, _, offsets = permute(idx, self.num_experts)
         a = self._act(torch.zeros((rows, self.hidden), dtype=dtype, device=dev))
         if self.activation == "silu" and self.gate_bias is None and self.up_bias is None:
-            first = [explain("swiglu", a, self.w_gate, self.w_up, offsets=offsets)]
+            first = [explain("swiglu", a, self.w_gate, self.w_up, offsets=offsets, out_dtype=dtype)]
         elif self.w_gate_up is not None:
             first = [explain("grouped_gemm", a, self.w_gate_up, offsets=offsets, out_dtype=torch.float32)]
         else:

@@ -153,6 +153,10 @@ def plan_grouped(p: Problem, dev: DeviceInfo, forced=None, *, hopper_why: str | 
         cfg = check_grouped_config(forced, p.fmt, a_dtype=a_dtype, grouping=p.grouping, out_dtype=out_dtype,
                                    n=p.n, k=p.k, device=device, a_row_stride=a_row_stride)
         return Plan(p.op, backend, cfg, p, reasons=("forced by config=",))
+    if p.dual and forced is None and SPLIT_SWIGLU and p.fmt in SPLIT_SWIGLU_FORMATS and p.grouping != "dense":
+        split = _split_swiglu_plan(p, dev, backend, hopper_why, a_row_stride)
+        if split is not None:
+            return split
     stream_why = grouped_stream_reason(p, dev)
     if grouped_direct_reason(p, dev, stream_why) is None:
         split, split_why = grouped_stream_split_why(p, 8, dev)
@@ -198,6 +202,41 @@ def plan_grouped(p: Problem, dev: DeviceInfo, forced=None, *, hopper_why: str | 
     first = (f"the Hopper kernel cannot take it: {hopper_why}" if hopper_why else
              f"dense SwiGLU below {SWIGLU_HOPPER_MIN_M} rows: the portable kernel measured faster")
     return Plan(p.op, backend, cfg, p, reasons=(first, why))
+
+
+#: MX / NV SwiGLU (grouped) runs as two grouped GEMMs on the sm_90 MX kernels plus one activation
+#: pass where the single projection is planned on one of them (``_split_swiglu_plan``); False keeps
+#: the fused portable / dequantize + cuBLAS SwiGLU (the A/B switch)
+SPLIT_SWIGLU = True
+#: the formats whose grouped GEMM has sm_90 kernels (register-streaming, streaming, tiled) and
+#: whose SwiGLU has none: their fused SwiGLU is the portable kernel or dequantize + cuBLAS
+SPLIT_SWIGLU_FORMATS = ("mxfp8", "mxfp4", "nvfp4")
+#: the strategies a split SwiGLU runs each projection on
+_SPLIT_STRATEGIES = ("direct", "stream", "tiled")
+
+
+def _split_swiglu_plan(p: Problem, dev: DeviceInfo, backend: str, hopper_why, a_row_stride: int) -> Plan | None:
+    """A grouped MX / NV SwiGLU as gate and up each a grouped GEMM with fp32 output on the kernel
+    the grouped planner picks for one projection, then ``silu(gate) * up`` in one elementwise pass
+    (ops/grouped.py ``_split_swiglu``); None where that projection would not run on an sm_90 MX
+    kernel (the fused kernels stay). Why: the SwiGLU's fused forms are the portable kernel (no
+    register-decoded MMA; in the layer suite's MX / NV layers it ran where the down projection
+    ran the sm_90 kernels, moe-layer-20261128-1440) and dequantize + cuBLAS, whose bf16 products round gate
+    and up before the activation (a quantized intermediate then flips codes: Mixtral nvfp4 W x A at
+    4096 tokens was 2.9e-2 from float64, above the layer tolerance). The split's products are fp32
+    (the portable kernel's numerics); it costs a second launch, the fp32 products' bytes
+    (2 x rows x N x 4) written and read once, and for quantized activations their one pre-pass
+    shared by both GEMMs."""
+    single = plan_grouped(dataclasses.replace(p, op="grouped", dual=False, out_dtype="float32"), dev, None,
+                          hopper_why=hopper_why, a_row_stride=a_row_stride)
+    cfg = single.config
+    if not isinstance(cfg, GemmConfig) or cfg.strategy not in _SPLIT_STRATEGIES:
+        return None
+    t = None if single.predicted_us is None else 2 * single.predicted_us
+    return Plan(p.op, backend, cfg, p, predicted_us=t, reasons=(
+        f"{p.fmt} SwiGLU on sm_90 split: gate and up each a grouped GEMM with fp32 output on the kernel below, "
+        "then silu(gate) * up in one pass (no fused MX / NV SwiGLU kernel; fp32 products, one rounding)",
+        *single.reasons))
 
 
 def _strategy(forced) -> str | None:

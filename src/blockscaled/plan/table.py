@@ -56,6 +56,12 @@ def dispatch_table(dev: DeviceInfo = H100_SXM) -> str:
                     experts=128, rows_per_expert=float(rows))
         plan = plan_grouped(p, dev, hopper_why="mxfp4 weights")
         lines.append(f"| {rows} rows per expert (T = {32 * rows} tokens, top-4) | {plan.describe()} |")
+    lines += ["", "| grouped mxfp4 SwiGLU (Qwen3-30B-A3B experts: E=128, N=768, K=2048, bf16 x) | plan |", "|---|---|"]
+    for rows in (0.5, 8, 256):
+        p = Problem("swiglu", "mxfp4", int(128 * rows), 768, 2048, a="bfloat16", b_block_rows=1,
+                    grouping="contiguous", experts=128, rows_per_expert=float(rows), dual=True)
+        plan = plan_grouped(p, dev, hopper_why="mxfp4 weights")
+        lines.append(f"| {rows:g} rows per expert (T = {int(16 * rows)} tokens, top-8) | {plan.describe()} |")
     return "\n".join(lines) + "\n"
 
 

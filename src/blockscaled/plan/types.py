@@ -156,7 +156,10 @@ class Plan:
         """One line: kernel and tiles (the bench's config column)."""
         if self.op in ("quantize", "dequantize"):
             return f"{self.kernel} ({self.backend})"
-        return f"{self.kernel} {_config_desc(self.config)}" + ("" if self.backend == "cuda" else f" ({self.backend})")
+        split = (self.op == "swiglu" and isinstance(self.config, GemmConfig)
+                 and self.config.strategy in ("stream", "tiled", "direct"))  # plan/grouped.py _split_swiglu_plan
+        return (("gate, up: " if split else "") + f"{self.kernel} {_config_desc(self.config)}"
+                + (" + silu * mul pass" if split else "") + ("" if self.backend == "cuda" else f" ({self.backend})"))
 
     def __str__(self) -> str:
         lines = [f"{self.problem.short() if self.problem else self.op}", f"  runs: {self.describe()}"]

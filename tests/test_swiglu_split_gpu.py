@@ -1,0 +1,135 @@
+"""The split grouped SwiGLU of MX / NV weights on sm_90 (plan/grouped.py ``_split_swiglu_plan``,
+ops/grouped.py ``_mx_grouped`` + ``_epilogue``): gate and up each a grouped GEMM with fp32 output on
+the register-streaming, streaming or tiled kernel, then ``silu(gate) * up`` in one pass.
+
+Through the public ``bs.swiglu``: contiguous offsets with empty, one-row and multi-tile experts at
+decode, small-batch and prefill rows per expert (so each of the three kernels runs), masked counts
+with NaN-poisoned outputs whose rows past the counts must stay untouched, N and K that are not
+multiples of the tiles, bf16 and quantized activations, nvfp4 with one and with per-expert global
+scales, bf16 / fp32 outputs, a CUDA-graph replay; every output against the float64 reference, and
+the fused SwiGLU (``SPLIT_SWIGLU`` off) within the same tolerance. Needs an sm_90 GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import blockscaled as bs
+from blockscaled.ops import grouped as ops_grouped
+from blockscaled.plan import grouped as plan_grouped_mod
+from blockscaled.testing.inputs import randn_like_activations
+from blockscaled.testing.tolerances import assert_gemm_close
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                                reason="the split SwiGLU runs the sm_90 MX kernels")
+
+FMTS = ("mxfp4", "nvfp4", "mxfp8")
+#: rows per expert that the grouped planner gives to the register-streaming (decode), streaming
+#: (small batch) and tiled (prefill) kernels (plan/direct.py, plan/stream.py, plan/tiled.py)
+COUNTS = {"decode": [0, 1, 2, 1, 0, 3], "batch": [0, 20, 5, 40, 0, 33], "prefill": [0, 300, 130, 520, 0, 257]}
+
+
+def _weights(e, n, k, fmt, seed, per_expert):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for j in range(2):
+        w = bs.quantize((torch.randn(e, n, k, generator=g) * 0.05).cuda(), fmt)
+        wd = w.dequantize(torch.float32).double()
+        gs = None
+        if per_expert:  # a checkpoint's per-expert weight_scale_2: the dequantized weights scale by gs / gs_e
+            gs = w.global_scale.float() * torch.tensor([1.0, 2.0, 0.5, 4.0, 0.25, 1.5], device="cuda")[:e] * (j + 1)
+            wd = wd * (w.global_scale.double() / gs.double())[:, None, None]
+        out.append((w, wd, gs))
+    return out
+
+
+def _offsets(counts):
+    o = torch.zeros(len(counts) + 1, dtype=torch.int32)
+    o[1:] = torch.tensor(counts, dtype=torch.int32).cumsum(0)
+    return o.cuda()
+
+
+def _ref(xd, wgd, wud, rows_of):
+    """float64 silu(x @ wg[e].T) * (x @ wu[e].T) over each expert's rows."""
+    out = []
+    for e, (lo, hi) in enumerate(rows_of):
+        g, u = xd[lo:hi] @ wgd[e].T, xd[lo:hi] @ wud[e].T
+        out.append(torch.nn.functional.silu(g) * u)
+    return torch.cat(out)
+
+
+def _fused(fn):
+    """``fn()`` with the split off (the fused SwiGLU), plans re-made before and after."""
+    old = plan_grouped_mod.SPLIT_SWIGLU
+    ops_grouped._PLANS.clear()
+    plan_grouped_mod.SPLIT_SWIGLU = False
+    try:
+        return fn()
+    finally:
+        plan_grouped_mod.SPLIT_SWIGLU = old
+        ops_grouped._PLANS.clear()
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("size", tuple(COUNTS))
+def test_split_contiguous(fmt, size):
+    e, n, k = 6, 200, 2880
+    counts = COUNTS[size]
+    off = _offsets(counts)
+    rows_of = [(int(off[i]), int(off[i + 1])) for i in range(e)]
+    x = randn_like_activations(int(off[-1]), k, dtype=torch.bfloat16, device="cuda", seed=2)
+    for per_expert in ((False, True) if fmt == "nvfp4" else (False,)):
+        (wg, wgd, gsg), (wu, wud, gsu) = _weights(e, n, k, fmt, 1, per_expert)
+        gkw = dict(b_gate_global_scale=gsg, b_up_global_scale=gsu) if per_expert else {}
+        for a in (x, bs.quantize(x, fmt)):
+            xd = (a if isinstance(a, torch.Tensor) else a.dequantize(torch.float32)).double()
+            ref = _ref(xd, wgd, wud, rows_of)
+            for out_dtype in (torch.bfloat16, torch.float32):
+                kw = dict(offsets=off, out_dtype=out_dtype, **gkw)
+                plan = bs.explain("swiglu", a, wg, wu, **kw)
+                assert plan.kernel in ("hopper_direct", "hopper_stream", "hopper_tiled"), plan
+                assert plan.describe().startswith("gate, up:"), plan
+                y = bs.swiglu(a, wg, wu, **kw)
+                what = f"{fmt} {size} {'W x A' if a is not x else 'weight-only'} {out_dtype} per-expert {per_expert}"
+                assert_gemm_close(y, ref, fmt, out_dtype, what=what)
+                assert torch.equal(y, bs.swiglu(a, wg, wu, **kw))  # deterministic
+                yf = _fused(lambda: bs.swiglu(a, wg, wu, **kw))
+                assert_gemm_close(yf, ref, fmt, out_dtype, what="fused " + what)
+    if size == "decode":  # the register-streaming kernel takes fp4 weight-only decode, mxfp8 streams
+        assert bs.explain("swiglu", x, wg, wu, offsets=off).kernel == ("hopper_stream" if fmt == "mxfp8"
+                                                                      else "hopper_direct")
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_split_masked_leaves_rows_past_the_counts(fmt):
+    e, max_m, n, k = 5, 48, 392, 2048  # 48 rows per expert: the tiled kernel (K a multiple of 64)
+    counts = torch.tensor([0, 48, 17, 1, 33], dtype=torch.int32, device="cuda")
+    (wg, wgd, _), (wu, wud, _) = _weights(e, n, k, fmt, 3, False)
+    xm = randn_like_activations(e * max_m, k, dtype=torch.bfloat16, device="cuda", seed=4).view(e, max_m, k)
+    for a in (xm, bs.quantize(xm, fmt)):
+        assert bs.explain("swiglu", a, wg, wu, masked_m=counts).describe().startswith("gate, up:")
+        out = torch.full((e, max_m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        bs.swiglu(a, wg, wu, masked_m=counts, out=out)
+        xd = (a if isinstance(a, torch.Tensor) else a.dequantize(torch.float32)).double()
+        for i in range(e):
+            c = int(counts[i])
+            if c:
+                ref = torch.nn.functional.silu(xd[i, :c] @ wgd[i].T) * (xd[i, :c] @ wud[i].T)
+                assert_gemm_close(out[i, :c], ref, fmt, torch.bfloat16, what=f"masked expert {i}")
+            assert out[i, c:].isnan().all(), f"expert {i}: rows past the count were written"
+
+
+def test_split_cuda_graph_replays_new_routing():
+    e, n, k, fmt = 6, 256, 2048, "mxfp4"
+    (wg, _, _), (wu, _, _) = _weights(e, n, k, fmt, 5, False)
+    x = randn_like_activations(40, k, dtype=torch.bfloat16, device="cuda", seed=6)
+    off = _offsets([0, 10, 5, 20, 0, 5])
+    out = torch.empty(40, n, dtype=torch.bfloat16, device="cuda")
+    bs.swiglu(x, wg, wu, offsets=off, out=out)  # compile outside the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        bs.swiglu(x, wg, wu, offsets=off, out=out)
+    off.copy_(_offsets([3, 3, 3, 3, 3, 25]))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, bs.swiglu(x, wg, wu, offsets=off))
