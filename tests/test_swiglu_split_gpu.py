@@ -102,8 +102,8 @@ def test_split_contiguous(fmt, size):
 
 @pytest.mark.parametrize("fmt", FMTS)
 def test_split_masked_leaves_rows_past_the_counts(fmt):
-    e, max_m, n, k = 5, 48, 392, 2048  # 48 rows per expert: the tiled kernel (K a multiple of 64)
-    counts = torch.tensor([0, 48, 17, 1, 33], dtype=torch.int32, device="cuda")
+    e, max_m, n, k = 5, 16, 392, 2048  # 16 rows per expert: the streaming kernel
+    counts = torch.tensor([0, 16, 7, 1, 13], dtype=torch.int32, device="cuda")
     (wg, wgd, _), (wu, wud, _) = _weights(e, n, k, fmt, 3, False)
     xm = randn_like_activations(e * max_m, k, dtype=torch.bfloat16, device="cuda", seed=4).view(e, max_m, k)
     for a in (xm, bs.quantize(xm, fmt)):
@@ -133,3 +133,31 @@ def test_split_cuda_graph_replays_new_routing():
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, bs.swiglu(x, wg, wu, offsets=off))
+
+
+@pytest.mark.parametrize("fmt", ("mxfp4", "nvfp4"))
+def test_split_in_chunks_equals_one_pass(fmt, monkeypatch):
+    """Past ``SPLIT_SWIGLU_CHUNK_BYTES`` of fp32 products the split runs in row chunks (contiguous,
+    offsets rebased on the device) or expert chunks (masked): bitwise the one-pass result (the
+    kernels' K order does not change), and within the tolerance of float64."""
+    from blockscaled.ops import _grouped_mx
+
+    e, n, k = 6, 200, 2880
+    off = _offsets(COUNTS["prefill"])
+    rows_of = [(int(off[i]), int(off[i + 1])) for i in range(e)]
+    x = randn_like_activations(int(off[-1]), k, dtype=torch.bfloat16, device="cuda", seed=7)
+    (wg, wgd, gsg), (wu, wud, gsu) = _weights(e, n, k, fmt, 8, fmt == "nvfp4")
+    gkw = dict(b_gate_global_scale=gsg, b_up_global_scale=gsu) if fmt == "nvfp4" else {}
+    xm = randn_like_activations(e * 16, k, dtype=torch.bfloat16, device="cuda", seed=9).view(e, 16, k)
+    counts = torch.tensor([0, 16, 7, 1, 13, 16], dtype=torch.int32, device="cuda")
+    one = bs.swiglu(x, wg, wu, offsets=off, **gkw)
+    one_m = torch.full((e, 16, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    bs.swiglu(xm, wg, wu, masked_m=counts, out=one_m, **gkw)
+    monkeypatch.setattr(_grouped_mx, "SPLIT_SWIGLU_CHUNK_BYTES", 8 * n * 97)  # 97-row / 6-expert chunks
+    y = bs.swiglu(x, wg, wu, offsets=off, **gkw)
+    assert torch.equal(y, one)
+    assert_gemm_close(y, _ref(x.double(), wgd, wud, rows_of), fmt, torch.bfloat16, what="chunked contiguous")
+    monkeypatch.setattr(_grouped_mx, "SPLIT_SWIGLU_CHUNK_BYTES", 8 * n * 16 * 2)  # 2 experts per chunk
+    ym = torch.full((e, 16, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    bs.swiglu(xm, wg, wu, masked_m=counts, out=ym, **gkw)
+    assert torch.equal(ym.nan_to_num(7.0), one_m.nan_to_num(7.0))  # rows past the counts untouched: NaN in both

@@ -33,20 +33,19 @@ from ..plan.grouped import plan_grouped
 from ..plan.grouped_portable import choose_grouped_config
 from ..formats import get_format
 from ..kernels.triton._mma import FORMAT_CODES
-from ..kernels.triton.grouped import dq_epilogue_kernel, grouped_gemm_kernel
+from ..kernels.triton.grouped import grouped_gemm_kernel
 from ..reference import grouped as _ref
 from ..tensor import ScaledTensor
 from ._autograd import requires_grad_name
 from ._explain import emit, explaining
 from .errors import OP_GROUPED_GEMM, check_metadata, check_metadata_host
 from . import _hopper
-from ._direct import launch_direct
-from ._stream import launch_stream, words_aligned
-from ._tiled import launch_tiled
-from .gemm import _DTYPE_NAMES, _cdiv, _dequant, _eager_ok, _one, _tiled_activations, stream_activations
+from ._stream import words_aligned
+from .gemm import _DTYPE_NAMES, _cdiv, _dequant, _eager_ok, _one
 from .quantize import _pow2  # (host arithmetic, not triton's constexpr functions: ~2-5 us a call)
 from .gemm import gemm as _dense_gemm
 from ._launch import fast
+from ._grouped_mx import MX_STRATEGIES, epilogue, mx_grouped, split_swiglu
 
 __all__ = ["grouped_gemm"]
 
@@ -267,34 +266,8 @@ def _dequant_matmul(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_sc
         out.copy_(Y)
         return out
     res = alloc()
-    _epilogue(Y, Y2, res, seg_k, post, post2, mode, e)
+    epilogue(Y, Y2, res, seg_k, post, post2, mode, e)
     return res
-
-
-def _epilogue(Y, Y2, res, seg_k, post, post2, mode: int, e: int) -> None:
-    """``res = Y * post`` or (``Y2`` given) ``silu(Y * post) * (Y2 * post2)`` in fp32, cast once
-    (``dq_epilogue_kernel``; ``post`` None: no factor). ``Y`` / ``Y2``: products with ``res``'s
-    rows (masked: ``[E, max_m, N]``, rows past the counts ``seg_k`` neither read nor written;
-    contiguous: ``seg_k`` the segment ends, read only for a per-expert ``post``)."""
-    n = res.shape[-1]
-    if mode == MODE_MASKED:
-        grid_m, ge = res.shape[1], e
-        sxe, sxm, soe, som = Y.stride(0), Y.stride(1), res.stride(0), res.stride(1)
-    else:
-        grid_m, ge = res.shape[0], 1
-        x2d = Y if Y.ndim == 2 else Y[0]
-        sxe, sxm, soe, som = 0, x2d.stride(0), 0, res.stride(0)
-    if grid_m == 0 or n == 0 or ge == 0:
-        return
-    bm, bn = 32, 128
-    post_t = post if post is not None else res
-    fast(dq_epilogue_kernel)[(_cdiv(grid_m, bm), _cdiv(n, bn), ge)](
-        Y, Y2 if Y2 is not None else Y, res, seg_k if seg_k is not None else res, post_t,
-        post2 if post2 is not None else post_t,
-        grid_m, n, ge, e, sxe, sxm, soe, som, (post.stride(0) if post is not None and post.numel() > 1 else 0),
-        MODE=mode, SWIGLU=Y2 is not None, HAS_POST=post is not None, E_POW2=max(16, _pow2(e)),
-        BLOCK_M=bm, BLOCK_N=bn, num_warps=4,
-    )
 
 
 def _out_shape(a_data: torch.Tensor, b_data: torch.Tensor, mode: int) -> tuple[int, ...]:
@@ -339,19 +312,17 @@ def grouped_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale
     elif cfg.strategy == "dequant_matmul":
         out = _dequant_matmul(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out,
                               out_dtype, fmt_id, grouping, k, b_br)
-    elif cfg.strategy in _MX_STRATEGIES:
+    elif cfg.strategy in MX_STRATEGIES:
         shape = _out_shape(a_data, b_data, grouping)
         if b2_data is None:
             if out is None:
                 out = torch.empty(shape, dtype=out_dtype, device=a_data.device)
-            _mx_grouped(a_data, a_scale, a_gs, ((b_data, b_scale, b_gs, out),), seg, fmt_id, grouping, k, cfg)
-        else:  # SwiGLU split (plan/grouped.py ``_split_swiglu_plan``): gate and up products in fp32
-            prods = torch.empty((2, *shape), dtype=torch.float32, device=a_data.device)
-            _mx_grouped(a_data, a_scale, a_gs, ((b_data, b_scale, b_gs, prods[0]), (b2_data, b2_scale, b2_gs, prods[1])),
-                        seg, fmt_id, grouping, k, cfg)
+            mx_grouped(a_data, a_scale, a_gs, ((b_data, b_scale, b_gs, out),), seg, fmt_id, grouping, k, cfg)
+        else:  # SwiGLU split (plan/grouped.py ``_split_swiglu_plan``)
             if out is None:
                 out = torch.empty(shape, dtype=out_dtype, device=a_data.device)
-            _epilogue(prods[0], prods[1], out, seg, None, None, grouping, b_data.shape[0])
+            split_swiglu(a_data, a_scale, a_gs, (b_data, b_scale, b_gs), (b2_data, b2_scale, b2_gs), seg, out,
+                          fmt_id, grouping, k, cfg)
     elif cfg.strategy == "triton":
         if out is None:
             out = torch.empty(_out_shape(a_data, b_data, grouping), dtype=out_dtype, device=a_data.device)
@@ -363,28 +334,6 @@ def grouped_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale
                          f"got {cfg.strategy!r}")
     _device_check(check_op, seg, out, a_data, grouping)
     return out
-
-
-#: the strategies of the sm_90 MX / NV grouped kernels (register-streaming, streaming, tiled)
-_MX_STRATEGIES = ("direct", "stream", "tiled")
-
-
-def _mx_grouped(a_data, a_scale, a_gs, weights, seg, fmt_id: int, grouping: int, k: int, cfg: GemmConfig) -> None:
-    """The grouped GEMM of the activations with each ``(data, scale, global scale, out)`` of
-    ``weights`` (one, or SwiGLU's gate and up) on ``cfg``'s sm_90 kernel; the activations' pre-pass
-    (quantized ones dequantized to bf16, where the kernel does not decode them itself) runs once."""
-    fmt = _FMT_BY_CODE[fmt_id]
-    if cfg.strategy == "tiled":
-        x, x_gs = _tiled_activations(a_data, a_scale, a_gs, get_format(fmt), k, cfg)
-        for d, s, gs, o in weights:
-            launch_tiled(x, d, s, gs, fmt, k, o, cfg, x_gs=x_gs, seg=seg, grouping=grouping)
-        return
-    x, x_scale, x_gs = stream_activations(a_data, a_scale, a_gs, get_format(fmt), k, cfg)
-    for d, s, gs, o in weights:
-        if cfg.strategy == "direct":
-            launch_direct(x, d, s, gs, fmt, k, o, cfg, x_gs=x_gs, seg=seg, grouping=grouping)
-        else:
-            launch_stream(x, d, s, gs, fmt, k, o, cfg, seg=seg, grouping=grouping, x_scale=x_scale, x_gs=x_gs)
 
 
 # Two custom ops (namespace ``blockscaled``), ``grouped_impl`` behind both:

@@ -1,0 +1,105 @@
+"""The grouped GEMM on the sm_90 MX / NV kernels (register-streaming, streaming, tiled) and the
+split SwiGLU built on them, plus the elementwise epilogue shared with ``dequant_matmul``
+(``ops/grouped.py`` runs these for the plans of ``plan/grouped.py``; no validation here)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..config.gemm import GemmConfig
+from ..formats import get_format
+from ..kernels.triton._mma import FORMAT_CODES
+from ..kernels.triton.grouped import MODE_MASKED, dq_epilogue_kernel
+from ._direct import launch_direct
+from ._launch import fast
+from ._stream import launch_stream
+from ._tiled import launch_tiled
+from .gemm import _cdiv, _tiled_activations, stream_activations
+from .quantize import _pow2  # (host arithmetic, not triton's constexpr functions: ~2-5 us a call)
+
+__all__ = ["MX_STRATEGIES", "SPLIT_SWIGLU_CHUNK_BYTES", "mx_grouped", "split_swiglu", "epilogue"]
+
+_FMT_BY_CODE = {v: k for k, v in FORMAT_CODES.items()}
+#: the strategies of the sm_90 MX / NV grouped kernels (register-streaming, streaming, tiled)
+MX_STRATEGIES = ("direct", "stream", "tiled")
+
+
+def mx_grouped(a_data, a_scale, a_gs, weights, seg, fmt_id: int, grouping: int, k: int, cfg: GemmConfig) -> None:
+    """The grouped GEMM of the activations with each ``(data, scale, global scale, out)`` of
+    ``weights`` (one, or SwiGLU's gate and up) on ``cfg``'s sm_90 kernel; the activations' pre-pass
+    (quantized ones dequantized to bf16, where the kernel does not decode them itself) runs once."""
+    fmt = _FMT_BY_CODE[fmt_id]
+    if cfg.strategy == "tiled":
+        x, x_gs = _tiled_activations(a_data, a_scale, a_gs, get_format(fmt), k, cfg)
+        for d, s, gs, o in weights:
+            launch_tiled(x, d, s, gs, fmt, k, o, cfg, x_gs=x_gs, seg=seg, grouping=grouping)
+        return
+    x, x_scale, x_gs = stream_activations(a_data, a_scale, a_gs, get_format(fmt), k, cfg)
+    for d, s, gs, o in weights:
+        if cfg.strategy == "direct":
+            launch_direct(x, d, s, gs, fmt, k, o, cfg, x_gs=x_gs, seg=seg, grouping=grouping)
+        else:
+            launch_stream(x, d, s, gs, fmt, k, o, cfg, seg=seg, grouping=grouping, x_scale=x_scale, x_gs=x_gs)
+
+
+#: fp32 products a split SwiGLU holds at once (gate and up: 2 x rows x N x 4 bytes); a larger call
+#: runs in row chunks (contiguous) or expert chunks (masked) of at most this, so that a long
+#: prefill does not hold gigabytes of products (Mixtral 8x7B experts at 4096 tokens: 0.94 GB, one
+#: chunk; at 32k tokens 7.5 GB unchunked)
+SPLIT_SWIGLU_CHUNK_BYTES = 1 << 30
+
+
+def split_swiglu(a_data, a_scale, a_gs, gate, up, seg, out, fmt_id: int, grouping: int, k: int,
+                 cfg: GemmConfig) -> None:
+    """``out = silu(a @ gate.T) * (a @ up.T)`` as two grouped GEMMs into fp32 products on ``cfg``'s
+    kernel and ``epilogue`` (one rounding), in chunks of at most ``SPLIT_SWIGLU_CHUNK_BYTES`` of
+    products. ``gate`` / ``up``: (data, scale, global scale) of the ``[E, N, K']`` weights.
+    Contiguous chunks take rows ``[r0, r0 + rc)`` with the offsets rebased on the device
+    (``clamp(offsets - r0, 0, rc)``: no sync, CUDA-graph safe); masked chunks take experts."""
+    n, e = gate[0].shape[-2], gate[0].shape[0]
+    if grouping == MODE_MASKED:
+        step = max(1, SPLIT_SWIGLU_CHUNK_BYTES // max(1, 8 * n * a_data.shape[1]))
+        chunks = [(slice(e0, min(e, e0 + step)), None) for e0 in range(0, e, step)]
+    else:
+        rows = a_data.shape[0]
+        step = max(1, SPLIT_SWIGLU_CHUNK_BYTES // max(1, 8 * n))
+        chunks = [(slice(r0, min(rows, r0 + step)), r0) for r0 in range(0, rows, step)]
+
+    for sl, r0 in chunks:
+        s_c = None if a_scale is None else a_scale[sl]
+        if r0 is None:  # masked: experts sl of everything (a 0-d global scale is every chunk's)
+            w = [(d[sl], sc[sl], g if g is None or g.ndim == 0 else g[sl]) for d, sc, g in (gate, up)]
+            a_c, seg_c, out_c = a_data[sl], seg[sl], out[sl]
+        else:
+            w = [gate, up]
+            a_c, out_c = a_data[sl], out[sl]
+            seg_c = seg if len(chunks) == 1 else (seg - r0).clamp_(0, sl.stop - r0)
+        prods = torch.empty((2, *out_c.shape), dtype=torch.float32, device=out.device)
+        mx_grouped(a_c, s_c, a_gs, ((*w[0], prods[0]), (*w[1], prods[1])), seg_c, fmt_id, grouping, k, cfg)
+        epilogue(prods[0], prods[1], out_c, seg_c, None, None, grouping, w[0][0].shape[0])
+
+
+def epilogue(Y, Y2, res, seg_k, post, post2, mode: int, e: int) -> None:
+    """``res = Y * post`` or (``Y2`` given) ``silu(Y * post) * (Y2 * post2)`` in fp32, cast once
+    (``dq_epilogue_kernel``; ``post`` None: no factor). ``Y`` / ``Y2``: products with ``res``'s
+    rows (masked: ``[E, max_m, N]``, rows past the counts ``seg_k`` neither read nor written;
+    contiguous: ``seg_k`` the segment ends, read only for a per-expert ``post``)."""
+    n = res.shape[-1]
+    if mode == MODE_MASKED:
+        grid_m, ge = res.shape[1], e
+        sxe, sxm, soe, som = Y.stride(0), Y.stride(1), res.stride(0), res.stride(1)
+    else:
+        grid_m, ge = res.shape[0], 1
+        x2d = Y if Y.ndim == 2 else Y[0]
+        sxe, sxm, soe, som = 0, x2d.stride(0), 0, res.stride(0)
+    if grid_m == 0 or n == 0 or ge == 0:
+        return
+    bm, bn = 32, 128
+    post_t = post if post is not None else res
+    fast(dq_epilogue_kernel)[(_cdiv(grid_m, bm), _cdiv(n, bn), ge)](
+        Y, Y2 if Y2 is not None else Y, res, seg_k if seg_k is not None else res, post_t,
+        post2 if post2 is not None else post_t,
+        grid_m, n, ge, e, sxe, sxm, soe, som, (post.stride(0) if post is not None and post.numel() > 1 else 0),
+        MODE=mode, SWIGLU=Y2 is not None, HAS_POST=post is not None, E_POW2=max(16, _pow2(e)),
+        BLOCK_M=bm, BLOCK_N=bn, num_warps=4,
+    )
