@@ -11,6 +11,8 @@
   the fused experts modules of Mixtral, Qwen2/3-MoE, DeepSeek-V3, OLMoE and gpt-oss models;
 * :func:`fuse_routers`: transformers' MoE router modules with their top-k in one kernel (the
   same outputs; ``quantize_model`` does it by default);
+* :func:`enable_cuda_graphs`: eager decode-size calls of the MoE modules replayed from CUDA graphs
+  captured per call signature (:func:`disable_cuda_graphs` switches them off);
 * :func:`load_quantized`: a pre-quantized checkpoint (DeepSeek-V3 / FineGrainedFP8, ModelOpt
   NVFP4, compressed-tensors, gpt-oss MXFP4) straight into a model built from its config.
 
@@ -27,7 +29,8 @@ from .model import DEFAULT_EXCLUDE, QuantizationReport, quantization_report, qua
 from .experts import Experts, hf_experts_layout
 from .moe import MoE, permute, route
 from .router import fuse_routers, unfuse_routers
+from .graphs import disable_cuda_graphs, enable_cuda_graphs
 
 __all__ = ["Linear", "default_weight_block", "quantize_model", "quantization_report", "QuantizationReport",
            "DEFAULT_EXCLUDE", "MoE", "route", "permute", "Experts", "hf_experts_layout", "load_quantized",
-           "fuse_routers", "unfuse_routers"]
+           "fuse_routers", "unfuse_routers", "enable_cuda_graphs", "disable_cuda_graphs"]

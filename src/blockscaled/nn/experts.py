@@ -195,8 +195,17 @@ class Experts(torch.nn.Module):
         return (grouped_gemm(a, self.w_gate, offsets=offsets, out_dtype=torch.float32),
                 grouped_gemm(a, self.w_up, offsets=offsets, out_dtype=torch.float32))
 
+    #: CUDA graphs of eager calls (nn/graphs.py ``enable_cuda_graphs``); None: off
+    _graphs = None
+
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
+        if self._graphs is not None:
+            return self._graphs(self._forward, hidden_states, top_k_index, top_k_weights)
+        return self._forward(hidden_states, top_k_index, top_k_weights)
+
+    def _forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                 top_k_weights: torch.Tensor) -> torch.Tensor:
         x = hidden_states
         if x.ndim != 2 or x.shape[1] != self.hidden:
             raise ValueError(f"hidden_states: expected [T, {self.hidden}], got {tuple(x.shape)}")

@@ -211,7 +211,15 @@ class MoE(torch.nn.Module):
     def _act(self, rows: torch.Tensor):
         return self.experts._act(rows)
 
+    #: CUDA graphs of eager calls (nn/graphs.py ``enable_cuda_graphs``); None: off
+    _graphs = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._graphs is not None:
+            return self._graphs(self._forward, x)
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.ndim != 2 or x.shape[1] != self.hidden:
             raise ValueError(f"x: expected [T, {self.hidden}], got {tuple(x.shape)}")
         logits = torch.nn.functional.linear(x, self.router_weight.to(x.dtype),

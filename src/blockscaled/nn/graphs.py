@@ -1,0 +1,154 @@
+"""Eager calls of the MoE modules replayed from CUDA graphs: :func:`enable_cuda_graphs`.
+
+Why: a decode-size MoE layer is a dozen launches whose host path costs far more than their GPU
+time. The layer suite (benchmarks/results/h200, moe-layer-20261128-1509, Qwen3-30B-A3B experts at
+T = 1): 515-868 us per eager forward against a 53-55 us CUDA-graph replay of the same forward.
+Serving engines capture their decode step in a graph; a user calling the model eagerly (e.g.
+transformers' ``generate``) gets the host path. With this switch each module keeps one graph per
+call signature (the shapes, dtypes and strides of its tensor arguments) for calls of at most
+``max_tokens`` tokens:
+
+* the first call of a signature runs eagerly (it compiles the kernels and fills the plan caches);
+* the second captures: one call on a side stream (the PyTorch recipe for a warm capture), then the
+  capture into a graph with its own memory pool, its inputs copied into static buffers;
+* later calls copy their inputs into those buffers, replay the graph on the current stream and
+  return a copy of the static output (a new tensor per call, as eagerly).
+
+A call runs eagerly instead when: the module's graphs are off, its tokens exceed ``max_tokens``,
+an argument is not a CUDA tensor, grad mode is on and an input requires grad, torch.compile is
+tracing, or a graph is being captured on the current stream (a graph of the whole model, or a
+module inside a graphed module: the outer graph holds the launches).
+
+The graphs hold the addresses of the module's weights. Updates in place (``load_state_dict``,
+``copy_``) are seen; a weight replaced by another tensor changes the addresses, which the call
+checks (every tensor the module holds, ScaledTensor fields included) before it replays: the
+module's graphs are then dropped and captured again. Each graph keeps the transient memory of one
+forward at its size (at most ``max_graphs`` per module, least recently used dropped first).
+Outputs are bitwise those of eager calls (the same kernels, plans and arguments).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+
+from ..tensor import ScaledTensor
+from .experts import Experts
+from .moe import MoE
+
+__all__ = ["enable_cuda_graphs", "disable_cuda_graphs", "CudaGraphs"]
+
+
+def _module_tensors(module: torch.nn.Module) -> list[torch.Tensor]:
+    """Every tensor the module and its children hold: parameters, buffers, plain tensor attributes
+    and ScaledTensor fields (the weights of the MoE modules are ScaledTensor attributes)."""
+    out: list[torch.Tensor] = []
+    for m in module.modules():
+        out += [t for t in m.parameters(recurse=False)] + [t for t in m.buffers(recurse=False) if t is not None]
+        for v in vars(m).values():
+            if isinstance(v, torch.Tensor):
+                out.append(v)
+            elif isinstance(v, ScaledTensor):
+                out += [t for t in (v.data, v.scale, v.global_scale) if isinstance(t, torch.Tensor)]
+    return out
+
+
+class CudaGraphs:
+    """The graphs of one module's forward (module docstring). ``max_tokens``: the most rows of the
+    first argument a graphed call may have; ``max_graphs``: signatures kept."""
+
+    def __init__(self, module: torch.nn.Module, max_tokens: int, max_graphs: int):
+        if max_tokens < 1 or max_graphs < 1:
+            raise ValueError(f"max_tokens/max_graphs: expected >= 1, got {max_tokens}/{max_graphs}")
+        self.module, self.max_tokens, self.max_graphs = module, int(max_tokens), int(max_graphs)
+        self.graphs: OrderedDict = OrderedDict()  # signature -> (graph, static inputs, static output)
+        self.seen: set = set()  # signatures called once (eagerly)
+        self._weights: tuple | None = None  # the weights' addresses the graphs were captured with
+
+    def clear(self) -> None:
+        """Drop every graph (and its memory pool); the next calls of each signature run eagerly
+        once, then capture again."""
+        self.graphs.clear()
+        self.seen.clear()
+        self._weights = None
+
+    def _eligible(self, args) -> bool:
+        if not args or not all(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
+            return False
+        if args[0].ndim == 0 or args[0].shape[0] > self.max_tokens:
+            return False
+        if torch.is_grad_enabled() and any(a.requires_grad for a in args):
+            return False
+        return not torch.compiler.is_compiling() and not torch.cuda.is_current_stream_capturing()
+
+    def __call__(self, fn, *args):
+        """``fn(*args)``, from a graph where eligible."""
+        if not self._eligible(args):
+            return fn(*args)
+        weights = tuple(t.data_ptr() for t in _module_tensors(self.module))
+        if weights != self._weights:  # first use, or a weight was replaced: captures are stale
+            self.clear()
+            self._weights = weights
+        key = (args[0].device.index, tuple((a.shape, a.dtype, a.stride()) for a in args))
+        entry = self.graphs.get(key)
+        if entry is None:
+            if key not in self.seen:
+                self.seen.add(key)
+                return fn(*args)
+            entry = self._capture(fn, args, key)
+        else:
+            self.graphs.move_to_end(key)
+        graph, static_in, static_out = entry
+        for s, a in zip(static_in, args):
+            s.copy_(a)
+        graph.replay()
+        return static_out.clone()
+
+    def _capture(self, fn, args, key):
+        static_in = tuple(torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device).copy_(a)
+                          for a in args)
+        dev = args[0].device
+        side = torch.cuda.Stream(device=dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            fn(*static_in)
+        torch.cuda.current_stream(dev).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = fn(*static_in)
+        if len(self.graphs) >= self.max_graphs:
+            self.graphs.popitem(last=False)
+        self.graphs[key] = (graph, static_in, static_out)
+        return self.graphs[key]
+
+
+def enable_cuda_graphs(model: torch.nn.Module, max_tokens: int = 64, max_graphs: int = 8) -> int:
+    """Replay the eager calls of every :class:`MoE` / :class:`Experts` module in ``model`` (itself
+    included) of at most ``max_tokens`` tokens from CUDA graphs, one per call signature (module
+    docstring: when a call runs eagerly instead, what the graphs hold). Returns the number of
+    modules switched on. :func:`disable_cuda_graphs` switches them off and frees the graphs.
+
+    Example::
+
+        bs.nn.quantize_model(model, "mxfp4")
+        bs.nn.enable_cuda_graphs(model, max_tokens=64)   # eager decode steps replay graphs
+        model.generate(ids, max_new_tokens=32)
+    """
+    n = 0
+    for m in model.modules():
+        if isinstance(m, (MoE, Experts)):
+            m._graphs = CudaGraphs(m, max_tokens, max_graphs)
+            n += 1
+    return n
+
+
+def disable_cuda_graphs(model: torch.nn.Module) -> int:
+    """Switch :func:`enable_cuda_graphs` off for every module of ``model``; returns how many were on."""
+    n = 0
+    for m in model.modules():
+        if getattr(m, "_graphs", None) is not None:
+            m._graphs.clear()
+            m._graphs = None
+            n += 1
+    return n

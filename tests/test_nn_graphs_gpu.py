@@ -1,0 +1,75 @@
+"""``bs.nn.enable_cuda_graphs`` on the GPU (nn/graphs.py): eager calls of Experts / MoE modules
+replayed from per-signature CUDA graphs give bitwise the eager outputs with new inputs and
+routing each call; calls past ``max_tokens`` stay eager; a replaced weight is seen (the graphs
+are captured again); a module called inside the user's own capture is captured there, not
+graphed twice; ``disable_cuda_graphs`` restores eager calls. Needs CUDA (skipped elsewhere)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import blockscaled as bs
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+
+E, H, I, K = 16, 512, 256, 2
+
+
+def _experts(fmt, weight_only, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    gu = torch.randn(E, 2 * I, H, generator=g, device="cuda", dtype=torch.bfloat16) * H ** -0.5
+    dn = torch.randn(E, H, I, generator=g, device="cuda", dtype=torch.bfloat16) * I ** -0.5
+    return bs.nn.Experts.from_dense(gu, dn, fmt, act_format=None if weight_only else "weights")
+
+
+def _call(t, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(t, H, generator=g, device="cuda", dtype=torch.bfloat16)
+    idx = torch.stack([torch.randperm(E, generator=g, device="cuda")[:K] for _ in range(t)])
+    w = torch.softmax(torch.randn(t, K, generator=g, device="cuda"), -1)
+    return x, idx, w
+
+
+@pytest.mark.parametrize("fmt,weight_only", [("mxfp4", True), ("nvfp4", False), ("fp8_block", False)])
+def test_experts_graphs_equal_eager(fmt, weight_only):
+    ex = _experts(fmt, weight_only)
+    assert bs.nn.enable_cuda_graphs(ex, max_tokens=8) == 1
+    for t in (1, 5, 1, 5, 1, 5, 100):
+        for seed in range(3):
+            args = _call(t, seed + 10 * t)
+            assert torch.equal(ex(*args), ex._forward(*args)), (t, seed)
+    assert sorted(k[1][0][0][0] for k in ex._graphs.graphs) == [1, 5]  # T = 100 > max_tokens: eager
+    assert bs.nn.disable_cuda_graphs(ex) == 1 and ex._graphs is None
+
+
+def test_replaced_weight_is_seen():
+    ex = _experts("mxfp4", True)
+    bs.nn.enable_cuda_graphs(ex)
+    args = _call(2, 1)
+    for _ in range(3):
+        ex(*args)
+    assert len(ex._graphs.graphs) == 1
+    ex.w_down = _experts("mxfp4", True, seed=5).w_down  # a new tensor: other addresses
+    y = ex(*args)
+    assert torch.equal(y, ex._forward(*args)) and len(ex._graphs.graphs) == 0  # dropped, eager once
+    for _ in range(2):
+        assert torch.equal(ex(*args), ex._forward(*args))
+    assert len(ex._graphs.graphs) == 1
+
+
+def test_moe_inside_a_user_capture():
+    ex = _experts("fp8_block", False)
+    router = torch.randn(E, H, device="cuda", dtype=torch.bfloat16) * H ** -0.5
+    moe = bs.nn.MoE.from_experts(ex, router, top_k=K)
+    assert bs.nn.enable_cuda_graphs(moe) == 2  # the layer and its experts
+    x = _call(4, 3)[0]
+    ref = moe._forward(x)
+    for _ in range(3):
+        assert torch.equal(moe(x), ref)
+    outer = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(outer):
+        y = moe(x)  # capturing: the module's own graphs step aside
+    outer.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, ref)
