@@ -716,3 +716,30 @@ def test_enable_cuda_graphs_counts_and_cpu_calls_stay_eager():
     with pytest.raises(ValueError, match="max_tokens"):
         bs.nn.enable_cuda_graphs(model, max_tokens=0)
     assert bs.nn.disable_cuda_graphs(model) == 2 and moe._graphs is None and ex._graphs is None
+
+
+def test_cuda_graphs_staleness_check():
+    """What the graphs' staleness check reads (nn/graphs.py ``_weight_slots`` / ``_addresses``):
+    unchanged by in-place updates, changed by a replaced ScaledTensor weight, buffer or child
+    module (the GPU test replays and recaptures: tests/test_nn_graphs_gpu.py)."""
+    import blockscaled as bs
+    from blockscaled.nn.graphs import _addresses, _weight_slots
+
+    g = torch.Generator().manual_seed(0)
+
+    def experts():
+        return bs.nn.Experts.from_dense(torch.randn(4, 64, 64, generator=g).bfloat16() * 0.1,
+                                        torch.randn(4, 64, 32, generator=g).bfloat16() * 0.1, "mxfp4")
+
+    moe = bs.nn.MoE.from_experts(experts(), torch.randn(4, 64, generator=g).bfloat16(), top_k=2)
+    slots = _weight_slots(moe)
+    a0 = _addresses(slots)
+    moe.experts.w_down.data.zero_()  # in place: the graphs stay valid
+    assert _addresses(slots) == a0
+    old = moe.experts.w_down
+    moe.experts.w_down = experts().w_down
+    assert _addresses(slots) != a0
+    moe.experts.w_down = old
+    assert _addresses(slots) == a0
+    moe.experts = experts()  # a new child module
+    assert _addresses(slots) != a0

@@ -20,9 +20,10 @@ tracing, or a graph is being captured on the current stream (a graph of the whol
 module inside a graphed module: the outer graph holds the launches).
 
 The graphs hold the addresses of the module's weights. Updates in place (``load_state_dict``,
-``copy_``) are seen; a weight replaced by another tensor changes the addresses, which the call
-checks (every tensor the module holds, ScaledTensor fields included) before it replays: the
-module's graphs are then dropped and captured again. Each graph keeps the transient memory of one
+``copy_``) are seen; a weight replaced by another tensor (or a child module by another) changes
+what the call checks before it replays (the addresses of the tensors in every slot that held one:
+parameters, buffers, tensor and ScaledTensor attributes, and the identity of child modules; ~5 us):
+the module's graphs are then dropped and captured again. Each graph keeps the transient memory of one
 forward at its size (at most ``max_graphs`` per module, least recently used dropped first).
 Outputs are bitwise those of eager calls (the same kernels, plans and arguments).
 """
@@ -40,18 +41,33 @@ from .moe import MoE
 __all__ = ["enable_cuda_graphs", "disable_cuda_graphs", "CudaGraphs"]
 
 
-def _module_tensors(module: torch.nn.Module) -> list[torch.Tensor]:
-    """Every tensor the module and its children hold: parameters, buffers, plain tensor attributes
-    and ScaledTensor fields (the weights of the MoE modules are ScaledTensor attributes)."""
-    out: list[torch.Tensor] = []
+def _weight_slots(module: torch.nn.Module) -> list[tuple[object, str]]:
+    """Where the module and its children hold tensors: (dict, key) of parameters and buffers, and
+    (module, attribute) of plain tensor and ScaledTensor attributes (the MoE modules' weights are
+    ScaledTensor attributes). Found once; read at every call (``_addresses``)."""
+    slots: list[tuple[object, str]] = []
     for m in module.modules():
-        out += [t for t in m.parameters(recurse=False)] + [t for t in m.buffers(recurse=False) if t is not None]
-        for v in vars(m).values():
-            if isinstance(v, torch.Tensor):
-                out.append(v)
-            elif isinstance(v, ScaledTensor):
-                out += [t for t in (v.data, v.scale, v.global_scale) if isinstance(t, torch.Tensor)]
-    return out
+        slots += [(m._parameters, k) for k in m._parameters] + [(m._buffers, k) for k in m._buffers]
+        slots += [(m._modules, k) for k in m._modules]  # a child replaced: its own tensors are new slots
+        slots += [(m, k) for k, v in vars(m).items() if isinstance(v, (torch.Tensor, ScaledTensor))]
+    return slots
+
+
+def _addresses(slots) -> tuple:
+    """The addresses of the tensors now in ``slots`` (a replaced tensor changes them)."""
+    out = []
+    for owner, k in slots:
+        v = owner.get(k) if isinstance(owner, dict) else getattr(owner, k, None)
+        if isinstance(v, torch.Tensor):
+            out.append(v.data_ptr())
+        elif isinstance(v, torch.nn.Module):
+            out.append(id(v))
+        elif isinstance(v, ScaledTensor):
+            out += [v.data.data_ptr(), v.scale.data_ptr(),
+                    v.global_scale.data_ptr() if isinstance(v.global_scale, torch.Tensor) else 0]
+        else:
+            out.append(None)
+    return tuple(out)
 
 
 class CudaGraphs:
@@ -65,6 +81,7 @@ class CudaGraphs:
         self.graphs: OrderedDict = OrderedDict()  # signature -> (graph, static inputs, static output)
         self.seen: set = set()  # signatures called once (eagerly)
         self._weights: tuple | None = None  # the weights' addresses the graphs were captured with
+        self._slots = _weight_slots(module)
 
     def clear(self) -> None:
         """Drop every graph (and its memory pool); the next calls of each signature run eagerly
@@ -86,10 +103,10 @@ class CudaGraphs:
         """``fn(*args)``, from a graph where eligible."""
         if not self._eligible(args):
             return fn(*args)
-        weights = tuple(t.data_ptr() for t in _module_tensors(self.module))
-        if weights != self._weights:  # first use, or a weight was replaced: captures are stale
+        if _addresses(self._slots) != self._weights:  # first use, or a weight / child replaced: stale
             self.clear()
-            self._weights = weights
+            self._slots = _weight_slots(self.module)
+            self._weights = _addresses(self._slots)
         key = (args[0].device.index, tuple((a.shape, a.dtype, a.stride()) for a in args))
         entry = self.graphs.get(key)
         if entry is None:
