@@ -718,8 +718,7 @@ def test_swiglu_split_plans(direct_on, monkeypatch):
     """A grouped MX / NV SwiGLU on sm_90 runs as gate and up, each the grouped GEMM (fp32 output)
     the planner picks for one projection, where that is an sm_90 MX kernel (register-streaming at
     decode, streaming, tiled at prefill), plus one activation pass; the fused SwiGLU (portable
-    kernel) where it is not (fp16 activations, no TMA), for dense SwiGLU, a forced config and with
-    the switch off. The plan says so, and crosses the custom op whole."""
+    kernel) where it is not (fp16 activations, no TMA), for a forced config and with the switch off. The plan says so, and crosses the custom op whole."""
     import dataclasses
 
     from blockscaled.plan import grouped as pg, tiled as plan_tiled
@@ -746,8 +745,7 @@ def test_swiglu_split_plans(direct_on, monkeypatch):
     assert seen == {"hopper_direct", "hopper_stream", "hopper_tiled"}
     p = Problem("swiglu", "mxfp4", 64, 1536, 2048, "bfloat16", "bfloat16", False, 1, "contiguous", 128, 0.5,
                 True, True)
-    for other in (dataclasses.replace(p, a="float16"), dataclasses.replace(p, tma=False),
-                  dataclasses.replace(p, grouping="dense", experts=1)):
+    for other in (dataclasses.replace(p, a="float16"), dataclasses.replace(p, tma=False)):
         assert plan_grouped(other, H100_SXM, hopper_why=why).kernel == "portable_grouped", other
     forced = GemmConfig(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=4)
     assert plan_grouped(p, H100_SXM, forced, hopper_why=why).kernel == "portable_grouped"

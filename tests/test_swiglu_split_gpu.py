@@ -1,5 +1,5 @@
 """The split grouped SwiGLU of MX / NV weights on sm_90 (plan/grouped.py ``_split_swiglu_plan``,
-ops/grouped.py ``_mx_grouped`` + ``_epilogue``): gate and up each a grouped GEMM with fp32 output on
+ops/_grouped_mx.py ``split_swiglu``): gate and up each a grouped GEMM with fp32 output on
 the register-streaming, streaming or tiled kernel, then ``silu(gate) * up`` in one pass.
 
 Through the public ``bs.swiglu``: contiguous offsets with empty, one-row and multi-tile experts at
@@ -26,7 +26,14 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_
 FMTS = ("mxfp4", "nvfp4", "mxfp8")
 #: rows per expert that the grouped planner gives to the register-streaming (decode), streaming
 #: (small batch) and tiled (prefill) kernels (plan/direct.py, plan/stream.py, plan/tiled.py)
-COUNTS = {"decode": [0, 1, 2, 1, 0, 3], "batch": [0, 20, 5, 40, 0, 33], "prefill": [0, 300, 130, 520, 0, 257]}
+COUNTS = {"decode": [0, 1, 2, 1, 0, 3], "batch": [0, 20, 5, 40, 0, 25], "prefill": [0, 300, 130, 520, 0, 257]}
+
+
+def _kernel(size, fmt, weight_only):
+    """The kernel the planner gives one projection (H200 / H100 alike; tests/test_planner.py)."""
+    if size == "prefill":
+        return "hopper_tiled"
+    return "hopper_direct" if size == "decode" and weight_only and fmt != "mxfp8" else "hopper_stream"
 
 
 def _weights(e, n, k, fmt, seed, per_expert):
@@ -87,7 +94,7 @@ def test_split_contiguous(fmt, size):
             for out_dtype in (torch.bfloat16, torch.float32):
                 kw = dict(offsets=off, out_dtype=out_dtype, **gkw)
                 plan = bs.explain("swiglu", a, wg, wu, **kw)
-                assert plan.kernel in ("hopper_direct", "hopper_stream", "hopper_tiled"), plan
+                assert plan.kernel == _kernel(size, fmt, a is x), plan
                 assert plan.describe().startswith("gate, up:"), plan
                 y = bs.swiglu(a, wg, wu, **kw)
                 what = f"{fmt} {size} {'W x A' if a is not x else 'weight-only'} {out_dtype} per-expert {per_expert}"
@@ -95,9 +102,6 @@ def test_split_contiguous(fmt, size):
                 assert torch.equal(y, bs.swiglu(a, wg, wu, **kw))  # deterministic
                 yf = _fused(lambda: bs.swiglu(a, wg, wu, **kw))
                 assert_gemm_close(yf, ref, fmt, out_dtype, what="fused " + what)
-    if size == "decode":  # the register-streaming kernel takes fp4 weight-only decode, mxfp8 streams
-        assert bs.explain("swiglu", x, wg, wu, offsets=off).kernel == ("hopper_stream" if fmt == "mxfp8"
-                                                                      else "hopper_direct")
 
 
 @pytest.mark.parametrize("fmt", FMTS)
@@ -143,21 +147,29 @@ def test_split_in_chunks_equals_one_pass(fmt, monkeypatch):
     from blockscaled.ops import _grouped_mx
 
     e, n, k = 6, 200, 2880
-    off = _offsets(COUNTS["prefill"])
-    rows_of = [(int(off[i]), int(off[i + 1])) for i in range(e)]
-    x = randn_like_activations(int(off[-1]), k, dtype=torch.bfloat16, device="cuda", seed=7)
     (wg, wgd, gsg), (wu, wud, gsu) = _weights(e, n, k, fmt, 8, fmt == "nvfp4")
     gkw = dict(b_gate_global_scale=gsg, b_up_global_scale=gsu) if fmt == "nvfp4" else {}
+    for size, rows in (("prefill", 97), ("batch", 7), ("decode", 2)):  # tiled, streaming, register-streaming
+        off = _offsets(COUNTS[size])
+        rows_of = [(int(off[i]), int(off[i + 1])) for i in range(e)]
+        x = randn_like_activations(int(off[-1]), k, dtype=torch.bfloat16, device="cuda", seed=7)
+        assert bs.explain("swiglu", x, wg, wu, offsets=off, **gkw).kernel == _kernel(size, fmt, True)
+        one = bs.swiglu(x, wg, wu, offsets=off, **gkw)
+        monkeypatch.setattr(_grouped_mx, "SPLIT_SWIGLU_CHUNK_BYTES", 8 * n * rows)  # chunks of `rows` rows
+        y = bs.swiglu(x, wg, wu, offsets=off, **gkw)
+        monkeypatch.undo()
+        assert torch.equal(y, one), size
+        assert_gemm_close(y, _ref(x.double(), wgd, wud, rows_of), fmt, torch.bfloat16, what=f"chunked {size}")
     xm = randn_like_activations(e * 16, k, dtype=torch.bfloat16, device="cuda", seed=9).view(e, 16, k)
     counts = torch.tensor([0, 16, 7, 1, 13, 16], dtype=torch.int32, device="cuda")
-    one = bs.swiglu(x, wg, wu, offsets=off, **gkw)
     one_m = torch.full((e, 16, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     bs.swiglu(xm, wg, wu, masked_m=counts, out=one_m, **gkw)
-    monkeypatch.setattr(_grouped_mx, "SPLIT_SWIGLU_CHUNK_BYTES", 8 * n * 97)  # 97-row / 6-expert chunks
-    y = bs.swiglu(x, wg, wu, offsets=off, **gkw)
-    assert torch.equal(y, one)
-    assert_gemm_close(y, _ref(x.double(), wgd, wud, rows_of), fmt, torch.bfloat16, what="chunked contiguous")
     monkeypatch.setattr(_grouped_mx, "SPLIT_SWIGLU_CHUNK_BYTES", 8 * n * 16 * 2)  # 2 experts per chunk
     ym = torch.full((e, 16, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     bs.swiglu(xm, wg, wu, masked_m=counts, out=ym, **gkw)
     assert torch.equal(ym.nan_to_num(7.0), one_m.nan_to_num(7.0))  # rows past the counts untouched: NaN in both
+    for i in range(e):  # per-expert nvfp4 global scales sliced with their experts
+        c = int(counts[i])
+        if c:
+            ref = torch.nn.functional.silu(xm[i, :c].double() @ wgd[i].T) * (xm[i, :c].double() @ wud[i].T)
+            assert_gemm_close(ym[i, :c], ref, fmt, torch.bfloat16, what=f"chunked masked expert {i}")

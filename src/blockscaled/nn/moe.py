@@ -10,7 +10,8 @@ forward(x [T, H]):
    row counts by a scatter-add (no host sync: ``torch.bincount`` would read the maximum back), the
    int32 ``offsets`` by a cumulative sum;
 4. experts (:class:`blockscaled.nn.Experts`, which also holds steps 3 and 5): quantize the sorted
-   rows, ``bs.swiglu`` (gate / up in one kernel) for SwiGLU experts, or ``bs.grouped_gemm`` of the
+   rows, ``bs.swiglu`` (gate / up in one fused kernel; MX / NV on sm_90 two grouped GEMMs and one
+   activation pass, the planner's split) for SwiGLU experts, or ``bs.grouped_gemm`` of the
    fused gate|up weight plus the gpt-oss activation (``(up + 1) * gate * sigmoid(alpha * gate)``
    with both clamped at ``limit``, per-expert biases); quantize the intermediate,
    ``bs.grouped_gemm`` down (per-expert down bias for gpt-oss);

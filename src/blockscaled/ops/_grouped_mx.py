@@ -67,8 +67,8 @@ def split_swiglu(a_data, a_scale, a_gs, gate, up, seg, out, fmt_id: int, groupin
 
     for sl, r0 in chunks:
         s_c = None if a_scale is None else a_scale[sl]
-        if r0 is None:  # masked: experts sl of everything (a 0-d global scale is every chunk's)
-            w = [(d[sl], sc[sl], g if g is None or g.ndim == 0 else g[sl]) for d, sc, g in (gate, up)]
+        if r0 is None:  # masked: experts sl of everything (one global scale is every chunk's)
+            w = [(d[sl], sc[sl], g if g is None or g.numel() == 1 else g[sl]) for d, sc, g in (gate, up)]
             a_c, seg_c, out_c = a_data[sl], seg[sl], out[sl]
         else:
             w = [gate, up]
@@ -76,7 +76,9 @@ def split_swiglu(a_data, a_scale, a_gs, gate, up, seg, out, fmt_id: int, groupin
             seg_c = seg if len(chunks) == 1 else (seg - r0).clamp_(0, sl.stop - r0)
         prods = torch.empty((2, *out_c.shape), dtype=torch.float32, device=out.device)
         mx_grouped(a_c, s_c, a_gs, ((*w[0], prods[0]), (*w[1], prods[1])), seg_c, fmt_id, grouping, k, cfg)
-        epilogue(prods[0], prods[1], out_c, seg_c, None, None, grouping, w[0][0].shape[0])
+        # (contiguous: no per-expert factor, so the epilogue needs no segment ends)
+        epilogue(prods[0], prods[1], out_c, seg_c if grouping == MODE_MASKED else None, None, None, grouping,
+                 w[0][0].shape[0])
 
 
 def epilogue(Y, Y2, res, seg_k, post, post2, mode: int, e: int) -> None:

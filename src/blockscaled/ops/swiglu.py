@@ -1,4 +1,6 @@
-"""Fused SwiGLU dual GEMM: ``silu(a @ b_gate.T) * (a @ b_up.T)`` in one kernel.
+"""SwiGLU dual GEMM: ``silu(a @ b_gate.T) * (a @ b_up.T)``, fused in one kernel (grouped MX / NV
+weights on sm_90: gate and up as two grouped GEMMs into fp32 products and one activation pass, the
+planner's split: plan/grouped.py ``_split_swiglu_plan``).
 
 Both products accumulate in fp32 in the same program (every A tile is loaded once and fed to
 two dots), the activation ``g / (1 + exp(-g)) * u`` is applied in fp32, and the result is
@@ -100,6 +102,9 @@ def swiglu(
     its products are bf16 for bf16 outputs (contiguous: ``torch._grouped_mm``, bf16 outputs
     only; dense / masked nvfp4: fp32) and fp32 for fp16 / fp32 outputs, the activation is fp32 and the cast one: bf16
     products add up to two bf16 roundings, within the bf16 tolerance row;
+    grouped MX / NV on sm_90 (planned, not forced): the split, gate and up each the grouped GEMM's
+    register-streaming / streaming / tiled kernel into fp32 products, then ``silu(g) * u`` in fp32
+    and one cast (the portable kernel's numerics);
     ``strategy="hopper"``: the sm_90 Gluon kernel, fp8_block with 128x128 weights only, chosen by
     the planner for those on sm_90 (grouped always, dense from ``SWIGLU_HOPPER_MIN_M`` rows),
     the portable kernel's numerics; a forced hopper config contributes only its strategy: the

@@ -218,15 +218,19 @@ _SPLIT_STRATEGIES = ("direct", "stream", "tiled")
 def _split_swiglu_plan(p: Problem, dev: DeviceInfo, backend: str, hopper_why, a_row_stride: int) -> Plan | None:
     """A grouped MX / NV SwiGLU as gate and up each a grouped GEMM with fp32 output on the kernel
     the grouped planner picks for one projection, then ``silu(gate) * up`` in one elementwise pass
-    (ops/grouped.py ``_split_swiglu``); None where that projection would not run on an sm_90 MX
+    (ops/_grouped_mx.py ``split_swiglu``); None where that projection would not run on an sm_90 MX
     kernel (the fused kernels stay). Why: the SwiGLU's fused forms are the portable kernel (no
     register-decoded MMA; in the layer suite's MX / NV layers it ran where the down projection
     ran the sm_90 kernels, moe-layer-20261128-1440) and dequantize + cuBLAS, whose bf16 products round gate
     and up before the activation (a quantized intermediate then flips codes: Mixtral nvfp4 W x A at
     4096 tokens was 2.9e-2 from float64, above the layer tolerance). The split's products are fp32
-    (the portable kernel's numerics); it costs a second launch, the fp32 products' bytes
+    (the portable kernel's numerics); it costs the up GEMM's launch and the epilogue's (plus an
+    offsets rebase per chunk past ``SPLIT_SWIGLU_CHUNK_BYTES``), the fp32 products' bytes
     (2 x rows x N x 4) written and read once, and for quantized activations their one pre-pass
-    shared by both GEMMs."""
+    shared by both GEMMs. The single projection is planned with fp32 output, which leaves
+    dequantize + cuBLAS out for contiguous calls (bf16 output only): the split was measured against
+    the fused plans up to 4096 tokens (NOTES twenty-ninth session). ``predicted_us``: the two
+    GEMMs' prediction (the epilogue not counted)."""
     single = plan_grouped(dataclasses.replace(p, op="grouped", dual=False, out_dtype="float32"), dev, None,
                           hopper_why=hopper_why, a_row_stride=a_row_stride)
     cfg = single.config
