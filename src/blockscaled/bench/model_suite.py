@@ -63,6 +63,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from ..nn.graphs import disable_cuda_graphs, enable_cuda_graphs
 from ..nn.model import quantization_report, quantize_model
 from ..reference.model import module_errors, record_routing, simulated_model
 from .counting import Count
@@ -77,7 +78,8 @@ __all__ = ["ModelSpec", "MODELS", "model_vocab", "MODEL_LAYERS", "MODEL_MODULE_T
 KINDS = ("model",)
 OURS = "blockscaled"
 PHASES = ("prefill", "decode", "generate")
-MODES = {"model": "WxA", "model-weight-only": "W-only"}
+MODES = {"model": "WxA", "model-weight-only": "W-only", "model-graphs": "WxA + graphs",
+         "model-weight-only-graphs": "W-only + graphs"}
 #: decoder layers built (the models' first layers: all MoE in both)
 MODEL_LAYERS = 4
 #: greedy tokens per timed generate call
@@ -347,6 +349,29 @@ def run_model(r, case, fmt: str, ops, seed: int) -> None:
                 r._error_row(row, fmt, e)
                 timing = None
             r.rows.append(r._finish_row(row, count, timing, fmt))
+            if impl == OURS:
+                _generate_graphed(r, case, fmt, op, model, sets[0][0], count)
+
+
+def _generate_graphed(r, case, fmt: str, op: str, model, ids, count) -> None:
+    """The generate row again with ``bs.nn.enable_cuda_graphs`` on the model's MoE modules (op
+    ``<op>-graphs``): the decode steps' experts replay graphs. Checked: its greedy tokens equal the
+    eager generate's (the graphs replay bitwise the eager kernels)."""
+    row = r._base_row(case, fmt, op + "-graphs", OURS)
+    try:
+        eager = _generate(model, ids, GENERATE_TOKENS)
+        enable_cuda_graphs(model, max_tokens=max(DECODE_BATCH))
+        graphed = _generate(model, ids, GENERATE_TOKENS)  # first call of each signature eager, then captures
+        graphed = _generate(model, ids, GENERATE_TOKENS)
+        row["check"] = "ok" if torch.equal(graphed, eager) else "FAIL"
+        row["note"] = "greedy tokens " + ("equal to" if row["check"] == "ok" else "DIFFER from") + " eager generate's"
+        timing = _time_generate(r, model, ids, repeats=max(3, r.cfg.iterations // 10)) if r.cfg.timing else None
+    except Exception as e:
+        r._error_row(row, fmt, e)
+        timing = None
+    finally:
+        disable_cuda_graphs(model)
+    r.rows.append(r._finish_row(row, count, timing, fmt))
 
 
 def _has_transformers() -> bool:
