@@ -749,5 +749,12 @@ def test_swiglu_split_plans(direct_on, monkeypatch):
         assert plan_grouped(other, H100_SXM, hopper_why=why).kernel == "portable_grouped", other
     forced = GemmConfig(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=4)
     assert plan_grouped(p, H100_SXM, forced, hopper_why=why).kernel == "portable_grouped"
+    # a forced tiled config runs the split on it (the plan's own config passed back runs as planned)
+    big = dataclasses.replace(p, m=128 * 600, rows_per_expert=600.0)
+    planned = plan_grouped(big, H100_SXM, hopper_why=why)
+    again = plan_grouped(big, H100_SXM, planned.config, hopper_why=why)
+    assert again.config == planned.config and again.describe().startswith("gate, up: hopper_tiled"), again
+    with pytest.raises(ValueError, match="'tiled' cannot run this grouped call: K = 2056"):
+        plan_grouped(dataclasses.replace(big, k=2056), H100_SXM, planned.config, hopper_why=why)
     monkeypatch.setattr(pg, "SPLIT_SWIGLU", False)
     assert plan_grouped(p, H100_SXM, hopper_why=why).kernel == "portable_grouped"

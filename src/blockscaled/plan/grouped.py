@@ -148,6 +148,14 @@ def plan_grouped(p: Problem, dev: DeviceInfo, forced=None, *, hopper_why: str | 
                            "(decided on the device from the real tile count)")
         return Plan(p.op, backend, cfg, p, reasons=tuple(reasons))
     if forced is not None and _strategy(forced) == "tiled":
+        if p.dual and p.fmt in SPLIT_SWIGLU_FORMATS and p.grouping != "dense":
+            # a SwiGLU runs the tiled kernel only split (``_split_swiglu_plan``): gate and up each the
+            # forced grouped GEMM with fp32 output
+            one = _forced_tiled(dataclasses.replace(p, op="grouped", dual=False, out_dtype="float32"), dev, forced,
+                                backend)
+            return Plan(p.op, backend, one.config, p, reasons=(
+                "forced by config=: the split SwiGLU, gate and up each the grouped tiled kernel with fp32 output, "
+                "then silu(gate) * up in one pass",))
         return _forced_tiled(p, dev, forced, backend)
     if forced is not None:
         cfg = check_grouped_config(forced, p.fmt, a_dtype=a_dtype, grouping=p.grouping, out_dtype=out_dtype,
