@@ -698,7 +698,7 @@ def test_fuse_routers_leaves_hooked_routers(reference):
 
 
 def test_enable_cuda_graphs_counts_and_cpu_calls_stay_eager():
-    """``enable_cuda_graphs`` switches on every MoE / Experts module (a layer and its experts),
+    """``enable_cuda_graphs`` switches on every MoE / Experts / Linear module (a layer, its experts),
     CPU calls run eagerly (no graph: not CUDA tensors) with the same outputs, bad limits are
     refused, and ``disable_cuda_graphs`` switches them off (tests/test_nn_graphs_gpu.py: the GPU)."""
     import blockscaled as bs
@@ -707,15 +707,17 @@ def test_enable_cuda_graphs_counts_and_cpu_calls_stay_eager():
     ex = bs.nn.Experts.from_dense(torch.randn(4, 64, 64, generator=g).bfloat16() * 0.1,
                                   torch.randn(4, 64, 32, generator=g).bfloat16() * 0.1, "mxfp4")
     moe = bs.nn.MoE.from_experts(ex, torch.randn(4, 64, generator=g).bfloat16(), top_k=2)
-    model = torch.nn.Sequential(moe, torch.nn.Identity())
-    assert bs.nn.enable_cuda_graphs(model, max_tokens=4) == 2
+    lin = bs.nn.Linear.from_linear(torch.nn.Linear(64, 32, dtype=torch.bfloat16), "mxfp4")
+    model = torch.nn.Sequential(moe, lin)
+    assert bs.nn.enable_cuda_graphs(model, max_tokens=4) == 3
     x = torch.randn(3, 64, generator=g).bfloat16()
-    for _ in range(3):
-        assert torch.equal(model(x), moe._forward(x))
-    assert not moe._graphs.graphs and not ex._graphs.graphs
+    with torch.no_grad():
+        for _ in range(3):
+            assert torch.equal(model(x), lin._forward(moe._forward(x)))
+    assert not moe._graphs.graphs and not ex._graphs.graphs and not lin._graphs.graphs
     with pytest.raises(ValueError, match="max_tokens"):
         bs.nn.enable_cuda_graphs(model, max_tokens=0)
-    assert bs.nn.disable_cuda_graphs(model) == 2 and moe._graphs is None and ex._graphs is None
+    assert bs.nn.disable_cuda_graphs(model) == 3 and moe._graphs is None and ex._graphs is None
 
 
 def test_cuda_graphs_staleness_check():

@@ -73,3 +73,23 @@ def test_moe_inside_a_user_capture():
     outer.replay()
     torch.cuda.synchronize()
     assert torch.equal(y, ref)
+
+
+@pytest.mark.parametrize("fmt,weight_only", [("mxfp4", True), ("nvfp4", False), ("fp8_block", False)])
+def test_linear_graphs_equal_eager(fmt, weight_only):
+    """A quantized Linear (bias included) under no_grad: decode-size calls of [B, 1, K] replay
+    graphs, bitwise the eager calls; a prefill-sized [1, P, K] call (P > max_tokens) and a call
+    needing grad stay eager."""
+    lin = torch.nn.Linear(H, 3 * H // 2, bias=True).cuda().to(torch.bfloat16)
+    q = bs.nn.Linear.from_linear(lin, fmt, weight_only=weight_only)
+    assert bs.nn.enable_cuda_graphs(q, max_tokens=8) == 1
+    with torch.no_grad():
+        for b in (1, 4, 1, 4, 1, 4):
+            x = torch.randn(b, 1, H, device="cuda", dtype=torch.bfloat16)
+            assert torch.equal(q(x), q._forward(x)), b
+        x = torch.randn(1, 100, H, device="cuda", dtype=torch.bfloat16)
+        assert torch.equal(q(x), q._forward(x))
+    assert sorted(k[1][0][0][0] for k in q._graphs.graphs) == [1, 4]  # [B, 1, K] signatures only
+    n = len(q._graphs.graphs)
+    q(torch.randn(1, 1, H, device="cuda", dtype=torch.bfloat16))  # grad mode on, the bias requires grad
+    assert len(q._graphs.graphs) == n

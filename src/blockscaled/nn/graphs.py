@@ -1,12 +1,14 @@
-"""Eager calls of the MoE modules replayed from CUDA graphs: :func:`enable_cuda_graphs`.
+"""Eager calls of the blockscaled modules replayed from CUDA graphs: :func:`enable_cuda_graphs`.
 
 Why: a decode-size MoE layer is a dozen launches whose host path costs far more than their GPU
 time. The layer suite (benchmarks/results/h200, moe-layer-20261128-1509, Qwen3-30B-A3B experts at
 T = 1): 515-868 us per eager forward against a 53-55 us CUDA-graph replay of the same forward.
 Serving engines capture their decode step in a graph; a user calling the model eagerly (e.g.
-transformers' ``generate``) gets the host path. With this switch each module keeps one graph per
-call signature (the shapes, dtypes and strides of its tensor arguments) for calls of at most
-``max_tokens`` tokens:
+transformers' ``generate``) gets the host path. A quantized ``Linear`` at decode sizes is one to
+three launches behind tens of microseconds of host path each (NOTES, sixteenth session: 32-85 us per
+eager call on the H200 host against 17-22 us for ``F.linear``). With this switch each module
+(``MoE``, ``Experts``, ``Linear``) keeps one graph per call signature (the shapes, dtypes and
+strides of its tensor arguments) for calls of at most ``max_tokens`` tokens:
 
 * the first call of a signature runs eagerly (it compiles the kernels and fills the plan caches);
 * the second captures: one call on a side stream (the PyTorch recipe for a warm capture), then the
@@ -15,8 +17,10 @@ call signature (the shapes, dtypes and strides of its tensor arguments) for call
   return a copy of the static output (a new tensor per call, as eagerly).
 
 A call runs eagerly instead when: the module's graphs are off, its tokens exceed ``max_tokens``,
-an argument is not a CUDA tensor, grad mode is on and an input requires grad, torch.compile is
-tracing, or a graph is being captured on the current stream (a graph of the whole model, or a
+an argument is not a CUDA tensor, grad mode is on and an input or a parameter of the module requires
+grad (a replay records no autograd graph; ``torch.no_grad`` / ``inference_mode`` calls, as
+``generate`` makes, take the graphs), torch.compile is tracing, or a graph is being captured on the
+current stream (a graph of the whole model, or a
 module inside a graphed module: the outer graph holds the launches).
 
 The graphs hold the addresses of the module's weights. Updates in place (``load_state_dict``,
@@ -36,6 +40,7 @@ import torch
 
 from ..tensor import ScaledTensor
 from .experts import Experts
+from .linear import Linear
 from .moe import MoE
 
 __all__ = ["enable_cuda_graphs", "disable_cuda_graphs", "CudaGraphs"]
@@ -93,10 +98,12 @@ class CudaGraphs:
     def _eligible(self, args) -> bool:
         if not args or not all(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
             return False
-        if args[0].ndim == 0 or args[0].shape[0] > self.max_tokens:
+        x = args[0]
+        if x.ndim == 0 or x.shape[-1] == 0 or x.numel() // x.shape[-1] > self.max_tokens:  # tokens: rows of [..., K]
             return False
-        if torch.is_grad_enabled() and any(a.requires_grad for a in args):
-            return False
+        if torch.is_grad_enabled() and (any(a.requires_grad for a in args)
+                                        or any(p.requires_grad for p in self.module.parameters())):
+            return False  # a replay records no autograd graph: calls that need one run eagerly
         return not torch.compiler.is_compiling() and not torch.cuda.is_current_stream_capturing()
 
     def __call__(self, fn, *args):
@@ -141,8 +148,9 @@ class CudaGraphs:
 
 
 def enable_cuda_graphs(model: torch.nn.Module, max_tokens: int = 64, max_graphs: int = 8) -> int:
-    """Replay the eager calls of every :class:`MoE` / :class:`Experts` module in ``model`` (itself
-    included) of at most ``max_tokens`` tokens from CUDA graphs, one per call signature (module
+    """Replay the eager calls of every :class:`MoE` / :class:`Experts` / :class:`Linear` module in
+    ``model`` (itself included) of at most ``max_tokens`` tokens (rows of the first argument's
+    ``[..., K]``) from CUDA graphs, one per call signature (module
     docstring: when a call runs eagerly instead, what the graphs hold). Returns the number of
     modules switched on. :func:`disable_cuda_graphs` switches them off and frees the graphs.
 
@@ -154,7 +162,7 @@ def enable_cuda_graphs(model: torch.nn.Module, max_tokens: int = 64, max_graphs:
     """
     n = 0
     for m in model.modules():
-        if isinstance(m, (MoE, Experts)):
+        if isinstance(m, (MoE, Experts, Linear)):
             m._graphs = CudaGraphs(m, max_tokens, max_graphs)
             n += 1
     return n

@@ -273,8 +273,16 @@ class Linear(torch.nn.Module):
                                       error_msgs)
 
     # --- forward -----------------------------------------------------------------------
+    #: CUDA graphs of eager calls (nn/graphs.py ``enable_cuda_graphs``); None: off
+    _graphs = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` bf16/fp16 ``[..., in_features]`` -> ``[..., out_features]`` of ``x``'s dtype."""
+        if self._graphs is not None:
+            return self._graphs(self._forward, x)
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
         if x.dtype not in _ACT_DTYPES:
