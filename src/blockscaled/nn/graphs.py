@@ -29,11 +29,13 @@ what the call checks before it replays (the addresses of the tensors in every sl
 parameters, buffers, tensor and ScaledTensor attributes, and the identity of child modules; ~5 us):
 the module's graphs are then dropped and captured again. Each graph keeps the transient memory of one
 forward at its size (at most ``max_graphs`` per module, least recently used dropped first).
-Outputs are bitwise those of eager calls (the same kernels, plans and arguments).
+Outputs are bitwise those of eager calls (the same kernels, plans and arguments). A signature
+whose capture raises runs eagerly from then on, with a warning.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 
 import torch
@@ -85,6 +87,7 @@ class CudaGraphs:
         self.module, self.max_tokens, self.max_graphs = module, int(max_tokens), int(max_graphs)
         self.graphs: OrderedDict = OrderedDict()  # signature -> (graph, static inputs, static output)
         self.seen: set = set()  # signatures called once (eagerly)
+        self.failed: set = set()  # signatures whose capture raised: eager from then on
         self._weights: tuple | None = None  # the weights' addresses the graphs were captured with
         self._slots = _weight_slots(module)
 
@@ -93,6 +96,7 @@ class CudaGraphs:
         once, then capture again."""
         self.graphs.clear()
         self.seen.clear()
+        self.failed.clear()
         self._weights = None
 
     def _eligible(self, args) -> bool:
@@ -120,7 +124,16 @@ class CudaGraphs:
             if key not in self.seen:
                 self.seen.add(key)
                 return fn(*args)
-            entry = self._capture(fn, args, key)
+            if key in self.failed:
+                return fn(*args)
+            try:
+                entry = self._capture(fn, args, key)
+            except Exception as e:  # noqa: BLE001 - any capture failure: this signature stays eager, said once
+                self.failed.add(key)
+                warnings.warn(f"blockscaled.nn.enable_cuda_graphs: {type(self.module).__name__} could not be captured "
+                              f"for inputs {[tuple(a.shape) for a in args]} ({type(e).__name__}: {e}); those calls "
+                              f"run eagerly", RuntimeWarning, stacklevel=3)
+                return fn(*args)
         else:
             self.graphs.move_to_end(key)
         graph, static_in, static_out = entry
