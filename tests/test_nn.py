@@ -745,3 +745,28 @@ def test_cuda_graphs_staleness_check():
     assert _addresses(slots) == a0
     moe.experts = experts()  # a new child module
     assert _addresses(slots) != a0
+
+
+def test_cuda_graphs_capture_failure_stays_eager(monkeypatch):
+    """A signature whose capture raises runs eagerly from then on, with one warning (the capture
+    itself is GPU-tested in tests/test_nn_graphs_gpu.py; here it is made to fail)."""
+    from blockscaled.nn.graphs import CudaGraphs
+
+    lin = torch.nn.Linear(8, 4)
+    g = CudaGraphs(lin, max_tokens=4, max_graphs=2)
+    monkeypatch.setattr(CudaGraphs, "_eligible", lambda self, args: True)
+
+    def boom(self, fn, args, key):
+        raise RuntimeError("not capturable")
+
+    monkeypatch.setattr(CudaGraphs, "_capture", boom)
+    x = torch.randn(2, 8)
+    assert torch.equal(g(lin, x), lin(x))  # first call: eager
+    with pytest.warns(RuntimeWarning, match="could not be captured"):
+        assert torch.equal(g(lin, x), lin(x))  # the capture fails: eager, said once
+    assert len(g.failed) == 1 and not g.graphs
+    import warnings as _w
+
+    with _w.catch_warnings():
+        _w.simplefilter("error")
+        assert torch.equal(g(lin, x), lin(x))  # no second warning
