@@ -229,8 +229,8 @@ def _split_swiglu_plan(p: Problem, dev: DeviceInfo, backend: str, hopper_why, a_
     (ops/_grouped_mx.py ``split_swiglu``); None where that projection would not run on an sm_90 MX
     kernel (the fused kernels stay). Why: the SwiGLU's fused forms are the portable kernel (no
     register-decoded MMA; in the layer suite's MX / NV layers it ran where the down projection
-    ran the sm_90 kernels, moe-layer-20261128-1440) and dequantize + cuBLAS, whose bf16 products round gate
-    and up before the activation (a quantized intermediate then flips codes: Mixtral nvfp4 W x A at
+    ran the sm_90 kernels, moe-layer-20261128-1449) and dequantize + cuBLAS, whose bf16 products
+    round gate and up before the activation (a quantized intermediate then flips codes: Mixtral nvfp4 W x A at
     4096 tokens was 2.9e-2 from float64, above the layer tolerance). The split's products are fp32
     (the portable kernel's numerics); it costs the up GEMM's launch and the epilogue's (plus an
     offsets rebase per chunk past ``SPLIT_SWIGLU_CHUNK_BYTES``), the fp32 products' bytes
