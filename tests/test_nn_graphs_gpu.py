@@ -35,11 +35,16 @@ def _call(t, seed):
 def test_experts_graphs_equal_eager(fmt, weight_only):
     ex = _experts(fmt, weight_only)
     assert bs.nn.enable_cuda_graphs(ex, max_tokens=8) == 1
-    for t in (1, 5, 1, 5, 1, 5, 100):
+    prev = None
+    for t in (1, 5, 1, 5, 1, 5, 100, 100, 100):
         for seed in range(3):
             args = _call(t, seed + 10 * t)
-            assert torch.equal(ex(*args), ex._forward(*args)), (t, seed)
-    assert sorted(k[1][0][0][0] for k in ex._graphs.graphs) == [1, 5]  # T = 100 > max_tokens: eager
+            y = ex(*args)
+            assert torch.equal(y, ex._forward(*args)), (t, seed)
+            if prev is not None:  # an earlier output is not overwritten by a later replay
+                assert torch.equal(prev[0], prev[1]), (t, seed)
+            prev = (y, y.clone())
+    assert sorted(k[2][0][0][0] for k in ex._graphs.graphs) == [1, 5]  # T = 100 > max_tokens: eager
     assert bs.nn.disable_cuda_graphs(ex) == 1 and ex._graphs is None
 
 
@@ -64,9 +69,11 @@ def test_moe_inside_a_user_capture():
     moe = bs.nn.MoE.from_experts(ex, router, top_k=K)
     assert bs.nn.enable_cuda_graphs(moe) == 2  # the layer and its experts
     x = _call(4, 3)[0]
+    for seed in range(4):  # new tokens (and so new routing) each call
+        xs = _call(4, 20 + seed)[0]
+        assert torch.equal(moe(xs), moe._forward(xs)), seed
+    assert len(moe._graphs.graphs) == 1  # the layer replays its own graph
     ref = moe._forward(x)
-    for _ in range(3):
-        assert torch.equal(moe(x), ref)
     outer = torch.cuda.CUDAGraph()
     with torch.cuda.graph(outer):
         y = moe(x)  # capturing: the module's own graphs step aside
@@ -87,9 +94,11 @@ def test_linear_graphs_equal_eager(fmt, weight_only):
         for b in (1, 4, 1, 4, 1, 4):
             x = torch.randn(b, 1, H, device="cuda", dtype=torch.bfloat16)
             assert torch.equal(q(x), q._forward(x)), b
-        x = torch.randn(1, 100, H, device="cuda", dtype=torch.bfloat16)
-        assert torch.equal(q(x), q._forward(x))
-    assert sorted(k[1][0][0][0] for k in q._graphs.graphs) == [1, 4]  # [B, 1, K] signatures only
-    n = len(q._graphs.graphs)
-    q(torch.randn(1, 1, H, device="cuda", dtype=torch.bfloat16))  # grad mode on, the bias requires grad
-    assert len(q._graphs.graphs) == n
+        for _ in range(3):  # 100 tokens > max_tokens: eager every time
+            x = torch.randn(1, 100, H, device="cuda", dtype=torch.bfloat16)
+            assert torch.equal(q(x), q._forward(x))
+    assert sorted(k[2][0][0][0] for k in q._graphs.graphs) == [1, 4]  # [B, 1, K] signatures only
+    for _ in range(3):  # grad mode on and the bias requires grad: eager, with an autograd graph
+        y = q(torch.randn(2, 1, H, device="cuda", dtype=torch.bfloat16))
+        assert y.requires_grad and y.grad_fn is not None
+    assert sorted(k[2][0][0][0] for k in q._graphs.graphs) == [1, 4]

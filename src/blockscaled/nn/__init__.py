@@ -11,7 +11,7 @@
   the fused experts modules of Mixtral, Qwen2/3-MoE, DeepSeek-V3, OLMoE and gpt-oss models;
 * :func:`fuse_routers`: transformers' MoE router modules with their top-k in one kernel (the
   same outputs; ``quantize_model`` does it by default);
-* :func:`enable_cuda_graphs`: eager decode-size calls of the MoE modules replayed from CUDA graphs
+* :func:`enable_cuda_graphs`: eager decode-size calls of the MoE, Experts and Linear modules replayed from CUDA graphs
   captured per call signature (:func:`disable_cuda_graphs` switches them off);
 * :func:`load_quantized`: a pre-quantized checkpoint (DeepSeek-V3 / FineGrainedFP8, ModelOpt
   NVFP4, compressed-tensors, gpt-oss MXFP4) straight into a model built from its config.

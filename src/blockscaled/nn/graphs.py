@@ -19,7 +19,7 @@ strides of its tensor arguments) for calls of at most ``max_tokens`` tokens:
 A call runs eagerly instead when: the module's graphs are off, its tokens exceed ``max_tokens``,
 an argument is not a CUDA tensor, grad mode is on and an input or a parameter of the module requires
 grad (a replay records no autograd graph; ``torch.no_grad`` / ``inference_mode`` calls, as
-``generate`` makes, take the graphs), torch.compile is tracing, or a graph is being captured on the
+``generate`` makes, take the graphs, one set per mode), torch.compile is tracing, or a graph is being captured on the
 current stream (a graph of the whole model, or a
 module inside a graphed module: the outer graph holds the launches).
 
@@ -28,13 +28,20 @@ The graphs hold the addresses of the module's weights. Updates in place (``load_
 what the call checks before it replays (the addresses of the tensors in every slot that held one:
 parameters, buffers, tensor and ScaledTensor attributes, and the identity of child modules; ~5 us):
 the module's graphs are then dropped and captured again. Each graph keeps the transient memory of one
-forward at its size (at most ``max_graphs`` per module, least recently used dropped first).
-Outputs are bitwise those of eager calls (the same kernels, plans and arguments). A signature
-whose capture raises runs eagerly from then on, with a warning.
+forward at its size; at most ``max_graphs`` per module (later signatures run eagerly: evicting
+would capture again and again when more sizes cycle). Outputs are those of eager calls (the same
+kernels, plans and arguments; a plan that depends on an input's address alignment is made for the
+aligned static buffer). A signature whose capture raises runs eagerly from then on, with a warning.
+Use from one stream per device: calls on another stream than the graphs were captured from run
+eagerly, and calls from several threads are serialised. Not seen by the staleness check: settings
+that are not tensors (``top_k``, ``act_format``, the planner's switches), a prepacked ``Linear``'s
+copy after an in-place weight load (its freshness is checked by eager calls only; the packed path
+is planned above 64 rows, past the default ``max_tokens``).
 """
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections import OrderedDict
 
@@ -88,6 +95,9 @@ class CudaGraphs:
         self.graphs: OrderedDict = OrderedDict()  # signature -> (graph, static inputs, static output)
         self.seen: set = set()  # signatures called once (eagerly)
         self.failed: set = set()  # signatures whose capture raised: eager from then on
+        self._lock = threading.Lock()  # the static buffers are shared: one copy / replay / clone at a time
+        self._streams: dict = {}  # device index -> the stream the graphs were captured from and replay on
+        self._capture_streams: dict = {}  # device index -> the stream captures run on
         self._weights: tuple | None = None  # the weights' addresses the graphs were captured with
         self._slots = _weight_slots(module)
 
@@ -97,34 +107,54 @@ class CudaGraphs:
         self.graphs.clear()
         self.seen.clear()
         self.failed.clear()
+        self._streams.clear()
         self._weights = None
 
     def _eligible(self, args) -> bool:
+        if torch.compiler.is_compiling():  # first: no guard on the token count while tracing
+            return False
         if not args or not all(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
             return False
         x = args[0]
         if x.ndim == 0 or x.shape[-1] == 0 or x.numel() // x.shape[-1] > self.max_tokens:  # tokens: rows of [..., K]
             return False
+        if any(a.device != x.device for a in args[1:]):
+            return False
         if torch.is_grad_enabled() and (any(a.requires_grad for a in args)
-                                        or any(p.requires_grad for p in self.module.parameters())):
+                                        or any(t.requires_grad for t in self.module.parameters())
+                                        or any(t.requires_grad for t in self.module.buffers())):
             return False  # a replay records no autograd graph: calls that need one run eagerly
-        return not torch.compiler.is_compiling() and not torch.cuda.is_current_stream_capturing()
+        if torch.cuda.is_current_stream_capturing():
+            return False
+        # the graphs replay on the stream they were captured from: another stream could overlap the
+        # static buffers' copies with a replay in flight (and the split-K counters graphs share)
+        stream = self._streams.get(x.device.index)
+        return stream is None or stream == torch.cuda.current_stream(x.device)
 
     def __call__(self, fn, *args):
         """``fn(*args)``, from a graph where eligible."""
         if not self._eligible(args):
             return fn(*args)
+        with self._lock:
+            return self._call(fn, args)
+
+    def _call(self, fn, args):
         if _addresses(self._slots) != self._weights:  # first use, or a weight / child replaced: stale
             self.clear()
             self._slots = _weight_slots(self.module)
             self._weights = _addresses(self._slots)
-        key = (args[0].device.index, tuple((a.shape, a.dtype, a.stride()) for a in args))
+        dev = args[0].device
+        # (inference mode in the key: static buffers made under it are inference tensors, which a
+        # later call outside it could not copy into)
+        key = (dev.index, torch.is_inference_mode_enabled(), tuple((a.shape, a.dtype, a.stride()) for a in args))
         entry = self.graphs.get(key)
         if entry is None:
             if key not in self.seen:
-                self.seen.add(key)
-                return fn(*args)
-            if key in self.failed:
+                out = fn(*args)
+                self.seen.add(key)  # (after the call: an error of the call itself is not a capture failure)
+                return out
+            if key in self.failed or len(self.graphs) >= self.max_graphs:
+                # full: no eviction (signatures cycling past max_graphs would capture on every call)
                 return fn(*args)
             try:
                 entry = self._capture(fn, args, key)
@@ -132,30 +162,35 @@ class CudaGraphs:
                 self.failed.add(key)
                 warnings.warn(f"blockscaled.nn.enable_cuda_graphs: {type(self.module).__name__} could not be captured "
                               f"for inputs {[tuple(a.shape) for a in args]} ({type(e).__name__}: {e}); those calls "
-                              f"run eagerly", RuntimeWarning, stacklevel=3)
+                              f"run eagerly", RuntimeWarning, stacklevel=4)
                 return fn(*args)
-        else:
-            self.graphs.move_to_end(key)
         graph, static_in, static_out = entry
-        for s, a in zip(static_in, args):
-            s.copy_(a)
-        graph.replay()
-        return static_out.clone()
+        with torch.cuda.device(dev):
+            for s, a in zip(static_in, args):
+                s.copy_(a)
+            graph.replay()
+            return static_out.clone()
 
     def _capture(self, fn, args, key):
-        static_in = tuple(torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device).copy_(a)
-                          for a in args)
         dev = args[0].device
-        side = torch.cuda.Stream(device=dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):
-            fn(*static_in)
-        torch.cuda.current_stream(dev).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static_out = fn(*static_in)
-        if len(self.graphs) >= self.max_graphs:
-            self.graphs.popitem(last=False)
+        with torch.cuda.device(dev):  # the library launches on the current device: the module's
+            caller = torch.cuda.current_stream(dev)
+            static_in = tuple(torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=dev).copy_(a)
+                              for a in args)
+            cap = self._capture_streams.get(dev.index)
+            if cap is None:
+                cap = self._capture_streams[dev.index] = torch.cuda.Stream(device=dev)
+            cap.wait_stream(caller)
+            with torch.cuda.stream(cap):  # a warm call on the capture stream (PyTorch's recipe)
+                fn(*static_in)
+            graph = torch.cuda.CUDAGraph()
+            # (our own stream context outside the capture's: torch.cuda.graph's exit ends the capture
+            # before it restores the stream, so a failed capture would leave the caller on its stream)
+            with torch.cuda.stream(cap):
+                with torch.cuda.graph(graph, stream=cap):
+                    static_out = fn(*static_in)
+            caller.wait_stream(cap)
+        self._streams[dev.index] = caller
         self.graphs[key] = (graph, static_in, static_out)
         return self.graphs[key]
 
