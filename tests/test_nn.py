@@ -698,7 +698,7 @@ def test_fuse_routers_leaves_hooked_routers(reference):
 
 
 def test_enable_cuda_graphs_counts_and_cpu_calls_stay_eager():
-    """``enable_cuda_graphs`` switches on every MoE / Experts / Linear module (a layer, its experts),
+    """``enable_cuda_graphs`` switches on every MoE / Experts / Linear module not inside another,
     CPU calls run eagerly (no graph: not CUDA tensors) with the same outputs, bad limits are
     refused, and ``disable_cuda_graphs`` switches them off (tests/test_nn_graphs_gpu.py: the GPU)."""
     import blockscaled as bs
@@ -709,12 +709,14 @@ def test_enable_cuda_graphs_counts_and_cpu_calls_stay_eager():
     moe = bs.nn.MoE.from_experts(ex, torch.randn(4, 64, generator=g).bfloat16(), top_k=2)
     lin = bs.nn.Linear.from_linear(torch.nn.Linear(64, 32, dtype=torch.bfloat16), "mxfp4")
     model = torch.nn.Sequential(moe, lin)
-    assert bs.nn.enable_cuda_graphs(model, max_tokens=4) == 3
+    assert bs.nn.enable_cuda_graphs(model, max_tokens=4) == 2  # the layer and the Linear, not the layer's experts
+    assert ex._graphs is None
     x = torch.randn(3, 64, generator=g).bfloat16()
     with torch.no_grad():
         for _ in range(3):
             assert torch.equal(model(x), lin._forward(moe._forward(x)))
-    assert not moe._graphs.graphs and not ex._graphs.graphs and not lin._graphs.graphs
+    assert not moe._graphs.graphs and not lin._graphs.graphs
+    assert bs.nn.enable_cuda_graphs(ex) == 1  # alone, the experts module itself
     with pytest.raises(ValueError, match="max_tokens"):
         bs.nn.enable_cuda_graphs(model, max_tokens=0)
     assert bs.nn.disable_cuda_graphs(model) == 3 and moe._graphs is None and ex._graphs is None

@@ -67,7 +67,7 @@ def test_moe_inside_a_user_capture():
     ex = _experts("fp8_block", False)
     router = torch.randn(E, H, device="cuda", dtype=torch.bfloat16) * H ** -0.5
     moe = bs.nn.MoE.from_experts(ex, router, top_k=K)
-    assert bs.nn.enable_cuda_graphs(moe) == 2  # the layer and its experts
+    assert bs.nn.enable_cuda_graphs(moe) == 1  # the layer (its experts run inside its graph)
     x = _call(4, 3)[0]
     for seed in range(4):  # new tokens (and so new routing) each call
         xs = _call(4, 20 + seed)[0]

@@ -197,8 +197,9 @@ class CudaGraphs:
 
 def enable_cuda_graphs(model: torch.nn.Module, max_tokens: int = 64, max_graphs: int = 8) -> int:
     """Replay the eager calls of every :class:`MoE` / :class:`Experts` / :class:`Linear` module in
-    ``model`` (itself included) of at most ``max_tokens`` tokens (rows of the first argument's
-    ``[..., K]``) from CUDA graphs, one per call signature (module
+    ``model`` (itself included; not those inside one already switched on, e.g. an MoE's Experts)
+    of at most ``max_tokens`` tokens (rows of the first argument's ``[..., K]``) from CUDA graphs,
+    one per call signature (module
     docstring: when a call runs eagerly instead, what the graphs hold). Returns the number of
     modules switched on. :func:`disable_cuda_graphs` switches them off and frees the graphs.
 
@@ -208,10 +209,13 @@ def enable_cuda_graphs(model: torch.nn.Module, max_tokens: int = 64, max_graphs:
         bs.nn.enable_cuda_graphs(model, max_tokens=64)   # eager decode steps replay graphs
         model.generate(ids, max_new_tokens=32)
     """
-    n = 0
-    for m in model.modules():
+    n, outer = 0, []
+    for name, m in model.named_modules():
         if isinstance(m, (MoE, Experts, Linear)):
+            if any(name.startswith(o + ".") or not o for o in outer):
+                continue  # inside a graphed module (an MoE's Experts): its graph holds these launches
             m._graphs = CudaGraphs(m, max_tokens, max_graphs)
+            outer.append(name)
             n += 1
     return n
 
