@@ -19,6 +19,7 @@ from .quantize import _pow2  # (host arithmetic, not triton's constexpr function
 
 __all__ = ["MX_STRATEGIES", "SPLIT_SWIGLU_CHUNK_BYTES", "mx_grouped", "split_swiglu", "epilogue"]
 
+#: format name by the kernels' code (ops/grouped.py uses it too)
 _FMT_BY_CODE = {v: k for k, v in FORMAT_CODES.items()}
 #: the strategies of the sm_90 MX / NV grouped kernels (register-streaming, streaming, tiled)
 MX_STRATEGIES = ("direct", "stream", "tiled")

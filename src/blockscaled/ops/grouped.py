@@ -45,7 +45,7 @@ from .gemm import _DTYPE_NAMES, _cdiv, _dequant, _eager_ok, _one
 from .quantize import _pow2  # (host arithmetic, not triton's constexpr functions: ~2-5 us a call)
 from .gemm import gemm as _dense_gemm
 from ._launch import fast
-from ._grouped_mx import MX_STRATEGIES, epilogue, mx_grouped, split_swiglu
+from ._grouped_mx import _FMT_BY_CODE, MX_STRATEGIES, epilogue, mx_grouped, split_swiglu
 
 __all__ = ["grouped_gemm"]
 
@@ -54,7 +54,6 @@ _TL_OUT = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32
 
 MODE_DENSE, MODE_CONTIGUOUS, MODE_MASKED = 0, 1, 2
 _GROUPING_NAMES = ("dense", "contiguous", "masked")
-_FMT_BY_CODE = {v: k for k, v in FORMAT_CODES.items()}
 
 
 def _dot_dtype(promote: bool, device: torch.device, a_dense_dtype: torch.dtype | None = None):

@@ -151,8 +151,7 @@ def plan_grouped(p: Problem, dev: DeviceInfo, forced=None, *, hopper_why: str | 
         if p.dual and p.fmt in SPLIT_SWIGLU_FORMATS and p.grouping != "dense":
             # a SwiGLU runs the tiled kernel only split (``_split_swiglu_plan``): gate and up each the
             # forced grouped GEMM with fp32 output
-            one = _forced_tiled(dataclasses.replace(p, op="grouped", dual=False, out_dtype="float32"), dev, forced,
-                                backend)
+            one = _forced_tiled(_projection(p), dev, forced, backend)
             return Plan(p.op, backend, one.config, p, reasons=(
                 "forced by config=: the split SwiGLU, gate and up each the grouped tiled kernel with fp32 output, "
                 "then silu(gate) * up in one pass",))
@@ -223,6 +222,11 @@ SPLIT_SWIGLU_FORMATS = ("mxfp8", "mxfp4", "nvfp4")
 _SPLIT_STRATEGIES = ("direct", "stream", "tiled")
 
 
+def _projection(p: Problem) -> Problem:
+    """One projection of a split SwiGLU: the grouped GEMM of the same operands with fp32 output."""
+    return dataclasses.replace(p, op="grouped", dual=False, out_dtype="float32")
+
+
 def _split_swiglu_plan(p: Problem, dev: DeviceInfo, backend: str, hopper_why, a_row_stride: int) -> Plan | None:
     """A grouped MX / NV SwiGLU as gate and up each a grouped GEMM with fp32 output on the kernel
     the grouped planner picks for one projection, then ``silu(gate) * up`` in one elementwise pass
@@ -239,8 +243,7 @@ def _split_swiglu_plan(p: Problem, dev: DeviceInfo, backend: str, hopper_why, a_
     dequantize + cuBLAS out for contiguous calls (bf16 output only): the split was measured against
     the fused plans up to 4096 tokens (NOTES twenty-ninth session). ``predicted_us``: the two
     GEMMs' prediction (the epilogue not counted)."""
-    single = plan_grouped(dataclasses.replace(p, op="grouped", dual=False, out_dtype="float32"), dev, None,
-                          hopper_why=hopper_why, a_row_stride=a_row_stride)
+    single = plan_grouped(_projection(p), dev, None, hopper_why=hopper_why, a_row_stride=a_row_stride)
     cfg = single.config
     if not isinstance(cfg, GemmConfig) or cfg.strategy not in _SPLIT_STRATEGIES:
         return None
