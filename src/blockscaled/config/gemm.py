@@ -197,13 +197,10 @@ class GemmConfig:
 
     def _check_direct(self) -> None:
         # kernels/hopper/direct.py: four warps of 16 weight rows x 128 K per step on mma.sync
-        # m16n8k16, the activation rows padded to its N of 8, no ring; num_stages: the steps of
-        # loads in flight (the kernel's DEPTH, registers, not shared memory)
-        if (self.block_m, self.block_n, self.block_k, self.num_warps) != (8, 64, 128, 4):
+        # m16n8k16, the activation rows padded to its N of 8, no ring
+        if (self.block_m, self.block_n, self.block_k, self.num_warps, self.num_stages) != (8, 64, 128, 4, 1):
             raise ValueError(f"GemmConfig: strategy 'direct' runs block_m=8, block_n=64, block_k=128, num_warps=4, "
-                             f"got {self.block_m}, {self.block_n}, {self.block_k}, {self.num_warps}")
-        if not 1 <= self.num_stages <= 3:
-            raise ValueError(f"GemmConfig.num_stages: strategy 'direct' keeps 1..3 steps of loads in flight, got "
+                             f"num_stages=1, got {self.block_m}, {self.block_n}, {self.block_k}, {self.num_warps}, "
                              f"{self.num_stages}")
         if self.split_k < 1:
             raise ValueError(f"GemmConfig.split_k: expected >= 1, got {self.split_k}")
