@@ -34,11 +34,6 @@ def _kernel():
     return fast(direct_kernel)
 
 
-def _depth(cfg: GemmConfig) -> int:
-    """Steps of loads in flight (the kernel's DEPTH): the config's ``num_stages``, 1 to 3."""
-    return min(3, max(1, cfg.num_stages))
-
-
 def launch_direct(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, w_gs, fmt_name: str, k: int,
                   out: torch.Tensor, cfg: GemmConfig, x_gs: torch.Tensor | None = None,
                   bias: torch.Tensor | None = None, seg: torch.Tensor | None = None, grouping: int = 0) -> None:
@@ -80,8 +75,7 @@ def launch_direct(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, 
             w32.stride(0), w_scale.stride(-2), w_scale.stride(0), x.stride(-2), x.stride(0) if masked else 0,
             out.stride(-2), out.stride(0) if masked else 0,
             FMT=_FMT[fmt_name], MP=cfg.block_m, HAS_AGS=x_gs is not None, HAS_BIAS=False, num_warps=4,
-            GROUPING=grouping, GS_PER_E=w_gs is not None and w_gs.numel() > 1, NUM_E=e if slots < e else 0,
-            DEPTH=_depth(cfg))
+            GROUPING=grouping, GS_PER_E=w_gs is not None and w_gs.numel() > 1, NUM_E=e if slots < e else 0)
         return
     per = triton.cdiv(chunks, cfg.split_k)
     nsplit = triton.cdiv(chunks, per)  # no empty split
@@ -92,4 +86,4 @@ def launch_direct(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, 
         w32, w_scale, x, gs, ags, bias if bias is not None else gs, out, part, cnt, cnt, x.shape[0], n, k, per, nsplit,
         w32.stride(0), w_scale.stride(0), 0, x.stride(0), 0, out.stride(0), 0,
         FMT=_FMT[fmt_name], MP=cfg.block_m, HAS_AGS=x_gs is not None, HAS_BIAS=bias is not None, num_warps=4,
-        DEPTH=_depth(cfg), **({"maxnreg": cfg.maxnreg} if getattr(cfg, "maxnreg", 0) else {}))
+        **({"maxnreg": cfg.maxnreg} if getattr(cfg, "maxnreg", 0) else {}))

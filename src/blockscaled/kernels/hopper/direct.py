@@ -92,68 +92,31 @@ def _w_step(w_rows, wcol, c, NB, ok):
 
 
 @gluon.jit
-def _step_loads(w_rows, wcol, ws_ptr, srow, scol, ncol, x_base, xr, x_ok, xt, xe, K, stride_xm, c, NB, ok,
-                FMT: gl.constexpr, MP: gl.constexpr, SPC: gl.constexpr):
-    """The loads of step ``c`` (weights, their scale factors, activations); ``ok`` False: none."""
-    w = _w_step(w_rows, wcol, c, NB, ok)
-    f = _scale_factor(ws_ptr, srow, scol + c * SPC, ncol, FMT)
-    x = _x_step(x_base, xr, x_ok, xt, xe, c * CHUNK, K, stride_xm, ok, MP)
-    return w, f, x
-
-
-@gluon.jit
-def _step_mma(w, f, x, acc, FMT: gl.constexpr, MP: gl.constexpr):
+def _k_loop(w_rows, wcol, ws_ptr, srow, scol, ncol, x_base, xr, x_ok, xt, xe, K, stride_xm, c_lo, n_c, NB,
+            FMT: gl.constexpr, MP: gl.constexpr, SPC: gl.constexpr):
+    """acc [64, MP] of the weight rows ``w_rows`` (K steps c_lo .. c_lo + n_c) times the activation
+    rows ``x_base + xr * stride_xm`` (``x_ok`` masks them)."""
     acc_l: gl.constexpr = mma_layout(MP)
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
     b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=acc_l, k_width=2)
-    a = gl.convert_layout(_decode_fp4(w, f, FMT), a_l, assert_trivial=True)
-    b = gl.convert_layout(_x_operand(x, MP), b_l, assert_trivial=True)
-    return mma_v2(a, b, acc)
-
-
-@gluon.jit
-def _k_loop(w_rows, wcol, ws_ptr, srow, scol, ncol, x_base, xr, x_ok, xt, xe, K, stride_xm, c_lo, n_c, NB,
-            FMT: gl.constexpr, MP: gl.constexpr, SPC: gl.constexpr, DEPTH: gl.constexpr):
-    """acc [64, MP] of the weight rows ``w_rows`` (K steps c_lo .. c_lo + n_c) times the activation
-    rows ``x_base + xr * stride_xm`` (``x_ok`` masks them). A step's loads are issued DEPTH (1, 2
-    or 3) steps ahead of its decode and MMAs: at decode a program's time is about one memory
-    latency per step when only one step's loads are in flight (ptxas places them after most of the
-    current step's MMAs: benchmarks/NOTES.md, twenty-second session, ncu)."""
-    acc_l: gl.constexpr = mma_layout(MP)
+    # the loads of a step are issued a step ahead of its decode and MMAs (ptxas places them after
+    # most of the current step's MMAs: benchmarks/NOTES.md, twenty-second session, ncu)
+    w_nxt = _w_step(w_rows, wcol, c_lo, NB, n_c > 0)
+    f_nxt = _scale_factor(ws_ptr, srow, scol + c_lo * SPC, ncol, FMT)
+    x_nxt = _x_step(x_base, xr, x_ok, xt, xe, c_lo * CHUNK, K, stride_xm, n_c > 0, MP)
     acc = gl.zeros((BLOCK_N, MP), dtype=gl.float32, layout=acc_l)
-    w1, f1, x1 = _step_loads(w_rows, wcol, ws_ptr, srow, scol, ncol, x_base, xr, x_ok, xt, xe, K, stride_xm,
-                             c_lo, NB, n_c > 0, FMT, MP, SPC)
-    if DEPTH == 1:
-        for it in range(n_c):
-            w0, f0, x0 = w1, f1, x1
-            c = c_lo + gl.minimum(it + 1, n_c - 1)
-            w1, f1, x1 = _step_loads(w_rows, wcol, ws_ptr, srow, scol, ncol, x_base, xr, x_ok, xt, xe, K, stride_xm,
-                                     c, NB, it + 1 < n_c, FMT, MP, SPC)
-            acc = _step_mma(w0, f0, x0, acc, FMT, MP)
-    elif DEPTH == 2:
-        w2, f2, x2 = _step_loads(w_rows, wcol, ws_ptr, srow, scol, ncol, x_base, xr, x_ok, xt, xe, K, stride_xm,
-                                 c_lo + gl.minimum(1, n_c - 1), NB, n_c > 1, FMT, MP, SPC)
-        for it in range(n_c):
-            w0, f0, x0 = w1, f1, x1
-            w1, f1, x1 = w2, f2, x2
-            c = c_lo + gl.minimum(it + 2, n_c - 1)
-            w2, f2, x2 = _step_loads(w_rows, wcol, ws_ptr, srow, scol, ncol, x_base, xr, x_ok, xt, xe, K, stride_xm,
-                                     c, NB, it + 2 < n_c, FMT, MP, SPC)
-            acc = _step_mma(w0, f0, x0, acc, FMT, MP)
-    else:
-        gl.static_assert(DEPTH == 3, "DEPTH: 1, 2 or 3 steps of loads in flight")
-        w2, f2, x2 = _step_loads(w_rows, wcol, ws_ptr, srow, scol, ncol, x_base, xr, x_ok, xt, xe, K, stride_xm,
-                                 c_lo + gl.minimum(1, n_c - 1), NB, n_c > 1, FMT, MP, SPC)
-        w3, f3, x3 = _step_loads(w_rows, wcol, ws_ptr, srow, scol, ncol, x_base, xr, x_ok, xt, xe, K, stride_xm,
-                                 c_lo + gl.minimum(2, n_c - 1), NB, n_c > 2, FMT, MP, SPC)
-        for it in range(n_c):
-            w0, f0, x0 = w1, f1, x1
-            w1, f1, x1 = w2, f2, x2
-            w2, f2, x2 = w3, f3, x3
-            c = c_lo + gl.minimum(it + 3, n_c - 1)
-            w3, f3, x3 = _step_loads(w_rows, wcol, ws_ptr, srow, scol, ncol, x_base, xr, x_ok, xt, xe, K, stride_xm,
-                                     c, NB, it + 3 < n_c, FMT, MP, SPC)
-            acc = _step_mma(w0, f0, x0, acc, FMT, MP)
+    for it in range(n_c):
+        w_cur = w_nxt
+        f_cur = f_nxt
+        x_cur = x_nxt
+        more = it + 1 < n_c
+        c = c_lo + gl.minimum(it + 1, n_c - 1)
+        w_nxt = _w_step(w_rows, wcol, c, NB, more)
+        f_nxt = _scale_factor(ws_ptr, srow, scol + c * SPC, ncol, FMT)
+        x_nxt = _x_step(x_base, xr, x_ok, xt, xe, c * CHUNK, K, stride_xm, more, MP)
+        a = gl.convert_layout(_decode_fp4(w_cur, f_cur, FMT), a_l, assert_trivial=True)
+        b = gl.convert_layout(_x_operand(x_cur, MP), b_l, assert_trivial=True)
+        acc = mma_v2(a, b, acc)
     return acc
 
 
@@ -176,7 +139,7 @@ def direct_kernel(w_ptr, ws_ptr, x_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_p
                   kc_per_split, SPLIT, stride_wn, stride_wsn, stride_wse, stride_xm, stride_xe, stride_cm, stride_ce,
                   FMT: gl.constexpr, MP: gl.constexpr, HAS_AGS: gl.constexpr, HAS_BIAS: gl.constexpr,
                   num_warps: gl.constexpr, GROUPING: gl.constexpr = 0, GS_PER_E: gl.constexpr = False,
-                  NUM_E: gl.constexpr = 0, DEPTH: gl.constexpr = 1):
+                  NUM_E: gl.constexpr = 0):
     """Dense (GROUPING 0): one program per (64 weight rows, K split). ``w_ptr``: the packed e2m1
     weights as int32 words [N, K / 8], row stride ``stride_wn`` words (16-byte aligned rows);
     ``ws_ptr``: uint8 E8M0 [N, K / 32] (mxfp4) or e4m3 [N, K / 16] (nvfp4) block scales, row stride
@@ -277,7 +240,7 @@ def direct_kernel(w_ptr, ws_ptr, x_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_p
 
     if GROUPING == 0:
         acc = _k_loop(w_rows, wcol, ws_e, srow, scol, ncol, x_base, xr, xr < M, xt, xe, K, stride_xm, c_lo, n_c, NB,
-                      FMT, MP, SPC, DEPTH)
+                      FMT, MP, SPC)
         if FMT == _FMT_NVFP4:  # after the K loop: no registers held across it
             acc = acc * _out_scale(gs_ptr, ags_ptr, e, GS_PER_E, HAS_AGS)
         if HAS_BIAS:  # loaded after the K loop: no registers held across it
@@ -300,7 +263,7 @@ def direct_kernel(w_ptr, ws_ptr, x_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_p
         for rb in range(gl.cdiv(m_e, MP)):
             rows_left = m_e - rb * MP
             acc = _k_loop(w_rows, wcol, ws_e, srow, scol, ncol, x_base + (rb * MP).to(gl.int64) * stride_xm, xr,
-                          xr < rows_left, xt, xe, K, stride_xm, c_lo, n_c, NB, FMT, MP, SPC, DEPTH)
+                          xr < rows_left, xt, xe, K, stride_xm, c_lo, n_c, NB, FMT, MP, SPC)
             if FMT == _FMT_NVFP4:
                 acc = acc * _out_scale(gs_ptr, ags_ptr, e, GS_PER_E, HAS_AGS)
             mask = (r < N - off_n)[:, None] & (cc < rows_left)[None, :]
