@@ -12,7 +12,8 @@ E, H, I, T, K = 4, 256, 128, 7, 2
 
 
 def _deq(t):
-    return (t.dequantize() if isinstance(t, bs.ScaledTensor) else t).double()
+    # .contiguous(): an Experts module with w_gate_up holds w_gate / w_up as views of its rows
+    return (t.contiguous().dequantize() if isinstance(t, bs.ScaledTensor) else t).double()
 
 
 def _ref_moe(moe: MoE, x: torch.Tensor, act=None) -> torch.Tensor:
@@ -184,7 +185,14 @@ def test_moe_gpt_oss_activation_and_biases(path, device):
 
     out = _ref_moe(moe, x, act)
     # the layer's gate / up rows are the even / odd rows of the checkpoint's fused weight
-    assert torch.equal(moe.w_gate.dequantize(), q.dequantize()[:, 0::2])
+    assert torch.equal(moe.w_gate.contiguous().dequantize(), q.dequantize()[:, 0::2])
+    # held once: w_gate / w_up are views of w_gate_up's rows (nn/experts.py), and a view cannot
+    # reach a kernel without .contiguous() (no hidden copies)
+    ex = moe.experts
+    assert ex.w_gate.data.data_ptr() == ex.w_gate_up.data.data_ptr()
+    assert ex.w_up.data.untyped_storage().data_ptr() == ex.w_gate_up.data.untyped_storage().data_ptr()
+    with pytest.raises(ValueError, match="cannot be flattened without a copy"):
+        moe.w_gate.dequantize()
     rel = float((y.double() - out).norm() / out.norm())
     assert rel < 2e-2, rel
 
@@ -213,6 +221,10 @@ def test_moe_from_experts(device):
     ex = bsnn.Experts.from_dense((torch.randn(E, 2 * i, H, generator=g, device=device) * 0.05).bfloat16(),
                                  (torch.randn(E, H, i, generator=g, device=device) * 0.05).bfloat16(), "fp8_block")
     assert ex.w_gate_up is None  # the split at row 192 is inside a 128-row scale block
+    # a plain SiLU module never reads a stacked gate_up: none is kept (no weight held twice)
+    ex2 = bsnn.Experts.from_dense((torch.randn(E, 2 * I, H, generator=g, device=device) * 0.05).bfloat16(),
+                                  (torch.randn(E, H, I, generator=g, device=device) * 0.05).bfloat16(), "mxfp4")
+    assert ex2.w_gate_up is None and ex2.w_gate.data.is_contiguous() and ex2.w_up.data.is_contiguous()
     router = torch.randn(E, H, generator=g, device=device).bfloat16()
     moe = MoE.from_experts(ex, router, top_k=K, score="sigmoid")
     x = torch.randn(T, H, generator=g, device=device).bfloat16()

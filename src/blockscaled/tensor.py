@@ -176,6 +176,18 @@ class ScaledTensor:
     def cpu(self) -> "ScaledTensor":
         return self.to("cpu")
 
+    def contiguous(self) -> "ScaledTensor":
+        """Data and scale as contiguous tensors (a copy only where one is a strided view, e.g. the
+        gate rows of a stacked ``[E, 2I, K]`` weight): what the ops need, which copy nothing
+        themselves. Example: ``experts.w_gate.contiguous().dequantize()``."""
+        if self.data.is_contiguous() and self.scale.is_contiguous():
+            return self
+        out = replace(self, data=self.data.contiguous(), scale=self.scale.contiguous())
+        src = getattr(self, GRAD_SOURCE_ATTR, None)
+        if src is not None:
+            object.__setattr__(out, GRAD_SOURCE_ATTR, src)
+        return out
+
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """``data * scale`` (and ``/ global_scale`` for nvfp4) as a ``dtype`` tensor of ``shape``."""
         # Local: import cycle tensor -> ops.quantize -> ops._autograd -> tensor.

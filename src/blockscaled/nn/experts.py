@@ -60,6 +60,17 @@ def _rows(w: ScaledTensor, lo: int, hi: int, name: str = "w_gate_up") -> ScaledT
                         global_scale=w.global_scale)
 
 
+def _row_view(w: ScaledTensor, lo: int, hi: int) -> ScaledTensor:
+    """Rows ``lo:hi`` of every expert of ``w [E, N, K]`` as a view (no copy; 1-row scale blocks or
+    a split on a block boundary)."""
+    br = w.block[0]
+    if br > 1 and (lo % br or (hi % br and hi != w.shape[1])):
+        raise ValueError(f"w_gate_up: the gate / up split at row {lo} is not on a {br}-row scale block boundary")
+    return ScaledTensor(w.data[:, lo:hi], w.scale[:, lo // br:-(-hi // br)], w.format,
+                        torch.Size((w.shape[0], hi - lo, w.shape[2])), w.block, w.rounding,
+                        global_scale=w.global_scale)
+
+
 def _deinterleave(w: ScaledTensor) -> ScaledTensor:
     """gpt-oss's fused gate_up (gate on even rows, up on odd) -> gate rows then up rows (1-row
     scale blocks only: an interleaved 128-row block mixes gate and up)."""
@@ -82,7 +93,10 @@ class Experts(torch.nn.Module):
     Args:
         w_gate, w_up: ScaledTensors ``[E, I, H]``; w_down: ScaledTensor ``[E, H, I]``.
         w_gate_up: optional ScaledTensor ``[E, 2I, H]`` (gate rows then up rows) holding the same
-            values: the gpt-oss activation then takes one grouped GEMM instead of two.
+            values: the gpt-oss activation (or per-expert gate / up biases) then takes one grouped
+            GEMM instead of two, and ``w_gate`` / ``w_up`` are kept as views of its rows; with the
+            plain SiLU it is not kept (``w_gate_up`` None: the SwiGLU reads ``w_gate`` / ``w_up``),
+            so no weight is held twice.
         activation: "silu" (``silu(gate) * up``, one fused kernel) or "gpt_oss"
             (``(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)``, ``g = clamp(gate, max=limit)``).
         gate_bias / up_bias ``[E, I]``, down_bias ``[E, H]``: per-expert biases (gpt-oss).
@@ -122,6 +136,15 @@ class Experts(torch.nn.Module):
                                ("down_bias", down_bias, (e, h))):
             if b is not None and tuple(b.shape) != shape:
                 raise ValueError(f"{name}: expected shape {shape}, got {tuple(b.shape)}")
+        if w_gate_up is not None:
+            if activation == "silu" and gate_bias is None and up_bias is None:
+                # the forward runs swiglu on w_gate / w_up and never reads w_gate_up: holding it
+                # too would keep every gate / up row twice (DeepSeek-V3: ~2/3 of the experts' bytes)
+                w_gate_up = None
+            else:
+                # the forward reads w_gate_up (one grouped GEMM); w_gate / w_up become views of its
+                # rows (shapes, format, the float64 twin), not a second copy
+                w_gate, w_up = _row_view(w_gate_up, 0, i), _row_view(w_gate_up, i, 2 * i)
         self.w_gate, self.w_up, self.w_down, self.w_gate_up = w_gate, w_up, w_down, w_gate_up
         self.register_buffer("gate_bias", gate_bias)
         self.register_buffer("up_bias", up_bias)

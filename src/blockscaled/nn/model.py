@@ -127,7 +127,7 @@ def child_format(m: torch.nn.Module) -> str:
 
 def _experts_bytes(q: Experts) -> int:
     ts = [q.w_gate, q.w_up, q.w_down, q.gate_bias, q.up_bias, q.down_bias]
-    if q.w_gate_up is not None:  # w_gate / w_up are copies of its rows
+    if q.w_gate_up is not None:  # w_gate / w_up are views of its rows (nn/experts.py)
         ts[:2] = [q.w_gate_up]
     n = 0
     for t in ts:
