@@ -49,18 +49,7 @@ def permute(experts: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torc
     return _moe.permute(experts, num_experts)[:3]
 
 
-def _rows(w: ScaledTensor, lo: int, hi: int, name: str = "w_gate_up") -> ScaledTensor:
-    """Rows ``lo:hi`` of every expert of ``w [E, N, K]`` (on a scale-block boundary for 128-row blocks)."""
-    br = w.block[0]
-    if br > 1 and (lo % br or (hi % br and hi != w.shape[1])):
-        raise ValueError(f"{name}: the gate / up split at row {lo} is not on a {br}-row scale block boundary")
-    data = w.data[:, lo:hi].contiguous()
-    scale = w.scale[:, lo // br:-(-hi // br)].contiguous()
-    return ScaledTensor(data, scale, w.format, torch.Size((w.shape[0], hi - lo, w.shape[2])), w.block, w.rounding,
-                        global_scale=w.global_scale)
-
-
-def _row_view(w: ScaledTensor, lo: int, hi: int) -> ScaledTensor:
+def _rows(w: ScaledTensor, lo: int, hi: int) -> ScaledTensor:
     """Rows ``lo:hi`` of every expert of ``w [E, N, K]`` as a view (no copy; 1-row scale blocks or
     a split on a block boundary)."""
     br = w.block[0]
@@ -139,12 +128,13 @@ class Experts(torch.nn.Module):
         if w_gate_up is not None:
             if activation == "silu" and gate_bias is None and up_bias is None:
                 # the forward runs swiglu on w_gate / w_up and never reads w_gate_up: holding it
-                # too would keep every gate / up row twice (DeepSeek-V3: ~2/3 of the experts' bytes)
-                w_gate_up = None
+                # too would keep every gate / up row twice (DeepSeek-V3: ~2/3 of the experts'
+                # bytes); the kernels take whole experts, so rows given as views are copied once
+                w_gate_up, w_gate, w_up = None, w_gate.contiguous(), w_up.contiguous()
             else:
                 # the forward reads w_gate_up (one grouped GEMM); w_gate / w_up become views of its
                 # rows (shapes, format, the float64 twin), not a second copy
-                w_gate, w_up = _row_view(w_gate_up, 0, i), _row_view(w_gate_up, i, 2 * i)
+                w_gate, w_up = _rows(w_gate_up, 0, i), _rows(w_gate_up, i, 2 * i)
         self.w_gate, self.w_up, self.w_down, self.w_gate_up = w_gate, w_up, w_down, w_gate_up
         self.register_buffer("gate_bias", gate_bias)
         self.register_buffer("up_bias", up_bias)
