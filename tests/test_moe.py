@@ -221,10 +221,17 @@ def test_moe_from_experts(device):
     ex = bsnn.Experts.from_dense((torch.randn(E, 2 * i, H, generator=g, device=device) * 0.05).bfloat16(),
                                  (torch.randn(E, H, i, generator=g, device=device) * 0.05).bfloat16(), "fp8_block")
     assert ex.w_gate_up is None  # the split at row 192 is inside a 128-row scale block
-    # a plain SiLU module never reads a stacked gate_up: none is kept (no weight held twice)
-    ex2 = bsnn.Experts.from_dense((torch.randn(E, 2 * I, H, generator=g, device=device) * 0.05).bfloat16(),
-                                  (torch.randn(E, H, I, generator=g, device=device) * 0.05).bfloat16(), "mxfp4")
-    assert ex2.w_gate_up is None and ex2.w_gate.data.is_contiguous() and ex2.w_up.data.is_contiguous()
+    # gate / up rows held once: fp8_block (its fused SwiGLU reads w_gate / w_up) keeps no stacked
+    # gate_up; MX / NV keep only the stack (the stacked SwiGLU), w_gate / w_up views of its rows
+    wgu = (torch.randn(E, 2 * 128, H, generator=g, device=device) * 0.05).bfloat16()
+    wdn = (torch.randn(E, H, 128, generator=g, device=device) * 0.05).bfloat16()
+    ex8 = bsnn.Experts.from_dense(wgu, wdn, "fp8_block")
+    assert ex8.w_gate_up is None and ex8.w_gate.data.is_contiguous() and ex8.w_up.data.is_contiguous()
+    ex4 = bsnn.Experts.from_dense(wgu, wdn, "mxfp4")
+    assert ex4.w_gate_up is not None and ex4.w_gate.data.data_ptr() == ex4.w_gate_up.data.data_ptr()
+    assert ex4.w_up.data.untyped_storage().data_ptr() == ex4.w_gate_up.data.untyped_storage().data_ptr()
+    plans = ex4.plans(4)
+    assert plans[0].op == "swiglu" and plans[0].problem is not None and not plans[0].problem.dual, plans[0]
     router = torch.randn(E, H, generator=g, device=device).bfloat16()
     moe = MoE.from_experts(ex, router, top_k=K, score="sigmoid")
     x = torch.randn(T, H, generator=g, device=device).bfloat16()

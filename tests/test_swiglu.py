@@ -248,3 +248,87 @@ def test_dequant_matmul_errors(device):
         swiglu(af, _w((16, 128), "fp8_block", device, 1), _w((16, 128), "fp8_block", device, 2), config=DQ)
     with pytest.raises(ValueError, match="b_up: shape"):
         swiglu(a, bg3, _w((2, 24, 64), fmt, device, 2), offsets=offs, config=DQ)
+
+
+# --------------------------------------------------------------------------- stacked gate_up
+def _stack(bg, bu):
+    """One [E, 2N, K] weight: the gate rows of every expert, then its up rows (block-aligned)."""
+    return replace(bg, data=torch.cat([bg.data, bu.data], dim=-2).contiguous(),
+                   scale=torch.cat([bg.scale, bu.scale], dim=-2).contiguous(),
+                   shape=torch.Size((*bg.shape[:-2], 2 * bg.shape[-2], bg.shape[-1])))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_stacked_gate_up(fmt, device):
+    """``swiglu(a, w_gate_up)`` (b_up None, one [E, 2N, K] weight) equals the two-weight SwiGLU's
+    float64 twin on the same rows, contiguous (empty experts included) and masked, quantized and
+    bf16 activations; the plan names the stacked form and the result is what ``explain`` says."""
+    import blockscaled as bs
+    from blockscaled.plan import observe_plans
+
+    e, n, k = 4, 128, 96
+    bg, bu = _w((e, n, k), fmt, device, 11), _w((e, n, k), fmt, device, 12)
+    if fmt == "nvfp4":  # one global scale for the stack (quantize makes one per tensor)
+        bu = replace(bu, global_scale=bg.global_scale)
+    w = _stack(bg, bu)
+    sizes = [3, 0, 9, 1]
+    offs = _offsets(sizes, device)
+    x = randn_like_activations(sum(sizes), k, dtype=torch.bfloat16, device=device, seed=4)
+    acts = [quantize(x, fmt)] + ([] if fmt == "fp8_block" else [x])
+    for a in acts:
+        out = _nan((sum(sizes), n), torch.float32, device)
+        with observe_plans() as plans:
+            assert swiglu(a, w, offsets=offs, out=out, out_dtype=torch.float32) is out
+        want = ref.swiglu(a, bg, bu, offsets=offs)
+        assert_gemm_close(out, want, fmt, torch.float32, what=f"stacked {fmt}")
+        assert_gemm_close(out, ref.swiglu(a, w, offsets=offs), fmt, torch.float32, what="stacked twin")
+        plan = bs.explain("swiglu", a, w, offsets=offs, out_dtype=torch.float32)
+        assert plan.op == "swiglu" and not plan.problem.dual and plan.problem.n == n, plan
+        if plan.backend != "reference":
+            assert plans and plans[-1] == plan, (plans, plan)
+            assert plan.describe().startswith("gate_up: ") and plan.describe().find(" + silu * mul pass") > 0
+    # masked: rows past the counts are not written
+    counts = torch.tensor([2, 0, 5, 1], dtype=torch.int32, device=device)
+    am = quantize(randn_like_activations(e, 5, k, dtype=torch.bfloat16, device=device, seed=5), fmt)
+    out = _nan((e, 5, n), torch.bfloat16, device)
+    swiglu(am, w, masked_m=counts, out=out)
+    want = ref.swiglu(am, bg, bu, masked_m=counts, out_dtype=torch.float32).cpu()
+    computed = ~torch.isnan(want)
+    o = out.cpu()
+    assert_gemm_close(torch.where(computed, o, 0.0), torch.where(computed, want, 0.0).bfloat16(), fmt, torch.bfloat16)
+    assert torch.isnan(o[~computed]).all()
+
+
+def test_stacked_gate_up_errors(device):
+    fmt = "mxfp8"
+    a = _acts((6, 64), fmt, device)
+    w = _w((2, 48, 64), fmt, device, 1)
+    offs = _offsets([2, 4], device)
+    with pytest.raises(ValueError, match="b_up: required for a dense SwiGLU"):
+        swiglu(a, _w((48, 64), fmt, device, 1))
+    with pytest.raises(ValueError, match="b_gate: a stacked gate_up weight .* even"):
+        swiglu(a, _w((2, 47, 64), fmt, device, 1), offsets=offs)
+    with pytest.raises(ValueError, match="b_up_global_scale: a stacked gate_up weight"):
+        swiglu(a, w, offsets=offs, b_up_global_scale=torch.ones(2, device=device))
+    assert swiglu(a, w, offsets=offs).shape == (6, 24)
+
+
+def test_stacked_gate_up_opcheck(device):
+    """The stacked plan through the custom ops: the fake tensor has N = rows / 2."""
+    from torch.library import opcheck
+
+    from blockscaled.plan import Plan
+    from blockscaled.plan.encoding import encode_plan
+
+    fmt = "mxfp4"
+    a = _acts((5, 64), fmt, device)
+    w = _w((2, 32, 64), fmt, device, 3)
+    offs = _offsets([2, 3], device)
+    backend = "cuda" if device == "cuda" else "interpreter"
+    tail = (2, 1, 64, 1, encode_plan(Plan("swiglu", backend, GemmConfig(16, 16, 32, 4, 1, promote=True))))
+    args = (a.data, a.scale, None, w.data, w.scale, None, None, None, None, offs)
+    opcheck(torch.ops.blockscaled.grouped_gemm.default, (*args, torch.float32, *tail),
+            test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+    y = torch.ops.blockscaled.grouped_gemm.default(*args, torch.float32, *tail)
+    assert y.shape == (5, 16)
+    assert_gemm_close(y, ref.swiglu(a, w, offsets=offs), fmt, torch.float32, what="stacked op")

@@ -28,6 +28,7 @@ from ..ops import moe as _moe
 from ..ops.grouped import grouped_gemm
 from ..ops.quantize import quantize
 from ..ops.swiglu import swiglu
+from ..plan.grouped import SPLIT_SWIGLU_FORMATS
 from ..tensor import ScaledTensor
 
 __all__ = ["Experts", "permute", "hf_experts_layout"]
@@ -82,10 +83,11 @@ class Experts(torch.nn.Module):
     Args:
         w_gate, w_up: ScaledTensors ``[E, I, H]``; w_down: ScaledTensor ``[E, H, I]``.
         w_gate_up: optional ScaledTensor ``[E, 2I, H]`` (gate rows then up rows) holding the same
-            values: the gpt-oss activation (or per-expert gate / up biases) then takes one grouped
-            GEMM instead of two, and ``w_gate`` / ``w_up`` are kept as views of its rows; with the
-            plain SiLU it is not kept (``w_gate_up`` None: the SwiGLU reads ``w_gate`` / ``w_up``),
-            so no weight is held twice.
+            values. Kept (``w_gate`` / ``w_up`` then views of its rows, no second copy) where the
+            forward reads it: MX / NV formats (the stacked SwiGLU, ``bs.swiglu(a, w_gate_up)``: one
+            grouped GEMM over gate and up) and the gpt-oss activation or per-expert gate / up biases
+            (one grouped GEMM instead of two); else (fp8_block's fused SwiGLU kernel reads
+            ``w_gate`` / ``w_up``) not kept: ``w_gate_up`` None, so no weight is held twice.
         activation: "silu" (``silu(gate) * up``, one fused kernel) or "gpt_oss"
             (``(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)``, ``g = clamp(gate, max=limit)``).
         gate_bias / up_bias ``[E, I]``, down_bias ``[E, H]``: per-expert biases (gpt-oss).
@@ -126,14 +128,17 @@ class Experts(torch.nn.Module):
             if b is not None and tuple(b.shape) != shape:
                 raise ValueError(f"{name}: expected shape {shape}, got {tuple(b.shape)}")
         if w_gate_up is not None:
-            if activation == "silu" and gate_bias is None and up_bias is None:
-                # the forward runs swiglu on w_gate / w_up and never reads w_gate_up: holding it
-                # too would keep every gate / up row twice (DeepSeek-V3: ~2/3 of the experts'
-                # bytes); the kernels take whole experts, so rows given as views are copied once
+            plain = activation == "silu" and gate_bias is None and up_bias is None
+            if plain and w_gate.format.name not in SPLIT_SWIGLU_FORMATS:
+                # fp8_block: the fused SwiGLU kernel (sm_90: the wide kernel) reads w_gate / w_up, never
+                # w_gate_up; holding it too would keep every gate / up row twice (DeepSeek-V3: ~2/3 of
+                # the experts' bytes); the kernels take whole experts, so rows given as views are copied once
                 w_gate_up, w_gate, w_up = None, w_gate.contiguous(), w_up.contiguous()
             else:
-                # the forward reads w_gate_up (one grouped GEMM); w_gate / w_up become views of its
-                # rows (shapes, format, the float64 twin), not a second copy
+                # the forward reads w_gate_up: the stacked SwiGLU (MX / NV: one grouped GEMM over gate and
+                # up, no fused sm_90 SwiGLU kernel to lose) or the gpt-oss / biased activation's one grouped
+                # GEMM; w_gate / w_up become views of its rows (shapes, format, the float64 twin), not a
+                # second copy
                 w_gate, w_up = _rows(w_gate_up, 0, i), _rows(w_gate_up, i, 2 * i)
         self.w_gate, self.w_up, self.w_down, self.w_gate_up = w_gate, w_up, w_down, w_gate_up
         self.register_buffer("gate_bias", gate_bias)
@@ -241,8 +246,10 @@ class Experts(torch.nn.Module):
         a = self._act(rows)
         biased = self.gate_bias is not None or self.up_bias is not None
         if self.activation == "silu" and not biased:
-            # out_dtype: the intermediate in the input dtype, as the float64 twin casts it
-            h = swiglu(a, self.w_gate, self.w_up, offsets=offsets, out_dtype=rows.dtype)
+            # out_dtype: the intermediate in the input dtype, as the float64 twin casts it; a held
+            # w_gate_up (MX / NV, __init__) runs the stacked SwiGLU: one grouped GEMM over gate and up
+            h = (swiglu(a, self.w_gate_up, offsets=offsets, out_dtype=rows.dtype) if self.w_gate_up is not None
+                 else swiglu(a, self.w_gate, self.w_up, offsets=offsets, out_dtype=rows.dtype))
         else:
             g, u = self._gate_up(a, offsets)
             if self.gate_bias is not None:
@@ -269,7 +276,8 @@ class Experts(torch.nn.Module):
         _, _, offsets = permute(idx, self.num_experts)
         a = self._act(torch.zeros((rows, self.hidden), dtype=dtype, device=dev))
         if self.activation == "silu" and self.gate_bias is None and self.up_bias is None:
-            first = [explain("swiglu", a, self.w_gate, self.w_up, offsets=offsets, out_dtype=dtype)]
+            w = (self.w_gate_up,) if self.w_gate_up is not None else (self.w_gate, self.w_up)
+            first = [explain("swiglu", a, *w, offsets=offsets, out_dtype=dtype)]
         elif self.w_gate_up is not None:
             first = [explain("grouped_gemm", a, self.w_gate_up, offsets=offsets, out_dtype=torch.float32)]
         else:

@@ -1,5 +1,6 @@
 """The grouped GEMM on the sm_90 MX / NV kernels (register-streaming, streaming, tiled) and the
-split SwiGLU built on them, plus the elementwise epilogue shared with ``dequant_matmul``
+split SwiGLU built on them, the stacked SwiGLU (one grouped GEMM over a ``[E, 2N, K]`` gate_up
+weight, any kernel), plus the elementwise epilogue shared with ``dequant_matmul``
 (``ops/grouped.py`` runs these for the plans of ``plan/grouped.py``; no validation here)."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from ._tiled import launch_tiled
 from .gemm import _cdiv, _tiled_activations, stream_activations
 from .quantize import _pow2  # (host arithmetic, not triton's constexpr functions: ~2-5 us a call)
 
-__all__ = ["MX_STRATEGIES", "SPLIT_SWIGLU_CHUNK_BYTES", "mx_grouped", "split_swiglu", "epilogue"]
+__all__ = ["MX_STRATEGIES", "SPLIT_SWIGLU_CHUNK_BYTES", "mx_grouped", "split_swiglu", "stacked_swiglu", "epilogue"]
 
 #: format name by the kernels' code (ops/grouped.py uses it too)
 _FMT_BY_CODE = {v: k for k, v in FORMAT_CODES.items()}
@@ -50,36 +51,59 @@ def mx_grouped(a_data, a_scale, a_gs, weights, seg, fmt_id: int, grouping: int, 
 SPLIT_SWIGLU_CHUNK_BYTES = 1 << 30
 
 
+def _chunks(a_data, seg, grouping: int, e: int, row_bytes: int):
+    """(rows or experts slice, contiguous row offset or None, the chunk's segment tensor) per chunk of
+    at most ``SPLIT_SWIGLU_CHUNK_BYTES`` of fp32 products (``row_bytes`` per row). Contiguous chunks
+    take rows ``[r0, r0 + rc)`` with the offsets rebased on the device (``clamp(offsets - r0, 0, rc)``:
+    no sync, CUDA-graph safe); masked chunks take experts."""
+    if grouping == MODE_MASKED:
+        step = max(1, SPLIT_SWIGLU_CHUNK_BYTES // max(1, row_bytes * a_data.shape[1]))
+        return [(slice(e0, min(e, e0 + step)), None, seg[e0:min(e, e0 + step)]) for e0 in range(0, e, step)]
+    rows = a_data.shape[0]
+    step = max(1, SPLIT_SWIGLU_CHUNK_BYTES // max(1, row_bytes))
+    if rows <= step:
+        return [(slice(0, rows), 0, seg)]
+    return [(slice(r0, min(rows, r0 + step)), r0, (seg - r0).clamp_(0, min(rows, r0 + step) - r0))
+            for r0 in range(0, rows, step)]
+
+
 def split_swiglu(a_data, a_scale, a_gs, gate, up, seg, out, fmt_id: int, grouping: int, k: int,
                  cfg: GemmConfig) -> None:
     """``out = silu(a @ gate.T) * (a @ up.T)`` as two grouped GEMMs into fp32 products on ``cfg``'s
     kernel and ``epilogue`` (one rounding), in chunks of at most ``SPLIT_SWIGLU_CHUNK_BYTES`` of
-    products. ``gate`` / ``up``: (data, scale, global scale) of the ``[E, N, K']`` weights.
-    Contiguous chunks take rows ``[r0, r0 + rc)`` with the offsets rebased on the device
-    (``clamp(offsets - r0, 0, rc)``: no sync, CUDA-graph safe); masked chunks take experts."""
+    products (``_chunks``). ``gate`` / ``up``: (data, scale, global scale) of the ``[E, N, K']`` weights."""
     n, e = gate[0].shape[-2], gate[0].shape[0]
-    if grouping == MODE_MASKED:
-        step = max(1, SPLIT_SWIGLU_CHUNK_BYTES // max(1, 8 * n * a_data.shape[1]))
-        chunks = [(slice(e0, min(e, e0 + step)), None) for e0 in range(0, e, step)]
-    else:
-        rows = a_data.shape[0]
-        step = max(1, SPLIT_SWIGLU_CHUNK_BYTES // max(1, 8 * n))
-        chunks = [(slice(r0, min(rows, r0 + step)), r0) for r0 in range(0, rows, step)]
-
-    for sl, r0 in chunks:
+    for sl, r0, seg_c in _chunks(a_data, seg, grouping, e, 8 * n):
         s_c = None if a_scale is None else a_scale[sl]
         if r0 is None:  # masked: experts sl of everything (one global scale is every chunk's)
             w = [(d[sl], sc[sl], g if g is None or g.numel() == 1 else g[sl]) for d, sc, g in (gate, up)]
-            a_c, seg_c, out_c = a_data[sl], seg[sl], out[sl]
         else:
             w = [gate, up]
-            a_c, out_c = a_data[sl], out[sl]
-            seg_c = seg if len(chunks) == 1 else (seg - r0).clamp_(0, sl.stop - r0)
+        a_c, out_c = a_data[sl], out[sl]
         prods = torch.empty((2, *out_c.shape), dtype=torch.float32, device=out.device)
         mx_grouped(a_c, s_c, a_gs, ((*w[0], prods[0]), (*w[1], prods[1])), seg_c, fmt_id, grouping, k, cfg)
         # (contiguous: no per-expert factor, so the epilogue needs no segment ends)
         epilogue(prods[0], prods[1], out_c, seg_c if grouping == MODE_MASKED else None, None, None, grouping,
                  w[0][0].shape[0])
+
+
+def stacked_swiglu(gemm, a_data, a_scale, b_data, b_scale, b_gs, seg, out, grouping: int) -> None:
+    """``out [.., N] = silu(g) * u`` with ``[g | u] = a @ b.T`` for a stacked ``[E, 2N, K']`` gate_up
+    weight ``b`` (plan/grouped.py ``stacked_swiglu_plan``): per chunk of at most
+    ``SPLIT_SWIGLU_CHUNK_BYTES`` of fp32 products (``_chunks``), ``gemm(a, a_scale, b_data, b_scale,
+    b_gs, seg, products)`` (the planned grouped GEMM into fp32 ``[.., 2N]``), then ``epilogue`` over
+    the products' two halves (one rounding)."""
+    n, e = out.shape[-1], b_data.shape[0]
+    for sl, r0, seg_c in _chunks(a_data, seg, grouping, e, 8 * n):
+        if r0 is None:
+            w = (b_data[sl], b_scale[sl], b_gs if b_gs is None or b_gs.numel() == 1 else b_gs[sl])
+        else:
+            w = (b_data, b_scale, b_gs)
+        a_c, out_c = a_data[sl], out[sl]
+        prods = torch.empty((*out_c.shape[:-1], 2 * n), dtype=torch.float32, device=out.device)
+        gemm(a_c, None if a_scale is None else a_scale[sl], *w, seg_c, prods)
+        epilogue(prods[..., :n], prods[..., n:], out_c, seg_c if grouping == MODE_MASKED else None, None, None,
+                 grouping, w[0].shape[0])
 
 
 def epilogue(Y, Y2, res, seg_k, post, post2, mode: int, e: int) -> None:

@@ -29,7 +29,7 @@ from ..config.gemm import GemmConfig
 from ..config.hopper import HopperConfig
 from ..plan import Plan, Problem, device_info, log_plan
 from ..plan.encoding import decode_plan, encode_plan
-from ..plan.grouped import plan_grouped
+from ..plan.grouped import plan_grouped, stacked_swiglu_plan
 from ..plan.grouped_portable import choose_grouped_config
 from ..formats import get_format
 from ..kernels.triton._mma import FORMAT_CODES
@@ -45,7 +45,7 @@ from .gemm import _DTYPE_NAMES, _cdiv, _dequant, _eager_ok, _one
 from .quantize import _pow2  # (host arithmetic, not triton's constexpr functions: ~2-5 us a call)
 from .gemm import gemm as _dense_gemm
 from ._launch import fast
-from ._grouped_mx import _FMT_BY_CODE, MX_STRATEGIES, epilogue, mx_grouped, split_swiglu
+from ._grouped_mx import _FMT_BY_CODE, MX_STRATEGIES, epilogue, mx_grouped, split_swiglu, stacked_swiglu
 
 __all__ = ["grouped_gemm"]
 
@@ -293,6 +293,9 @@ def grouped_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale
     ``check_op``: 0, or ``ops.errors.OP_*``: after the GEMM, check the values of ``seg`` on the
     device (bad ones: NaN over the output plus the sticky flag read by ``blockscaled.check_errors``)."""
     if isinstance(cfg, Plan):
+        if cfg.op == "swiglu" and b2_data is None:  # plan/grouped.py stacked_swiglu_plan
+            return _stacked_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, seg, out, out_dtype, fmt_id, grouping,
+                                 k, b_br, cfg.config, check_op)
         cfg = cfg.config
     if isinstance(cfg, HopperConfig):
         if out is None:
@@ -331,6 +334,24 @@ def grouped_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale
         raise ValueError(f"cfg.strategy: the grouped ops run 'triton', 'dequant_matmul', 'stream', 'direct', 'tiled' or a "
                          f"HopperConfig, "
                          f"got {cfg.strategy!r}")
+    _device_check(check_op, seg, out, a_data, grouping)
+    return out
+
+
+def _stacked_impl(a_data, a_scale, a_gs, b_data, b_scale, b_gs, seg, out, out_dtype, fmt_id: int, grouping: int,
+                  k: int, b_br: int, cfg, check_op: int) -> torch.Tensor:
+    """A SwiGLU on one stacked ``[E, 2N, K']`` gate_up weight: ``cfg``'s grouped GEMM into fp32
+    products ``[.., 2N]`` and the activation pass over their halves (``_grouped_mx.stacked_swiglu``)."""
+    shape = _out_shape(a_data, b_data, grouping)
+    shape = (*shape[:-1], shape[-1] // 2)
+    if out is None:
+        out = torch.empty(shape, dtype=out_dtype, device=a_data.device)
+
+    def gemm(a_c, s_c, d, sc, gs, seg_c, prods):
+        grouped_impl(a_c, s_c, a_gs, d, sc, gs, None, None, None, seg_c, prods, torch.float32, fmt_id, grouping, k,
+                     b_br, cfg)
+
+    stacked_swiglu(gemm, a_data, a_scale, b_data, b_scale, b_gs, seg, out, grouping)
     _device_check(check_op, seg, out, a_data, grouping)
     return out
 
@@ -380,8 +401,11 @@ def _device_check(check_op: int, seg, out: torch.Tensor, a_data: torch.Tensor, g
 
 @_grouped_op.register_fake
 def _grouped_fake(a_data, a_scale, a_gs, b_data, b_scale, b_gs, b2_data, b2_scale, b2_gs, seg, out_dtype,
-                  fmt_id, grouping, *args, **kwargs) -> torch.Tensor:
-    return a_data.new_empty(_out_shape(a_data, b_data, grouping), dtype=out_dtype)
+                  fmt_id, grouping, k, b_br, cfg, *args, **kwargs) -> torch.Tensor:
+    shape = _out_shape(a_data, b_data, grouping)
+    if b2_data is None and decode_plan(cfg).op == "swiglu":  # a stacked gate_up weight: N = rows / 2
+        shape = (*shape[:-1], shape[-1] // 2)
+    return a_data.new_empty(shape, dtype=out_dtype)
 
 
 def launch(a, b: ScaledTensor, b_gs, b2: ScaledTensor | None, seg, out, out_dtype,
@@ -407,7 +431,7 @@ def launch(a, b: ScaledTensor, b_gs, b2: ScaledTensor | None, seg, out, out_dtyp
         a_args = (a, None, None)
     head = (*a_args, b.data, b.scale, b_gs, *b2_args, seg)
     if _eager_ok(*(t for t in (a_args[0], b.data, seg, out) if t is not None)):
-        return grouped_impl(*head, out, out_dtype, fmt_id, mode, k, b.block[0], plan.config, check_op)
+        return grouped_impl(*head, out, out_dtype, fmt_id, mode, k, b.block[0], plan, check_op)
     tail = (fmt_id, mode, k, b.block[0], encode_plan(plan), check_op)
     if out is None:
         return torch.ops.blockscaled.grouped_gemm(*head, out_dtype, *tail)
@@ -547,9 +571,16 @@ def check_masked_m(masked_m, e: int, max_m: int, device, validate: bool) -> None
 
 def grouped_plan(op: str, a, b: ScaledTensor, fmt: str, rows_per_expert: float, n: int, k: int, mode: int,
                  experts: int, out_dtype: torch.dtype, config=None, b2: ScaledTensor | None = None,
-                 rows: int | None = None) -> Plan:
+                 rows: int | None = None, stacked: bool = False) -> Plan:
     """The plan of a grouped / SwiGLU call (validated arguments): its Problem from the operands,
-    then ``plan.grouped.plan_grouped``. ``rows``: all rows of A (default: its first dims)."""
+    then ``plan.grouped.plan_grouped``. ``rows``: all rows of A (default: its first dims).
+    ``stacked`` (a SwiGLU on one ``[E, 2N, K]`` gate_up weight ``b``, ``n`` = N): the plan of the
+    grouped GEMM over all 2N rows with fp32 output, as the SwiGLU's (plan/grouped.py
+    ``stacked_swiglu_plan``)."""
+    if stacked:
+        single = grouped_plan("grouped", a, b, fmt, rows_per_expert, 2 * n, k, mode, experts, torch.float32, config,
+                              rows=rows)
+        return stacked_swiglu_plan(single, out_dtype=_DTYPE_NAMES[out_dtype])
     dev = b.data.device
     a_dtype = a.dtype if isinstance(a, torch.Tensor) else None
     a_t = a if isinstance(a, torch.Tensor) else a.data

@@ -66,7 +66,7 @@ def _check_twins(b_gate: ScaledTensor, b_up: ScaledTensor) -> None:
 def swiglu(
     a: ScaledTensor | torch.Tensor,
     b_gate: ScaledTensor,
-    b_up: ScaledTensor,
+    b_up: ScaledTensor | None = None,
     *,
     offsets: torch.Tensor | None = None,
     masked_m: torch.Tensor | None = None,
@@ -88,6 +88,14 @@ def swiglu(
     Grouped masked (``masked_m`` int32 ``[E]`` on the device)
         ``a`` ``[E, max_m, K]``; returns ``[E, max_m, N]``; rows past a count are not written
         (see :func:`blockscaled.ops.grouped.grouped_gemm`).
+
+    Stacked gate_up (grouped only, ``b_up`` None)
+        ``b_gate`` ``[E, 2N, K]`` holds gate rows then up rows (the checkpoint layout of Mixtral,
+        Qwen and DeepSeek ``gate_up_proj``): one grouped GEMM over all 2N rows into fp32 products
+        ``[.., 2N]`` on the kernel the grouped planner picks for it, then ``silu(g) * u`` over the
+        two halves in fp32 and one cast (plan/grouped.py ``stacked_swiglu_plan``; ``explain``
+        shows ``gate_up: ... + silu * mul pass``); nvfp4: ``b_gate_global_scale`` for both halves.
+        Example: ``bs.swiglu(a, w_gate_up, offsets=offsets)``.
 
     Formats: fp8_block, mxfp8, nvfp4 (and mxfp4); all three operands share one format, or
     ``a`` is a bf16 / fp16 Tensor (weight-only);
@@ -136,12 +144,24 @@ def swiglu(
     grouped = masked or offsets is not None
     check_a(a, 3 if masked else 2)
     _check_scaled("b_gate", b_gate, 3 if grouped else 2)
-    _check_scaled("b_up", b_up, 3 if grouped else 2)
+    stacked = b_up is None
+    if stacked:
+        if not grouped:
+            raise ValueError("b_up: required for a dense SwiGLU (a stacked [E, 2N, K] gate_up weight in b_gate needs "
+                             "offsets= or masked_m=)")
+        if b_gate.shape[-2] % 2:
+            raise ValueError(f"b_gate: a stacked gate_up weight (b_up None) holds gate rows then up rows, an even "
+                             f"number, got shape {tuple(b_gate.shape)}")
+        if b_up_global_scale is not None:
+            raise ValueError("b_up_global_scale: a stacked gate_up weight (b_up None) takes b_gate_global_scale "
+                             "for both halves")
+    else:
+        _check_scaled("b_up", b_up, 3 if grouped else 2)
+        _check_twins(b_gate, b_up)
     check_pair(a, b_gate, "a", "b_gate")
-    _check_twins(b_gate, b_up)
     fmt = b_gate.format.name
     dev = a.device
-    n, k = b_gate.shape[-2], b_gate.shape[-1]
+    n, k = b_gate.shape[-2] // (2 if stacked else 1), b_gate.shape[-1]
     check_config_arg(config)
     val = _resolve_validate(validate, dev)
     _no_grad_support("swiglu", a=a, b_gate=b_gate, b_up=b_up)
@@ -160,14 +180,14 @@ def swiglu(
         shape, rows, seg, mode = (a.shape[0], n), a.shape[0], None, MODE_DENSE
     if out is not None:
         _check_out(out, shape, out_dtype, dev)
-    if (b_gate_global_scale is None) != (b_up_global_scale is None):
+    if not stacked and (b_gate_global_scale is None) != (b_up_global_scale is None):
         raise ValueError("b_gate_global_scale/b_up_global_scale: give both per-expert scales or neither")
     if b_gate_global_scale is not None and not grouped:
         raise ValueError("b_gate_global_scale: per-expert global scales need grouped weights (offsets= or masked_m=)")
     e = b_gate.shape[0] if grouped else 1
     gs_g = _check_b_global_scale(b_gate_global_scale, b_gate, e, "b_gate_global_scale")
-    gs_u = _check_b_global_scale(b_up_global_scale, b_up, e, "b_up_global_scale")
-    if gs_g is not None and gs_g.shape != gs_u.shape:
+    gs_u = None if stacked else _check_b_global_scale(b_up_global_scale, b_up, e, "b_up_global_scale")
+    if gs_g is not None and gs_u is not None and gs_g.shape != gs_u.shape:
         raise ValueError(
             f"b_up_global_scale: shape {tuple(gs_u.shape)} differs from b_gate_global_scale's {tuple(gs_g.shape)}"
         )
@@ -175,11 +195,12 @@ def swiglu(
         if explaining():
             m_rows = a.shape[0] * (a.shape[1] if masked else 1)
             emit(grouped_plan("swiglu", a, b_gate, fmt, rows, n, k, mode, e, out_dtype, config, b2=b_up,
-                              rows=m_rows))
+                              rows=m_rows, stacked=stacked))
         with torch.no_grad():  # ScaledTensor fields are constants on every path
             y = _ref.swiglu(a, b_gate, b_up, offsets=offsets, masked_m=masked_m,
                             b_gate_global_scale=b_gate_global_scale, b_up_global_scale=b_up_global_scale)
         return reference_check(reference_result(y, out, out_dtype, masked_m), check_op, seg, mode, a)
     m_rows = a.shape[0] * (a.shape[1] if masked else 1)
-    plan = grouped_plan("swiglu", a, b_gate, fmt, rows, n, k, mode, e, out_dtype, config, b2=b_up, rows=m_rows)
+    plan = grouped_plan("swiglu", a, b_gate, fmt, rows, n, k, mode, e, out_dtype, config, b2=b_up, rows=m_rows,
+                        stacked=stacked)
     return launch(a, b_gate, gs_g, b_up, seg, out, out_dtype, mode, plan, b2_gs=gs_u, check_op=check_op)

@@ -26,7 +26,7 @@ from .splits import cdiv as _cdiv
 from .types import DTYPES, Plan, Problem
 
 __all__ = ["plan_grouped", "plan_grouped_list", "grouped_hopper_config", "swiglu_hopper_config",
-           "tail_split_for", "SWIGLU_HOPPER_MIN_M"]
+           "tail_split_for", "SWIGLU_HOPPER_MIN_M", "stacked_swiglu_plan"]
 
 _DTYPES = DTYPES
 _MODES = {"dense": 0, "contiguous": 1, "masked": 2}
@@ -252,6 +252,23 @@ def _split_swiglu_plan(p: Problem, dev: DeviceInfo, backend: str, hopper_why, a_
         f"{p.fmt} SwiGLU on sm_90 split: gate and up each a grouped GEMM with fp32 output on the kernel below, "
         "then silu(gate) * up in one pass (no fused MX / NV SwiGLU kernel; fp32 products, one rounding)",
         *single.reasons))
+
+
+def stacked_swiglu_plan(single: Plan, out_dtype: str) -> Plan:
+    """The plan of a grouped SwiGLU on one stacked ``[E, 2N, K]`` gate_up weight (gate rows, then up
+    rows: the checkpoint layout of Mixtral / Qwen / DeepSeek ``gate_up_proj``) from ``single``, the
+    plan of the grouped GEMM over all 2N rows with fp32 output: that GEMM on ``single``'s kernel and
+    config, then ``silu(gate) * up`` over the two halves of its products in one pass (fp32, one
+    rounding: the portable kernel's numerics). Why: one launch of the GEMM where the split runs two
+    (at decode a launch's fixed cost is most of its time: Qwen3-30B-A3B gate + up at 1 token, 24 ->
+    14 us on the H200, benchmarks/results/h200/archive/stack-gate-up-ab-20261128.json), both halves'
+    programs in one grid, and the activations read (or quantized) once."""
+    p = single.problem
+    if p is not None:
+        p = dataclasses.replace(p, op="swiglu", n=p.n // 2, out_dtype=out_dtype)
+    return dataclasses.replace(single, op="swiglu", problem=p, reasons=(
+        "stacked gate_up: one grouped GEMM over the gate and up rows with fp32 output on the kernel below, "
+        "then silu(gate) * up over its two halves in one pass (fp32, one rounding)", *single.reasons))
 
 
 def _strategy(forced) -> str | None:

@@ -156,10 +156,13 @@ class Plan:
         """One line: kernel and tiles (the bench's config column)."""
         if self.op in ("quantize", "dequantize"):
             return f"{self.kernel} ({self.backend})"
-        split = (self.op == "swiglu" and isinstance(self.config, GemmConfig)
-                 and self.config.strategy in ("stream", "tiled", "direct"))  # plan/grouped.py _split_swiglu_plan
-        return (("gate, up: " if split else "") + f"{self.kernel} {_config_desc(self.config)}"
-                + (" + silu * mul pass" if split else "") + ("" if self.backend == "cuda" else f" ({self.backend})"))
+        # plan/grouped.py: stacked_swiglu_plan (one GEMM over a [E, 2N, K] gate_up weight), _split_swiglu_plan
+        stacked = self.op == "swiglu" and self.problem is not None and not self.problem.dual and self.config is not None
+        split = (self.op == "swiglu" and not stacked and isinstance(self.config, GemmConfig)
+                 and self.config.strategy in ("stream", "tiled", "direct"))
+        head = "gate_up: " if stacked else "gate, up: " if split else ""
+        return (head + f"{self.kernel} {_config_desc(self.config)}" + (" + silu * mul pass" if head else "")
+                + ("" if self.backend == "cuda" else f" ({self.backend})"))
 
     def __str__(self) -> str:
         lines = [f"{self.problem.short() if self.problem else self.op}", f"  runs: {self.describe()}"]

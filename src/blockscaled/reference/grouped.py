@@ -135,7 +135,7 @@ def _silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 def swiglu(
     a: ScaledTensor,
     b_gate: ScaledTensor,
-    b_up: ScaledTensor,
+    b_up: ScaledTensor | None = None,
     *,
     offsets: torch.Tensor | None = None,
     masked_m: torch.Tensor | None = None,
@@ -145,7 +145,16 @@ def swiglu(
 ) -> torch.Tensor:
     """Reference twin of :func:`blockscaled.ops.swiglu.swiglu`:
     ``silu(A @ Bg.T) * (A @ Bu.T)`` in float64 (dense ``b`` ``[N, K]``, or ``[E, N, K]`` with
-    ``offsets`` or ``masked_m``; masked rows past a count are NaN)."""
+    ``offsets`` or ``masked_m``; masked rows past a count are NaN). ``b_up`` None: ``b_gate`` is
+    a stacked ``[E, 2N, K]`` gate_up weight (gate rows, then up rows)."""
+    if b_up is None:
+        kw = {"b_global_scale": b_gate_global_scale}
+        if masked_m is not None:
+            gu = grouped_gemm_masked(a, b_gate, masked_m, **kw)
+        else:
+            gu = grouped_gemm_contiguous(a, b_gate, offsets, **kw)
+        n = gu.shape[-1] // 2
+        return _cast(_silu_mul(gu[..., :n], gu[..., n:]), out_dtype)
     gk = {"b_global_scale": b_gate_global_scale}
     uk = {"b_global_scale": b_up_global_scale}
     if masked_m is not None:
