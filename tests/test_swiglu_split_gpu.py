@@ -17,6 +17,7 @@ import torch
 import blockscaled as bs
 from blockscaled.ops import grouped as ops_grouped
 from blockscaled.plan import grouped as plan_grouped_mod
+from blockscaled.plan import observe_plans
 from blockscaled.testing.inputs import randn_like_activations
 from blockscaled.testing.tolerances import assert_gemm_close
 
@@ -173,3 +174,58 @@ def test_split_in_chunks_equals_one_pass(fmt, monkeypatch):
         if c:
             ref = torch.nn.functional.silu(xm[i, :c].double() @ wgd[i].T) * (xm[i, :c].double() @ wud[i].T)
             assert_gemm_close(ym[i, :c], ref, fmt, torch.bfloat16, what=f"chunked masked expert {i}")
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("size", tuple(COUNTS))
+def test_stacked_gate_up(fmt, size):
+    """``bs.swiglu(a, w_gate_up)`` on one [E, 2N, K] weight (plan/grouped.py ``stacked_swiglu_plan``):
+    one grouped GEMM over gate and up rows on an sm_90 MX kernel, then the activation pass; against
+    float64, the split on the same values, deterministic, a CUDA-graph replay with new routing, and
+    masked counts leaving the rows past them untouched."""
+    e, n, k = 6, 200, 2880
+    g = torch.Generator().manual_seed(7)
+    w = bs.quantize((torch.randn(e, 2 * n, k, generator=g) * 0.05).cuda(), fmt)
+    wd = w.dequantize(torch.float32).double()
+    off = _offsets(COUNTS[size])
+    rows_of = [(int(off[i]), int(off[i + 1])) for i in range(e)]
+    x = randn_like_activations(int(off[-1]), k, dtype=torch.bfloat16, device="cuda", seed=3)
+    for a in (x, bs.quantize(x, fmt)):
+        xd = (a if isinstance(a, torch.Tensor) else a.dequantize(torch.float32)).double()
+        ref = _ref(xd, wd[:, :n], wd[:, n:], rows_of)
+        plan = bs.explain("swiglu", a, w, offsets=off)
+        assert plan.kernel in ("hopper_direct", "hopper_stream", "hopper_tiled"), plan
+        assert plan.describe().startswith("gate_up: ") and plan.problem.n == n, plan
+        with observe_plans() as ran:
+            y = bs.swiglu(a, w, offsets=off)
+        assert ran and ran[-1] == plan, (ran, plan)
+        what = f"stacked {fmt} {size} {'W x A' if a is not x else 'weight-only'}"
+        assert_gemm_close(y, ref, fmt, torch.bfloat16, what=what)
+        assert torch.equal(y, bs.swiglu(a, w, offsets=off))
+        wg = bs.ScaledTensor(w.data[:, :n].contiguous(), w.scale[:, :n].contiguous(), w.format,
+                             torch.Size((e, n, k)), w.block, w.rounding, global_scale=w.global_scale)
+        wu = bs.ScaledTensor(w.data[:, n:].contiguous(), w.scale[:, n:].contiguous(), w.format,
+                             torch.Size((e, n, k)), w.block, w.rounding, global_scale=w.global_scale)
+        assert_gemm_close(bs.swiglu(a, wg, wu, offsets=off), ref, fmt, torch.bfloat16, what="split " + what)
+    if size == "decode":  # a graph captured on one routing replays another
+        a = bs.quantize(x, fmt)
+        off2 = _offsets(list(reversed(COUNTS[size])))
+        offs = off.clone()
+        yy = bs.swiglu(a, w, offsets=offs)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            yy = bs.swiglu(a, w, offsets=offs)
+        offs.copy_(off2)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(yy, bs.swiglu(a, w, offsets=off2))
+    # masked: rows past the counts keep their NaN poison
+    counts = torch.tensor([0, 3, 1, 2, 0, 4], dtype=torch.int32, device="cuda")
+    xm = randn_like_activations(e, 4, k, dtype=torch.bfloat16, device="cuda", seed=4)
+    out = torch.full((e, 4, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    bs.swiglu(xm, w, masked_m=counts, out=out)
+    for j, c in enumerate(counts.tolist()):
+        if c:
+            want = _ref(xm[j, :c].double(), wd[j:j + 1, :n], wd[j:j + 1, n:], [(0, c)])
+            assert_gemm_close(out[j, :c], want, fmt, torch.bfloat16, what=f"stacked masked expert {j}")
+        assert torch.isnan(out[j, c:]).all()
