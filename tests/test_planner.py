@@ -197,12 +197,16 @@ def test_explain_is_what_runs(path, device, monkeypatch):
     bs.gemm(a, b)
     assert ran[-1] == bs.explain("gemm", a, b)
     bs.grouped_gemm(a, be, offsets=offs)
-    assert ran[-1] == bs.explain("grouped_gemm", a, be, offsets=offs).config
+    assert ran[-1] == bs.explain("grouped_gemm", a, be, offsets=offs)  # the whole plan reaches the launcher
     with observe_plans() as seen:
         bs.linear(x, b)
         bs.swiglu(a, be, be, offsets=offs)
-    assert [p.op for p in seen] == ["gemm", "swiglu"]
+        bs.swiglu(a, be, offsets=offs)  # be as a stacked gate_up weight: one grouped GEMM over its rows
+    assert [p.op for p in seen] == ["gemm", "swiglu", "swiglu"]
     assert seen[0] == bs.explain("linear", x, b) and seen[1] == bs.explain("swiglu", a, be, be, offsets=offs)
+    stacked = bs.explain("swiglu", a, be, offsets=offs)
+    # the launcher gets the stacked plan, then runs its config's grouped GEMM over the 2N rows
+    assert seen[2] == stacked and ran[-2:] == [stacked, stacked.config] and stacked.describe().startswith("gate_up: ")
 
 
 def test_log_plans_once(path, device, monkeypatch, caplog):

@@ -11,7 +11,7 @@ import sys
 
 from .device import H100_SXM, DeviceInfo
 from .gemm import plan_gemm
-from .grouped import plan_grouped
+from .grouped import plan_grouped, stacked_swiglu_plan
 from .types import Problem
 
 __all__ = ["dispatch_table", "TABLE_SHAPES"]
@@ -61,7 +61,15 @@ def dispatch_table(dev: DeviceInfo = H100_SXM) -> str:
         p = Problem("swiglu", "mxfp4", int(128 * rows), 768, 2048, a="bfloat16", b_block_rows=1,
                     grouping="contiguous", experts=128, rows_per_expert=float(rows), dual=True)
         plan = plan_grouped(p, dev, hopper_why="mxfp4 weights")
-        lines.append(f"| {rows:g} rows per expert (T = {int(16 * rows)} tokens, top-8) | {plan.describe()} |")
+        lines.append(f"| {rows:g} rows per expert, w_gate and w_up (T = {int(16 * rows)} tokens, top-8) | "
+                     f"{plan.describe()} |")
+        # the stacked form, bs.swiglu(x, w_gate_up) (what nn.Experts runs for MX / NV weights): the grouped
+        # GEMM over the 2N rows with fp32 output (ops/grouped.py grouped_plan)
+        p2 = Problem("grouped", "mxfp4", int(128 * rows), 2 * 768, 2048, a="bfloat16", out_dtype="float32",
+                     b_block_rows=1, grouping="contiguous", experts=128, rows_per_expert=float(rows))
+        plan = stacked_swiglu_plan(plan_grouped(p2, dev, hopper_why="mxfp4 weights"), "bfloat16")
+        lines.append(f"| {rows:g} rows per expert, stacked w_gate_up (T = {int(16 * rows)} tokens, top-8) | "
+                     f"{plan.describe()} |")
     return "\n".join(lines) + "\n"
 
 
