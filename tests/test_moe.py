@@ -227,6 +227,12 @@ def test_moe_from_experts(device):
     wdn = (torch.randn(E, H, 128, generator=g, device=device) * 0.05).bfloat16()
     ex8 = bsnn.Experts.from_dense(wgu, wdn, "fp8_block")
     assert ex8.w_gate_up is None and ex8.w_gate.data.is_contiguous() and ex8.w_up.data.is_contiguous()
+    # the gpt-oss activation on an fp8_block stack split inside a 128-row block keeps the given two
+    q = lambda t: bs.quantize(t.contiguous(), "fp8_block", block=(128, 128))  # noqa: E731
+    w192 = (torch.randn(E, 2 * 192, H, generator=g, device=device) * 0.05).bfloat16()
+    exo = bsnn.Experts(q(w192[:, :192]), q(w192[:, 192:]), q(wdn.new_zeros(E, H, 192)), w_gate_up=q(w192),
+                       activation="gpt_oss")
+    assert exo.w_gate_up is not None and exo.w_gate.data.is_contiguous()
     ex4 = bsnn.Experts.from_dense(wgu, wdn, "mxfp4")
     assert ex4.w_gate_up is not None and ex4.w_gate.data.data_ptr() == ex4.w_gate_up.data.data_ptr()
     assert ex4.w_up.data.untyped_storage().data_ptr() == ex4.w_gate_up.data.untyped_storage().data_ptr()

@@ -310,6 +310,8 @@ def test_stacked_gate_up_errors(device):
         swiglu(a, _w((2, 47, 64), fmt, device, 1), offsets=offs)
     with pytest.raises(ValueError, match="b_up_global_scale: a stacked gate_up weight"):
         swiglu(a, w, offsets=offs, b_up_global_scale=torch.ones(2, device=device))
+    with pytest.raises(ValueError, match="config.strategy: 'dequant_matmul' cannot run a stacked"):
+        swiglu(a, w, offsets=offs, config=GemmConfig(strategy="dequant_matmul"))
     assert swiglu(a, w, offsets=offs).shape == (6, 24)
 
 

@@ -54,8 +54,9 @@ def _rows(w: ScaledTensor, lo: int, hi: int) -> ScaledTensor:
     """Rows ``lo:hi`` of every expert of ``w [E, N, K]`` as a view (no copy; 1-row scale blocks or
     a split on a block boundary)."""
     br = w.block[0]
+    bad = lo if lo % br else hi
     if br > 1 and (lo % br or (hi % br and hi != w.shape[1])):
-        raise ValueError(f"w_gate_up: the gate / up split at row {lo} is not on a {br}-row scale block boundary")
+        raise ValueError(f"w_gate_up: the gate / up split at row {bad} is not on a {br}-row scale block boundary")
     return ScaledTensor(w.data[:, lo:hi], w.scale[:, lo // br:-(-hi // br)], w.format,
                         torch.Size((w.shape[0], hi - lo, w.shape[2])), w.block, w.rounding,
                         global_scale=w.global_scale)
@@ -134,11 +135,11 @@ class Experts(torch.nn.Module):
                 # w_gate_up; holding it too would keep every gate / up row twice (DeepSeek-V3: ~2/3 of
                 # the experts' bytes); the kernels take whole experts, so rows given as views are copied once
                 w_gate_up, w_gate, w_up = None, w_gate.contiguous(), w_up.contiguous()
-            else:
+            elif i % w_gate_up.block[0] == 0:
                 # the forward reads w_gate_up: the stacked SwiGLU (MX / NV: one grouped GEMM over gate and
                 # up, no fused sm_90 SwiGLU kernel to lose) or the gpt-oss / biased activation's one grouped
                 # GEMM; w_gate / w_up become views of its rows (shapes, format, the float64 twin), not a
-                # second copy
+                # second copy (a split inside a 128-row scale block keeps the given two)
                 w_gate, w_up = _rows(w_gate_up, 0, i), _rows(w_gate_up, i, 2 * i)
         self.w_gate, self.w_up, self.w_down, self.w_gate_up = w_gate, w_up, w_down, w_gate_up
         self.register_buffer("gate_bias", gate_bias)

@@ -155,6 +155,11 @@ def swiglu(
         if b_up_global_scale is not None:
             raise ValueError("b_up_global_scale: a stacked gate_up weight (b_up None) takes b_gate_global_scale "
                              "for both halves")
+        if config is not None and (config.get("strategy") if isinstance(config, dict)
+                                   else getattr(config, "strategy", None)) == "dequant_matmul":
+            # its products are fp32 (one rounding), and dequantize + torch._grouped_mm gives bf16 only
+            raise ValueError("config.strategy: 'dequant_matmul' cannot run a stacked gate_up weight (b_up None: "
+                             "fp32 products); pass w_gate and w_up as two weights for it")
     else:
         _check_scaled("b_up", b_up, 3 if grouped else 2)
         _check_twins(b_gate, b_up)
