@@ -165,10 +165,7 @@ class ScaledTensor:
             scale=self.scale.to(device, non_blocking=non_blocking),
             global_scale=None if gs is None else gs.to(device, non_blocking=non_blocking),
         )
-        src = getattr(self, GRAD_SOURCE_ATTR, None)
-        if src is not None:
-            object.__setattr__(moved, GRAD_SOURCE_ATTR, src)
-        return moved
+        return self._with_grad_source(moved)
 
     def cuda(self) -> "ScaledTensor":
         return self.to("cuda")
@@ -182,11 +179,15 @@ class ScaledTensor:
         themselves. Example: ``experts.w_gate.contiguous().dequantize()``."""
         if self.data.is_contiguous() and self.scale.is_contiguous():
             return self
-        out = replace(self, data=self.data.contiguous(), scale=self.scale.contiguous())
+        return self._with_grad_source(replace(self, data=self.data.contiguous(), scale=self.scale.contiguous()))
+
+    def _with_grad_source(self, copy: "ScaledTensor") -> "ScaledTensor":
+        """``copy`` (a new ScaledTensor of the same values) with this one's straight-through link to
+        the float tensor ``quantize`` made it from, which ``dataclasses.replace`` drops."""
         src = getattr(self, GRAD_SOURCE_ATTR, None)
         if src is not None:
-            object.__setattr__(out, GRAD_SOURCE_ATTR, src)
-        return out
+            object.__setattr__(copy, GRAD_SOURCE_ATTR, src)
+        return copy
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """``data * scale`` (and ``/ global_scale`` for nvfp4) as a ``dtype`` tensor of ``shape``."""

@@ -67,6 +67,13 @@ def _chunks(a_data, seg, grouping: int, e: int, row_bytes: int):
             for r0 in range(0, rows, step)]
 
 
+def _experts(w, sl: slice):
+    """Experts ``sl`` of a weight's (data, scale, global scale): a one-element global scale is every
+    expert's (the kernels' ``GS_PER_E`` rule), a per-expert one is sliced."""
+    d, sc, g = w
+    return d[sl], sc[sl], (g if g is None or g.numel() == 1 else g[sl])
+
+
 def split_swiglu(a_data, a_scale, a_gs, gate, up, seg, out, fmt_id: int, grouping: int, k: int,
                  cfg: GemmConfig) -> None:
     """``out = silu(a @ gate.T) * (a @ up.T)`` as two grouped GEMMs into fp32 products on ``cfg``'s
@@ -76,7 +83,7 @@ def split_swiglu(a_data, a_scale, a_gs, gate, up, seg, out, fmt_id: int, groupin
     for sl, r0, seg_c in _chunks(a_data, seg, grouping, e, 8 * n):
         s_c = None if a_scale is None else a_scale[sl]
         if r0 is None:  # masked: experts sl of everything (one global scale is every chunk's)
-            w = [(d[sl], sc[sl], g if g is None or g.numel() == 1 else g[sl]) for d, sc, g in (gate, up)]
+            w = [_experts(wt, sl) for wt in (gate, up)]
         else:
             w = [gate, up]
         a_c, out_c = a_data[sl], out[sl]
@@ -95,10 +102,7 @@ def stacked_swiglu(gemm, a_data, a_scale, b_data, b_scale, b_gs, seg, out, group
     the products' two halves (one rounding)."""
     n, e = out.shape[-1], b_data.shape[0]
     for sl, r0, seg_c in _chunks(a_data, seg, grouping, e, 8 * n):
-        if r0 is None:
-            w = (b_data[sl], b_scale[sl], b_gs if b_gs is None or b_gs.numel() == 1 else b_gs[sl])
-        else:
-            w = (b_data, b_scale, b_gs)
+        w = (b_data, b_scale, b_gs) if r0 is not None else _experts((b_data, b_scale, b_gs), sl)
         a_c, out_c = a_data[sl], out[sl]
         prods = torch.empty((*out_c.shape[:-1], 2 * n), dtype=torch.float32, device=out.device)
         gemm(a_c, None if a_scale is None else a_scale[sl], *w, seg_c, prods)

@@ -580,7 +580,15 @@ def grouped_plan(op: str, a, b: ScaledTensor, fmt: str, rows_per_expert: float, 
     if stacked:
         single = grouped_plan("grouped", a, b, fmt, rows_per_expert, 2 * n, k, mode, experts, torch.float32, config,
                               rows=rows)
-        return stacked_swiglu_plan(single, out_dtype=_DTYPE_NAMES[out_dtype])
+        # the wrapper once per cached projection plan (by identity: a replaced one is wrapped again)
+        if config is not None:  # the projection's plan is made anew per call: nothing to keep
+            return stacked_swiglu_plan(single, _DTYPE_NAMES[out_dtype])
+        hit = _STACKED.get((id(single), out_dtype))
+        if hit is None or hit[0] is not single:
+            if len(_STACKED) >= 4096:
+                _STACKED.clear()
+            hit = _STACKED[(id(single), out_dtype)] = (single, stacked_swiglu_plan(single, _DTYPE_NAMES[out_dtype]))
+        return hit[1]
     dev = b.data.device
     a_dtype = a.dtype if isinstance(a, torch.Tensor) else None
     a_t = a if isinstance(a, torch.Tensor) else a.data
@@ -617,6 +625,8 @@ def grouped_plan(op: str, a, b: ScaledTensor, fmt: str, rows_per_expert: float, 
 #: and why the Hopper kernel cannot take the operands (None: it can): planning was ~30% of the
 #: ~100 us host path of an eager gpt-oss decode call (E=32, 4 rows; CPU stub benchmark, NOTES).
 _PLANS: dict[tuple, Plan] = {}
+#: stacked SwiGLU plans by (id of the projection's plan, out dtype): (that plan, the SwiGLU's)
+_STACKED: dict[tuple, tuple[Plan, Plan]] = {}
 
 
 # --------------------------------------------------------------------------- public ops
