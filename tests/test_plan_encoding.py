@@ -311,8 +311,9 @@ def test_direct_plans_roundtrip(monkeypatch):
 def test_stream_plans_roundtrip(monkeypatch):
     """The streaming kernel's plans (strategy "stream": padded rows, split, ring depth)
     cross the custom-op boundary whole."""
-    from blockscaled.plan import direct as plan_direct, stream as plan_stream
+    from blockscaled.plan import direct as plan_direct, stream as plan_stream, tiled as plan_tiled
 
+    monkeypatch.setattr(plan_tiled, "TILED_ENABLED", False)  # it takes fp4 from 33 rows (below)
     monkeypatch.setattr(plan_stream, "_TRITON_OK", True)
     monkeypatch.setattr(plan_stream, "STREAM_ENABLED", True)
     monkeypatch.setattr(plan_direct, "DIRECT_ENABLED", False)  # it takes 2..8 rows first (below)
@@ -327,3 +328,16 @@ def test_stream_plans_roundtrip(monkeypatch):
     cfgs = {p.config for p in plans}
     assert {c.block_m for c in cfgs} == {8, 16, 32, 64} and len({c.split_k for c in cfgs}) > 2
     assert len({c.num_stages for c in cfgs}) > 1
+    # the tiled planner's 64-token tiles with a K split (plan/tiled.py R4, fp4 from 33 rows)
+    monkeypatch.setattr(plan_tiled, "TILED_ENABLED", True)
+    monkeypatch.setattr(plan_tiled, "_TRITON_OK", True)
+    plan_gemm.cache_clear()
+    r4 = set()
+    for fmt, m, n, k, a in itertools.product(("mxfp4", "nvfp4"), (33, 64), (2880, 28672), (2880, 8192),
+                                             ("bfloat16", "quantized")):
+        plan = plan_gemm(Problem("gemm", fmt, m, n, k, a=a, b_block_rows=1), H100_SXM)
+        assert plan.kernel == "hopper_tiled" and plan.config.is_register_operand and plan.config.block_m == 64, plan
+        r4.add(plan)
+    plan_gemm.cache_clear()
+    _roundtrip_plans(r4)
+    assert len({p.config.split_k for p in r4}) > 1 and {p.config.dequant_a for p in r4} == {False, True}

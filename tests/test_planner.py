@@ -68,7 +68,7 @@ def test_forced_configs():
 
 @pytest.mark.parametrize("fmt", ["mxfp8", "mxfp4", "nvfp4"])
 def test_other_formats_and_devices(fmt, mx_kernels):
-    from blockscaled.plan import stream as plan_stream
+    from blockscaled.plan import stream as plan_stream, tiled as plan_tiled
 
     for m in (1, 64, 4096):
         plan = plan_gemm(Problem("gemm", fmt, m, 4096, 4096), H100_SXM)
@@ -77,6 +77,8 @@ def test_other_formats_and_devices(fmt, mx_kernels):
         want = ("portable", "dequant_matmul")
         if m == 1:
             want = ("gemv",)
+        elif m == 64 and fmt != "mxfp8" and plan_tiled._TRITON_OK and plan_tiled.TILED_ENABLED:
+            want = ("hopper_tiled",)  # fp4 from 33 rows: the register-operand kernel's 64-token tiles
         elif m == 64 and plan_stream._TRITON_OK and plan_stream.STREAM_ENABLED:
             want = ("hopper_stream",)
         assert plan.kernel in want and plan.reasons, (m, plan)
@@ -228,10 +230,12 @@ def test_log_plans_once(path, device, monkeypatch, caplog):
 @pytest.fixture
 def stream_on(monkeypatch):
     """The streaming kernel's Triton gate open (it is GPU-checked on 3.6 only), plans uncached; the
-    register-streaming kernel off (it takes fp4 weight-only 2..8 rows first: ``direct_on``)."""
-    from blockscaled.plan import direct as plan_direct, mx_gemv, stream as plan_stream
+    register-streaming kernel off (it takes fp4 weight-only 2..8 rows first: ``direct_on``), and
+    the tiled kernels off (their 64-token tiles take fp4 from 33 rows: ``test_small_tiles_*``)."""
+    from blockscaled.plan import direct as plan_direct, mx_gemv, stream as plan_stream, tiled as plan_tiled
 
     monkeypatch.setattr(plan_direct, "DIRECT_ENABLED", False)
+    monkeypatch.setattr(plan_tiled, "TILED_ENABLED", False)
     monkeypatch.setattr(plan_stream, "_TRITON_OK", True)
     monkeypatch.setattr(plan_stream, "STREAM_ENABLED", True)
     monkeypatch.setattr(mx_gemv, "_TRITON_OK", True)
@@ -529,9 +533,11 @@ def test_tiled_plans_and_config_checks(monkeypatch):
     base = dict(block_n=128, block_k=64, strategy="tiled")
     GemmConfig(block_m=128, num_warps=8, num_stages=6, split_k=2, **base)
     GemmConfig(block_m=256, num_warps=4, num_stages=4, split_k=1, **base)
-    for bad in (dict(block_m=256, num_warps=4, num_stages=5), dict(block_m=64, num_warps=4, num_stages=4),
+    GemmConfig(block_m=64, num_warps=4, num_stages=6, split_k=4, **base)  # R4: 64-token tiles, a K split
+    for bad in (dict(block_m=256, num_warps=4, num_stages=5), dict(block_m=48, num_warps=4, num_stages=4),
                 dict(block_m=128, num_warps=8, num_stages=2), dict(block_m=256, num_warps=16, num_stages=4),
-                dict(block_m=256, num_warps=4, num_stages=4, split_k=2)):
+                dict(block_m=256, num_warps=4, num_stages=4, split_k=2),
+                dict(block_m=128, num_warps=4, num_stages=4, split_k=2)):
         with pytest.raises(ValueError, match="GemmConfig"):
             GemmConfig(**{"split_k": 1, **bad}, **base)
 
@@ -669,6 +675,44 @@ def test_direct_register_budget(direct_on):
     assert GemmConfig(8, 64, 128, 4, 1, 1, "direct", maxnreg=96).maxnreg == 96
 
 
+def test_small_tiles_between_stream_and_prefill(stream_on, monkeypatch):
+    """fp4 calls from RS_SMALL_MIN_M (33) to 64 rows on sm_90 (H100 and H200 DeviceInfo, any machine):
+    the tiled planner's R4, the register-operand kernel with 64-token tiles and the K split its cost
+    model predicts fastest (none where one round of programs already fills the SMs), weight-only and
+    W x A (activations dequantized first), explained; 32 rows stay on the streaming kernel, mxfp8
+    never takes it, and with the tiled kernels switched off the streaming kernel keeps its rows."""
+    from blockscaled.plan import H200_SXM
+    from blockscaled.plan import tiled as plan_tiled
+
+    monkeypatch.setattr(plan_tiled, "TILED_ENABLED", True)
+    monkeypatch.setattr(plan_tiled, "_TRITON_OK", True)
+    plan_gemm.cache_clear()
+    for dev in (H100_SXM, H200_SXM):
+        for fmt in ("mxfp4", "nvfp4"):
+            for m in (33, 48, 64):
+                for n, k in ((8192, 8192), (4096, 14336), (28672, 4096)):
+                    for a in ("bfloat16", "quantized"):
+                        plan = plan_gemm(Problem("gemm", fmt, m, n, k, a=a, tma=True), dev)
+                        cfg = plan.config
+                        assert plan.kernel == "hopper_tiled" and cfg.is_register_operand, (fmt, m, n, k, plan)
+                        assert cfg.block_m == 64 and cfg.dequant_a == (a == "quantized"), cfg
+                        best = min(plan_tiled.tiled_us(plan.problem, dev, s, 4) for s in range(1, 9))
+                        assert plan.predicted_us == pytest.approx(best), (plan.predicted_us, best)
+                        assert "64 tokens x 128 weight rows" in str(plan), str(plan)
+                assert plan_gemm(Problem("gemm", fmt, 32, 8192, 8192, a="bfloat16", tma=True), dev).kernel == (
+                    "hopper_stream")
+            # one round of 64-token tiles already fills the SMs: no split
+            assert plan_gemm(Problem("gemm", fmt, 64, 28672, 4096, a="bfloat16", tma=True), dev).config.split_k == 1
+            # K = 14336 on 32 weight tiles: split
+            assert plan_gemm(Problem("gemm", fmt, 64, 4096, 14336, a="bfloat16", tma=True), dev).config.split_k > 1
+        assert plan_gemm(Problem("gemm", "mxfp8", 48, 8192, 8192, a="quantized", tma=True), dev).kernel != "hopper_tiled"
+    monkeypatch.setattr(plan_tiled, "TILED_ENABLED", False)
+    plan_gemm.cache_clear()
+    assert plan_gemm(Problem("gemm", "mxfp4", 48, 8192, 8192, a="bfloat16", tma=True), H100_SXM).kernel == (
+        "hopper_stream")
+    plan_gemm.cache_clear()
+
+
 def test_tiled_regimes_and_the_register_operand_margin(monkeypatch):
     """plan/tiled.py's regimes (any machine, an H200): the register-operand kernel (R3, block_m 256,
     4 warps) only for mxfp4 / nvfp4 and never split; grouped calls take it where the experts hold
@@ -685,10 +729,10 @@ def test_tiled_regimes_and_the_register_operand_margin(monkeypatch):
         for m, n, k in ((256, 28672, 8192), (2048, 8192, 8192), (8192, 6144, 4096), (300, 2880, 2880)):
             p = Problem("gemm", fmt, m, n, k, "bfloat16", tma=True)
             cfg, t = plan_tiled.tiled_config(p, H200_SXM)
-            assert t > 0 and (cfg.block_m == 256) <= (fmt != "mxfp8"), (fmt, m, cfg)
-            assert cfg.block_m == 128 or (cfg.num_warps, cfg.split_k) == (4, 1), cfg
-            no_rs, t2 = plan_tiled.tiled_config(p, H200_SXM, allow_rs=False)
-            assert no_rs.block_m == 128 and t2 >= t, (no_rs, t, t2)
+            assert t > 0 and (cfg.num_warps == 4) <= (fmt != "mxfp8"), (fmt, m, cfg)
+            assert cfg.block_m == 128 or cfg.num_warps == 4 and (cfg.block_m == 64 or cfg.split_k == 1), cfg
+            no_rs, t2 = plan_tiled.tiled_config(p, H200_SXM, allow_rs=False)  # without R3 (R4 stays)
+            assert no_rs.block_m != 256 and t2 >= t, (no_rs, t, t2)
         for rows, bm in ((64, 128), (1024, 256)):
             g = Problem("grouped", fmt, 32 * rows, 5760, 2880, "bfloat16", grouping="contiguous", experts=32,
                         rows_per_expert=float(rows), tma=True)

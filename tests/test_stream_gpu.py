@@ -36,9 +36,11 @@ def planned_for_every_format(monkeypatch):
     from blockscaled.ops import grouped as ops_grouped
     from blockscaled.plan import direct as plan_direct
     from blockscaled.plan import stream as plan_stream
+    from blockscaled.plan import tiled as plan_tiled
     from blockscaled.plan.gemm import plan_gemm
 
     monkeypatch.setattr(plan_direct, "DIRECT_ENABLED", False)  # fp4 weight-only 2..8 rows: tests/test_direct_gpu.py
+    monkeypatch.setattr(plan_tiled, "RS_SMALL_MIN_M", 65)  # fp4 33..64 rows: tests/test_tiled_gpu.py
     monkeypatch.setattr(plan_stream, "STREAM_FP8_MIN_BYTES", 0)
     monkeypatch.setattr(plan_stream, "STREAM_FP8_WO_MAX_M", 64)
     monkeypatch.setattr(plan_stream, "STREAM_GROUPED_FORMATS", FMTS)

@@ -1,5 +1,5 @@
 """The sm_90a tiled MX / NV kernels (kernels/hopper/tiled.py; tiled_rs.py, the register-operand
-kernel, for block_m 256 with mxfp4 / nvfp4) on the GPU: mxfp4 / nvfp4 / mxfp8
+kernel, for 4-warp configs with mxfp4 / nvfp4: 256-token tiles, and 16 / 32 / 64 with a K split) on the GPU: mxfp4 / nvfp4 / mxfp8
 weights x bf16 or quantized activations against the float64 reference, through forced configs (odd
 M and N, K tails that are not a multiple of the 64-element step, K splits that do and do not divide
 the steps, ring depths, output dtypes, a bias, NaN-poisoned outputs), nvfp4 global scales of both
@@ -93,6 +93,76 @@ def test_register_operand_kernel(fmt):
     torch.cuda.synchronize()
     assert torch.equal(out, bs.gemm(x2, w, config=RS))
     assert_gemm_close(out, ref_gemm.gemm(x2, w), fmt, torch.bfloat16, what="graph replay")
+
+
+@pytest.mark.parametrize("fmt", ("mxfp4", "nvfp4"))
+@pytest.mark.parametrize("bt", (16, 32, 64))
+def test_register_operand_small_tiles_split(fmt, bt):
+    """The register-operand kernel with 16 / 32 / 64-token tiles and a K split (R4 of plan/tiled.py
+    runs 64): odd M (one token tile and several, rows past M), odd N (the second consumer's half
+    partly and wholly past N), K tails, splits that do and do not divide the steps (the launcher
+    lowers a split that would leave one empty), output dtypes, a bias, W x A with nvfp4 global
+    scales, the split sum deterministic, and a CUDA graph replaying new activations."""
+    cfg = GemmConfig(block_m=bt, block_n=128, block_k=64, num_warps=4, num_stages=6, split_k=1, strategy="tiled")
+    for m, n, k, split in ((1, 130, 320, 2), (bt - 3, 257, 1056, 3), (2 * bt + 5, 64, 2048, 4), (40, 136, 4128, 8),
+                           (bt, 640, 96, 2)):
+        x = randn_like_activations(m, k, device="cuda", seed=m + k)
+        w = _weights(n, k, fmt, seed=n)
+        bias = torch.randn(n, device="cuda")
+        ref = ref_gemm.gemm(x, w)
+        for out_dtype in (torch.bfloat16, torch.float32, torch.float16):
+            out = _nan(m, n, out_dtype)
+            bs.gemm(x, w, out_dtype, out=out, config=cfg.replace(split_k=split))
+            assert_gemm_close(out, ref, fmt, out_dtype, what=f"{fmt} {bt}-token tiles {m}x{n}x{k} split {split}")
+        out = bs.gemm(x, w, config=cfg.replace(split_k=split), bias=bias)
+        assert_gemm_close(out, ref_gemm.gemm(x, w, bias=bias), fmt, torch.bfloat16, what=f"{fmt} {bt} bias")
+    a = bs.quantize(randn_like_activations(50, 544, device="cuda", seed=3), fmt)
+    w = _weights(300, 544, fmt, seed=4)
+    out = bs.gemm(a, w, config=cfg.replace(split_k=2, dequant_a=True))
+    assert_gemm_close(out, ref_gemm.gemm(a, w), fmt, torch.bfloat16, what=f"{fmt} {bt}-token tiles W x A")
+    x = randn_like_activations(48, 4096, device="cuda", seed=12)
+    w = _weights(384, 4096, fmt, seed=13)
+    c4 = cfg.replace(split_k=4)
+    assert torch.equal(bs.gemm(x, w, config=c4), bs.gemm(x, w, config=c4))
+    static_x = x.clone()
+    out = torch.empty(48, 384, dtype=torch.bfloat16, device="cuda")
+    bs.gemm(static_x, w, out=out, config=c4)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        bs.gemm(static_x, w, out=out, config=c4)
+    x2 = randn_like_activations(48, 4096, device="cuda", seed=14)
+    static_x.copy_(x2)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, bs.gemm(x2, w, config=c4))
+    assert_gemm_close(out, ref_gemm.gemm(x2, w), fmt, torch.bfloat16, what="graph replay")
+
+
+@pytest.mark.parametrize("fmt", ("mxfp4", "nvfp4"))
+def test_small_tiles_planned_between_stream_and_prefill(fmt):
+    """M = 48 on 8192 x 8192 (Llama 3 70B o at a batch of 48): the planner runs the register-operand
+    kernel's 64-token tiles with a K split (plan/tiled.py R4), weight-only and W x A, and the plan
+    that ran checks; M = 32 stays on the streaming kernel."""
+    from blockscaled.plan import tiled as plan_tiled
+
+    if not plan_tiled._TRITON_OK or not plan_tiled.TILED_ENABLED:
+        pytest.skip("the planner does not run the tiled kernel with this triton / BLOCKSCALED_MX_KERNELS")
+    n, k = 8192, 8192
+    w = _weights(n, k, fmt, seed=12)
+    x = randn_like_activations(48, k, device="cuda", seed=13)
+    with observe_plans() as plans:
+        y = bs.gemm(x, w)
+    cfg = plans[-1].config
+    assert plans[-1].kernel == "hopper_tiled" and cfg.is_register_operand and cfg.block_m == 64, plans[-1]
+    assert_gemm_close(y, ref_gemm.gemm(x, w), fmt, torch.bfloat16, what="planned weight-only")
+    with observe_plans() as plans:
+        y = bs.linear(x, w)
+    assert plans[-1].config.is_register_operand and plans[-1].config.dequant_a, plans[-1]
+    assert_gemm_close(y, ref_gemm.gemm(bs.quantize(x, fmt), w), fmt, torch.bfloat16, what="planned W x A")
+    with observe_plans() as plans:
+        bs.gemm(x[:32], w)
+    assert plans[-1].kernel == "hopper_stream", plans[-1]
 
 
 def test_register_operand_kernel_refuses_mxfp8():

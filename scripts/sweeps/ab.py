@@ -27,6 +27,8 @@ Variants (comma list; the first is the baseline of the ratio column):
                   portable candidate, else the portable rules (plan/portable.py, grouped_portable.py)
   gemv            dense fp8_block at M = 1: the decode GEMV
   dequant_matmul  dequantize to bf16 + cuBLAS
+  cublas_bf16     dense gemm: cuBLAS bf16 (torch.matmul) on the operands dequantized to bf16 before
+                  timing (the mx suite's baseline: what the same weights cost unquantized)
   stream          dense mxfp4 / nvfp4 / mxfp8, weight-only or W x A, M <= 64, sm_90: the streaming
                   kernel with the planner's split and ring (plan/stream.py); stream@split_k=N
                   times another split (the measurement behind STREAM_PROGRAMS_PER_SM /
@@ -60,7 +62,10 @@ import json
 import statistics
 import sys
 
-KINDS = ("plan", "hopper", "wide", "skinny", "portable", "gemv", "dequant_matmul", "stream", "tiled", "cands")
+KINDS = ("plan", "hopper", "wide", "skinny", "portable", "gemv", "dequant_matmul", "stream", "tiled", "cands",
+         "cublas_bf16")
+#: the cublas_bf16 variant's "config": not a plan, cuBLAS on bf16 copies of the dequantized operands
+CUBLAS_BF16 = "cublas_bf16"
 LAYOUTS = {"gemm": ("dense",), "grouped": ("contiguous", "masked"), "swiglu": ("dense", "contiguous", "masked")}
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 #: HopperConfig fields whose change calls for another ring depth (unless stages= is given too)
@@ -198,6 +203,11 @@ def resolve(case: Case, tokens: list[str], dev) -> list[tuple[str, object]]:
             continue
         if kind == "plan":
             cfg = None
+        elif kind == "cublas_bf16":
+            if case.op != "gemm":
+                raise SystemExit(f"variant {tok!r}: dense gemm only")
+            out.append((tok, CUBLAS_BF16))
+            continue
         elif kind == "dequant_matmul":
             cfg = bs.GemmConfig(strategy="dequant_matmul")
         elif kind == "hopper":
@@ -274,6 +284,8 @@ def describe(case: Case, cfg, dev) -> str:
 
     if isinstance(cfg, Plan):
         return cfg.describe()
+    if cfg == CUBLAS_BF16:
+        return "cuBLAS bf16 on the dequantized operands"
     if case.op == "gemm":
         return plan_gemm(case.problem(), dev, cfg).describe()
     if cfg is None or (not hasattr(cfg, "variant") and cfg.strategy == "hopper"):
@@ -321,6 +333,17 @@ def runner(case: Case, cfg):
 
     out_dtype = getattr(torch, DTYPES[case.out_dtype])
     key = {"contiguous": "offsets", "masked": "masked_m"}.get(case.layout)
+    if cfg == CUBLAS_BF16:
+        # bf16 copies per operand set, made once here (outside the timing), found by identity
+        copies = {}
+
+        def bf16(t):
+            c = copies.get(id(t))
+            if c is None:
+                c = copies[id(t)] = (t.dequantize() if hasattr(t, "dequantize") else t).to(torch.bfloat16)
+            return c
+
+        return lambda a, b: torch.matmul(bf16(a), bf16(b).T).to(out_dtype)
     if case.op == "gemm":
         return lambda a, b: bs.gemm(a, b, out_dtype, config=cfg)
     if isinstance(cfg, HopperConfig):
@@ -383,10 +406,13 @@ def run_case(case: Case, variants: list[tuple[str, object]], args) -> list[dict]
     fns, ran = {}, {}
     for label, cfg in variants:
         fn = runner(case, cfg)
+        if cfg == CUBLAS_BF16:
+            for s in sets:  # the bf16 copies of every set before any timing
+                fn(*s)
         with observe_plans() as plans:
             y = fn(*first)
         torch.cuda.synchronize()
-        ran[label] = plans[-1].describe() if plans else "?"
+        ran[label] = plans[-1].describe() if plans else ("cuBLAS bf16" if cfg == CUBLAS_BF16 else "?")
         assert_gemm_close(y, ref, case.fmt, out_dtype, what=f"{case.label()} {label}")
         fns[label] = fn
     del ref

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-__all__ = ["GemmConfig", "STRATEGIES", "GEMV_MAX_M", "gemv_config", "gemv_slice_elems"]
+__all__ = ["GemmConfig", "STRATEGIES", "GEMV_MAX_M", "gemv_config", "gemv_slice_elems", "RS_TOKENS"]
 
 #: (appended, never reordered: plan/encoding.py carries a strategy as its index here)
 STRATEGIES = ("triton", "dequant_matmul", "hopper", "gemv", "stream", "tiled", "direct")
@@ -28,6 +28,8 @@ STRATEGIES = ("triton", "dequant_matmul", "hopper", "gemv", "stream", "tiled", "
 #: kernels/triton/gemv.py and mx_gemv.py) takes (block_m): every row costs one fp32 FMA per
 #: weight element on the CUDA cores, and mx_gemv.py unrolls its rows into 8 accumulators.
 GEMV_MAX_M = 8
+#: token tiles (the wgmma's N) of the register-operand tiled kernel, kernels/hopper/tiled_rs.py
+RS_TOKENS = (16, 32, 64, 128, 256)
 #: Weight bytes one GEMV program loads at once (its chunk): the H100 streaming-read probe
 #: (scripts/probes/stream_ceiling.py) was fastest with 32 KB per program on 4 of the 6 DeepSeek-V3 shapes.
 GEMV_CHUNK_BYTES = 32 * 1024
@@ -78,9 +80,10 @@ class GemmConfig:
         block_n 64, block_k 128, 4 warps, num_stages = TMA ring slots, split_k; "tiled":
         kernels/hopper/tiled.py, block_m 128 with 8 warps, block_n 128, block_k 64, num_stages
         3..6 TMA ring slots (4 and more add a TMA producer warp; 3 fits two programs per SM
-        without one: ops/_tiled.py TILED_WS_MIN_STAGES), split_k; or block_m 256 with 4 warps:
-        kernels/hopper/tiled_rs.py, mxfp4 / nvfp4 weights as the wgmma's register operand, 256
-        tokens x 128 weight rows, 3..4 slots, no split; "direct":
+        without one: ops/_tiled.py TILED_WS_MIN_STAGES), split_k; or 4 warps (``is_register_operand``):
+        kernels/hopper/tiled_rs.py, mxfp4 / nvfp4 weights as the wgmma's register operand, block_m
+        tokens (16, 32, 64, 128 or 256) x 128 weight rows, 3..4 slots (3..6 below 256 tokens),
+        split_k; "direct":
         kernels/hopper/direct.py, mxfp4 / nvfp4 weights, block_m 8 padded activation rows, block_n
         64, block_k 128, 4 warps, num_stages 1 (no ring: loads a step ahead in registers),
         split_k). "gemv"
@@ -209,11 +212,11 @@ class GemmConfig:
         # kernels/hopper/tiled.py: one warpgroup per 64 activation rows, 128 weight rows, 64-element
         # K steps, a TMA ring of num_stages slots (the slot of step i - 2 is refilled at step i)
         # (64-row tiles: slower on every A/B row, and 255 registers with a bias: spills);
-        # kernels/hopper/tiled_rs.py (block_m 256, 4 warps: the launch's default partition, one of
-        # two consumer warpgroups): 256 tokens x 128 weight rows, no K split, fp4 weights
-        if (self.block_m, self.num_warps) not in ((128, 8), (256, 4)):
+        # kernels/hopper/tiled_rs.py (4 warps: the launch's default partition, one of two consumer
+        # warpgroups): block_m tokens (the wgmma's N) x 128 weight rows, fp4 weights
+        if (self.block_m, self.num_warps) != (128, 8) and not (self.num_warps == 4 and self.block_m in RS_TOKENS):
             raise ValueError(f"GemmConfig: strategy 'tiled' runs block_m=128 with num_warps=8 (kernels/hopper/tiled.py) "
-                             f"or block_m=256 with num_warps=4 (the register-operand kernel, "
+                             f"or block_m in {RS_TOKENS} with num_warps=4 (the register-operand kernel, "
                              f"kernels/hopper/tiled_rs.py), got block_m={self.block_m}, num_warps={self.num_warps}")
         if (self.block_n, self.block_k) != (128, 64):
             raise ValueError(f"GemmConfig: strategy 'tiled' runs block_n=128, block_k=64, got {self.block_n}, "
@@ -223,9 +226,17 @@ class GemmConfig:
             # and fit, but measured no faster than 4 (twenty-eighth session); 3..4 kept
             raise ValueError(f"GemmConfig.num_stages: strategy 'tiled' needs 3..6 ring slots (3..4 with block_m=256), "
                              f"got {self.num_stages} with block_m={self.block_m}")
-        if self.split_k < 1 or (self.block_m == 256 and self.split_k != 1):
-            raise ValueError(f"GemmConfig.split_k: strategy 'tiled' takes split_k >= 1 (1 with block_m=256: the "
-                             f"register-operand kernel has no K split), got {self.split_k}")
+        if self.split_k < 1 or (self.split_k > 1 and self.num_warps == 4 and self.block_m > 64):
+            # the register-operand kernel's split epilogue holds the partial, the sum and the output
+            # pointers at once: above 64 tokens ptxas spills (tests/test_aot_tiled.py)
+            raise ValueError(f"GemmConfig.split_k: strategy 'tiled' takes split_k >= 1 (1 with num_warps=4 above 64 "
+                             f"tokens: the register-operand kernel splits K for block_m <= 64), got {self.split_k} "
+                             f"with block_m={self.block_m}")
+
+    @property
+    def is_register_operand(self) -> bool:
+        """Strategy "tiled" on kernels/hopper/tiled_rs.py (4 warps), not tiled.py (8 warps)."""
+        return self.strategy == "tiled" and self.num_warps == 4
 
     def replace(self, **kw) -> "GemmConfig":
         return replace(self, **kw)

@@ -1,5 +1,5 @@
 """Host launchers of the sm_90a tiled MX / NV GEMMs (kernels/hopper/tiled.py, and tiled_rs.py for
-block_m 256 configs): bf16 activations x mxfp4 / nvfp4 / mxfp8 weights (tiled_rs: fp4), prefill-sized M.
+4-warp configs): bf16 activations x mxfp4 / nvfp4 / mxfp8 weights (tiled_rs: fp4), prefill-sized M.
 
 No validation here (ops/gemm.py validates the call and checks a forced config; the planner plans
 the kernel only for operands it can take: plan/tiled.py).
@@ -80,7 +80,7 @@ def launch_tiled(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, w
                      GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=5,
                                 strategy="tiled"), seg=offsets, grouping=1)
     """
-    if cfg.block_m == 256:  # the register-operand kernel (GemmConfig: 256 tokens x 128 rows, 4 warps)
+    if cfg.is_register_operand:  # kernels/hopper/tiled_rs.py (GemmConfig: 4 warps)
         launch_tiled_rs(x, w_data, w_scale, w_gs, fmt_name, k, out, cfg, bias, x_gs, seg, grouping)
         return
     desc_cls, kernel = _gluon()
@@ -149,10 +149,10 @@ def launch_tiled_rs(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor
                     out: torch.Tensor, cfg: GemmConfig, bias: torch.Tensor | None = None, x_gs=None,
                     seg: torch.Tensor | None = None, grouping: int = 0) -> None:
     """``out [M, N] = x [M, K] @ dequantize(w).T`` (+ bias) on the register-operand tiled kernel
-    (kernels/hopper/tiled_rs.py; :func:`launch_tiled` sends ``block_m=256`` configs here): mxfp4 /
-    nvfp4 weights only, 256 tokens x 128 weight rows per program (``cfg.block_m`` tokens; 128 also
-    builds), ``cfg.num_stages`` ring slots, no K split. Operands, grouping and layouts as
-    :func:`launch_tiled`. Example (Llama 3 70B o, a prefill)::
+    (kernels/hopper/tiled_rs.py; :func:`launch_tiled` sends 4-warp configs here): mxfp4 / nvfp4
+    weights only, ``cfg.block_m`` tokens (16 .. 256) x 128 weight rows per program,
+    ``cfg.num_stages`` ring slots, ``cfg.split_k`` K splits (dense; lowered so that none is empty).
+    Operands, grouping and layouts as :func:`launch_tiled`. Example (Llama 3 70B o, a prefill)::
 
         launch_tiled_rs(x, w.data, w.scale, None, "mxfp4", 8192, out,
                         GemmConfig(block_m=256, block_n=128, block_k=64, num_warps=4, num_stages=4,
@@ -170,11 +170,17 @@ def launch_tiled_rs(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor
     x_desc = _descriptor(desc_cls, x, [x.shape[0], k], [x.stride(0), 1], [cfg.block_m, 64], x_layout)
     w32 = w_data.reshape(-1, w_data.shape[-1]).view(torch.int32)
     w_desc = _descriptor(desc_cls, w32, [w32.shape[0], k * wpr // 64], [w32.stride(0), 1], [128, wpr], w_layout)
-    tiles_m = _tiles_m(grouping, rows_x, e, target.shape[0], cfg.block_m)
+    tiles = _tiles_m(grouping, rows_x, e, target.shape[0], cfg.block_m) * triton.cdiv(n, 128)
+    steps = triton.cdiv(k, 64)
+    per = triton.cdiv(steps, cfg.split_k if not grouping else 1)
+    nsplit = triton.cdiv(steps, per)  # every split non-empty
     gs = w_gs if w_gs is not None else w_scale  # not read unless nvfp4
-    kernel[(tiles_m * triton.cdiv(n, 128),)](
+    part = cnt = gs  # not read unsplit
+    if nsplit > 1:  # two counters per tile: the kernel's two consumer warpgroups sum their halves apart
+        part, cnt = splitk_scratch(out.device, 2 * tiles, nsplit * tiles * cfg.block_m * 128)
+    kernel[(tiles * nsplit,)](
         x_desc, w_desc, w_scale, gs, x_gs if x_gs is not None else gs, bias if bias is not None else gs, target,
-        rows_x if grouping else target.shape[0], n, k, w_scale.stride(-2), target.stride(0),
+        part, cnt, rows_x if grouping else target.shape[0], n, k, per, nsplit, w_scale.stride(-2), target.stride(0),
         seg if seg is not None else gs, e, w_scale.stride(0) if grouping else 0, FMT=fmt, STAGES=cfg.num_stages,
         HAS_AGS=x_gs is not None, HAS_BIAS=bias is not None, MODE=grouping,
         E_POW2=triton.next_power_of_2(e) if grouping else 1, GS_PER_E=w_gs is not None and w_gs.numel() > 1,

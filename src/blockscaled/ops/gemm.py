@@ -372,8 +372,8 @@ def _check_sm90_mx(strategy: str, a2, a_s2, fmt: Format, m: int, k: int, cfg: Ge
     if (strategy == "stream" and m > 64) or k % 32:
         raise ValueError(f"config.strategy: {strategy!r} takes " + ("M <= 64 and " if strategy == "stream" else "")
                          + f"K % 32 == 0, got M={m}, K={k}")
-    if strategy == "tiled" and cfg.block_m == 256 and fmt.name not in RS_FORMATS:
-        raise ValueError(f"config.block_m: 256 is the register-operand tiled kernel (kernels/hopper/tiled_rs.py), "
+    if cfg.is_register_operand and fmt.name not in RS_FORMATS:
+        raise ValueError(f"config.num_warps: 4 is the register-operand tiled kernel (kernels/hopper/tiled_rs.py), "
                          f"which takes mxfp4 / nvfp4 weights, got {fmt.name}")
     if strategy == "tiled" and a_s2 is not None and not cfg.dequant_a:
         raise ValueError("config.dequant_a: strategy 'tiled' dequantizes quantized activations to bf16 first; pass "

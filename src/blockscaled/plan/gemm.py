@@ -16,7 +16,8 @@ from .device import DeviceInfo
 from .mx_gemv import MX_GEMV_ROWS, mx_gemv_config, use_mx_gemv
 from .mx_packed import mixed_config_ok, plan_mixed
 from .portable import choose_portable, mx_bf16_applies
-from .tiled import RS_DEQUANT_MARGIN, TILED_STAGES_2, dequant_matmul_us, kernel_words, tiled_config, tiled_reason
+from .tiled import (RS_DEQUANT_MARGIN, TILED_MIN_M, TILED_STAGES_2, dequant_matmul_us, kernel_words, tiled_config,
+                    tiled_reason)
 from .types import DTYPES, Plan, Problem
 
 __all__ = ["plan_gemm"]
@@ -79,6 +80,10 @@ def plan_gemm(p: Problem, dev: DeviceInfo, forced=None, *, gluon_ok: bool = True
             f"stream the packed weights; {cfg.block_n} weight rows x {cfg.block_k} K per chunk "
             f"({chunk_kb:.1f} KB), {cfg.num_warps} warps (plan/mx_gemv.py: rows per format from the mx_decode "
             f"sweep, tiles from the instruction-count model)"))
+    if p.m < TILED_MIN_M and tiled_reason(p, dev, gluon_ok) is None:
+        # fp4 between the streaming kernel's rows and prefill: the tiled planner's 64-token tiles
+        # (plan/tiled.py RS_SMALL_MIN_M)
+        return _plan_tiled(p, dev, scope)
     if use_stream(p, dev, gluon_ok):
         cfg = stream_config(p, dev)
         return Plan("gemm", "cuda", cfg, p, reasons=(
@@ -140,14 +145,14 @@ def _plan_tiled(p: Problem, dev: DeviceInfo, scope: str) -> Plan:
     cfg, t_tiled = tiled_config(p, dev)
     t_dq = dequant_matmul_us(p, dev)
     margin_note = ""
-    if cfg.block_m == 256 and t_tiled * (1 + RS_DEQUANT_MARGIN) >= t_dq:
+    if cfg.is_register_operand and cfg.block_m == 256 and t_tiled * (1 + RS_DEQUANT_MARGIN) >= t_dq:
         # R3 within its margin of dequantize + cuBLAS: the other regimes compete plainly
         margin_note = (f" (the register-operand kernel's {t_tiled:.1f} us is within RS_DEQUANT_MARGIN = "
                        f"{RS_DEQUANT_MARGIN:.0%} of it)")
         cfg, t_tiled = tiled_config(p, dev, allow_rs=False)
     head = f"{p.fmt}{' weight-only' if p.weight_only else ' x ' + p.fmt} on {scope}"
     steps = -(-p.k // 64)
-    per_sm = 2 if (cfg.block_m, cfg.num_stages) == (128, TILED_STAGES_2) else 1
+    per_sm = 2 if (cfg.block_m, cfg.num_stages, cfg.num_warps) == (128, TILED_STAGES_2, 8) else 1
     model = (f"plan/tiled.py cost model: tiled {t_tiled:.1f} us "
              f"({-(-p.m // cfg.block_m) * -(-p.n // 128)} tiles of {cfg.block_m}x128 x split {cfg.split_k}, "
              f"{-(-steps // cfg.split_k)} K steps each, {per_sm} program(s) per SM), "

@@ -287,8 +287,8 @@ def _forced_tiled(p: Problem, dev: DeviceInfo, forced, backend: str) -> Plan:
     if cfg.split_k != 1:
         raise ValueError(f"config.split_k: the grouped tiled kernel does not split K, got {cfg.split_k}")
     rs_why = rs_reason(p)
-    if cfg.block_m == 256 and rs_why is not None:
-        raise ValueError(f"config.block_m: 256 is the register-operand tiled kernel, which cannot run this call: "
+    if cfg.is_register_operand and rs_why is not None:
+        raise ValueError(f"config.num_warps: 4 is the register-operand tiled kernel, which cannot run this call: "
                          f"{rs_why}")
     cfg = dataclasses.replace(cfg, dequant_a=not p.weight_only)
     return Plan(p.op, backend, cfg, p, reasons=("forced by config=",))

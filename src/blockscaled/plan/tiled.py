@@ -16,6 +16,14 @@ program, ``rounds = ceil(programs / (programs per SM x SMs))``:
   which it beats by 1.1-1.35x (mxfp4) and 1.0-1.1x (nvfp4) at M >= 2048 (twenty-eighth session,
   rs-ab-20261128.json; its own fit below, at TILED_STEP3_US).
 
+* R4 (fp4): the register-operand kernel with 64-token tiles and a K split, for the band between the
+  streaming kernel's rows and prefill (RS_SMALL_MIN_M <= M): ``rounds x (steps x TILED_STEP4_US +
+  TILED_SPLIT4_US if split) + TILED_FIX4_US``. Its time hardly grows with M up to 64 tokens (the
+  weights' decode sets it, each weight tile decoded once per 64 tokens), where the streaming
+  kernel's grows with the activation rows it gathers per 64 weight rows (thirty-first session,
+  rs-small-ab-20261128.json: 1.16-1.68x the streaming kernel at M = 64 on 7 of 7 shapes, 0.86-1.15x
+  at M = 32 with 32-token tiles, no gain at M = 16).
+
 The planner takes the regime and split with the smallest prediction. R1 / R2 fitted (least squares)
 on the H200 A/B of that kernel (benchmarks/results/h200/archive/tiled-ab4-20261127.json: mxfp4 /
 nvfp4 weight-only, 2880 x 2880, 5760 x 2880, 8192 x 8192, 28672 x 8192 at M = 256-2048, every
@@ -48,7 +56,7 @@ from .types import Problem
 
 __all__ = ["TILED_FORMATS", "tiled_reason", "tiled_config", "tiled_us", "dequant_matmul_us", "TILED_MIN_M",
            "DEQUANT_MATMUL_FIX_US", "grouped_tiled_reason", "grouped_tiled_config", "regime_config", "rs_reason",
-           "RS_DEQUANT_MARGIN", "RS_FORMATS",
+           "RS_DEQUANT_MARGIN", "RS_FORMATS", "RS_SMALL_MIN_M",
            "grouped_tiles_words", "kernel_words"]
 
 #: weight formats the kernel decodes (the streaming kernel's decode)
@@ -73,6 +81,24 @@ TILED_STEP2_US = {"mxfp4": 1.255, "nvfp4": 1.347}
 #: load), nvfp4 1.020 (-8 .. +6 %)
 TILED_STAGES_3 = 4
 TILED_STEP3_US = {"mxfp4": 0.843, "nvfp4": 1.020}
+#: R4: the register-operand kernel with 64-token tiles, a 6-slot ring, any K split (fp4): us per
+#: step, per round of programs with a split (its fp32 partials and last-arriver sum) and per call.
+#: Fitted (log least squares) on the H200 A/B of the thirty-first session (rs-small-ab-20261128.json:
+#: 7 shapes 2880 x 2880 .. 28672 x 4096 x splits 1 / 2 / 4 at M = 64 and 1 / 2 at M = 128, mxfp4):
+#: rows within -11 .. +7 %, and on the 33 held-out rows of the same session (12 shapes of Qwen2.5-14B,
+#: Mistral-Small, Phi-3, Gemma-2, Qwen3-8B sizes and odd N at M = 40 / 48 / 64) -12 .. +3 %. nvfp4's
+#: step (its split and per-call terms mxfp4's) from 4 forced shapes x splits 1 / 2 / 4 and those 24
+#: held-out plan rows (rs-small-ab, so in sample): -12 .. +19 %
+TILED_STAGES_4 = 6
+TILED_STEP4_US = {"mxfp4": 0.44, "nvfp4": 0.61}
+TILED_SPLIT4_US = 5.0
+TILED_FIX4_US = 3.0
+#: R4's tokens per tile
+RS_SMALL_TOKENS = 64
+#: fp4 calls from this M on go to this module's planner (R4 among the regimes) instead of the
+#: streaming kernel: at M = 64 R4 ran 1.16-1.68x the streaming kernel on all 7 A/B shapes, at M = 32
+#: (32-token tiles) 0.86-1.15x (rs-small-ab-20261128.json), so the streaming kernel keeps M <= 32
+RS_SMALL_MIN_M = 33
 #: a dense call takes R3 over dequantize + cuBLAS only when predicted this much faster (else the
 #: best of the other regimes is compared plainly): within it the two measured either way
 #: (twenty-eighth session, H200, M = 2048: rs-ab rows predicted 1-4 % apart measured 0.87-1.13x;
@@ -126,14 +152,16 @@ def _operand_reason(p: Problem) -> str | None:
 
 
 def tiled_reason(p: Problem, dev: DeviceInfo, gluon_ok: bool) -> str | None:
-    """None when the kernel can take the call, else why not (plain words, for ``explain``)."""
+    """None when the kernel can take the call, else why not (plain words, for ``explain``): from
+    TILED_MIN_M rows, and for fp4 weights from RS_SMALL_MIN_M (R4, the 64-token tiles)."""
     why = _kernel_reason(p, dev, gluon_ok)
     if why is not None:
         return why
     if p.op != "gemm" or p.grouping != "dense":
         return "not a dense GEMM"
-    if p.m < TILED_MIN_M:
-        return f"M = {p.m} < {TILED_MIN_M} (the streaming kernel's rows)"
+    if p.m < TILED_MIN_M and (p.m < RS_SMALL_MIN_M or rs_reason(p) is not None):
+        low = RS_SMALL_MIN_M if rs_reason(p) is None else TILED_MIN_M
+        return f"M = {p.m} < {low} (the streaming kernel's rows)"
     return _operand_reason(p)
 
 
@@ -142,9 +170,12 @@ def tiled_us(p: Problem, dev: DeviceInfo, split: int, regime: int = 1) -> float:
     the activations' dequantize pass included (W x A)."""
     steps = -(-p.k // 64)
     per = -(-steps // split)
-    bm = 256 if regime == 3 else 128
+    bm = {3: 256, 4: RS_SMALL_TOKENS}.get(regime, 128)
     programs = -(-p.m // bm) * -(-p.n // 128) * -(-steps // per)
-    if regime == 2:
+    if regime == 4:
+        t = (math.ceil(programs / dev.sm_count) * (per * TILED_STEP4_US[p.fmt] + (TILED_SPLIT4_US if per < steps else 0.0))
+             + TILED_FIX4_US)
+    elif regime == 2:
         t = math.ceil(programs / (2 * dev.sm_count)) * per * TILED_STEP2_US[p.fmt]
     elif regime == 3:
         t = math.ceil(programs / dev.sm_count) * per * TILED_STEP3_US[p.fmt]
@@ -175,11 +206,16 @@ def tiled_config(p: Problem, dev: DeviceInfo, allow_rs: bool = True) -> tuple[Ge
     R3 where ``allow_rs`` is False (plan/gemm.py: R3 predicted faster than dequantize + cuBLAS by
     less than RS_DEQUANT_MARGIN)."""
     steps = -(-p.k // 64)
-    cands = [(1, s) for s in range(1, TILED_MAX_SPLIT + 1) if s == 1 or steps >= TILED_MIN_STEPS * s]
+    splits = [s for s in range(1, TILED_MAX_SPLIT + 1) if s == 1 or steps >= TILED_MIN_STEPS * s]
+    cands = [(1, s) for s in splits]
     if p.fmt in TILED_STEP2_US and -(-p.m // 128) * -(-p.n // 128) > dev.sm_count:
         cands.append((2, 1))
     if allow_rs and rs_reason(p) is None:
         cands.append((3, 1))
+    if rs_reason(p) is None:
+        cands += [(4, s) for s in splits]
+    if p.m < TILED_MIN_M:  # only R4 was measured below the tiled kernel's rows
+        cands = [c for c in cands if c[0] == 4]
     best = None  # (a loop, not min() over a generator with key=: torch.compile(fullgraph) traces this)
     for r, s in cands:
         t = tiled_us(p, dev, s, r)
@@ -190,8 +226,9 @@ def tiled_config(p: Problem, dev: DeviceInfo, allow_rs: bool = True) -> tuple[Ge
 
 
 def regime_config(regime: int, split: int, weight_only: bool) -> GemmConfig:
-    """The GemmConfig of a regime (block_m 256 with 4 warps is the register-operand kernel)."""
-    bm, warps, stages = {1: (128, 8, TILED_STAGES_1), 2: (128, 8, TILED_STAGES_2), 3: (256, 4, TILED_STAGES_3)}[regime]
+    """The GemmConfig of a regime (4 warps: the register-operand kernel, 256 tokens R3, 64 R4)."""
+    bm, warps, stages = {1: (128, 8, TILED_STAGES_1), 2: (128, 8, TILED_STAGES_2), 3: (256, 4, TILED_STAGES_3),
+                         4: (RS_SMALL_TOKENS, 4, TILED_STAGES_4)}[regime]
     return GemmConfig(block_m=bm, block_n=128, block_k=64, num_warps=warps, num_stages=stages, split_k=split,
                       strategy="tiled", dequant_a=not weight_only)
 
@@ -235,8 +272,8 @@ def _grouped_m_tiles(p: Problem, bm: int = 128) -> int:
 
 def kernel_words(cfg: GemmConfig) -> str:
     """Which tiled kernel a config runs, in words (for the plans' reasons)."""
-    if cfg.block_m == 256:
-        return ("register-operand tiled kernel (kernels/hopper/tiled_rs.py): 256 tokens x 128 weight rows, the "
+    if cfg.is_register_operand:
+        return (f"register-operand tiled kernel (kernels/hopper/tiled_rs.py): {cfg.block_m} tokens x 128 weight rows, the "
                 "decoded weights the wgmma's register operand (swap-AB), two consumer warpgroups")
     return ("tiled kernel (kernels/hopper/tiled.py): 128 x 128 tiles, weights decoded to bf16 in shared memory, "
             "both wgmma operands in shared memory, one wgmma in flight")

@@ -102,7 +102,7 @@ def _config_desc(cfg) -> str:
                 + (", activations dequantized first" if cfg.dequant_a else ""))
     if cfg.strategy == "tiled":
         return (f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} tiles"
-                + (" (weights as the register operand)" if cfg.block_m == 256 else "") + f", {cfg.num_stages}-slot ring"
+                + (" (weights as the register operand)" if cfg.is_register_operand else "") + f", {cfg.num_stages}-slot ring"
                 + (f", split-K {cfg.split_k}" if cfg.split_k > 1 else "")
                 + (", activations dequantized first" if cfg.dequant_a else ""))
     if cfg.strategy == "gemv":

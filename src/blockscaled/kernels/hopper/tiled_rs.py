@@ -38,6 +38,12 @@ the store; nvfp4's 2**-8 decode factor undone with the global scale in the epilo
 multiple of 32 (16-byte TMA rows of packed e2m1; the planner checks): TMA zero-fills the codes and
 activations past K, N and M; scale loads past K read 2**0 / 0, never a NaN code. No K split.
 
+Token tiles and K split: BT (the activation box's rows, the wgmma's N) is 256 for prefill (R3 of
+plan/tiled.py) and 64 with a K split (SPLIT > 1) between the streaming kernel's rows and prefill
+(R4): each program then runs K steps ``k_lo ..`` of its tile, and each consumer's fp32 partial of
+its 64-row half is summed in split order by the last of that half's splits to arrive
+(``stream._splitk_sum_store``: deterministic; one counter per half).
+
 Grouped (MODE 1 contiguous, 2 masked): as ``tiled.py``, the token tiles numbered densely over the
 experts on the device (``wide._segments``), weights the 2-D view [E x N, K / 8].
 """
@@ -47,7 +53,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
 from .direct import _out_scale
-from .stream import _FMT_MXFP4, _FMT_NVFP4, _scale_factor
+from .stream import _FMT_MXFP4, _FMT_NVFP4, _scale_factor, _splitk_sum_store
 from .tiled import BLOCK_K, _tiled_producer, tile_rows
 
 __all__ = ["tiled_rs_kernel", "RS_ROWS", "rs_layouts"]
@@ -128,13 +134,16 @@ def _rs_decode(words, fac, sel, FMT: gl.constexpr):
 
 
 @gluon.jit
-def _rs_consumer(x_bufs, w_bufs, ready, empty, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, row_end, N, K, stride_wsn,
-                 stride_cm, off_m, off_n, e, stride_wse, k_lo, n_k, G: gl.constexpr, FMT: gl.constexpr,
-                 BT: gl.constexpr, STAGES: gl.constexpr, HAS_AGS: gl.constexpr, HAS_BIAS: gl.constexpr,
-                 GS_PER_E: gl.constexpr):
+def _rs_consumer(x_bufs, w_bufs, ready, empty, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_ptr, cnt_ptr, SPLIT,
+                 tile, sp, row_end, N, K, stride_wsn, stride_cm, off_m, off_n, e, stride_wse, k_lo, n_k,
+                 G: gl.constexpr, FMT: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr, HAS_AGS: gl.constexpr,
+                 HAS_BIAS: gl.constexpr, GS_PER_E: gl.constexpr):
     """Consumer warpgroup G (0 / 1): weight rows off_n + 64 G .. + 63 of the tile. Per K step:
     wait for the slot, load and decode its words into the A operand, one wgmma [64, 64] x [64, BT]
-    and wait for it, release the slot; then the epilogue (tokens below ``row_end``)."""
+    and wait for it, release the slot; then the epilogue (tokens below ``row_end``). SPLIT > 1:
+    this program's K steps ``k_lo ..`` give an fp32 partial of the half tile, summed in split order
+    by the last of its splits to arrive (each half its own counter: ``cnt_ptr`` holds two per
+    tile, the second half's after all the first ones)."""
     NS: gl.constexpr = 4 if FMT == _FMT_NVFP4 else 2
     WPB: gl.constexpr = 8 // NS
     SPB: gl.constexpr = 16 if FMT == _FMT_NVFP4 else 32  # elements per scale
@@ -177,10 +186,20 @@ def _rs_consumer(x_bufs, w_bufs, ready, empty, ws_ptr, gs_ptr, ags_ptr, bias_ptr
     tk = gl.arange(0, BT, layout=gl.SliceLayout(0, acc_l))
     mask = (wr < N - row0)[:, None] & (tk < row_end - off_m)[None, :]
     c_ptrs = c_ptr + (off_m + tk).to(gl.int64)[None, :] * stride_cm + (row0 + wr)[:, None]
-    res = acc
     if HAS_BIAS:
-        res = res + gl.load(bias_ptr + row0 + wr, mask=wr < N - row0, other=0.0).to(gl.float32)[:, None]
-    gl.store(c_ptrs, res.to(c_ptr.dtype.element_ty), mask=mask)
+        bias = gl.load(bias_ptr + row0 + wr, mask=wr < N - row0, other=0.0).to(gl.float32)[:, None]
+    else:
+        bias = 0.0
+    if SPLIT == 1:
+        res = acc
+        if HAS_BIAS:
+            res = res + bias
+        gl.store(c_ptrs, res.to(c_ptr.dtype.element_ty), mask=mask)
+    else:
+        # the partial of this half at [G, wr, tk] of the tile's 2 x 64 x BT workspace block
+        offs = (G * 64 * BT + wr * BT)[:, None] + tk[None, :]
+        cnt = cnt_ptr + G * (gl.num_programs(0) // SPLIT)
+        _splitk_sum_store(acc, part_ptr, cnt, tile, sp, SPLIT, offs, c_ptrs, mask, bias, 2 * 64 * BT, HAS_BIAS)
 
 
 #: registers of the TMA producer warp (it holds a few indices)
@@ -190,10 +209,10 @@ RS_PRODUCER_REGS = gl.constexpr(40)
 RS_CONSUMER_REGS = gl.constexpr(232)
 
 
-@gluon.jit(do_not_specialize=["M"])
-def tiled_rs_kernel(x_desc, w_desc, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, M, N, K, stride_wsn, stride_cm, seg_ptr,
-                    E, stride_wse, FMT: gl.constexpr, STAGES: gl.constexpr, HAS_AGS: gl.constexpr,
-                    HAS_BIAS: gl.constexpr, MODE: gl.constexpr, E_POW2: gl.constexpr, GS_PER_E: gl.constexpr,
+@gluon.jit(do_not_specialize=["M", "ks_per_split"])
+def tiled_rs_kernel(x_desc, w_desc, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_ptr, cnt_ptr, M, N, K, ks_per_split,
+                    SPLIT, stride_wsn, stride_cm, seg_ptr, E, stride_wse, FMT: gl.constexpr, STAGES: gl.constexpr,
+                    HAS_AGS: gl.constexpr, HAS_BIAS: gl.constexpr, MODE: gl.constexpr, E_POW2: gl.constexpr, GS_PER_E: gl.constexpr,
                     num_warps: gl.constexpr):
     """One program per output tile of BT tokens x 128 weight rows, the 128-row weight tiles
     innermost (consecutive programs share the activation rows). ``x_desc``: TMA boxes [BT, 64] of
@@ -208,11 +227,14 @@ def tiled_rs_kernel(x_desc, w_desc, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, M,
     BN: gl.constexpr = 2 * RS_ROWS
 
     pid = gl.program_id(0)
+    tile = pid // SPLIT
+    sp = pid % SPLIT
     tiles_n = gl.cdiv(N, BN)
-    pid_m = pid // tiles_n
-    off_n = (pid % tiles_n) * BN
-    off_m, row_end, e, w_row, n_k = tile_rows(pid_m, off_n, gl.cdiv(K, BLOCK_K), seg_ptr, M, N, E, MODE, E_POW2, BT,
-                                              num_warps)
+    pid_m = tile // tiles_n
+    off_n = (tile % tiles_n) * BN
+    k_lo = sp * ks_per_split
+    n_k = gl.minimum(ks_per_split, gl.cdiv(K, BLOCK_K) - k_lo)
+    off_m, row_end, e, w_row, n_k = tile_rows(pid_m, off_n, n_k, seg_ptr, M, N, E, MODE, E_POW2, BT, num_warps)
 
     x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, BLOCK_K], x_desc.layout)
     w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES, BN, _WPR], w_desc.layout)
@@ -222,11 +244,11 @@ def tiled_rs_kernel(x_desc, w_desc, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, M,
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)
     gl.warp_specialize([
-        (_rs_consumer, (x_bufs, w_bufs, ready, empty, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, row_end, N, K,
-                        stride_wsn, stride_cm, off_m, off_n, e, stride_wse, 0, n_k, 0, FMT, BT, STAGES, HAS_AGS,
-                        HAS_BIAS, GS_PER_E)),
-        (_rs_consumer, (x_bufs, w_bufs, ready, empty, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, row_end, N, K,
-                        stride_wsn, stride_cm, off_m, off_n, e, stride_wse, 0, n_k, 1, FMT, BT, STAGES, HAS_AGS,
-                        HAS_BIAS, GS_PER_E)),
-        (_tiled_producer, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, w_row, 0, n_k, _WPR, STAGES)),
+        (_rs_consumer, (x_bufs, w_bufs, ready, empty, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_ptr, cnt_ptr,
+                        SPLIT, tile, sp, row_end, N, K, stride_wsn, stride_cm, off_m, off_n, e, stride_wse, k_lo, n_k,
+                        0, FMT, BT, STAGES, HAS_AGS, HAS_BIAS, GS_PER_E)),
+        (_rs_consumer, (x_bufs, w_bufs, ready, empty, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_ptr, cnt_ptr,
+                        SPLIT, tile, sp, row_end, N, K, stride_wsn, stride_cm, off_m, off_n, e, stride_wse, k_lo, n_k,
+                        1, FMT, BT, STAGES, HAS_AGS, HAS_BIAS, GS_PER_E)),
+        (_tiled_producer, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, w_row, k_lo, n_k, _WPR, STAGES)),
     ], [4, 1], [RS_CONSUMER_REGS, RS_PRODUCER_REGS])
