@@ -9,7 +9,7 @@ and read back at 2 bytes and the math warpgroups meet at a CTA barrier per K ste
 ~0.55-0.75x cuBLAS bf16's rate, and moving the decode to a warpgroup of its own did not change that.
 Here the decoded weights never leave the registers:
 
-* the output tile is 128 weight rows x BT tokens (BT = 128 or 256), computed transposed: two
+* the output tile is 128 weight rows x BT tokens (BT = 16 .. 256), computed transposed: two
   consumer warpgroups each own 64 weight rows, the wgmma's M side, as its register operand A;
   the tokens are the wgmma's N side, B = the activation box [BT, 64] from shared memory (TMA,
   128-byte swizzle), shared by both warpgroups;
