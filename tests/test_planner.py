@@ -678,7 +678,8 @@ def test_direct_register_budget(direct_on):
 def test_small_tiles_between_stream_and_prefill(stream_on, monkeypatch):
     """fp4 calls from RS_SMALL_MIN_M (33) to 64 rows on sm_90 (H100 and H200 DeviceInfo, any machine):
     the tiled planner's R4, the register-operand kernel with 64-token tiles and the K split its cost
-    model predicts fastest (none where one round of programs already fills the SMs), weight-only and
+    model predicts fastest, or R5 (four consumer warpgroups, unsplit) where that saves a round of
+    programs on a wide N, weight-only and
     W x A (activations dequantized first), explained; 32 rows stay on the streaming kernel, mxfp8
     never takes it, and with the tiled kernels switched off the streaming kernel keeps its rows."""
     from blockscaled.plan import H200_SXM
@@ -696,13 +697,16 @@ def test_small_tiles_between_stream_and_prefill(stream_on, monkeypatch):
                         cfg = plan.config
                         assert plan.kernel == "hopper_tiled" and cfg.is_register_operand, (fmt, m, n, k, plan)
                         assert cfg.block_m == 64 and cfg.dequant_a == (a == "quantized"), cfg
-                        best = min(plan_tiled.tiled_us(plan.problem, dev, s, 4) for s in range(1, 9))
+                        best = min([plan_tiled.tiled_us(plan.problem, dev, s, 4) for s in range(1, 9)]
+                                   + [plan_tiled.tiled_us(plan.problem, dev, 1, 5)])
                         assert plan.predicted_us == pytest.approx(best), (plan.predicted_us, best)
-                        assert "64 tokens x 128 weight rows" in str(plan), str(plan)
+                        assert cfg.block_n == 128 or cfg.split_k == 1, cfg  # R5: 256 rows, unsplit
+                        assert f"64 tokens x {cfg.block_n} weight rows" in str(plan), str(plan)
                 assert plan_gemm(Problem("gemm", fmt, 32, 8192, 8192, a="bfloat16", tma=True), dev).kernel == (
                     "hopper_stream")
-            # one round of 64-token tiles already fills the SMs: no split
-            assert plan_gemm(Problem("gemm", fmt, 64, 28672, 4096, a="bfloat16", tma=True), dev).config.split_k == 1
+            # 224 tiles of 128 rows take two rounds, 112 of 256 rows one: R5 (four consumers), unsplit
+            wide = plan_gemm(Problem("gemm", fmt, 64, 28672, 4096, a="bfloat16", tma=True), dev).config
+            assert (wide.block_n, wide.split_k) == (256, 1), wide
             # K = 14336 on 32 weight tiles: split
             assert plan_gemm(Problem("gemm", fmt, 64, 4096, 14336, a="bfloat16", tma=True), dev).config.split_k > 1
         assert plan_gemm(Problem("gemm", "mxfp8", 48, 8192, 8192, a="quantized", tma=True), dev).kernel != "hopper_tiled"

@@ -140,6 +140,38 @@ def test_register_operand_small_tiles_split(fmt, bt):
 
 
 @pytest.mark.parametrize("fmt", ("mxfp4", "nvfp4"))
+def test_register_operand_four_consumers(fmt):
+    """block_n 256: four consumer warpgroups of 64 weight rows (plan/tiled.py R5, 64-token tiles,
+    unsplit): N below, at and past one 256-row tile (consumers wholly past N), odd M, K tails,
+    output dtypes, a bias, W x A with nvfp4 global scales, and the planned call on a wide N."""
+    cfg = GemmConfig(block_m=64, block_n=256, block_k=64, num_warps=4, num_stages=6, split_k=1, strategy="tiled")
+    for m, n, k in ((1, 100, 320), (37, 257, 1056), (64, 512, 2048), (130, 770, 96), (48, 192, 4128)):
+        x = randn_like_activations(m, k, device="cuda", seed=m + k)
+        w = _weights(n, k, fmt, seed=n)
+        bias = torch.randn(n, device="cuda")
+        ref = ref_gemm.gemm(x, w)
+        for out_dtype in (torch.bfloat16, torch.float32, torch.float16):
+            out = _nan(m, n, out_dtype)
+            bs.gemm(x, w, out_dtype, out=out, config=cfg)
+            assert_gemm_close(out, ref, fmt, out_dtype, what=f"{fmt} four consumers {m}x{n}x{k}")
+        out = bs.gemm(x, w, config=cfg, bias=bias)
+        assert_gemm_close(out, ref_gemm.gemm(x, w, bias=bias), fmt, torch.bfloat16, what=f"{fmt} four consumers bias")
+    a = bs.quantize(randn_like_activations(50, 544, device="cuda", seed=3), fmt)
+    w = _weights(600, 544, fmt, seed=4)
+    out = bs.gemm(a, w, config=cfg.replace(dequant_a=True))
+    assert_gemm_close(out, ref_gemm.gemm(a, w), fmt, torch.bfloat16, what=f"{fmt} four consumers W x A")
+    from blockscaled.plan import tiled as plan_tiled
+
+    if plan_tiled._TRITON_OK and plan_tiled.TILED_ENABLED:
+        x = randn_like_activations(48, 4096, device="cuda", seed=7)
+        w = _weights(28672, 4096, fmt, seed=8)
+        with observe_plans() as plans:
+            y = bs.gemm(x, w)
+        assert (plans[-1].config.block_n, plans[-1].config.split_k) == (256, 1), plans[-1]
+        assert_gemm_close(y, ref_gemm.gemm(x, w), fmt, torch.bfloat16, what=f"{fmt} planned four consumers")
+
+
+@pytest.mark.parametrize("fmt", ("mxfp4", "nvfp4"))
 def test_small_tiles_planned_between_stream_and_prefill(fmt):
     """M = 48 on 8192 x 8192 (Llama 3 70B o at a batch of 48): the planner runs the register-operand
     kernel's 64-token tiles with a K split (plan/tiled.py R4), weight-only and W x A, and the plan

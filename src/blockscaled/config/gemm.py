@@ -218,20 +218,21 @@ class GemmConfig:
             raise ValueError(f"GemmConfig: strategy 'tiled' runs block_m=128 with num_warps=8 (kernels/hopper/tiled.py) "
                              f"or block_m in {RS_TOKENS} with num_warps=4 (the register-operand kernel, "
                              f"kernels/hopper/tiled_rs.py), got block_m={self.block_m}, num_warps={self.num_warps}")
-        if (self.block_n, self.block_k) != (128, 64):
-            raise ValueError(f"GemmConfig: strategy 'tiled' runs block_n=128, block_k=64, got {self.block_n}, "
-                             f"{self.block_k}")
+        if self.block_k != 64 or self.block_n not in ((128, 256) if self.num_warps == 4 else (128,)):
+            raise ValueError(f"GemmConfig: strategy 'tiled' runs block_n=128 (256 with num_warps=4: four consumer "
+                             f"warpgroups), block_k=64, got {self.block_n}, {self.block_k}")
         if not 3 <= self.num_stages <= (4 if self.block_m == 256 else 6):
             # 256-token tiles: 32 KB of activations per slot; 5 slots need 180 KB with the weights
             # and fit, but measured no faster than 4 (twenty-eighth session); 3..4 kept
             raise ValueError(f"GemmConfig.num_stages: strategy 'tiled' needs 3..6 ring slots (3..4 with block_m=256), "
                              f"got {self.num_stages} with block_m={self.block_m}")
-        if self.split_k < 1 or (self.split_k > 1 and self.num_warps == 4 and self.block_m > 64):
+        if self.split_k < 1 or (self.split_k > 1 and self.num_warps == 4 and (self.block_m > 64 or self.block_n > 128)):
             # the register-operand kernel's split epilogue holds the partial, the sum and the output
             # pointers at once: above 64 tokens ptxas spills (tests/test_aot_tiled.py)
             raise ValueError(f"GemmConfig.split_k: strategy 'tiled' takes split_k >= 1 (1 with num_warps=4 above 64 "
-                             f"tokens: the register-operand kernel splits K for block_m <= 64), got {self.split_k} "
-                             f"with block_m={self.block_m}")
+                             f"tokens or with block_n=256: the register-operand kernel splits K for block_m <= 64 on "
+                             f"128 weight rows), got {self.split_k} with block_m={self.block_m}, "
+                             f"block_n={self.block_n}")
 
     @property
     def is_register_operand(self) -> bool:

@@ -150,7 +150,8 @@ def launch_tiled_rs(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor
                     seg: torch.Tensor | None = None, grouping: int = 0) -> None:
     """``out [M, N] = x [M, K] @ dequantize(w).T`` (+ bias) on the register-operand tiled kernel
     (kernels/hopper/tiled_rs.py; :func:`launch_tiled` sends 4-warp configs here): mxfp4 / nvfp4
-    weights only, ``cfg.block_m`` tokens (16 .. 256) x 128 weight rows per program,
+    weights only, ``cfg.block_m`` tokens (16 .. 256) x ``cfg.block_n`` weight rows per program (128: two
+    consumer warpgroups, 256: four),
     ``cfg.num_stages`` ring slots, ``cfg.split_k`` K splits (dense; lowered so that none is empty).
     Operands, grouping and layouts as :func:`launch_tiled`. Example (Llama 3 70B o, a prefill)::
 
@@ -169,15 +170,16 @@ def launch_tiled_rs(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor
     x_layout, w_layout = _layouts(cfg.block_m)
     x_desc = _descriptor(desc_cls, x, [x.shape[0], k], [x.stride(0), 1], [cfg.block_m, 64], x_layout)
     w32 = w_data.reshape(-1, w_data.shape[-1]).view(torch.int32)
-    w_desc = _descriptor(desc_cls, w32, [w32.shape[0], k * wpr // 64], [w32.stride(0), 1], [128, wpr], w_layout)
-    tiles = _tiles_m(grouping, rows_x, e, target.shape[0], cfg.block_m) * triton.cdiv(n, 128)
+    w_desc = _descriptor(desc_cls, w32, [w32.shape[0], k * wpr // 64], [w32.stride(0), 1], [cfg.block_n, wpr],
+                         w_layout)
+    tiles = _tiles_m(grouping, rows_x, e, target.shape[0], cfg.block_m) * triton.cdiv(n, cfg.block_n)
     steps = triton.cdiv(k, 64)
     per = triton.cdiv(steps, cfg.split_k if not grouping else 1)
     nsplit = triton.cdiv(steps, per)  # every split non-empty
     gs = w_gs if w_gs is not None else w_scale  # not read unless nvfp4
     part = cnt = gs  # not read unsplit
-    if nsplit > 1:  # two counters per tile: the kernel's two consumer warpgroups sum their halves apart
-        part, cnt = splitk_scratch(out.device, 2 * tiles, nsplit * tiles * cfg.block_m * 128)
+    if nsplit > 1:  # a counter per tile and consumer warpgroup (64 weight rows): each sums its part apart
+        part, cnt = splitk_scratch(out.device, cfg.block_n // 64 * tiles, nsplit * tiles * cfg.block_m * cfg.block_n)
     kernel[(tiles * nsplit,)](
         x_desc, w_desc, w_scale, gs, x_gs if x_gs is not None else gs, bias if bias is not None else gs, target,
         part, cnt, rows_x if grouping else target.shape[0], n, k, per, nsplit, w_scale.stride(-2), target.stride(0),

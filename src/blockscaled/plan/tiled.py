@@ -23,6 +23,11 @@ program, ``rounds = ceil(programs / (programs per SM x SMs))``:
   kernel's grows with the activation rows it gathers per 64 weight rows (thirty-first session,
   rs-small-ab-20261128.json: 1.16-1.68x the streaming kernel at M = 64 on 7 of 7 shapes, 0.86-1.15x
   at M = 32 with 32-token tiles, no gain at M = 16).
+* R5 (fp4): the same with four consumer warpgroups (256 weight rows per program), unsplit:
+  ``rounds x steps x TILED_STEP5_US + TILED_FIX4_US``. Half the programs of R4 for a wide N, so a
+  grid that would leave R4 a second, partial round fits in one (28672 x 4096 at M = 64: 1.22x R4
+  mxfp4, 1.31x nvfp4); per 128 rows and step it is only ~15 % cheaper than R4, and its split
+  epilogue spills (four 64 x 64 partials per program), so it is planned unsplit.
 
 The planner takes the regime and split with the smallest prediction. R1 / R2 fitted (least squares)
 on the H200 A/B of that kernel (benchmarks/results/h200/archive/tiled-ab4-20261127.json: mxfp4 /
@@ -93,6 +98,10 @@ TILED_STAGES_4 = 6
 TILED_STEP4_US = {"mxfp4": 0.44, "nvfp4": 0.61}
 TILED_SPLIT4_US = 5.0
 TILED_FIX4_US = 3.0
+#: R5: four consumer warpgroups (256 weight rows), 64-token tiles, unsplit: us per step (H200, the
+#: thirty-first session's A/B rs-small-ab-20261128.json `nc4`, unsplit rows of 7 shapes at M = 64:
+#: mxfp4 0.70-0.76, nvfp4 0.84-1.02)
+TILED_STEP5_US = {"mxfp4": 0.75, "nvfp4": 0.95}
 #: R4's tokens per tile
 RS_SMALL_TOKENS = 64
 #: fp4 calls from this M on go to this module's planner (R4 among the regimes) instead of the
@@ -170,9 +179,11 @@ def tiled_us(p: Problem, dev: DeviceInfo, split: int, regime: int = 1) -> float:
     the activations' dequantize pass included (W x A)."""
     steps = -(-p.k // 64)
     per = -(-steps // split)
-    bm = {3: 256, 4: RS_SMALL_TOKENS}.get(regime, 128)
-    programs = -(-p.m // bm) * -(-p.n // 128) * -(-steps // per)
-    if regime == 4:
+    bm = {3: 256, 4: RS_SMALL_TOKENS, 5: RS_SMALL_TOKENS}.get(regime, 128)
+    programs = -(-p.m // bm) * -(-p.n // (256 if regime == 5 else 128)) * -(-steps // per)
+    if regime == 5:
+        t = math.ceil(programs / dev.sm_count) * per * TILED_STEP5_US[p.fmt] + TILED_FIX4_US
+    elif regime == 4:
         t = (math.ceil(programs / dev.sm_count) * (per * TILED_STEP4_US[p.fmt] + (TILED_SPLIT4_US if per < steps else 0.0))
              + TILED_FIX4_US)
     elif regime == 2:
@@ -213,9 +224,9 @@ def tiled_config(p: Problem, dev: DeviceInfo, allow_rs: bool = True) -> tuple[Ge
     if allow_rs and rs_reason(p) is None:
         cands.append((3, 1))
     if rs_reason(p) is None:
-        cands += [(4, s) for s in splits]
-    if p.m < TILED_MIN_M:  # only R4 was measured below the tiled kernel's rows
-        cands = [c for c in cands if c[0] == 4]
+        cands += [(4, s) for s in splits] + [(5, 1)]
+    if p.m < TILED_MIN_M:  # only R4 / R5 were measured below the tiled kernel's rows
+        cands = [c for c in cands if c[0] >= 4]
     best = None  # (a loop, not min() over a generator with key=: torch.compile(fullgraph) traces this)
     for r, s in cands:
         t = tiled_us(p, dev, s, r)
@@ -226,11 +237,12 @@ def tiled_config(p: Problem, dev: DeviceInfo, allow_rs: bool = True) -> tuple[Ge
 
 
 def regime_config(regime: int, split: int, weight_only: bool) -> GemmConfig:
-    """The GemmConfig of a regime (4 warps: the register-operand kernel, 256 tokens R3, 64 R4)."""
+    """The GemmConfig of a regime (4 warps: the register-operand kernel, 256 tokens R3, 64 R4 / R5;
+    R5 with 256 weight rows)."""
     bm, warps, stages = {1: (128, 8, TILED_STAGES_1), 2: (128, 8, TILED_STAGES_2), 3: (256, 4, TILED_STAGES_3),
-                         4: (RS_SMALL_TOKENS, 4, TILED_STAGES_4)}[regime]
-    return GemmConfig(block_m=bm, block_n=128, block_k=64, num_warps=warps, num_stages=stages, split_k=split,
-                      strategy="tiled", dequant_a=not weight_only)
+                         4: (RS_SMALL_TOKENS, 4, TILED_STAGES_4), 5: (RS_SMALL_TOKENS, 4, TILED_STAGES_4)}[regime]
+    return GemmConfig(block_m=bm, block_n=256 if regime == 5 else 128, block_k=64, num_warps=warps, num_stages=stages,
+                      split_k=split, strategy="tiled", dequant_a=not weight_only)
 
 
 #: weight formats of the register-operand kernel (packed e2m1)
@@ -273,8 +285,9 @@ def _grouped_m_tiles(p: Problem, bm: int = 128) -> int:
 def kernel_words(cfg: GemmConfig) -> str:
     """Which tiled kernel a config runs, in words (for the plans' reasons)."""
     if cfg.is_register_operand:
-        return (f"register-operand tiled kernel (kernels/hopper/tiled_rs.py): {cfg.block_m} tokens x 128 weight rows, the "
-                "decoded weights the wgmma's register operand (swap-AB), two consumer warpgroups")
+        return (f"register-operand tiled kernel (kernels/hopper/tiled_rs.py): {cfg.block_m} tokens x {cfg.block_n} "
+                f"weight rows, the decoded weights the wgmma's register operand (swap-AB), {cfg.block_n // 64} consumer "
+                f"warpgroups")
     return ("tiled kernel (kernels/hopper/tiled.py): 128 x 128 tiles, weights decoded to bf16 in shared memory, "
             "both wgmma operands in shared memory, one wgmma in flight")
 

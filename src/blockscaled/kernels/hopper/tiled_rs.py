@@ -197,9 +197,10 @@ def _rs_consumer(x_bufs, w_bufs, ready, empty, ws_ptr, gs_ptr, ags_ptr, bias_ptr
         gl.store(c_ptrs, res.to(c_ptr.dtype.element_ty), mask=mask)
     else:
         # the partial of this half at [G, wr, tk] of the tile's 2 x 64 x BT workspace block
+        NC: gl.constexpr = w_bufs.shape[1] // 64  # consumer warpgroups of the program
         offs = (G * 64 * BT + wr * BT)[:, None] + tk[None, :]
         cnt = cnt_ptr + G * (gl.num_programs(0) // SPLIT)
-        _splitk_sum_store(acc, part_ptr, cnt, tile, sp, SPLIT, offs, c_ptrs, mask, bias, 2 * 64 * BT, HAS_BIAS)
+        _splitk_sum_store(acc, part_ptr, cnt, tile, sp, SPLIT, offs, c_ptrs, mask, bias, NC * 64 * BT, HAS_BIAS)
 
 
 #: registers of the TMA producer warp (it holds a few indices)
@@ -207,6 +208,10 @@ RS_PRODUCER_REGS = gl.constexpr(40)
 #: registers of the second consumer warpgroup (the first, the default partition, gets what the
 #: producer and this one leave): a 64 x 256 fp32 accumulator is 128 per thread
 RS_CONSUMER_REGS = gl.constexpr(232)
+#: with four consumer warpgroups (256 weight rows per program): each of the three worker consumers
+#: (the 21 warps' launch leaves ~96 registers per thread; a 64 x 64 accumulator is 32)
+RS_CONSUMER4_REGS = gl.constexpr(112)
+RS_PRODUCER4_REGS = gl.constexpr(24)
 
 
 @gluon.jit(do_not_specialize=["M", "ks_per_split"])
@@ -224,7 +229,8 @@ def tiled_rs_kernel(x_desc, w_desc, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, pa
     gl.static_assert(num_warps == 4, "the default partition is one consumer warpgroup")
     gl.static_assert(FMT == _FMT_MXFP4 or FMT == _FMT_NVFP4, "packed e2m1 weights")
     BT: gl.constexpr = x_desc.block_type.shape[0]
-    BN: gl.constexpr = 2 * RS_ROWS
+    BN: gl.constexpr = w_desc.block_type.shape[0]  # 128 or 256 weight rows: 2 or 4 consumer warpgroups
+    gl.static_assert(BN == 2 * RS_ROWS or BN == 4 * RS_ROWS, "128 or 256 weight rows per program")
 
     pid = gl.program_id(0)
     tile = pid // SPLIT
@@ -242,7 +248,24 @@ def tiled_rs_kernel(x_desc, w_desc, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, pa
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)
+        mbarrier.init(empty.index(i), count=BN // RS_ROWS)
+    if BN == 4 * RS_ROWS:
+        gl.warp_specialize([
+            (_rs_consumer, (x_bufs, w_bufs, ready, empty, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_ptr, cnt_ptr,
+                            SPLIT, tile, sp, row_end, N, K, stride_wsn, stride_cm, off_m, off_n, e, stride_wse, k_lo,
+                            n_k, 0, FMT, BT, STAGES, HAS_AGS, HAS_BIAS, GS_PER_E)),
+            (_rs_consumer, (x_bufs, w_bufs, ready, empty, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_ptr, cnt_ptr,
+                            SPLIT, tile, sp, row_end, N, K, stride_wsn, stride_cm, off_m, off_n, e, stride_wse, k_lo,
+                            n_k, 1, FMT, BT, STAGES, HAS_AGS, HAS_BIAS, GS_PER_E)),
+            (_rs_consumer, (x_bufs, w_bufs, ready, empty, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_ptr, cnt_ptr,
+                            SPLIT, tile, sp, row_end, N, K, stride_wsn, stride_cm, off_m, off_n, e, stride_wse, k_lo,
+                            n_k, 2, FMT, BT, STAGES, HAS_AGS, HAS_BIAS, GS_PER_E)),
+            (_rs_consumer, (x_bufs, w_bufs, ready, empty, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_ptr, cnt_ptr,
+                            SPLIT, tile, sp, row_end, N, K, stride_wsn, stride_cm, off_m, off_n, e, stride_wse, k_lo,
+                            n_k, 3, FMT, BT, STAGES, HAS_AGS, HAS_BIAS, GS_PER_E)),
+            (_tiled_producer, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, w_row, k_lo, n_k, _WPR, STAGES)),
+        ], [4, 4, 4, 1], [RS_CONSUMER4_REGS, RS_CONSUMER4_REGS, RS_CONSUMER4_REGS, RS_PRODUCER4_REGS])
+        return
     gl.warp_specialize([
         (_rs_consumer, (x_bufs, w_bufs, ready, empty, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_ptr, cnt_ptr,
                         SPLIT, tile, sp, row_end, N, K, stride_wsn, stride_cm, off_m, off_n, e, stride_wse, k_lo, n_k,
