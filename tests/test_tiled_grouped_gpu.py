@@ -24,7 +24,12 @@ FMTS = ("mxfp4", "nvfp4", "mxfp8")
 CFG = GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=5, strategy="tiled")
 #: the register-operand kernel (kernels/hopper/tiled_rs.py): 256-token tiles, fp4 weights
 RS = GemmConfig(block_m=256, block_n=128, block_k=64, num_warps=4, num_stages=4, strategy="tiled")
-FMT_CFGS = [(f, c) for f in FMTS for c in ("r1", "rs") if not (f == "mxfp8" and c == "rs")]
+#: its 64-token tiles (plan/tiled.py R4) and the same with four consumer warpgroups (R5: 256 weight rows,
+#: expert boundaries inside a program's rows)
+RS64 = GemmConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=6, strategy="tiled")
+RS64W = GemmConfig(block_m=64, block_n=256, block_k=64, num_warps=4, num_stages=6, strategy="tiled")
+CFGS = {"r1": CFG, "rs": RS, "rs64": RS64, "rs64w": RS64W}
+FMT_CFGS = [(f, c) for f in FMTS for c in CFGS if not (f == "mxfp8" and c != "r1")]
 
 
 def _experts(e, n, k, fmt, seed):
@@ -46,7 +51,7 @@ def _offsets(counts):
 
 @pytest.mark.parametrize("fmt,which", FMT_CFGS)
 def test_contiguous_weight_only_and_w_x_a(fmt, which):
-    CFG = {"r1": globals()["CFG"], "rs": RS}[which]
+    CFG = CFGS[which]
     e, n, k = 6, 200, 2880
     counts = [0, 130, 1, 300, 0, 257]
     w, wd, gs = _experts(e, n, k, fmt, seed=1)
@@ -73,7 +78,7 @@ def test_contiguous_weight_only_and_w_x_a(fmt, which):
 
 @pytest.mark.parametrize("fmt,which", FMT_CFGS)
 def test_masked_leaves_rows_past_the_counts(fmt, which):
-    CFG = {"r1": globals()["CFG"], "rs": RS}[which]
+    CFG = CFGS[which]
     e, max_m, n, k = 5, 300, 392, 1056
     counts = torch.tensor([0, 300, 17, 129, 256], dtype=torch.int32)
     w, wd, gs = _experts(e, n, k, fmt, seed=3)

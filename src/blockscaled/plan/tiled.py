@@ -306,17 +306,23 @@ TILED_GROUPED_ROUND_US = 2.9
 
 
 def grouped_tiled_config(p: Problem, dev: DeviceInfo) -> tuple[GemmConfig, float]:
-    """(the grouped regime the model predicts faster, unsplit, and its predicted us): R1 (128 x 128
-    tiles) or, for fp4 weights, R3 (256 tokens x 128 rows, the register-operand kernel): rounds of
-    tiles x (steps x the regime's step time + TILED_GROUPED_ROUND_US), the activations' dequantize
-    pass included for W x A. R3 pays for its 256-row tiles where experts hold fewer rows."""
+    """(the grouped regime the model predicts fastest, unsplit, and its predicted us): R1 (128 x 128
+    tiles) or, for fp4 weights, the register-operand kernel's R3 (256 tokens x 128 rows), R4 (64
+    tokens x 128 rows) or R5 (64 tokens x 256 rows): rounds of tiles x (steps x the regime's step
+    time + TILED_GROUPED_ROUND_US) (+ TILED_FIX4_US for R4 / R5), the activations' dequantize pass
+    included for W x A. Each pays for the tile rows its experts leave empty: R1 and R3 where experts
+    hold a few dozen rows, R4 / R5 where they hold hundreds (more decode per token)."""
     steps = -(-p.k // 64)
-    cands = [(1, _grouped_m_tiles(p, 128), TILED_STEP_US[p.fmt])]
+    n128 = -(-p.n // 128)
+    # (regime, tiles, us per step, fixed us): R3 / R4 / R5 the register-operand kernel (fp4)
+    cands = [(1, _grouped_m_tiles(p, 128) * n128, TILED_STEP_US[p.fmt], 0.0)]
     if rs_reason(p) is None:
-        cands.append((3, _grouped_m_tiles(p, 256), TILED_STEP3_US[p.fmt]))
+        cands += [(3, _grouped_m_tiles(p, 256) * n128, TILED_STEP3_US[p.fmt], 0.0),
+                  (4, _grouped_m_tiles(p, RS_SMALL_TOKENS) * n128, TILED_STEP4_US[p.fmt], TILED_FIX4_US),
+                  (5, _grouped_m_tiles(p, RS_SMALL_TOKENS) * -(-p.n // 256), TILED_STEP5_US[p.fmt], TILED_FIX4_US)]
     best = None  # (a loop, not min() over a generator with key=: torch.compile(fullgraph) traces this)
-    for r, m_tiles, step in cands:
-        t = math.ceil(m_tiles * -(-p.n // 128) / dev.sm_count) * (steps * step + TILED_GROUPED_ROUND_US)
+    for r, tiles, step, fix in cands:
+        t = math.ceil(tiles / dev.sm_count) * (steps * step + TILED_GROUPED_ROUND_US) + fix
         if best is None or t < best[1]:
             best = (r, t)
     regime, t = best
