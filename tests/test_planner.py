@@ -720,7 +720,8 @@ def test_small_tiles_between_stream_and_prefill(stream_on, monkeypatch):
 def test_tiled_regimes_and_the_register_operand_margin(monkeypatch):
     """plan/tiled.py's regimes (any machine, an H200): the register-operand kernel (R3, block_m 256,
     4 warps) only for mxfp4 / nvfp4 and never split; grouped calls take it where the experts hold
-    256-token tiles' worth of rows and the 128 x 128 regime where they hold fewer; a dense call whose
+    256-token tiles' worth of rows, the 128 x 128 regime where they hold ~100, and its 64-token
+    tiles of 256 weight rows (R5) where they hold a few dozen; a dense call whose
     R3 prediction is within RS_DEQUANT_MARGIN of dequantize + cuBLAS compares the other regimes
     plainly instead (its reasons say so); the reasons name the kernel that runs."""
     from blockscaled.plan import H200_SXM
@@ -737,11 +738,14 @@ def test_tiled_regimes_and_the_register_operand_margin(monkeypatch):
             assert cfg.block_m == 128 or cfg.num_warps == 4 and (cfg.block_m == 64 or cfg.split_k == 1), cfg
             no_rs, t2 = plan_tiled.tiled_config(p, H200_SXM, allow_rs=False)  # without R3 (R4 stays)
             assert no_rs.block_m != 256 and t2 >= t, (no_rs, t, t2)
-        for rows, bm in ((64, 128), (1024, 256)):
+        # experts of a few dozen rows: 64-token tiles of 256 weight rows (R5); ~100: 128 x 128 (R1);
+        # a thousand: 256-token tiles (R3)
+        for rows, bm, bn in ((48, 64, 256), (100, 128, 128), (1024, 256, 128)):
             g = Problem("grouped", fmt, 32 * rows, 5760, 2880, "bfloat16", grouping="contiguous", experts=32,
                         rows_per_expert=float(rows), tma=True)
             cfg, _ = plan_tiled.grouped_tiled_config(g, H200_SXM)
-            assert cfg.block_m == (bm if fmt != "mxfp8" else 128), (fmt, rows, cfg)
+            want = (bm, bn) if fmt != "mxfp8" else (128, 128)
+            assert (cfg.block_m, cfg.block_n, cfg.split_k) == (*want, 1), (fmt, rows, cfg)
             assert f"of {cfg.block_m} rows" in plan_tiled.grouped_tiles_words(g, cfg.block_m)
     assert "tiled_rs.py" in plan_tiled.kernel_words(plan_tiled.regime_config(3, 1, True))
     assert "kernels/hopper/tiled.py" in plan_tiled.kernel_words(plan_tiled.regime_config(1, 2, False))
