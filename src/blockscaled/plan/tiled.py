@@ -256,8 +256,8 @@ def rs_reason(p: Problem) -> str | None:
 
 # ----------------------------------------------------------------------------- grouped (MoE prefill)
 # The same kernels over the experts' rows (kernels/hopper/tiled.py / tiled_rs.py MODE 1 / 2): R1's
-# 128 x 128 or, for fp4, R3's 256-token tiles numbered densely over the experts (M tiles from the
-# per-expert counts on the device), no K split, no bias. Their alternative there is dequantize +
+# 128 x 128 or, for fp4, R3's 256-token or R4 / R5's 64-token tiles numbered densely over the
+# experts (M tiles from the per-expert counts on the device), no K split, no bias. Their alternative there is dequantize +
 # torch._grouped_mm / bmm, whose dequantize
 # pass writes every expert's weights in bf16 (2 bytes per element for each of E x N x K: 4.2 GB for
 # gpt-oss-120b's gate_up), which the tiled kernel never does; the portable grouped kernel ran at

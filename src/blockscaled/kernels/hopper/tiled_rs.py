@@ -9,12 +9,12 @@ and read back at 2 bytes and the math warpgroups meet at a CTA barrier per K ste
 ~0.55-0.75x cuBLAS bf16's rate, and moving the decode to a warpgroup of its own did not change that.
 Here the decoded weights never leave the registers:
 
-* the output tile is 128 weight rows x BT tokens (BT = 16 .. 256), computed transposed: two
-  consumer warpgroups each own 64 weight rows, the wgmma's M side, as its register operand A;
-  the tokens are the wgmma's N side, B = the activation box [BT, 64] from shared memory (TMA,
-  128-byte swizzle), shared by both warpgroups;
+* the output tile is BN = 128 (or 256) weight rows x BT tokens (BT = 16 .. 256), computed
+  transposed: two (or four) consumer warpgroups each own 64 weight rows, the wgmma's M side, as
+  its register operand A; the tokens are the wgmma's N side, B = the activation box [BT, 64] from
+  shared memory (TMA, 128-byte swizzle), shared by the consumers;
 * a TMA producer warp fills a ring of STAGES slots (the activations and the packed weights of
-  one 64-element K step: [128 rows, 8 int32 words]); each slot's ``empty`` barrier takes one
+  one 64-element K step: [BN rows, 8 int32 words]); each slot's ``empty`` barrier takes one
   arrival per consumer, so the consumers never wait for each other;
 * the weights stay in natural K order: the wgmma's A fragment gives lane quad t the element
   pairs (2t, 2t + 1) and (2t + 8, 2t + 9) of each 16-element block, i.e. byte t of every 32-bit
@@ -36,13 +36,18 @@ previous tiled config (tiled.py's 16-warp 256-row form, which this kernel replac
 Numerics: as ``tiled.py`` (exact products, fp32 accumulation in the tensor core, one rounding at
 the store; nvfp4's 2**-8 decode factor undone with the global scale in the epilogue). K must be a
 multiple of 32 (16-byte TMA rows of packed e2m1; the planner checks): TMA zero-fills the codes and
-activations past K, N and M; scale loads past K read 2**0 / 0, never a NaN code. No K split.
+activations past K, N and M; scale loads past K read 2**0 / 0, never a NaN code.
 
-Token tiles and K split: BT (the activation box's rows, the wgmma's N) is 256 for prefill (R3 of
-plan/tiled.py) and 64 with a K split (SPLIT > 1) between the streaming kernel's rows and prefill
-(R4): each program then runs K steps ``k_lo ..`` of its tile, and each consumer's fp32 partial of
-its 64-row half is summed in split order by the last of that half's splits to arrive
-(``stream._splitk_sum_store``: deterministic; one counter per half).
+Token tiles, K split, consumers: BT (the activation box's rows, the wgmma's N) is 256 for prefill
+(R3 of plan/tiled.py) and 64 between the streaming kernel's rows and prefill (R4 with a K split,
+R5 with four consumers, unsplit). With SPLIT > 1 each program runs K steps ``k_lo ..`` of its tile,
+and each consumer's fp32 partial of its 64 rows is summed in split order by the last of that
+part's splits to arrive (``stream._splitk_sum_store``: deterministic; one counter per consumer).
+The split epilogue holds the partial, its sum and the output pointers at once: above 64 tokens or
+with four consumers ptxas spills there, so those forms run unsplit (GemmConfig refuses the split).
+Four consumers (BN = 256, the weight box's rows) halve the programs of a wide N (H200: 1.15-1.31x
+the two-consumer form where that saves a round of programs; per 128 rows and step only ~15 %
+cheaper).
 
 Grouped (MODE 1 contiguous, 2 masked): as ``tiled.py``, the token tiles numbered densely over the
 experts on the device (``wide._segments``), weights the 2-D view [E x N, K / 8].
