@@ -224,10 +224,12 @@ def tiled_rs_kernel(x_desc, w_desc, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, pa
                     SPLIT, stride_wsn, stride_cm, seg_ptr, E, stride_wse, FMT: gl.constexpr, STAGES: gl.constexpr,
                     HAS_AGS: gl.constexpr, HAS_BIAS: gl.constexpr, MODE: gl.constexpr, E_POW2: gl.constexpr, GS_PER_E: gl.constexpr,
                     num_warps: gl.constexpr):
-    """One program per output tile of BT tokens x 128 weight rows, the 128-row weight tiles
+    """One program per (output tile of BT tokens x BN weight rows, K split), the weight tiles
     innermost (consecutive programs share the activation rows). ``x_desc``: TMA boxes [BT, 64] of
-    bf16 x [M, K] (128-byte swizzle); ``w_desc``: boxes [128, 8] of the packed e2m1 weights as
-    int32 [N, K / 8] (unswizzled); ``ws_ptr``: E8M0 [N, K / 32] (mxfp4) or e4m3 [N, K / 16]
+    bf16 x [M, K] (128-byte swizzle); ``w_desc``: boxes [BN, 8] (BN = 128 or 256: two or four
+    consumer warpgroups) of the packed e2m1 weights as int32 [N, K / 8] (unswizzled); ``part_ptr`` /
+    ``cnt_ptr``: fp32 [SPLIT, tiles, BN, BT] and int32 zeros [BN / 64 x tiles] (SPLIT > 1), each split
+    ``ks_per_split`` 64-element K steps (every split non-empty: the host); ``ws_ptr``: E8M0 [N, K / 32] (mxfp4) or e4m3 [N, K / 16]
     (nvfp4) scales, row stride ``stride_wsn``; ``gs_ptr``: nvfp4's fp32 global scale; ``ags_ptr``
     (HAS_AGS): the activations' fp32 global scale (nvfp4 W x A); ``bias_ptr`` [N] (HAS_BIAS);
     ``c_ptr`` [M, N] (N contiguous). Grouped modes: as ``tiled.tiled_kernel`` (no bias)."""
