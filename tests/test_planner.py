@@ -537,9 +537,11 @@ def test_tiled_plans_and_config_checks(monkeypatch):
     for bad in (dict(block_m=256, num_warps=4, num_stages=5), dict(block_m=48, num_warps=4, num_stages=4),
                 dict(block_m=128, num_warps=8, num_stages=2), dict(block_m=256, num_warps=16, num_stages=4),
                 dict(block_m=256, num_warps=4, num_stages=4, split_k=2),
-                dict(block_m=128, num_warps=4, num_stages=4, split_k=2)):
+                dict(block_m=128, num_warps=4, num_stages=4, split_k=2), dict(block_m=256, num_warps=4, num_stages=4,
+                                                                            block_n=256),
+                dict(block_m=64, num_warps=4, num_stages=6, block_n=256, split_k=2)):
         with pytest.raises(ValueError, match="GemmConfig"):
-            GemmConfig(**{"split_k": 1, **bad}, **base)
+            GemmConfig(**{"split_k": 1, **base, **bad})
 
 def test_grouped_tiled_plans(monkeypatch):
     """plan/tiled.py's grouped form on an H100 (any machine): MoE calls above the streaming kernel's

@@ -82,8 +82,8 @@ class GemmConfig:
         3..6 TMA ring slots (4 and more add a TMA producer warp; 3 fits two programs per SM
         without one: ops/_tiled.py TILED_WS_MIN_STAGES), split_k; or 4 warps (``is_register_operand``):
         kernels/hopper/tiled_rs.py, mxfp4 / nvfp4 weights as the wgmma's register operand, block_m
-        tokens (16, 32, 64, 128 or 256) x 128 weight rows, 3..4 slots (3..6 below 256 tokens),
-        split_k; "direct":
+        tokens (16, 32, 64, 128 or 256) x block_n 128 weight rows (256 up to 64 tokens: four consumer
+        warpgroups, unsplit), 3..4 slots (3..6 below 256 tokens), split_k up to 64 tokens; "direct":
         kernels/hopper/direct.py, mxfp4 / nvfp4 weights, block_m 8 padded activation rows, block_n
         64, block_k 128, 4 warps, num_stages 1 (no ring: loads a step ahead in registers),
         split_k). "gemv"
@@ -212,15 +212,18 @@ class GemmConfig:
         # kernels/hopper/tiled.py: one warpgroup per 64 activation rows, 128 weight rows, 64-element
         # K steps, a TMA ring of num_stages slots (the slot of step i - 2 is refilled at step i)
         # (64-row tiles: slower on every A/B row, and 255 registers with a bias: spills);
-        # kernels/hopper/tiled_rs.py (4 warps: the launch's default partition, one of two consumer
-        # warpgroups): block_m tokens (the wgmma's N) x 128 weight rows, fp4 weights
+        # kernels/hopper/tiled_rs.py (4 warps: the launch's default partition, one of two or four
+        # consumer warpgroups): block_m tokens (the wgmma's N) x 128 or 256 weight rows, fp4 weights
         if (self.block_m, self.num_warps) != (128, 8) and not (self.num_warps == 4 and self.block_m in RS_TOKENS):
             raise ValueError(f"GemmConfig: strategy 'tiled' runs block_m=128 with num_warps=8 (kernels/hopper/tiled.py) "
                              f"or block_m in {RS_TOKENS} with num_warps=4 (the register-operand kernel, "
                              f"kernels/hopper/tiled_rs.py), got block_m={self.block_m}, num_warps={self.num_warps}")
-        if self.block_k != 64 or self.block_n not in ((128, 256) if self.num_warps == 4 else (128,)):
-            raise ValueError(f"GemmConfig: strategy 'tiled' runs block_n=128 (256 with num_warps=4: four consumer "
-                             f"warpgroups), block_k=64, got {self.block_n}, {self.block_k}")
+        # four consumers get ~112 registers each: built without spills up to 64 tokens (tests/test_aot_tiled.py)
+        if self.block_k != 64 or self.block_n not in ((128, 256) if self.num_warps == 4 and self.block_m <= 64
+                                                      else (128,)):
+            raise ValueError(f"GemmConfig: strategy 'tiled' runs block_n=128 (256 with num_warps=4 and block_m <= 64: "
+                             f"four consumer warpgroups), block_k=64, got block_n={self.block_n}, "
+                             f"block_k={self.block_k} with block_m={self.block_m}")
         if not 3 <= self.num_stages <= (4 if self.block_m == 256 else 6):
             # 256-token tiles: 32 KB of activations per slot; 5 slots need 180 KB with the weights
             # and fit, but measured no faster than 4 (twenty-eighth session); 3..4 kept
