@@ -104,7 +104,7 @@ def ptxas_stats(ptx):
     regs = _re.findall(r"Used (\d+) registers", r.stderr)
     # C7514: "wgmma.mma_async instructions are serialized" (e.g. a copy of an in-flight accumulator)
     return {"spill_stores": max(int(x) for x in spills) if spills else None,
-            "regs": max(int(x) for x in regs) if regs else None, "wgmma_serialized": "C7514" in r.stderr}
+            "regs": max(int(x) for x in regs) if regs else None, "wgmma_serialized": "C7514" in r.stderr or "C7513" in r.stderr}
 '''
 
 

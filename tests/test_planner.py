@@ -707,8 +707,10 @@ def test_small_tiles_between_stream_and_prefill(stream_on, monkeypatch):
                 assert plan_gemm(Problem("gemm", fmt, 32, 8192, 8192, a="bfloat16", tma=True), dev).kernel == (
                     "hopper_stream")
             # 224 tiles of 128 rows take two rounds, 112 of 256 rows one: R5 (four consumers), unsplit
-            wide = plan_gemm(Problem("gemm", fmt, 64, 28672, 4096, a="bfloat16", tma=True), dev).config
+            wide_plan = plan_gemm(Problem("gemm", fmt, 64, 28672, 4096, a="bfloat16", tma=True), dev)
+            wide = wide_plan.config
             assert (wide.block_n, wide.split_k) == (256, 1), wide
+            assert "(112 tiles of 64x256 x split 1" in str(wide_plan), str(wide_plan)  # the grid that runs
             # K = 14336 on 32 weight tiles: split
             assert plan_gemm(Problem("gemm", fmt, 64, 4096, 14336, a="bfloat16", tma=True), dev).config.split_k > 1
         assert plan_gemm(Problem("gemm", "mxfp8", 48, 8192, 8192, a="quantized", tma=True), dev).kernel != "hopper_tiled"
@@ -748,7 +750,8 @@ def test_tiled_regimes_and_the_register_operand_margin(monkeypatch):
             cfg, _ = plan_tiled.grouped_tiled_config(g, H200_SXM)
             want = (bm, bn) if fmt != "mxfp8" else (128, 128)
             assert (cfg.block_m, cfg.block_n, cfg.split_k) == (*want, 1), (fmt, rows, cfg)
-            assert f"of {cfg.block_m} rows" in plan_tiled.grouped_tiles_words(g, cfg.block_m)
+            words = plan_tiled.grouped_tiles_words(g, cfg.block_m, cfg.block_n)
+            assert f"of {cfg.block_m} rows x {-(-5760 // cfg.block_n)} N tiles of {cfg.block_n} rows" in words, words
     assert "tiled_rs.py" in plan_tiled.kernel_words(plan_tiled.regime_config(3, 1, True))
     assert "kernels/hopper/tiled.py" in plan_tiled.kernel_words(plan_tiled.regime_config(1, 2, False))
     # the margin: find a shape where R3 is predicted faster than dequantize + cuBLAS by less than it

@@ -154,8 +154,8 @@ def _plan_tiled(p: Problem, dev: DeviceInfo, scope: str) -> Plan:
     steps = -(-p.k // 64)
     per_sm = 2 if (cfg.block_m, cfg.num_stages, cfg.num_warps) == (128, TILED_STAGES_2, 8) else 1
     model = (f"plan/tiled.py cost model: tiled {t_tiled:.1f} us "
-             f"({-(-p.m // cfg.block_m) * -(-p.n // 128)} tiles of {cfg.block_m}x128 x split {cfg.split_k}, "
-             f"{-(-steps // cfg.split_k)} K steps each, {per_sm} program(s) per SM), "
+             f"({-(-p.m // cfg.block_m) * -(-p.n // cfg.block_n)} tiles of {cfg.block_m}x{cfg.block_n} x split "
+             f"{cfg.split_k}, {-(-steps // cfg.split_k)} K steps each, {per_sm} program(s) per SM), "
              f"dequantize + cuBLAS {t_dq:.1f} us" + margin_note)
     if t_tiled < t_dq:
         return Plan("gemm", "cuda", cfg, p, predicted_us=t_tiled, alternatives=(("dequant_matmul", t_dq),), reasons=(

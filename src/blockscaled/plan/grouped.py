@@ -186,7 +186,7 @@ def plan_grouped(p: Problem, dev: DeviceInfo, forced=None, *, hopper_why: str | 
         cfg, t = grouped_tiled_config(p, dev)
         dq_why = dequant_matmul_reason(p.fmt, p.grouping, out_dtype, a_dtype, p.n, p.k, dev, a_row_stride)
         t_dq = dequant_matmul_us(p, dev) if dq_why is None else math.inf
-        tiles = grouped_tiles_words(p, cfg.block_m)
+        tiles = grouped_tiles_words(p, cfg.block_m, cfg.block_n)
         if t <= t_dq:
             return Plan(p.op, backend, cfg, p, predicted_us=t, reasons=(
                 (f"{p.fmt} weight-only" if p.weight_only else f"{p.fmt} x {p.fmt} (activations dequantized to bf16 "

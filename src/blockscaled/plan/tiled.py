@@ -292,9 +292,9 @@ def kernel_words(cfg: GemmConfig) -> str:
             "both wgmma operands in shared memory, one wgmma in flight")
 
 
-def grouped_tiles_words(p: Problem, bm: int = 128) -> str:
-    """The expected tile grid in words (for the plan's reasons)."""
-    return f"~{_grouped_m_tiles(p, bm)} M tiles of {bm} rows x {-(-p.n // 128)} N tiles"
+def grouped_tiles_words(p: Problem, bm: int = 128, bn: int = 128) -> str:
+    """The expected tile grid in words (for the plan's reasons): ``bm`` token rows x ``bn`` weight rows."""
+    return f"~{_grouped_m_tiles(p, bm)} M tiles of {bm} rows x {-(-p.n // bn)} N tiles of {bn} rows"
 
 
 #: the grouped form's extra time per round of tiles, us (the expert lookup from the offsets before the
