@@ -105,6 +105,7 @@ for fmt, bt, st, bias, ags, cdt, mode in [(2, 256, 4, 1, 0, "*bf16", 0), (3, 256
     if ptx is None:
         continue
     rec.update({"prmt": ptx.count("prmt.b32"), "ld_shared_v4": ptx.count("ld.shared.v4.b32"),
+                "ld_nc_u8": ptx.count("ld.global.nc.u8"), "fmt": NAMES[fmt],
                 "st_shared": ptx.count("st.shared"), "rs": True, "bt": bt, "bn": bn,
                 "atomics": len(re.findall(r"atom\.(?:global\.)?(?:acq_rel|relaxed)?", ptx))})
     out[key] = rec
@@ -149,13 +150,23 @@ def test_register_operand_kernel_builds_for_sm90(compiled):
     the weights read as two 128-bit shared loads per row and thread, one prmt per e2m1 pair (16 per
     thread and step), 2 packed multiplies per pair for MX and 1 for nvfp4; the whole ring (bias,
     W x A global scales, grouped modes) fits in shared memory; no spills, no wgmma serialisation;
-    dense builds store no decoded weights to shared memory (a few stores at most: the barriers)."""
+    dense builds store no decoded weights to shared memory (a few stores at most: the barriers).
+    nvfp4 and 256-token builds load the scales two steps ahead: the K loop runs two steps per trip
+    (each body counted twice), the scale loads are ``ld.global.nc.u8`` into registers (2 rows x NS
+    scales per thread at four sites: two before the loop, one per step in it); the others load
+    them one step ahead through Triton's loads."""
     rs = {k: c for k, c in compiled.items() if k.startswith("rs_")}
     assert len(rs) == 12, rs
     for key, c in rs.items():
         assert "error" not in c, (key, c)
         assert c["wgmma"] == [f"m64n{c['bt']}k16.f32.bf16.bf16"] and c["a_operand"] == ["regs"], (key, c)
         nc = c["bn"] // 64  # consumer warpgroups
+        ahead = c["fmt"] == "nvfp4" or c["bt"] == 256
+        ns = 4 if c["fmt"] == "nvfp4" else 2
+        assert c["ld_nc_u8"] == (nc * 4 * 2 * ns if ahead else 0), (key, c)
+        if ahead:  # two K steps per trip of the loop: each step's instructions appear twice
+            c = {**c, **{f: c[f] // 2 for f in ("wgmma_count", "wait0", "prmt", "bf16x2_fma")},
+                 "ld_shared_v4": c["ld_shared_v4"] - nc * 4}
         assert (c["atomics"] > 0) == (c["bt"] <= 64 and nc == 2), (key, c)  # the split epilogue's counters
         assert c["wgmma_count"] == nc * 4 and c["wait0"] == nc, (key, c)  # 4 x k16 each
         # nc x 4 128-bit shared loads in the K loops; the grouped modes' segment scan adds one or two

@@ -83,9 +83,11 @@ TILED_STEP2_US = {"mxfp4": 1.255, "nvfp4": 1.347}
 #: Fitted (relative least squares) on the H200 A/B of twenty-eighth session (rs-ab-20261128.json:
 #: 2880 x 2880 .. 28672 x 8192 and 8192 x 28672, M = 256 / 2048 / 8192, three runs): mxfp4 0.843
 #: (rows -15 .. +19 %: per-step time rises from ~0.75 us with a few programs to ~0.95 at full
-#: load), nvfp4 1.020 (-8 .. +6 %)
+#: load), nvfp4 1.020 (-8 .. +6 %). Then divided by the speed-up of the scales loaded two steps ahead
+#: (thirty-second session, rs-pipeline-scales-20261129.json `scales_ahead`: forced R3 at M = 256 /
+#: 1024 / 2048 against the one-step loop, geomean of 3 shapes): mxfp4 1.030 -> 0.818, nvfp4 1.134 -> 0.900
 TILED_STAGES_3 = 4
-TILED_STEP3_US = {"mxfp4": 0.843, "nvfp4": 1.020}
+TILED_STEP3_US = {"mxfp4": 0.818, "nvfp4": 0.900}
 #: R4: the register-operand kernel with 64-token tiles, a 6-slot ring, any K split (fp4): us per
 #: step, per round of programs with a split (its fp32 partials and last-arriver sum) and per call.
 #: Fitted (log least squares) on the H200 A/B of the thirty-first session (rs-small-ab-20261128.json:
@@ -93,15 +95,19 @@ TILED_STEP3_US = {"mxfp4": 0.843, "nvfp4": 1.020}
 #: rows within -11 .. +7 %, and on the 33 held-out rows of the same session (12 shapes of Qwen2.5-14B,
 #: Mistral-Small, Phi-3, Gemma-2, Qwen3-8B sizes and odd N at M = 40 / 48 / 64) -12 .. +3 %. nvfp4's
 #: step (its split and per-call terms mxfp4's) from 4 forced shapes x splits 1 / 2 / 4 and those 24
-#: held-out plan rows (rs-small-ab, so in sample): -12 .. +19 %
+#: held-out plan rows (rs-small-ab, so in sample): -12 .. +19 %; then divided by the speed-up of
+#: nvfp4's scales loaded two steps ahead (rs-pipeline-scales-20261129.json `scales_ahead`, the planned
+#: R4 rows with 27 or more steps per program, geomean of 3: 1.103): 0.61 -> 0.553
 TILED_STAGES_4 = 6
-TILED_STEP4_US = {"mxfp4": 0.44, "nvfp4": 0.61}
+TILED_STEP4_US = {"mxfp4": 0.44, "nvfp4": 0.553}
 TILED_SPLIT4_US = 5.0
 TILED_FIX4_US = 3.0
 #: R5: four consumer warpgroups (256 weight rows), 64-token tiles, unsplit: us per step (H200, the
 #: thirty-first session's A/B rs-small-ab-20261128.json `nc4`, unsplit rows of 7 shapes at M = 64:
-#: mxfp4 0.70-0.76, nvfp4 0.84-1.02)
-TILED_STEP5_US = {"mxfp4": 0.75, "nvfp4": 0.95}
+#: mxfp4 0.70-0.76, nvfp4 0.84-1.02); nvfp4 then divided by the speed-up of its scales loaded two
+#: steps ahead on the one R5 row of rs-pipeline-scales-20261129.json `scales_ahead` (64 x 28672 x
+#: 4096: 1.113; the grouped R5 row 1.069): 0.95 -> 0.854
+TILED_STEP5_US = {"mxfp4": 0.75, "nvfp4": 0.854}
 #: R4's tokens per tile
 RS_SMALL_TOKENS = 64
 #: fp4 calls from this M on go to this module's planner (R4 among the regimes) instead of the

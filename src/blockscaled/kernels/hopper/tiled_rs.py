@@ -58,7 +58,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
 from .direct import _out_scale
-from .stream import _FMT_MXFP4, _FMT_NVFP4, _scale_factor, _splitk_sum_store
+from .stream import _FMT_MXFP4, _FMT_NVFP4, _scale_bits, _scale_factor, _splitk_sum_store
 from .tiled import BLOCK_K, _tiled_producer, tile_rows
 
 __all__ = ["tiled_rs_kernel", "RS_ROWS", "rs_layouts"]
@@ -138,6 +138,49 @@ def _rs_decode(words, fac, sel, FMT: gl.constexpr):
     return gl.reshape(h, [64, BLOCK_K])
 
 
+#: one stored block scale into a 32-bit register (ld.global.nc: the scales are read-only here). An
+#: asm result cannot be narrowed: carried a few steps as Triton bytes, the loop would pack them two
+#: to a register at once, which waits for the loads in the step that issued them
+_LD_U8 = gl.constexpr("ld.global.nc.u8 $0, [$1];")
+
+
+@gluon.jit
+def _scale_ahead(sbase, k_lo, j, n_k, sc, ncol, NS: gl.constexpr):
+    """The raw scales of this program's K step ``j`` (clamped into the row: always a valid address),
+    loaded into int32 registers that nothing reads until the step comes (``_scale_landed``)."""
+    col = gl.minimum((k_lo + gl.maximum(gl.minimum(j, n_k - 1), 0)) * NS + sc, ncol - 1)
+    return gl.inline_asm_elementwise(_LD_U8, "=r,l", [sbase + col[None, :]], dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _scale_landed(r, k_lo, i, sc, ncol, NS: gl.constexpr, FMT: gl.constexpr):
+    """Step ``i``'s scales from ``_scale_ahead``'s registers in the stored type; columns past K (the
+    zero-filled codes) as ``stream._scale_raw`` reads them: 0 (nvfp4) / 2**0 (mxfp4)."""
+    col = (k_lo + i) * NS + sc
+    if FMT == _FMT_NVFP4:
+        v = gl.where((col < ncol)[None, :], r, 0).to(gl.uint8).to(gl.float8e4nv, bitcast=True)
+    else:
+        v = gl.where((col < ncol)[None, :], r, 127).to(gl.uint8)
+    return v
+
+
+@gluon.jit
+def _rs_kstep(acc, x_bufs, w_bufs, ready, empty, i, f, sel, G: gl.constexpr, NS: gl.constexpr, WPB: gl.constexpr,
+              FMT: gl.constexpr, STAGES: gl.constexpr, WL: gl.constexpr, W3: gl.constexpr, a_l: gl.constexpr):
+    """K step ``i`` of consumer G: wait for its slot, decode its words with the factors ``f`` into the
+    A operand, one wgmma [64, 64] x [64, BT] waited for, release the slot."""
+    s = i % STAGES
+    mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+    w2 = w_bufs.index(s).slice(G * 64, 64).load(WL)
+    words = gl.convert_layout(gl.reshape(w2, [64, NS, WPB]), W3, assert_trivial=True)
+    a = _rs_decode(gl.expand_dims(words, 3), gl.expand_dims(gl.expand_dims(f, 2), 3), sel, FMT)
+    a = gl.convert_layout(a, a_l, assert_trivial=True)
+    acc = warpgroup_mma(a, x_bufs.index(s).permute((1, 0)), acc, is_async=True)
+    acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
+    mbarrier.arrive(empty.index(s), count=1)
+    return acc
+
+
 @gluon.jit
 def _rs_consumer(x_bufs, w_bufs, ready, empty, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_ptr, cnt_ptr, SPLIT,
                  tile, sp, row_end, N, K, stride_wsn, stride_cm, off_m, off_n, e, stride_wse, k_lo, n_k,
@@ -167,21 +210,36 @@ def _rs_consumer(x_bufs, w_bufs, ready, empty, ws_ptr, gs_ptr, ags_ptr, bias_ptr
     sc = gl.arange(0, NS, layout=gl.SliceLayout(0, FL))
     srow = e.to(gl.int64) * stride_wse + (row0 + gl.minimum(sr, N - 1 - row0)).to(gl.int64)[:, None] * stride_wsn
     ncol = gl.cdiv(K, SPB)
-    f_cur = _scale_factor(ws_ptr, srow, (k_lo * NS + sc)[None, :], ncol, FMT)
 
     acc = gl.zeros((64, BT), dtype=gl.float32, layout=acc_l)
-    for i in range(n_k):
-        s = i % STAGES
-        f_nxt = _scale_factor(ws_ptr, srow, ((k_lo + gl.minimum(i + 1, n_k - 1)) * NS + sc)[None, :], ncol, FMT)
-        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-        w2 = w_bufs.index(s).slice(G * 64, 64).load(WL)
-        words = gl.convert_layout(gl.reshape(w2, [64, NS, WPB]), W3, assert_trivial=True)
-        a = _rs_decode(gl.expand_dims(words, 3), gl.expand_dims(gl.expand_dims(f_cur, 2), 3), sel, FMT)
-        a = gl.convert_layout(a, a_l, assert_trivial=True)
-        acc = warpgroup_mma(a, x_bufs.index(s).permute((1, 0)), acc, is_async=True)
-        acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
-        mbarrier.arrive(empty.index(s), count=1)
-        f_cur = f_nxt
+    # The scales are the K loop's only global loads. Loaded one step ahead, the factor's decode
+    # waits for them within the step that issued them (H200, the loads left out: nvfp4 1.30-1.61x,
+    # mxfp4 1.09-1.16x faster; their conversion left in costs only 2-11 %). AHEAD: two steps in
+    # turn, each with its own scale registers, refilled with step j + 2's right after use and read
+    # by nothing before then (a copy between registers would wait for the load): two steps to land.
+    # Measured against the one-step loop (benchmarks/NOTES.md thirty-second session): nvfp4 (eight
+    # scale bytes per thread and step) 0.98-1.21x on 12 rows (geomean 1.10), mxfp4 at 256 tokens
+    # 1.01-1.04x, mxfp4 at 64 tokens 0.97-1.00x (four bytes: the one-step loop stays there)
+    AHEAD: gl.constexpr = FMT == _FMT_NVFP4 or BT == 256
+    if AHEAD:
+        sbase = ws_ptr + srow
+        r0 = _scale_ahead(sbase, k_lo, 0, n_k, sc, ncol, NS)
+        r1 = _scale_ahead(sbase, k_lo, 1, n_k, sc, ncol, NS)
+        for j in range(0, n_k, 2):
+            f = _scale_bits(_scale_landed(r0, k_lo, j, sc, ncol, NS, FMT), FMT)
+            r0 = _scale_ahead(sbase, k_lo, j + 2, n_k, sc, ncol, NS)
+            acc = _rs_kstep(acc, x_bufs, w_bufs, ready, empty, j, f, sel, G, NS, WPB, FMT, STAGES, WL, W3, a_l)
+            if j + 1 < n_k:
+                f = _scale_bits(_scale_landed(r1, k_lo, j + 1, sc, ncol, NS, FMT), FMT)
+                r1 = _scale_ahead(sbase, k_lo, j + 3, n_k, sc, ncol, NS)
+                acc = _rs_kstep(acc, x_bufs, w_bufs, ready, empty, j + 1, f, sel, G, NS, WPB, FMT, STAGES, WL, W3,
+                                a_l)
+    else:
+        f_cur = _scale_factor(ws_ptr, srow, (k_lo * NS + sc)[None, :], ncol, FMT)
+        for i in range(n_k):
+            f_nxt = _scale_factor(ws_ptr, srow, ((k_lo + gl.minimum(i + 1, n_k - 1)) * NS + sc)[None, :], ncol, FMT)
+            acc = _rs_kstep(acc, x_bufs, w_bufs, ready, empty, i, f_cur, sel, G, NS, WPB, FMT, STAGES, WL, W3, a_l)
+            f_cur = f_nxt
 
     if FMT == _FMT_NVFP4:
         acc = acc * _out_scale(gs_ptr, ags_ptr, e, GS_PER_E, HAS_AGS)
