@@ -555,9 +555,78 @@ def dequantize_1xk_kernel(
         out = _nvfp4_values(code, s, smask, tl.load(gs_ptr))
     else:
         out = v * tl.broadcast_to(s[:, :, None], v.shape)
-    if out_ptr.dtype.element_ty == tl.bfloat16:
-        out = _round_bf16(out)
+    if INTERPRETING and out_ptr.dtype.element_ty == tl.bfloat16:
+        out = _round_bf16(out)  # the interpreter's cast truncates; the GPU's cvt.rn.bf16.f32 is this rounding
     tl.store(out_ptr + rows.to(tl.int64)[:, None, None] * stride_om + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+#: e2m1 magnitude codes 0..7 (0, .5, 1, 1.5, 2, 3, 4, 6) -> the low / high bytes of their bf16 bits,
+#: as the two 4-byte halves of a PRMT table (bytes 0..3 = codes 0..3, 4..7 = codes 4..7)
+_BF16_LO_LUT = (0xC0800000, 0xC0804000)
+_BF16_HI_LUT = (0x3F3F3F00, 0x40404040)
+
+
+def _mxfp4_word_asm() -> str:
+    """PTX: four bytes of packed e2m1 ($4: element 2j = low nibble of byte j, 2j + 1 = high nibble)
+    and the block's bf16x2 scale word ($5; $6..$8 hold the same) -> one bf16x2 word per byte
+    ($0..$3: the pair of byte j). Magnitudes by two PRMT table lookups per 4 codes (the low and high
+    bf16 bytes), interleaved into pairs by one PRMT each; a pair's signs (bits 8j+3 and 8j+7) reach
+    bits 15 and 31 through one PRMT of (w << 4, w) and one LOP3; then one bf16x2 multiply by the scale
+    (exact: at most 3 significant bits times a power of two, and bf16 has fp32's exponent range)."""
+    lines = ["{", ".reg .b32 m, mh, l0, l1, h0, h1, ws, t, r;",
+             "and.b32 m, $4, 0x77777777;", "shr.u32 mh, m, 16;",
+             f"prmt.b32 l0, {_BF16_LO_LUT[0]:#x}, {_BF16_LO_LUT[1]:#x}, m;",
+             f"prmt.b32 h0, {_BF16_HI_LUT[0]:#x}, {_BF16_HI_LUT[1]:#x}, m;",
+             f"prmt.b32 l1, {_BF16_LO_LUT[0]:#x}, {_BF16_LO_LUT[1]:#x}, mh;",
+             f"prmt.b32 h1, {_BF16_HI_LUT[0]:#x}, {_BF16_HI_LUT[1]:#x}, mh;",
+             "shl.b32 ws, $4, 4;"]
+    for j in range(4):
+        lo, hi = ("l0", "h0") if j < 2 else ("l1", "h1")
+        x = 2 * (j % 2)
+        pair_sel = x | (4 + x) << 4 | (x + 1) << 8 | (5 + x) << 12  # [lo.x, hi.x, lo.x+1, hi.x+1]
+        sign_sel = j << 4 | (4 + j) << 12  # byte 1 <- (w << 4).byte j, byte 3 <- w.byte j
+        lines += [f"prmt.b32 r, {lo}, {hi}, {pair_sel:#x};", f"prmt.b32 t, ws, $4, {sign_sel:#x};",
+                  "lop3.b32 r, r, t, 0x80008000, 0xF8;", f"mul.rn.bf16x2 ${j}, r, $5;"]
+    return "\n".join(lines + ["}"])
+
+
+_MXFP4_WORD_ASM = tl.constexpr(_mxfp4_word_asm())
+
+
+@triton.jit
+def dequantize_mxfp4_words_kernel(
+    q_ptr, s_ptr, out_ptr, M, KP, NSK, stride_qm, stride_sm, stride_om,
+    ROWS: tl.constexpr, GROUPS: tl.constexpr,
+):
+    """mxfp4 ``[M, K]`` -> bf16 on sm_90 (inline PTX: not for the interpreter), K % 8 == 0.
+
+    ``q_ptr``: packed e2m1 bytes ``[M, KP = K / 2]``; ``s_ptr``: E8M0 bytes ``[M, NSK = ceil(K / 32)]``;
+    ``out_ptr``: int32 words ``[M, KP]``, word j = the bf16 pair of byte j. A program: ROWS rows x
+    GROUPS 32-element blocks (16 bytes in, 16 words out per block). Bitwise
+    :func:`dequantize_1xk_kernel`'s result (every product exact; E8M0 0 is 2**-127, a bf16
+    subnormal; 255 is NaN).
+
+    Why: the portable kernel's fp32 decode, multiply and bf16 rounding took 21.5 SASS per element
+    (AOT sm_90), so the pass behind every ``dequant_matmul`` plan ran instruction-bound at ~40 % of
+    the copy bandwidth (benchmarks/NOTES.md); here a few per element."""
+    pid_m = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = pid_m * ROWS + tl.arange(0, ROWS)
+    grp = pid_k * GROUPS + tl.arange(0, GROUPS)
+    # [1, GROUPS, 4, 4] byte (= output word) index: runs of 4 in the last dimension, so that the
+    # byte loads and the word stores get one layout (no shuffle through shared memory between them)
+    bi = (grp[None, :, None, None] * 16 + tl.arange(0, 4)[None, None, :, None] * 4
+          + tl.arange(0, 4)[None, None, None, :])
+    r4 = rows.to(tl.int64)[:, None, None, None]
+    m4 = (rows < M)[:, None, None, None] & (bi < KP)
+    code = tl.load(q_ptr + r4 * stride_qm + bi, mask=m4, other=0)
+    b = tl.load(s_ptr + rows.to(tl.int64)[:, None] * stride_sm + grp[None, :],
+                mask=(rows < M)[:, None] & (grp < NSK)[None, :], other=127).to(tl.int32)
+    sb = tl.where(b == 0, 0x0040, tl.where(b == 255, 0x7FC0, b << 7))  # bf16 bits of 2**(b - 127)
+    sw = tl.broadcast_to((sb | (sb << 16))[:, :, None, None], code.shape)
+    out = tl.inline_asm_elementwise(_MXFP4_WORD_ASM, "=r,=r,=r,=r,r,r,r,r,r", [code, sw], dtype=tl.int32,
+                                    is_pure=True, pack=4)
+    tl.store(out_ptr + r4 * stride_om + bi, out, mask=m4)
 
 
 @triton.jit
@@ -577,7 +646,7 @@ def dequantize_128x128_kernel(
     s = tl.load(s_ptr + pid_e * stride_se + pid_n * stride_sn + pid_k)
     sb = tl.broadcast_to(s, v.shape)
     out = v * sb
-    if out_ptr.dtype.element_ty == tl.bfloat16:
-        out = _round_bf16(out)
+    if INTERPRETING and out_ptr.dtype.element_ty == tl.bfloat16:
+        out = _round_bf16(out)  # the interpreter's cast truncates; the GPU's cvt.rn.bf16.f32 is this rounding
     tl.store(out_ptr + pid_e * stride_oe + rows.to(tl.int64)[:, None] * stride_on + cols[None, :],
              out.to(out_ptr.dtype.element_ty), mask=mask)
