@@ -56,10 +56,6 @@ _NUM_WARPS = 4
 #: element, which would make the kernels compute-bound). Both are RNE with saturation; set this
 #: to False if a GPU run ever shows a data mismatch confined to e4m3 rounding.
 GPU_HW_CVT = True
-#: On CUDA, dequantize mxfp4 to bf16 with ``dequantize_mxfp4_words_kernel`` (PRMT tables and bf16x2
-#: multiplies: ~3 SASS per element against the portable kernel's 21.5); False runs the portable
-#: kernel (A/B, or a GPU run that ever shows a mismatch confined to this path).
-MXFP4_WORDS_DEQUANT = True
 
 
 # Host arithmetic in plain Python, not triton.cdiv / triton.next_power_of_2: those are
@@ -412,13 +408,6 @@ def dequantize(q: ScaledTensor, dtype: torch.dtype = torch.float32) -> torch.Ten
     return link_source(q, out)
 
 
-def _mxfp4_words_ok(f: Format, dtype, q2: torch.Tensor, k: int) -> bool:
-    """Whether the sm_90 kernel ``dequantize_mxfp4_words_kernel`` (inline PTX on 4 packed bytes at a
-    time) takes this dequantize: mxfp4 to bf16 on CUDA, K % 8 == 0 and 4-byte aligned rows."""
-    return (MXFP4_WORDS_DEQUANT and f.name == "mxfp4" and dtype == torch.bfloat16 and q2.is_cuda
-            and not _checks.INTERPRET and k % 8 == 0 and q2.data_ptr() % 4 == 0 and q2.stride(0) % 4 == 0)
-
-
 def _dequantize_impl(data, scale, global_scale, f: Format, shape, block, dtype) -> torch.Tensor:
     k = shape[-1]
     out = torch.empty(shape, dtype=dtype, device=data.device)
@@ -442,15 +431,6 @@ def _dequantize_impl(data, scale, global_scale, f: Format, shape, block, dtype) 
         s2 = s2.view(torch.uint8)
     o2 = out.view(-1, k)
     m = o2.shape[0]
-    if _mxfp4_words_ok(f, dtype, q2, k):
-        rows, groups = dequant_tiles(f, m, k)
-        grid = (_cdiv(m, rows), _cdiv(k, groups * 32))
-        o4 = o2.view(torch.int32)  # word j of a row: the bf16 pair of packed byte j
-        fast(_k.dequantize_mxfp4_words_kernel)[grid](
-            q2, s2, o4, m, k // 2, s2.shape[1], q2.stride(0), s2.stride(0), o4.stride(0),
-            ROWS=rows, GROUPS=groups, num_warps=_NUM_WARPS,
-        )
-        return out
     rows, groups = dequant_tiles(f, m, k)
     grid = (_cdiv(m, rows), _cdiv(k, groups * f.block_k))
     gs = global_scale if global_scale is not None else s2
