@@ -53,6 +53,11 @@ def _gluon():
     return TensorDescriptor, fast(stream_kernel)
 
 
+#: the stream kernel's block scales two K steps ahead (kernels/hopper/stream.py ``_k_loop``): -1 its
+#: rule, 0 / 1 forced off / on (same-process A/B; every value computes the same result)
+SCALES_AHEAD = -1
+
+
 #: the fields of Gluon's TensorDescriptor this module fills directly (triton 3.6); another
 #: release's class with other fields is built through its constructor
 _DESC_FIELDS = ("base", "shape", "strides", "block_shape", "layout", "padding")
@@ -138,7 +143,8 @@ def launch_stream(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, 
             xs.stride(-2) if a_quant else 0, xs.stride(0) if a_quant and masked else 0,
             out.stride(-2), out.stride(0) if masked else 0,
             FMT=fmt, MP=cfg.block_m, STAGES=cfg.num_stages, GROUPING=grouping, GS_PER_E=gs_per_e,
-            A_QUANT=a_quant, HAS_AGS=x_gs is not None, HAS_BIAS=False, num_warps=4, NUM_E=e if slots < e else 0)
+            A_QUANT=a_quant, HAS_AGS=x_gs is not None, HAS_BIAS=False, num_warps=4, NUM_E=e if slots < e else 0,
+            SAHEAD=SCALES_AHEAD)
         return
     m = x.shape[0]
     per = triton.cdiv(chunks, cfg.split_k)
@@ -150,5 +156,5 @@ def launch_stream(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, 
         w_desc, w_scale, x, xs, gs, ags, bias if bias is not None else gs, out, part, cnt, cnt, m, n, k, per,
         nsplit, w_scale.stride(0), 0, x.stride(0), 0, xs.stride(0) if a_quant else 0, 0, out.stride(0), 0,
         FMT=fmt, MP=cfg.block_m, STAGES=cfg.num_stages, GROUPING=0, GS_PER_E=False, A_QUANT=a_quant,
-        HAS_AGS=x_gs is not None, HAS_BIAS=bias is not None, num_warps=4)
+        HAS_AGS=x_gs is not None, HAS_BIAS=bias is not None, num_warps=4, SAHEAD=SCALES_AHEAD)
 

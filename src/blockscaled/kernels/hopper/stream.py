@@ -291,28 +291,112 @@ def _acts(x_base, xs_base, xr, x_ok, xg, xj, k0, K, stride_xm, stride_xsm, MP: g
         return _x_chunk(x_base, xr, x_ok, xg, xj, k0, K, stride_xm, MP, FMT)
 
 
+#: one stored block scale into a 32-bit register (ld.global.nc: the scales are read-only here). An
+#: asm result cannot be narrowed: carried a few steps as Triton bytes, the loop would pack them two
+#: to a register at once, which waits for the loads in the step that issued them
+_LD_U8 = gl.constexpr("ld.global.nc.u8 $0, [$1];")
+
+
 @gluon.jit
-def _k_loop(w_desc, w_bufs, x_bufs, bars, step0, w_row, ws_ptr, srow, scol, ncol, x_base, xs_base, x_ok, xr, xg,
-            xj, stride_xm, stride_xsm, K, c_lo, n_c, num_c, FMT: gl.constexpr, MP: gl.constexpr,
-            STAGES: gl.constexpr, A_QUANT: gl.constexpr):
-    """acc [64, MP] = the weight tile at TMA row ``w_row`` (K steps c_lo .. c_lo + n_c) times the
-    activation rows ``x_base + xr * stride_xm`` (``x_ok`` masks them; A_QUANT: quantized, scales at
-    ``xs_base + xr * stride_xsm``). ``step0``: TMA steps this program ran before (ring slot and
-    barrier phase continue from it)."""
-    L4: gl.constexpr = word_layout()
+def _scale_ahead(ws_ptr, srow, scol, ncol, c, num_c, SPC: gl.constexpr):
+    """The raw block scales of K step ``c`` (clamped into the row: always a valid address), loaded
+    into int32 registers that nothing reads until the step comes (``_scale_landed``)."""
+    col = gl.minimum(scol + gl.minimum(c, num_c - 1) * SPC, ncol - 1)
+    return gl.inline_asm_elementwise(_LD_U8, "=r,l", [ws_ptr + srow + col], dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _scale_landed(r, scol, ncol, c, SPC: gl.constexpr, FMT: gl.constexpr):
+    """Step ``c``'s bf16x2 factors from ``_scale_ahead``'s registers; columns past K read as
+    ``_scale_raw`` reads them (0 for nvfp4, 2**0 for mx)."""
+    ok = (scol + c * SPC) < ncol
+    if FMT == _FMT_NVFP4:
+        v = gl.where(ok, r, 0).to(gl.uint8).to(gl.float8e4nv, bitcast=True)
+    else:
+        v = gl.where(ok, r, 127).to(gl.uint8)
+    return _scale_bits(v, FMT)
+
+
+@gluon.jit
+def _k_step(acc, it, f_a, f_b, x_cur, xw, xsc, w_desc, w_bufs, x_bufs, bars, step0, w_row, ws_ptr, srow, scol, ncol,
+            num_c, x_base, xs_base, x_ok, xr, xg, xj, stride_xm, stride_xsm, K, c_lo, n_c, FMT: gl.constexpr,
+            MP: gl.constexpr, STAGES: gl.constexpr, A_QUANT: gl.constexpr, XQ2: gl.constexpr, SA: gl.constexpr):
+    """K step ``it`` of ``_k_loop``: store the step's activations ``x_cur`` as the B operand and
+    load the next step's (XQ2: decode the words ``xw`` / ``xsc`` loaded a step earlier and load the
+    step after next), wait for the weight slot, refill it, decode into the A operand, one wgmma
+    waited for. The block-scale factors: SA, ``f_a`` (``f_b`` unused); else ``f_a`` / ``f_b`` are
+    this and the next step's, and step ``it + 2``'s are loaded here. Returns (acc, f_a, f_b, x_cur,
+    xw, xsc) for the next step."""
     L2: gl.constexpr = word2_layout()
     L8: gl.constexpr = word8_layout()
     L82: gl.constexpr = word8_2d_layout()
     acc_l: gl.constexpr = acc_layout(MP)
     dot_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
+    WPS: gl.constexpr = 32 if FMT == _FMT_MXFP8 else 16  # int32 words per row and step
+    g = step0 + it
+    s = g % STAGES
+    xb = x_bufs.index(it % 2)
+    xb.store(x_cur)
+    if XQ2:  # (past the split's last step: decodes / loads masked zeros, unused)
+        x_cur = _xq_decode(xw, xsc, MP, FMT)
+        xw, xsc = _xq_load(x_base, xs_base, xr, x_ok, (c_lo + it + 2) * CHUNK, K, stride_xm, stride_xsm, MP, FMT)
+    elif it + 1 < n_c:
+        x_cur = _acts(x_base, xs_base, xr, x_ok, xg, xj, (c_lo + it + 1) * CHUNK, K, stride_xm, stride_xsm, MP,
+                      FMT, A_QUANT)
+    f_use = f_a
+    if not SA:
+        SPC: gl.constexpr = 8 if FMT == _FMT_NVFP4 else 4
+        f_a = f_b
+        f_b = _scale_factor(ws_ptr, srow, scol + gl.minimum(c_lo + it + 2, num_c - 1) * SPC, ncol, FMT)
+    mbarrier.wait(bars.index(s), (g // STAGES) & 1)
+    if FMT == _FMT_MXFP8:
+        w2 = w_bufs.index(s).load(L82)
+    else:
+        w2 = w_bufs.index(s).load(L2)
+    fence_async_shared()
+    cta_barrier()  # every warp read slot s and wrote its activations before the refill / wgmma
+    nxt = it + STAGES
+    ok = nxt < n_c
+    mbarrier.expect(bars.index(s), w_desc.block_type.nbytes, pred=ok)
+    tma_load(w_desc, [w_row, (c_lo + nxt) * WPS], bars.index(s), w_bufs.index(s), pred=ok)
+
+    if FMT == _FMT_MXFP8:
+        w8 = gl.convert_layout(gl.reshape(w2, [BLOCK_N, 4, 8]), L8, assert_trivial=True)
+        fac = gl.expand_dims(f_use, 2)
+        p0, p1 = gl.inline_asm_elementwise(_DECODE_E4M3, "=r,=r,r,r", [w8, fac], dtype=(gl.int32, gl.int32),
+                                           is_pure=True, pack=1)
+        pr = gl.join(p0, p1)  # [64, t, w, b]
+        lo = pr.to(gl.int16)
+        hi = (pr >> 16).to(gl.int16)
+        h = gl.join(lo, hi).to(gl.bfloat16, bitcast=True)  # [64, t, w, b, h]
+        a = gl.reshape(gl.permute(h, (0, 2, 3, 1, 4)), [BLOCK_N, CHUNK])  # q = [w b t h]
+    else:
+        a = _decode_fp4(w2, f_use, FMT)
+    a = gl.convert_layout(a, dot_l, assert_trivial=True)
+    acc = warpgroup_mma(a, xb.permute((1, 0)), acc, is_async=True)
+    # wait for it before the next chunk's decode: the wgmma reads its register operand until
+    # it completes, and keeping that operand live across the next decode (waiting on one
+    # outstanding wgmma) gave wrong results on the H200 (its registers were reused)
+    acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a, xb))
+    return acc, f_a, f_b, x_cur, xw, xsc
+
+
+@gluon.jit
+def _k_loop(w_desc, w_bufs, x_bufs, bars, step0, w_row, ws_ptr, srow, scol, ncol, x_base, xs_base, x_ok, xr, xg,
+            xj, stride_xm, stride_xsm, K, c_lo, n_c, num_c, FMT: gl.constexpr, MP: gl.constexpr,
+            STAGES: gl.constexpr, A_QUANT: gl.constexpr, SAHEAD: gl.constexpr):
+    """acc [64, MP] = the weight tile at TMA row ``w_row`` (K steps c_lo .. c_lo + n_c) times the
+    activation rows ``x_base + xr * stride_xm`` (``x_ok`` masks them; A_QUANT: quantized, scales at
+    ``xs_base + xr * stride_xsm``). ``step0``: TMA steps this program ran before (ring slot and
+    barrier phase continue from it). SAHEAD (-1: the rule below, 0 / 1: forced) loads the block
+    scales two steps ahead."""
+    acc_l: gl.constexpr = acc_layout(MP)
     SPC: gl.constexpr = 8 if FMT == _FMT_NVFP4 else 4
     WPS: gl.constexpr = 32 if FMT == _FMT_MXFP8 else 16  # int32 words per row and step
     for i in gl.static_range(STAGES):
         s0 = (step0 + i) % STAGES
         mbarrier.expect(bars.index(s0), w_desc.block_type.nbytes, pred=i < n_c)
         tma_load(w_desc, [w_row, (c_lo + i) * WPS], bars.index(s0), w_bufs.index(s0), pred=i < n_c)
-    f_cur = _scale_factor(ws_ptr, srow, scol + c_lo * SPC, ncol, FMT)
-    f_nxt = _scale_factor(ws_ptr, srow, scol + gl.minimum(c_lo + 1, num_c - 1) * SPC, ncol, FMT)
     x_cur = _acts(x_base, xs_base, xr, x_ok, xg, xj, c_lo * CHUNK, K, stride_xm, stride_xsm, MP, FMT, A_QUANT)
     # The activations are loaded a step ahead (their first use is the next iteration's store).
     # Quantized ones (fp4 up to 16 rows, where the planner decodes in the gather: XQ2) are loaded
@@ -321,52 +405,41 @@ def _k_loop(w_desc, w_bufs, x_bufs, bars, step0, w_row, ws_ptr, srow, scol, ncol
     XQ2: gl.constexpr = A_QUANT and MP <= 16 and FMT != _FMT_MXFP8
     if XQ2:
         xw, xsc = _xq_load(x_base, xs_base, xr, x_ok, (c_lo + 1) * CHUNK, K, stride_xm, stride_xsm, MP, FMT)
+    else:
+        xw = 0  # (placeholders: unused without XQ2)
+        xsc = 0
     acc = gl.zeros((BLOCK_N, MP), dtype=gl.float32, layout=acc_l)
-    for it in range(n_c):
-        g = step0 + it
-        s = g % STAGES
-        xb = x_bufs.index(it % 2)
-        xb.store(x_cur)
-        if XQ2:  # (past the split's last step: decodes / loads masked zeros, unused)
-            x_cur = _xq_decode(xw, xsc, MP, FMT)
-            xw, xsc = _xq_load(x_base, xs_base, xr, x_ok, (c_lo + it + 2) * CHUNK, K, stride_xm, stride_xsm, MP,
-                               FMT)
-        elif it + 1 < n_c:
-            x_cur = _acts(x_base, xs_base, xr, x_ok, xg, xj, (c_lo + it + 1) * CHUNK, K, stride_xm, stride_xsm, MP,
-                          FMT, A_QUANT)
-        f_use = f_cur
-        f_cur = f_nxt
-        f_nxt = _scale_factor(ws_ptr, srow, scol + gl.minimum(c_lo + it + 2, num_c - 1) * SPC, ncol, FMT)
-        mbarrier.wait(bars.index(s), (g // STAGES) & 1)
-        if FMT == _FMT_MXFP8:
-            w2 = w_bufs.index(s).load(L82)
-        else:
-            w2 = w_bufs.index(s).load(L2)
-        fence_async_shared()
-        cta_barrier()  # every warp read slot s and wrote its activations before the refill / wgmma
-        nxt = it + STAGES
-        ok = nxt < n_c
-        mbarrier.expect(bars.index(s), w_desc.block_type.nbytes, pred=ok)
-        tma_load(w_desc, [w_row, (c_lo + nxt) * WPS], bars.index(s), w_bufs.index(s), pred=ok)
-
-        if FMT == _FMT_MXFP8:
-            w8 = gl.convert_layout(gl.reshape(w2, [BLOCK_N, 4, 8]), L8, assert_trivial=True)
-            fac = gl.expand_dims(f_use, 2)
-            p0, p1 = gl.inline_asm_elementwise(_DECODE_E4M3, "=r,=r,r,r", [w8, fac], dtype=(gl.int32, gl.int32),
-                                               is_pure=True, pack=1)
-            pr = gl.join(p0, p1)  # [64, t, w, b]
-            lo = pr.to(gl.int16)
-            hi = (pr >> 16).to(gl.int16)
-            h = gl.join(lo, hi).to(gl.bfloat16, bitcast=True)  # [64, t, w, b, h]
-            a = gl.reshape(gl.permute(h, (0, 2, 3, 1, 4)), [BLOCK_N, CHUNK])  # q = [w b t h]
-        else:
-            a = _decode_fp4(w2, f_use, FMT)
-        a = gl.convert_layout(a, dot_l, assert_trivial=True)
-        acc = warpgroup_mma(a, xb.permute((1, 0)), acc, is_async=True)
-        # wait for it before the next chunk's decode: the wgmma reads its register operand until
-        # it completes, and keeping that operand live across the next decode (waiting on one
-        # outstanding wgmma) gave wrong results on the H200 (its registers were reused)
-        acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a, xb))
+    # The block scales are the loop's only other global loads. Loaded a step ahead as Triton values,
+    # their conversion to factors sits in the step that issued them and waits for them there (the
+    # register-operand tiled kernel measured the same: tiled_rs.py). SA: two steps in turn, each
+    # with its own scale registers (asm loads into 32-bit registers), refilled with step j + 2's
+    # right after use and read by nothing before then.
+    SA: gl.constexpr = SAHEAD == 1 or (SAHEAD == -1 and FMT == _FMT_NVFP4)
+    if SA:
+        r0 = _scale_ahead(ws_ptr, srow, scol, ncol, c_lo, num_c, SPC)
+        r1 = _scale_ahead(ws_ptr, srow, scol, ncol, c_lo + 1, num_c, SPC)
+        for j in range(0, n_c, 2):
+            f = _scale_landed(r0, scol, ncol, c_lo + j, SPC, FMT)
+            r0 = _scale_ahead(ws_ptr, srow, scol, ncol, c_lo + j + 2, num_c, SPC)
+            acc, f, _, x_cur, xw, xsc = _k_step(acc, j, f, 0, x_cur, xw, xsc, w_desc, w_bufs, x_bufs, bars, step0,
+                                                w_row, ws_ptr, srow, scol, ncol, num_c, x_base, xs_base, x_ok, xr,
+                                                xg, xj, stride_xm, stride_xsm, K, c_lo, n_c, FMT, MP, STAGES,
+                                                A_QUANT, XQ2, SA)
+            if j + 1 < n_c:
+                f = _scale_landed(r1, scol, ncol, c_lo + j + 1, SPC, FMT)
+                r1 = _scale_ahead(ws_ptr, srow, scol, ncol, c_lo + j + 3, num_c, SPC)
+                acc, f, _, x_cur, xw, xsc = _k_step(acc, j + 1, f, 0, x_cur, xw, xsc, w_desc, w_bufs, x_bufs, bars,
+                                                    step0, w_row, ws_ptr, srow, scol, ncol, num_c, x_base, xs_base,
+                                                    x_ok, xr, xg, xj, stride_xm, stride_xsm, K, c_lo, n_c, FMT, MP,
+                                                    STAGES, A_QUANT, XQ2, SA)
+    else:
+        f_cur = _scale_factor(ws_ptr, srow, scol + c_lo * SPC, ncol, FMT)
+        f_nxt = _scale_factor(ws_ptr, srow, scol + gl.minimum(c_lo + 1, num_c - 1) * SPC, ncol, FMT)
+        for it in range(n_c):
+            acc, f_cur, f_nxt, x_cur, xw, xsc = _k_step(acc, it, f_cur, f_nxt, x_cur, xw, xsc, w_desc, w_bufs, x_bufs,
+                                                        bars, step0, w_row, ws_ptr, srow, scol, ncol, num_c, x_base,
+                                                        xs_base, x_ok, xr, xg, xj, stride_xm, stride_xsm, K, c_lo,
+                                                        n_c, FMT, MP, STAGES, A_QUANT, XQ2, SA)
     return acc
 
 
@@ -470,7 +543,8 @@ def stream_kernel(w_desc, ws_ptr, x_ptr, xs_ptr, gs_ptr, ags_ptr, bias_ptr, c_pt
                   K, kc_per_split, SPLIT, stride_wsn, stride_wse, stride_xm, stride_xe, stride_xsm, stride_xse,
                   stride_cm, stride_ce, FMT: gl.constexpr, MP: gl.constexpr, STAGES: gl.constexpr,
                   GROUPING: gl.constexpr, GS_PER_E: gl.constexpr, A_QUANT: gl.constexpr, HAS_AGS: gl.constexpr,
-                  HAS_BIAS: gl.constexpr, num_warps: gl.constexpr, NUM_E: gl.constexpr = 0):
+                  HAS_BIAS: gl.constexpr, num_warps: gl.constexpr, NUM_E: gl.constexpr = 0,
+                  SAHEAD: gl.constexpr = -1):
     """Dense (GROUPING 0): one program per (64 weight rows, K split); ``w_desc``: TMA boxes [64, 16]
     of the packed weights viewed as int32 [N, K / 8] (mxfp8: boxes [64, 32] of [N, K / 4], 128-byte
     swizzle); ``ws_ptr``: uint8 E8M0 [N, K / 32] (mx) or e4m3 [N, K / 16] (nvfp4) block scales, row stride ``stride_wsn``; ``x_ptr``: bf16 [M, K]
@@ -594,7 +668,7 @@ def stream_kernel(w_desc, ws_ptr, x_ptr, xs_ptr, gs_ptr, ags_ptr, bias_ptr, c_pt
         # dense: M <= MP, one row block (no loop: the loop nest cost ~75 registers per thread in
         # the sm_90 build, 77 -> 151, and with them programs per SM)
         acc = _k_loop(w_desc, w_bufs, x_bufs, bars, 0, w_row, ws_e, srow, scol, ncol, x_base, xs_base, xr < m_e, xr,
-                      xg, xj, stride_xm, stride_xsm, K, c_lo, n_c, num_c, FMT, MP, STAGES, A_QUANT)
+                      xg, xj, stride_xm, stride_xsm, K, c_lo, n_c, num_c, FMT, MP, STAGES, A_QUANT, SAHEAD)
         if FMT == _FMT_NVFP4:
             acc = acc * out_scale
         if HAS_BIAS:  # loaded after the K loop: no registers held across it
@@ -619,7 +693,7 @@ def stream_kernel(w_desc, ws_ptr, x_ptr, xs_ptr, gs_ptr, ags_ptr, bias_ptr, c_pt
             acc = _k_loop(w_desc, w_bufs, x_bufs, bars, rb * n_c, w_row, ws_e, srow, scol, ncol,
                           x_base + (rb * MP).to(gl.int64) * stride_xm, xs_base + (rb * MP).to(gl.int64) * stride_xsm,
                           xr < rows_left, xr, xg, xj, stride_xm, stride_xsm, K, c_lo, n_c, num_c, FMT, MP, STAGES,
-                          A_QUANT)
+                          A_QUANT, SAHEAD)
             if FMT == _FMT_NVFP4:
                 acc = acc * out_scale
             mask = (r < N - off_n)[:, None] & (c < rows_left)[None, :]

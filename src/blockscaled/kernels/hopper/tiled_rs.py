@@ -58,7 +58,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
 from .direct import _out_scale
-from .stream import _FMT_MXFP4, _FMT_NVFP4, _scale_bits, _scale_factor, _splitk_sum_store
+from .stream import _FMT_MXFP4, _FMT_NVFP4, _LD_U8, _scale_bits, _scale_factor, _splitk_sum_store
 from .tiled import BLOCK_K, _tiled_producer, tile_rows
 
 __all__ = ["tiled_rs_kernel", "RS_ROWS", "rs_layouts"]
@@ -138,10 +138,6 @@ def _rs_decode(words, fac, sel, FMT: gl.constexpr):
     return gl.reshape(h, [64, BLOCK_K])
 
 
-#: one stored block scale into a 32-bit register (ld.global.nc: the scales are read-only here). An
-#: asm result cannot be narrowed: carried a few steps as Triton bytes, the loop would pack them two
-#: to a register at once, which waits for the loads in the step that issued them
-_LD_U8 = gl.constexpr("ld.global.nc.u8 $0, [$1];")
 
 
 @gluon.jit
