@@ -41,7 +41,7 @@ def sig(out, fmt, aq):
             "stride_cm": "i32", "stride_ce": "i32",
             "FMT": "constexpr", "MP": "constexpr", "STAGES": "constexpr", "GROUPING": "constexpr",
             "GS_PER_E": "constexpr", "A_QUANT": "constexpr", "HAS_AGS": "constexpr", "HAS_BIAS": "constexpr",
-            "num_warps": "constexpr", "NUM_E": "constexpr"}
+            "num_warps": "constexpr", "NUM_E": "constexpr", "SAHEAD": "constexpr"}
 
 out = {}
 NAMES = {1: "mxfp8", 2: "mxfp4", 3: "nvfp4"}
@@ -63,7 +63,8 @@ for fmt, mp, st, cdt, gr, aq in [(2, 8, 6, "*bf16", 0, 0), (2, 64, 6, "*fp32", 0
                                                       # nvfp4: the activations' global scale (decoded
                                                       # or dequantized first: both builds)
                                                       "HAS_AGS": fmt == 3,
-                                                      "HAS_BIAS": bias, "num_warps": 4, "NUM_E": num_e}),
+                                                      "HAS_BIAS": bias, "num_warps": 4, "NUM_E": num_e,
+                                                      "SAHEAD": -1}),
                            target=TGT, options={"num_warps": 4})
     except Exception as e:
         out[key] = {"error": f"{type(e).__name__}: {str(e)[-800:]}"}
@@ -73,7 +74,7 @@ for fmt, mp, st, cdt, gr, aq in [(2, 8, 6, "*bf16", 0, 0), (2, 64, 6, "*fp32", 0
     rec = {"wgmma": sorted({w for w, _ in wg}), "a_operand": sorted({"regs" if a == "{" else "desc" for _, a in wg}),
            "wgmma_count": len(wg), "tma_load": ptx.count("cp.async.bulk.tensor.2d.shared"),
            "lds128": len(re.findall(r"ld\.shared\.v4\.b32", ptx)), "bf16x2_fma": ptx.count("fma.rn.bf16x2"),
-           "prmt": ptx.count("prmt.b32"),
+           "prmt": ptx.count("prmt.b32"), "ld_u8": ptx.count("ld.global.nc.u8"),
            "shared": k.metadata.shared}
     rec.update(ptxas_stats(ptx))
     out[key] = rec
@@ -93,14 +94,19 @@ def test_stream_builds_for_sm90(compiled):
         mp = int(re.search(r"mp(\d+)", key).group(1))
         assert c["wgmma"] == [f"m64n{mp}k16.f32.bf16.bf16"], (key, c)
         assert c["a_operand"] == ["regs"], (key, c)  # decoded weights straight from registers
-        assert c["wgmma_count"] == 128 // 16, (key, c)  # one 128-K step per loop iteration
+        # fp4 up to 32 rows: the block scales two steps ahead, two 128-K steps per loop iteration
+        # (each with its own asm-loaded scale registers); else one step per iteration (mxfp8, 64 rows,
+        # activations decoded in the gather)
+        steps = 2 if not key.startswith("mxfp8") and mp <= 32 and not (key.endswith("_wxa") and mp <= 16) else 1
+        assert c["wgmma_count"] == steps * 128 // 16, (key, c)
+        assert (c["ld_u8"] > 0) == (steps == 2), (key, c)
         assert c["tma_load"] >= 1 and c["lds128"] >= 2, (key, c)
         per_pair = 1 if key.startswith("nvfp4") else 2  # x 2**126 (2**120) then x scale / one nvfp4 factor
         # 32 weight element pairs per thread and step: 2 rows x 4 words x 4 pairs (fp4), 2 x 8 x 2
         # (mxfp8); W x A adds the activations' MP elements per thread and step (MP / 2 pairs), in the
         # two copies of the gather (before the loop and in it)
         act = 2 * (mp // 2) * per_pair if key.endswith("_wxa") else 0
-        assert c["bf16x2_fma"] == 32 * per_pair + act, (key, c)
+        assert c["bf16x2_fma"] == steps * 32 * per_pair + act * (steps + 1) // 2, (key, c)
         if key.startswith("mxfp8"):  # two byte placements per pair, two 128-bit loads per row
             assert c["prmt"] == 2 * (32 + act // 2) and c["lds128"] >= 4, (key, c)
         if c.get("spill_stores") is not None:

@@ -413,8 +413,15 @@ def _k_loop(w_desc, w_bufs, x_bufs, bars, step0, w_row, ws_ptr, srow, scol, ncol
     # their conversion to factors sits in the step that issued them and waits for them there (the
     # register-operand tiled kernel measured the same: tiled_rs.py). SA: two steps in turn, each
     # with its own scale registers (asm loads into 32-bit registers), refilled with step j + 2's
-    # right after use and read by nothing before then.
-    SA: gl.constexpr = SAHEAD == 1 or (SAHEAD == -1 and FMT == _FMT_NVFP4)
+    # right after use and read by nothing before then. Measured against the one-step loop (H200,
+    # same process, bitwise equal; benchmarks/NOTES.md thirty-third session, 6 shapes x M 12 / 16 /
+    # 32): fp4 weight-only at 12-16 rows 1.08-1.09x geomean (1.01-1.15), W x A 1.04-1.05x, 32 rows
+    # 1.01x (0.98-1.04), grouped decode 1.03-1.12x; mxfp8 1.00-1.02x (0.98-1.03: left off). 64 rows
+    # unmeasured (and at the register budget: plan/stream.py STREAM_REGS): left off. Activations
+    # decoded in the gather (XQ2: W x A up to 16 rows, where the W x A rows above gained 1.04-1.05x)
+    # left off too: at 16 rows 80 -> 101 registers for mxfp4, 119 for nvfp4 with a bias (AOT sm_90),
+    # past the 96 the planner counts programs per SM with; the other builds stay within it.
+    SA: gl.constexpr = SAHEAD == 1 or (SAHEAD == -1 and FMT != _FMT_MXFP8 and MP <= 32 and not XQ2)
     if SA:
         r0 = _scale_ahead(ws_ptr, srow, scol, ncol, c_lo, num_c, SPC)
         r1 = _scale_ahead(ws_ptr, srow, scol, ncol, c_lo + 1, num_c, SPC)
