@@ -138,8 +138,6 @@ def _rs_decode(words, fac, sel, FMT: gl.constexpr):
     return gl.reshape(h, [64, BLOCK_K])
 
 
-
-
 @gluon.jit
 def _scale_ahead(sbase, k_lo, j, n_k, sc, ncol, NS: gl.constexpr):
     """The raw scales of this program's K step ``j`` (clamped into the row: always a valid address),
