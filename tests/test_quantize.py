@@ -776,21 +776,26 @@ def test_nvfp4_dequantize_every_code_scale_and_global_scale(device):
         for sc in (scale, finite) + ((clean,) if gs in (1.0, -7.0) else ()):
             q = ScaledTensor(data.to(device), sc.view(torch.float8_e4m3fn).to(device), "nvfp4", (64, 512),
                              (1, 16), "nvfp4", global_scale=torch.tensor(gs, device=device))
-            for dt in (torch.float32, torch.bfloat16):
-                got, want = dequantize(q, dt).cpu(), R.dequantize(q.cpu(), dt)
-                if dt == torch.bfloat16 and device == "cpu":
-                    # the Triton interpreter's fp32 -> bf16 cast mishandles subnormals (9.2e-41 -> 0,
-                    # 1e-39 -> 4.2e-39; checked on a bare cast): compare those on the GPU only
-                    sub = (want != 0) & (want.abs() < 2.0**-126)
-                    got, want = torch.where(sub, 0, got), torch.where(sub, 0, want)
-                _deq_equal(got, want)
+            _dequantize_equal_fp32_bf16(q, device)
+
+
+def _dequantize_equal_fp32_bf16(q, device) -> None:
+    """``dequantize(q)`` to fp32 and bf16 bitwise the reference's. On the CPU the bf16 subnormals
+    are left out: the Triton interpreter's fp32 -> bf16 cast mishandles them (9.2e-41 -> 0, 1e-39 ->
+    4.2e-39; checked on a bare cast), so those are compared on the GPU only."""
+    for dt in (torch.float32, torch.bfloat16):
+        got, want = dequantize(q, dt).cpu(), R.dequantize(q.cpu(), dt)
+        if dt == torch.bfloat16 and device == "cpu":
+            sub = (want != 0) & (want.abs() < 2.0**-126)
+            got, want = torch.where(sub, 0, got), torch.where(sub, 0, want)
+        _deq_equal(got, want)
 
 
 def test_mxfp4_dequantize_every_code_and_scale(device):
     """mxfp4 -> bf16 / fp32 for every byte of packed codes under every E8M0 scale (0: 2**-127,
     subnormal bf16 results; 255: NaN; 254: overflow to Inf), K = 512 and K = 200 (a partial last
-    block, the word kernel's masks), bitwise the reference. On CUDA the bf16 output runs the sm_90
-    word kernel (``dequantize_mxfp4_words_kernel``: PRMT tables and bf16x2 multiplies)."""
+    block), bitwise the reference. On CUDA this checks the bf16 output's hardware rounding, which
+    replaced the kernel's integer rounding there."""
     from blockscaled.tensor import ScaledTensor
 
     for k in (512, 200):
@@ -799,10 +804,4 @@ def test_mxfp4_dequantize_every_code_and_scale(device):
         scale = torch.arange(256, dtype=torch.uint8).view(256, 1).repeat(1, nsk)
         scale[::7] = (torch.arange(nsk) * 37 % 256).to(torch.uint8)  # mixed scales within a row too
         q = ScaledTensor(data.to(device), scale.to(device), "mxfp4", (256, k), (1, 32), "floor")
-        for dt in (torch.bfloat16, torch.float32):
-            got, want = dequantize(q, dt).cpu(), R.dequantize(q.cpu(), dt)
-            if dt == torch.bfloat16 and device == "cpu":
-                # the Triton interpreter's fp32 -> bf16 cast mishandles subnormals (see the nvfp4 test)
-                sub = (want != 0) & (want.abs() < 2.0**-126)
-                got, want = torch.where(sub, 0, got), torch.where(sub, 0, want)
-            _deq_equal(got, want)
+        _dequantize_equal_fp32_bf16(q, device)
