@@ -87,11 +87,13 @@ for fmt, bt, st, bias, ags, cdt, mode in [(2, 256, 4, 1, 0, "*bf16", 0), (3, 256
                                           (2, 256, 4, 0, 0, "*bf16", 2), (2, 64, 6, 1, 0, "*bf16", 0),
                                           (3, 32, 6, 0, 1, "*bf16", 0), (2, 16, 6, 0, 0, "*fp32", 0),
                                           (2, 128, 4, 0, 0, "*bf16", 0), (3, 64, 4, 0, 0, "*bf16", 0),
-                                          (3, 64, 5, 1, 1, "*bf16", 0), (2, 64, 5, 0, 0, "*fp32", 0)]:
+                                          (3, 64, 5, 1, 1, "*bf16", 0), (2, 64, 5, 0, 0, "*fp32", 0),
+                                          (1, 64, 6, 1, 0, "*bf16", 0), (1, 64, 5, 0, 0, "*bf16", 1),
+                                          (1, 256, 4, 0, 0, "*fp32", 0)]:
     xl, wl = _layouts(bt)
     bn = 256 if (bt, st) == (64, 5) else 128  # four consumer warpgroups (plan/tiled.py R5), unsplit
     split = bt <= 64 and bn == 128
-    sig = {**COMMON, "x_desc": f"tensordesc<bf16[{bt}, 64],{xl!r}>", "w_desc": f"tensordesc<i32[{bn}, 8],{wl!r}>",
+    sig = {**COMMON, "x_desc": f"tensordesc<bf16[{bt}, 64],{xl!r}>", "w_desc": f"tensordesc<i32[{bn}, {TILED_FMT[NAMES[fmt]][1]}],{wl!r}>",
            "ws_ptr": "*fp8e4nv" if fmt == 3 else "*u8", "c_ptr": cdt, "part_ptr": "*fp32", "cnt_ptr": "*i32",
            "ks_per_split": "i32", "SPLIT": "i32" if split else "constexpr"}
     sig = {name: sig[name] for name in R.tiled_rs_kernel.arg_names}
@@ -119,7 +121,7 @@ def compiled():
 
 
 def test_tiled_builds_for_sm90(compiled):
-    assert len(compiled) == 22, compiled
+    assert len(compiled) == 25, compiled
     for key, c in compiled.items():
         if key.startswith("rs_"):
             continue
@@ -147,8 +149,8 @@ def test_register_operand_kernel_builds_for_sm90(compiled):
     nBT k16 (BT = the token tile: 256 unsplit, 16 / 32 / 64 / 128 with a runtime K split) whose A
     operand is registers (the decoded weights), waited for before the next decode; the split builds
     carry the partial-sum epilogue (its atomics), the unsplit ones none;
-    the weights read as two 128-bit shared loads per row and thread, one prmt per e2m1 pair (16 per
-    thread and step), 2 packed multiplies per pair for MX and 1 for nvfp4; the whole ring (bias,
+    the weights read as two 128-bit shared loads per row and thread (mxfp8: four), one prmt per e2m1
+    or e4m3 pair (16 per thread and step), 2 packed multiplies per pair for MX and 1 for nvfp4; the whole ring (bias,
     W x A global scales, grouped modes) fits in shared memory; no spills, no wgmma serialisation;
     dense builds store no decoded weights to shared memory (a few stores at most: the barriers).
     nvfp4 and 256-token builds load the scales two steps ahead: the K loop runs two steps per trip
@@ -156,7 +158,7 @@ def test_register_operand_kernel_builds_for_sm90(compiled):
     scales per thread at four sites: two before the loop, one per step in it); the others load
     them one step ahead through Triton's loads."""
     rs = {k: c for k, c in compiled.items() if k.startswith("rs_")}
-    assert len(rs) == 12, rs
+    assert len(rs) == 15, rs
     for key, c in rs.items():
         assert "error" not in c, (key, c)
         assert c["wgmma"] == [f"m64n{c['bt']}k16.f32.bf16.bf16"] and c["a_operand"] == ["regs"], (key, c)
@@ -166,16 +168,18 @@ def test_register_operand_kernel_builds_for_sm90(compiled):
         assert c["ld_nc_u8"] == (nc * 4 * 2 * ns if ahead else 0), (key, c)
         if ahead:  # two K steps per trip of the loop: each step's instructions appear twice
             c = {**c, **{f: c[f] // 2 for f in ("wgmma_count", "wait0", "prmt", "bf16x2_fma")},
-                 "ld_shared_v4": c["ld_shared_v4"] - nc * 4}
+                 "ld_shared_v4": c["ld_shared_v4"] - nc * (8 if c["fmt"] == "mxfp8" else 4)}
         assert (c["atomics"] > 0) == (c["bt"] <= 64 and nc == 2), (key, c)  # the split epilogue's counters
         assert c["wgmma_count"] == nc * 4 and c["wait0"] == nc, (key, c)  # 4 x k16 each
-        # nc x 4 128-bit shared loads in the K loops; the grouped modes' segment scan adds one or two
-        # outside them, by release (triton 3.6: 1, 3.8: 2)
+        # nc x 4 128-bit shared loads in the K loops (mxfp8 nc x 8); the grouped modes' segment scan
+        # adds a few outside them, by release and consumers (triton 3.6: 1 with two consumers, 3 with
+        # four; 3.8: 2 with two)
         assert c["prmt"] == nc * 16, (key, c)
         # a split build's epilogue may add one (triton 3.8: a layout change of the partial tile)
         split = c["atomics"] > 0
-        assert (nc * 4 <= c["ld_shared_v4"] <= nc * 4 + split if "_mode" not in key
-                else 2 * 4 < c["ld_shared_v4"] <= 2 * 4 + 2), (key, c)
+        v4 = nc * (8 if c["fmt"] == "mxfp8" else 4)  # 2 rows x 32 or 64 bytes per thread
+        assert (v4 <= c["ld_shared_v4"] <= v4 + split if "_mode" not in key
+                else v4 < c["ld_shared_v4"] <= v4 + nc), (key, c)
         assert c["bf16x2_fma"] == nc * 16 * (1 if "nvfp4" in key else 2), (key, c)
         assert c["tma_load"] == 2, (key, c)  # the producer's loop: one activation and one weight box
         if "_mode" not in key:  # (the grouped modes' segment scan goes through shared memory, once)

@@ -77,8 +77,8 @@ def test_other_formats_and_devices(fmt, mx_kernels):
         want = ("portable", "dequant_matmul")
         if m == 1:
             want = ("gemv",)
-        elif m == 64 and fmt != "mxfp8" and plan_tiled._TRITON_OK and plan_tiled.TILED_ENABLED:
-            want = ("hopper_tiled",)  # fp4 from 33 rows: the register-operand kernel's 64-token tiles
+        elif m == 64 and plan_tiled._TRITON_OK and plan_tiled.TILED_ENABLED:
+            want = ("hopper_tiled",)  # from 33 rows: the register-operand kernel's 64-token tiles
         elif m == 64 and plan_stream._TRITON_OK and plan_stream.STREAM_ENABLED:
             want = ("hopper_stream",)
         assert plan.kernel in want and plan.reasons, (m, plan)
@@ -501,8 +501,8 @@ def test_tiled_plans_and_config_checks(monkeypatch):
     bf16 or quantized activations gets the tiled kernel or dequantize + cuBLAS, whichever the cost
     model predicts faster (large weights at M = 128-256: tiled; M = 8192: dequantize), its config
     valid and its reasons naming both predictions; fp16 activations say why not; a large fp4 call
-    at M = 256 takes the register-operand kernel (256-token tiles, with or without a bias) and mxfp8
-    never does; GemmConfig rejects tiles, rings and splits the kernels cannot build."""
+    at M = 256 takes the register-operand kernel (256-token tiles, with or without a bias), mxfp8 too;
+    GemmConfig rejects tiles, rings and splits the kernels cannot build."""
     from blockscaled.config.gemm import GemmConfig
     from blockscaled.plan import H100_SXM, Problem
     from blockscaled.plan import gemm as plan_gemm_mod
@@ -525,7 +525,7 @@ def test_tiled_plans_and_config_checks(monkeypatch):
             for bias in (False, True):
                 p = plan_gemm_mod.plan_gemm(Problem("gemm", fmt, 256, 28672, 8192, "bfloat16", bias=bias, tma=True),
                                             H100_SXM)
-                assert p.kernel == "hopper_tiled" and (p.config.block_m == 256) == (fmt != "mxfp8"), str(p)
+                assert p.kernel == "hopper_tiled" and p.config.block_m == 256, str(p)
                 if p.config.block_m == 256:
                     assert p.config.num_warps == 4 and p.config.split_k == 1 and "tiled_rs.py" in str(p), str(p)
     finally:
@@ -596,8 +596,8 @@ def test_grouped_tiled_plans(monkeypatch):
         plan_grouped(big, H100_SXM, dataclasses.replace(cfg, split_k=2), hopper_why=why)
     rs = GemmConfig(block_m=256, block_n=128, block_k=64, num_warps=4, num_stages=4, strategy="tiled")
     assert plan_grouped(big, H100_SXM, rs, hopper_why=why).config.block_m == 256
-    with pytest.raises(ValueError, match="register-operand tiled kernel, which cannot run this call: mxfp8"):
-        plan_grouped(dataclasses.replace(big, fmt="mxfp8"), H100_SXM, rs, hopper_why=why)
+    assert plan_grouped(dataclasses.replace(big, fmt="mxfp8"), H100_SXM, rs, hopper_why=why).config == rs
+
     monkeypatch.setattr(plan_tiled, "TILED_ENABLED", False)
     p = Problem("grouped", "mxfp4", 8192, 5760, 2880, a="bfloat16", grouping="contiguous", experts=128,
                 rows_per_expert=64.0, tma=True)
@@ -682,8 +682,8 @@ def test_small_tiles_between_stream_and_prefill(stream_on, monkeypatch):
     the tiled planner's R4, the register-operand kernel with 64-token tiles and the K split its cost
     model predicts fastest, or R5 (four consumer warpgroups, unsplit) where that saves a round of
     programs on a wide N, weight-only and
-    W x A (activations dequantized first), explained; 32 rows stay on the streaming kernel, mxfp8
-    never takes it, and with the tiled kernels switched off the streaming kernel keeps its rows."""
+    W x A (activations dequantized first), explained, mxfp8 as the fp4 formats; 32 rows stay on the
+    streaming kernel, and with the tiled kernels switched off the streaming kernel keeps its rows."""
     from blockscaled.plan import H200_SXM
     from blockscaled.plan import tiled as plan_tiled
 
@@ -691,7 +691,7 @@ def test_small_tiles_between_stream_and_prefill(stream_on, monkeypatch):
     monkeypatch.setattr(plan_tiled, "_TRITON_OK", True)
     plan_gemm.cache_clear()
     for dev in (H100_SXM, H200_SXM):
-        for fmt in ("mxfp4", "nvfp4"):
+        for fmt in ("mxfp4", "nvfp4", "mxfp8"):
             for m in (33, 48, 64):
                 for n, k in ((8192, 8192), (4096, 14336), (28672, 4096)):
                     for a in ("bfloat16", "quantized"):
@@ -704,8 +704,9 @@ def test_small_tiles_between_stream_and_prefill(stream_on, monkeypatch):
                         assert plan.predicted_us == pytest.approx(best), (plan.predicted_us, best)
                         assert cfg.block_n == 128 or cfg.split_k == 1, cfg  # R5: 256 rows, unsplit
                         assert f"64 tokens x {cfg.block_n} weight rows" in str(plan), str(plan)
-                assert plan_gemm(Problem("gemm", fmt, 32, 8192, 8192, a="bfloat16", tma=True), dev).kernel == (
-                    "hopper_stream")
+                below = plan_gemm(Problem("gemm", fmt, 32, 8192, 8192, a="bfloat16", tma=True), dev).kernel
+                # (mxfp8 at 32 rows: the streaming or the portable kernel, plan/stream.py decides)
+                assert below == "hopper_stream" if fmt != "mxfp8" else below != "hopper_tiled", (fmt, below)
             # 224 tiles of 128 rows take two rounds, 112 of 256 rows one: R5 (four consumers), unsplit
             wide_plan = plan_gemm(Problem("gemm", fmt, 64, 28672, 4096, a="bfloat16", tma=True), dev)
             wide = wide_plan.config
@@ -713,7 +714,6 @@ def test_small_tiles_between_stream_and_prefill(stream_on, monkeypatch):
             assert "(112 tiles of 64x256 x split 1" in str(wide_plan), str(wide_plan)  # the grid that runs
             # K = 14336 on 32 weight tiles: split
             assert plan_gemm(Problem("gemm", fmt, 64, 4096, 14336, a="bfloat16", tma=True), dev).config.split_k > 1
-        assert plan_gemm(Problem("gemm", "mxfp8", 48, 8192, 8192, a="quantized", tma=True), dev).kernel != "hopper_tiled"
     monkeypatch.setattr(plan_tiled, "TILED_ENABLED", False)
     plan_gemm.cache_clear()
     assert plan_gemm(Problem("gemm", "mxfp4", 48, 8192, 8192, a="bfloat16", tma=True), H100_SXM).kernel == (
@@ -723,7 +723,7 @@ def test_small_tiles_between_stream_and_prefill(stream_on, monkeypatch):
 
 def test_tiled_regimes_and_the_register_operand_margin(monkeypatch):
     """plan/tiled.py's regimes (any machine, an H200): the register-operand kernel (R3, block_m 256,
-    4 warps) only for mxfp4 / nvfp4 and never split; grouped calls take it where the experts hold
+    4 warps) never split; grouped calls take it where the experts hold
     256-token tiles' worth of rows, the 128 x 128 regime where they hold ~100, and its 64-token
     tiles of 256 weight rows (R5) where they hold a few dozen; a dense call whose
     R3 prediction is within RS_DEQUANT_MARGIN of dequantize + cuBLAS compares the other regimes
@@ -738,7 +738,7 @@ def test_tiled_regimes_and_the_register_operand_margin(monkeypatch):
         for m, n, k in ((256, 28672, 8192), (2048, 8192, 8192), (8192, 6144, 4096), (300, 2880, 2880)):
             p = Problem("gemm", fmt, m, n, k, "bfloat16", tma=True)
             cfg, t = plan_tiled.tiled_config(p, H200_SXM)
-            assert t > 0 and (cfg.num_warps == 4) <= (fmt != "mxfp8"), (fmt, m, cfg)
+            assert t > 0, (fmt, m, cfg)
             assert cfg.block_m == 128 or cfg.num_warps == 4 and (cfg.block_m == 64 or cfg.split_k == 1), cfg
             no_rs, t2 = plan_tiled.tiled_config(p, H200_SXM, allow_rs=False)  # without R3 (R4 stays)
             assert no_rs.block_m != 256 and t2 >= t, (no_rs, t, t2)
@@ -748,8 +748,7 @@ def test_tiled_regimes_and_the_register_operand_margin(monkeypatch):
             g = Problem("grouped", fmt, 32 * rows, 5760, 2880, "bfloat16", grouping="contiguous", experts=32,
                         rows_per_expert=float(rows), tma=True)
             cfg, _ = plan_tiled.grouped_tiled_config(g, H200_SXM)
-            want = (bm, bn) if fmt != "mxfp8" else (128, 128)
-            assert (cfg.block_m, cfg.block_n, cfg.split_k) == (*want, 1), (fmt, rows, cfg)
+            assert (cfg.block_m, cfg.block_n, cfg.split_k) == (bm, bn, 1), (fmt, rows, cfg)
             words = plan_tiled.grouped_tiles_words(g, cfg.block_m, cfg.block_n)
             assert f"of {cfg.block_m} rows x {-(-5760 // cfg.block_n)} N tiles of {cfg.block_n} rows" in words, words
     assert "tiled_rs.py" in plan_tiled.kernel_words(plan_tiled.regime_config(3, 1, True))

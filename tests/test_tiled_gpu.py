@@ -1,5 +1,5 @@
 """The sm_90a tiled MX / NV kernels (kernels/hopper/tiled.py; tiled_rs.py, the register-operand
-kernel, for 4-warp configs with mxfp4 / nvfp4: 256-token tiles, and 16 / 32 / 64 with a K split) on the GPU: mxfp4 / nvfp4 / mxfp8
+kernel, for 4-warp configs: 256-token tiles, and 16 / 32 / 64 with a K split) on the GPU: mxfp4 / nvfp4 / mxfp8
 weights x bf16 or quantized activations against the float64 reference, through forced configs (odd
 M and N, K tails that are not a multiple of the 64-element step, K splits that do and do not divide
 the steps, ring depths, output dtypes, a bias, NaN-poisoned outputs), nvfp4 global scales of both
@@ -55,7 +55,7 @@ def test_forced_weight_only(fmt, m, n, k, split, stages):
 RS = GemmConfig(block_m=256, block_n=128, block_k=64, num_warps=4, num_stages=4, split_k=1, strategy="tiled")
 
 
-@pytest.mark.parametrize("fmt", ("mxfp4", "nvfp4"))
+@pytest.mark.parametrize("fmt", FMTS)
 def test_register_operand_kernel(fmt):
     """block_m 256 with 4 warps: kernels/hopper/tiled_rs.py (the decoded weights as the wgmma's
     register operand, 256 tokens x 128 weight rows): odd M / N (tails of both tiles), K tails that
@@ -95,7 +95,7 @@ def test_register_operand_kernel(fmt):
     assert_gemm_close(out, ref_gemm.gemm(x2, w), fmt, torch.bfloat16, what="graph replay")
 
 
-@pytest.mark.parametrize("fmt", ("mxfp4", "nvfp4"))
+@pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("bt", (16, 32, 64))
 def test_register_operand_small_tiles_split(fmt, bt):
     """The register-operand kernel with 16 / 32 / 64-token tiles and a K split (R4 of plan/tiled.py
@@ -139,7 +139,7 @@ def test_register_operand_small_tiles_split(fmt, bt):
     assert_gemm_close(out, ref_gemm.gemm(x2, w), fmt, torch.bfloat16, what="graph replay")
 
 
-@pytest.mark.parametrize("fmt", ("mxfp4", "nvfp4"))
+@pytest.mark.parametrize("fmt", FMTS)
 def test_register_operand_four_consumers(fmt):
     """block_n 256: four consumer warpgroups of 64 weight rows (plan/tiled.py R5, 64-token tiles,
     unsplit): N below, at and past one 256-row tile (consumers wholly past N), odd M, K tails,
@@ -162,7 +162,7 @@ def test_register_operand_four_consumers(fmt):
     assert_gemm_close(out, ref_gemm.gemm(a, w), fmt, torch.bfloat16, what=f"{fmt} four consumers W x A")
     from blockscaled.plan import tiled as plan_tiled
 
-    if plan_tiled._TRITON_OK and plan_tiled.TILED_ENABLED:
+    if plan_tiled._TRITON_OK and plan_tiled.TILED_ENABLED and fmt in plan_tiled.TILED_STEP5_US:
         x = randn_like_activations(48, 4096, device="cuda", seed=7)
         w = _weights(28672, 4096, fmt, seed=8)
         with observe_plans() as plans:
@@ -197,11 +197,29 @@ def test_small_tiles_planned_between_stream_and_prefill(fmt):
     assert plans[-1].kernel == "hopper_stream", plans[-1]
 
 
-def test_register_operand_kernel_refuses_mxfp8():
-    """(its split refusal is a config check: tests/test_planner.py)"""
-    x = randn_like_activations(300, 256, device="cuda", seed=1)
-    with pytest.raises(ValueError, match="register-operand"):
-        bs.gemm(x, _weights(128, 256, "mxfp8", seed=2), config=RS)
+@pytest.mark.parametrize("bt,bn", ((64, 128), (64, 256), (256, 128)))
+def test_register_operand_mxfp8_every_code(bt, bn):
+    """mxfp8 weights on the register-operand kernel (kernels/hopper/tiled_rs.py ``_RS_PAIR_E4M3``):
+    every e4m3 code (subnormals, zeros of both signs, the largest) in every byte position of the
+    words a lane pair reads, under E8M0 scales from 2**-20 to 2**20, against the float64 reference;
+    a NaN code makes its output column NaN (as the reference's), and only that one."""
+    n, k = 130, 512
+    codes = torch.arange(256, dtype=torch.int32, device="cuda")
+    codes = codes[(codes & 0x7F) != 0x7F].to(torch.uint8)  # the 254 non-NaN codes
+    g = torch.Generator(device="cuda").manual_seed(5)
+    w = _weights(n, k, "mxfp8", seed=6)
+    rows = torch.stack([codes[torch.randperm(codes.numel(), generator=g, device="cuda")] for _ in range(n)])
+    w.data.view(torch.uint8).copy_(rows.repeat(1, 3)[:, :k])
+    w.scale.view(torch.uint8).copy_(torch.randint(107, 148, w.scale.shape, generator=g, device="cuda",
+                                                  dtype=torch.int32).to(torch.uint8))
+    x = randn_like_activations(70, k, device="cuda", seed=7)
+    cfg = GemmConfig(block_m=bt, block_n=bn, block_k=64, num_warps=4, num_stages=4 if bt == 256 else 6, split_k=1,
+                     strategy="tiled")
+    out = bs.gemm(x, w, torch.float32, out=_nan(70, n, torch.float32), config=cfg)
+    assert_gemm_close(out, ref_gemm.gemm(x, w), "mxfp8", torch.float32, what=f"mxfp8 every code {bt}x{bn}")
+    w.data.view(torch.uint8)[7, 300] = 0xFF  # a NaN code in row 7
+    out = bs.gemm(x, w, torch.float32, config=cfg)
+    assert out[:, 7].isnan().all() and not out[:, torch.arange(n, device="cuda") != 7].isnan().any()
 
 
 @pytest.mark.parametrize("fmt", FMTS)

@@ -35,9 +35,10 @@ Variants (comma list; the first is the baseline of the ratio column):
                   STREAM_MIN_CHUNKS)
   tiled[:rN]      mxfp4 / nvfp4 / mxfp8 above 64 rows on sm_90 (dense or grouped): the tiled kernels'
                   regime the planner predicts fastest (plan/tiled.py tiled_config / grouped_tiled_config),
-                  or regime N unsplit (r1: kernels/hopper/tiled.py 128 x 128; r3: the register-operand
-                  kernel kernels/hopper/tiled_rs.py, 256 tokens x 128 rows, fp4): the measurement
-                  behind TILED_STEP_US / TILED_STEP3_US (tiled@split_k=2: another split)
+                  or regime N unsplit (r1: kernels/hopper/tiled.py 128 x 128; r3 / r4 / r5: the
+                  register-operand kernel kernels/hopper/tiled_rs.py, 256 tokens x 128 rows / 64 x 128 /
+                  64 x 256): the measurement behind TILED_STEP_US / TILED_STEP3_US / TILED_STEP4_US
+                  (tiled@split_k=2, tiled:r4@split_k=2: another split)
   KIND@f=v:f=v    KIND's config with fields replaced, e.g. wide@block_n=128:epilogue=masked,
                   portable@split_k=2; Hopper rings are refilled to what fits unless stages= is given
   cands[:PREFIX]  dense fp8_block on sm_90: every candidate the planner ranks (plan.dense.fp8_candidates)
@@ -238,9 +239,9 @@ def resolve(case: Case, tokens: list[str], dev) -> list[tuple[str, object]]:
             if case.op == "swiglu" or case.fmt not in TILED_FORMATS:
                 raise SystemExit(f"variant {tok!r}: gemm / grouped with {' / '.join(TILED_FORMATS)} weights")
             if prefix:
-                if prefix not in ("r1", "r3"):
-                    raise SystemExit(f"variant {tok!r}: expected tiled:r1 or tiled:r3")
-                if prefix == "r3" and case.fmt not in RS_FORMATS:
+                if prefix not in ("r1", "r3", "r4", "r5"):
+                    raise SystemExit(f"variant {tok!r}: expected tiled:r1, r3, r4 or r5")
+                if prefix != "r1" and case.fmt not in RS_FORMATS:
                     raise SystemExit(f"variant {tok!r}: the register-operand kernel takes {' / '.join(RS_FORMATS)}")
                 cfg = regime_config(int(prefix[1]), 1, case.weight_only)
             else:

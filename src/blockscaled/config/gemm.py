@@ -81,7 +81,7 @@ class GemmConfig:
         kernels/hopper/tiled.py, block_m 128 with 8 warps, block_n 128, block_k 64, num_stages
         3..6 TMA ring slots (4 and more add a TMA producer warp; 3 fits two programs per SM
         without one: ops/_tiled.py TILED_WS_MIN_STAGES), split_k; or 4 warps (``is_register_operand``):
-        kernels/hopper/tiled_rs.py, mxfp4 / nvfp4 weights as the wgmma's register operand, block_m
+        kernels/hopper/tiled_rs.py, mxfp4 / nvfp4 / mxfp8 weights as the wgmma's register operand, block_m
         tokens (16, 32, 64, 128 or 256) x block_n 128 weight rows (256 up to 64 tokens: four consumer
         warpgroups, unsplit), 3..4 slots (3..6 below 256 tokens), split_k up to 64 tokens; "direct":
         kernels/hopper/direct.py, mxfp4 / nvfp4 weights, block_m 8 padded activation rows, block_n

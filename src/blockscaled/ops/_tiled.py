@@ -1,5 +1,5 @@
 """Host launchers of the sm_90a tiled MX / NV GEMMs (kernels/hopper/tiled.py, and tiled_rs.py for
-4-warp configs): bf16 activations x mxfp4 / nvfp4 / mxfp8 weights (tiled_rs: fp4), prefill-sized M.
+4-warp configs): bf16 activations x mxfp4 / nvfp4 / mxfp8 weights, prefill-sized M.
 
 No validation here (ops/gemm.py validates the call and checks a forced config; the planner plans
 the kernel only for operands it can take: plan/tiled.py).
@@ -149,8 +149,8 @@ def launch_tiled_rs(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor
                     out: torch.Tensor, cfg: GemmConfig, bias: torch.Tensor | None = None, x_gs=None,
                     seg: torch.Tensor | None = None, grouping: int = 0) -> None:
     """``out [M, N] = x [M, K] @ dequantize(w).T`` (+ bias) on the register-operand tiled kernel
-    (kernels/hopper/tiled_rs.py; :func:`launch_tiled` sends 4-warp configs here): mxfp4 / nvfp4
-    weights only, ``cfg.block_m`` tokens (16 .. 256) x ``cfg.block_n`` weight rows per program (128: two
+    (kernels/hopper/tiled_rs.py; :func:`launch_tiled` sends 4-warp configs here): mxfp4 / nvfp4 /
+    mxfp8 weights, ``cfg.block_m`` tokens (16 .. 256) x ``cfg.block_n`` weight rows per program (128: two
     consumer warpgroups, 256: four),
     ``cfg.num_stages`` ring slots, ``cfg.split_k`` K splits (dense; lowered so that none is empty).
     Operands, grouping and layouts as :func:`launch_tiled`. Example (Llama 3 70B o, a prefill)::

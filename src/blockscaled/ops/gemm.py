@@ -39,7 +39,6 @@ from ._tiled import launch_tiled
 from ._splitk import splitk_scratch
 from ..formats import Format, get_format
 from ..plan.mx_packed import MIXED_PAIRS, mixed_config_ok
-from ..plan.tiled import RS_FORMATS
 from ..kernels.triton._mma import FORMAT_CODES
 from ..kernels.triton.gemm import gemm_kernel
 from ..kernels.triton.gemv import gemv_kernel
@@ -372,9 +371,6 @@ def _check_sm90_mx(strategy: str, a2, a_s2, fmt: Format, m: int, k: int, cfg: Ge
     if (strategy == "stream" and m > 64) or k % 32:
         raise ValueError(f"config.strategy: {strategy!r} takes " + ("M <= 64 and " if strategy == "stream" else "")
                          + f"K % 32 == 0, got M={m}, K={k}")
-    if cfg.is_register_operand and fmt.name not in RS_FORMATS:
-        raise ValueError(f"config.num_warps: 4 is the register-operand tiled kernel (kernels/hopper/tiled_rs.py), "
-                         f"which takes mxfp4 / nvfp4 weights, got {fmt.name}")
     if strategy == "tiled" and a_s2 is not None and not cfg.dequant_a:
         raise ValueError("config.dequant_a: strategy 'tiled' dequantizes quantized activations to bf16 first; pass "
                          "dequant_a=True (the planner's configs do)")

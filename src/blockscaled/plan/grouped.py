@@ -20,8 +20,8 @@ from .device import DeviceInfo
 from .stream import STREAM_GROUPED_MAX_ROWS, grouped_stream_config, grouped_stream_reason, grouped_stream_split_why
 from ..config.gemm import GemmConfig
 from .grouped_portable import check_grouped_config, choose_grouped_config, dequant_matmul_reason
-from .tiled import (dequant_matmul_us, grouped_tiled_config, grouped_tiled_reason, grouped_tiles_words, kernel_words,
-                    rs_reason)
+from .tiled import (dequant_matmul_us, grouped_tiled_config, grouped_tiled_reason, grouped_tiles_words,
+                    kernel_words)
 from .splits import cdiv as _cdiv
 from .types import DTYPES, Plan, Problem
 
@@ -286,10 +286,6 @@ def _forced_tiled(p: Problem, dev: DeviceInfo, forced, backend: str) -> Plan:
     cfg = forced if isinstance(forced, GemmConfig) else GemmConfig(**forced)
     if cfg.split_k != 1:
         raise ValueError(f"config.split_k: the grouped tiled kernel does not split K, got {cfg.split_k}")
-    rs_why = rs_reason(p)
-    if cfg.is_register_operand and rs_why is not None:
-        raise ValueError(f"config.num_warps: 4 is the register-operand tiled kernel, which cannot run this call: "
-                         f"{rs_why}")
     cfg = dataclasses.replace(cfg, dequant_a=not p.weight_only)
     return Plan(p.op, backend, cfg, p, reasons=("forced by config=",))
 

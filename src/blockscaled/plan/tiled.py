@@ -9,21 +9,21 @@ program, ``rounds = ceil(programs / (programs per SM x SMs))``:
   <= 8: ``rounds x (steps x TILED_STEP_US[fmt] + TILED_SPLIT_US if split)``;
 * R2 (fp4): 128 x 128 tiles, a 3-slot ring without the producer, two programs per SM, unsplit,
   planned only where the grid has more programs than SMs: ``rounds x steps x TILED_STEP2_US``;
-* R3 (fp4): the register-operand kernel (tiled_rs.py): 256 tokens x 128 weight rows, two consumer
+* R3: the register-operand kernel (tiled_rs.py): 256 tokens x 128 weight rows, two consumer
   warpgroups with the decoded weights as the wgmma's register operand (no shared-memory round
   trip), a 4-slot ring with the producer, unsplit: ``rounds x steps x TILED_STEP3_US``. It replaced
   tiled.py's 256 x 128 regime (16 math warps sharing one decoded tile; 1.088 / 1.137 us per step),
   which it beats by 1.1-1.35x (mxfp4) and 1.0-1.1x (nvfp4) at M >= 2048 (twenty-eighth session,
   rs-ab-20261128.json; its own fit below, at TILED_STEP3_US).
 
-* R4 (fp4): the register-operand kernel with 64-token tiles and a K split, for the band between the
+* R4: the register-operand kernel with 64-token tiles and a K split, for the band between the
   streaming kernel's rows and prefill (RS_SMALL_MIN_M <= M): ``rounds x (steps x TILED_STEP4_US +
   TILED_SPLIT4_US if split) + TILED_FIX4_US``. Its time hardly grows with M up to 64 tokens (the
   weights' decode sets it, each weight tile decoded once per 64 tokens), where the streaming
   kernel's grows with the activation rows it gathers per 64 weight rows (thirty-first session,
   rs-small-ab-20261128.json: 1.16-1.68x the streaming kernel at M = 64 on 7 of 7 shapes, 0.86-1.15x
   at M = 32 with 32-token tiles, no gain at M = 16).
-* R5 (fp4): the same with four consumer warpgroups (256 weight rows per program), unsplit:
+* R5: the same with four consumer warpgroups (256 weight rows per program), unsplit:
   ``rounds x steps x TILED_STEP5_US + TILED_FIX4_US``. Half the programs of R4 for a wide N, so a
   grid that would leave R4 a second, partial round fits in one (28672 x 4096 at M = 64: 1.22x R4
   mxfp4, 1.31x nvfp4); per 128 rows and step it is only ~15 % cheaper than R4, and its split
@@ -37,8 +37,11 @@ the fixed cost per round came out near zero once the epilogue stored straight fr
 layout; a K split costs 5-8 us more per round (TILED_SPLIT_US: the fp32 partial tiles). ncu of an
 earlier build (M = 2048, 8192 x 8192, no producer warp): 2 warps per scheduler, 41 % of the cycles
 stalled at CTA barriers, tensor pipe 37 %: latency-bound, hence the producer warp, the second
-program per SM and (then) 256-row tiles. mxfp8 (R1 only; R3 decodes packed e2m1) runs ~17 % slower
-per step than mxfp4 (tiled-ws-ab).
+program per SM and (then) 256-row tiles. mxfp8 runs ~17 % slower per step than mxfp4 on R1
+(tiled-ws-ab). R3 / R4 / R5 decode mxfp8 too (e4m3 bytes placed into bf16 in registers, as the
+streaming kernel does; thirty-fourth session, rs-mxfp8-ab-20261129.json: forced against the plans
+of the time, mxfp8 weight-only at 33-64 rows 1.03-1.30x, W x A at 48-64 rows 1.18-1.80x, R3 at 256
+rows on a wide N 1.63x, grouped MoE experts 1.24-1.75x).
 
 The alternative above 64 rows is dequantize + cuBLAS bf16 (the portable kernel, and the experimental
 bf16 tiles, are not candidates where the tiled kernel can run: plan/gemm.py ``_plan_tiled``):
@@ -79,16 +82,20 @@ TILED_SPLIT_US = 7.0
 #: R2: 3-slot ring without the producer, two 128 x 128 programs per SM (fp4): us per step and program
 TILED_STAGES_2 = 3
 TILED_STEP2_US = {"mxfp4": 1.255, "nvfp4": 1.347}
-#: R3: the register-operand kernel, 4-slot ring, one 256 x 128 program per SM (fp4): us per step.
+#: R3: the register-operand kernel, 4-slot ring, one 256 x 128 program per SM: us per step.
 #: Fitted (relative least squares) on the H200 A/B of twenty-eighth session (rs-ab-20261128.json:
 #: 2880 x 2880 .. 28672 x 8192 and 8192 x 28672, M = 256 / 2048 / 8192, three runs): mxfp4 0.843
 #: (rows -15 .. +19 %: per-step time rises from ~0.75 us with a few programs to ~0.95 at full
 #: load), nvfp4 1.020 (-8 .. +6 %). Then divided by the speed-up of the scales loaded two steps ahead
 #: (thirty-second session, rs-pipeline-scales-20261129.json `scales_ahead`: forced R3 at M = 256 /
 #: 1024 / 2048 against the one-step loop, geomean of 3 shapes): mxfp4 1.030 -> 0.818, nvfp4 1.134 -> 0.900
+#: mxfp8 (e4m3 bytes placed into bf16 in registers, 16 words per row and step): 0.872, the geometric
+#: mean over 12 forced rows of the thirty-fourth session (rs-mxfp8-ab-20261129.json: 2880 x 2880 ..
+#: 28672 x 4096 at M = 128 / 256 / 2048, -16 .. +29 %: as mxfp4, ~0.75 with a few programs, ~1.0 at
+#: full load)
 TILED_STAGES_3 = 4
-TILED_STEP3_US = {"mxfp4": 0.818, "nvfp4": 0.900}
-#: R4: the register-operand kernel with 64-token tiles, a 6-slot ring, any K split (fp4): us per
+TILED_STEP3_US = {"mxfp4": 0.818, "nvfp4": 0.900, "mxfp8": 0.872}
+#: R4: the register-operand kernel with 64-token tiles, a 6-slot ring, any K split: us per
 #: step, per round of programs with a split (its fp32 partials and last-arriver sum) and per call.
 #: Fitted (log least squares) on the H200 A/B of the thirty-first session (rs-small-ab-20261128.json:
 #: 7 shapes 2880 x 2880 .. 28672 x 4096 x splits 1 / 2 / 4 at M = 64 and 1 / 2 at M = 128, mxfp4):
@@ -98,16 +105,20 @@ TILED_STEP3_US = {"mxfp4": 0.818, "nvfp4": 0.900}
 #: held-out plan rows (rs-small-ab, so in sample): -12 .. +19 %; then divided by the speed-up of
 #: nvfp4's scales loaded two steps ahead (rs-pipeline-scales-20261129.json `scales_ahead`, the planned
 #: R4 rows with 27 or more steps per program, geomean of 3: 1.103): 0.61 -> 0.553
+#: mxfp8: 0.536, the geometric mean of its 54 forced R4 rows (split 1 / 2 / 4)
+#: of the thirty-fourth session (rs-mxfp8-ab-20261129.json: 12 shapes at M = 33-128, the split and
+#: per-call terms mxfp4's): -21 .. +20 %
 TILED_STAGES_4 = 6
-TILED_STEP4_US = {"mxfp4": 0.44, "nvfp4": 0.553}
+TILED_STEP4_US = {"mxfp4": 0.44, "nvfp4": 0.553, "mxfp8": 0.536}
 TILED_SPLIT4_US = 5.0
 TILED_FIX4_US = 3.0
 #: R5: four consumer warpgroups (256 weight rows), 64-token tiles, unsplit: us per step (H200, the
 #: thirty-first session's A/B rs-small-ab-20261128.json `nc4`, unsplit rows of 7 shapes at M = 64:
 #: mxfp4 0.70-0.76, nvfp4 0.84-1.02); nvfp4 then divided by the speed-up of its scales loaded two
 #: steps ahead on the one R5 row of rs-pipeline-scales-20261129.json `scales_ahead` (64 x 28672 x
-#: 4096: 1.113; the grouped R5 row 1.069): 0.95 -> 0.854
-TILED_STEP5_US = {"mxfp4": 0.75, "nvfp4": 0.854}
+#: 4096: 1.113; the grouped R5 row 1.069): 0.95 -> 0.854; mxfp8 the geometric mean of its 21 forced
+#: rows of the thirty-fourth session (rs-mxfp8-ab-20261129.json, -4 .. +6 %)
+TILED_STEP5_US = {"mxfp4": 0.75, "nvfp4": 0.854, "mxfp8": 0.86}
 #: R4's tokens per tile
 RS_SMALL_TOKENS = 64
 #: fp4 calls from this M on go to this module's planner (R4 among the regimes) instead of the
@@ -227,7 +238,7 @@ def tiled_config(p: Problem, dev: DeviceInfo, allow_rs: bool = True) -> tuple[Ge
     cands = [(1, s) for s in splits]
     if p.fmt in TILED_STEP2_US and -(-p.m // 128) * -(-p.n // 128) > dev.sm_count:
         cands.append((2, 1))
-    if allow_rs and rs_reason(p) is None:
+    if allow_rs and rs_reason(p, 3) is None:
         cands.append((3, 1))
     if rs_reason(p) is None:
         cands += [(4, s) for s in splits] + [(5, 1)]
@@ -251,13 +262,18 @@ def regime_config(regime: int, split: int, weight_only: bool) -> GemmConfig:
                       split_k=split, strategy="tiled", dequant_a=not weight_only)
 
 
-#: weight formats of the register-operand kernel (packed e2m1)
-RS_FORMATS = ("mxfp4", "nvfp4")
+#: weight formats the register-operand kernel decodes (a forced config may run it on any of them)
+RS_FORMATS = ("mxfp4", "nvfp4", "mxfp8")
 
 
-def rs_reason(p: Problem) -> str | None:
-    """None when the register-operand kernel (R3) can take the call: packed e2m1 weights."""
-    return None if p.fmt in RS_FORMATS else f"{p.fmt} weights (it decodes {' / '.join(RS_FORMATS)})"
+def rs_reason(p: Problem, regime: int = 4) -> str | None:
+    """None when the planner may give the call to the register-operand kernel in ``regime`` (3: 256
+    tokens; 4 / 5: 64 tokens): a weight format whose per-step time in that regime was measured
+    (TILED_STEP3_US / TILED_STEP4_US)."""
+    measured = TILED_STEP3_US if regime == 3 else TILED_STEP4_US
+    if p.fmt in measured:
+        return None
+    return f"{p.fmt} weights (its {'256' if regime == 3 else '64'}-token tiles are planned for {' / '.join(measured)})"
 
 
 # ----------------------------------------------------------------------------- grouped (MoE prefill)
@@ -322,9 +338,10 @@ def grouped_tiled_config(p: Problem, dev: DeviceInfo) -> tuple[GemmConfig, float
     n128 = -(-p.n // 128)
     # (regime, tiles, us per step, fixed us): R3 / R4 / R5 the register-operand kernel (fp4)
     cands = [(1, _grouped_m_tiles(p, 128) * n128, TILED_STEP_US[p.fmt], 0.0)]
+    if rs_reason(p, 3) is None:
+        cands.append((3, _grouped_m_tiles(p, 256) * n128, TILED_STEP3_US[p.fmt], 0.0))
     if rs_reason(p) is None:
-        cands += [(3, _grouped_m_tiles(p, 256) * n128, TILED_STEP3_US[p.fmt], 0.0),
-                  (4, _grouped_m_tiles(p, RS_SMALL_TOKENS) * n128, TILED_STEP4_US[p.fmt], TILED_FIX4_US),
+        cands += [(4, _grouped_m_tiles(p, RS_SMALL_TOKENS) * n128, TILED_STEP4_US[p.fmt], TILED_FIX4_US),
                   (5, _grouped_m_tiles(p, RS_SMALL_TOKENS) * -(-p.n // 256), TILED_STEP5_US[p.fmt], TILED_FIX4_US)]
     best = None  # (a loop, not min() over a generator with key=: torch.compile(fullgraph) traces this)
     for r, tiles, step, fix in cands:

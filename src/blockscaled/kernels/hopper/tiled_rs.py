@@ -1,7 +1,7 @@
 """The sm_90a tiled MX / NV GEMM with the weights as the wgmma's register operand (swap-AB), in Gluon.
 
 ``C[m, n] = sum_k x[m, k] * dequantize(W)[n, k]`` (+ bias) for prefill-sized M, bf16 activations x
-mxfp4 / nvfp4 weights. Kernel body only; the host launcher is ``blockscaled.ops._tiled``.
+mxfp4 / nvfp4 / mxfp8 weights. Kernel body only; the host launcher is ``blockscaled.ops._tiled``.
 
 Why a second tiled kernel (benchmarks/NOTES.md, twenty-eighth session): ``tiled.py`` stores each
 decoded weight tile to shared memory as a bf16 wgmma operand, so every weight element is written
@@ -23,6 +23,8 @@ Here the decoded weights never leave the registers:
   threads read the same addresses: a broadcast) and selects its byte per word with one ``prmt``
   that also places the byte's high nibble 16 bits above its low one: the streaming kernel's pair
   decode then yields the bf16x2 register of the pair (exact products of code and block scale);
+  mxfp8: 16 words per row and step, the pair is bytes 2t, 2t + 1 of words 2i, 2i + 1 (one prmt over
+  both, then the streaming kernel's e4m3 decode: ``_RS_PAIR_E4M3``);
 * the decoded registers are the wgmma's A operand as they are (the conversion is asserted
   trivial at compile time); each consumer waits for its own wgmma before its next decode, and the
   other consumer's wgmma can keep the tensor cores busy meanwhile. Decoding the next step under
@@ -58,15 +60,13 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
 from .direct import _out_scale
-from .stream import _FMT_MXFP4, _FMT_NVFP4, _LD_U8, _scale_bits, _scale_factor, _splitk_sum_store
+from .stream import _FMT_MXFP4, _FMT_MXFP8, _FMT_NVFP4, _LD_U8, _scale_bits, _scale_factor, _splitk_sum_store
 from .tiled import BLOCK_K, _tiled_producer, tile_rows
 
 __all__ = ["tiled_rs_kernel", "RS_ROWS", "rs_layouts"]
 
 #: weight rows per consumer warpgroup (the wgmma's M) and per program (two consumers)
 RS_ROWS = gl.constexpr(64)
-#: int32 words of packed e2m1 per row and 64-element K step
-_WPR = gl.constexpr(8)
 
 # One pair of e2m1 codes -> its bf16x2 register: $1 = the 32-bit word holding the pair's byte,
 # $2 = the prmt selector of this thread's byte (t | (t + 4) << 8: the byte to bits 0..7 and the
@@ -92,6 +92,32 @@ or.b32 m, m, s;
 _RS_PAIR_MX = gl.constexpr(_RS_PAIR.format(mx="fma.rn.bf16x2 m, m, c, nz;\n"))
 _RS_PAIR_NV = gl.constexpr(_RS_PAIR.format(mx=""))
 
+# mxfp8: one pair of e4m3 codes -> its bf16x2 register. A step's 64 codes of a row are 16 words; the
+# pair (8i + 2t, 8i + 2t + 1) of lane quad t is bytes 2t, 2t + 1 of words (2i, 2i + 1) = $1, $2, so
+# one prmt ($3 = its selector) places the two bytes in bits 8..15 and 24..31. Then the streaming
+# kernel's e4m3 decode (stream._DECODE_E4M3): the 7 magnitude bits to bf16 bits 4..10 (the value
+# e4m3 * 2**-120, subnormals included), the sign to bit 15, times 2**120 (0x7B80: exact), times the
+# E8M0 factor $4 (exact); a NaN code (magnitude 0x7F: + 1 carries into bit 7) multiplies by NaN, so
+# the output element is NaN as the float64 reference's is.
+_RS_PAIR_E4M3 = gl.constexpr("""
+{
+.reg .b32 v, m, s, t, c, nz;
+.reg .pred p;
+mov.b32 nz, 0x80008000;
+prmt.b32 v, $1, $2, $3;
+and.b32 m, v, 0x7F007F00;
+add.u32 t, m, 0x01000100;
+and.b32 t, t, 0x80008000;
+setp.ne.u32 p, t, 0;
+selp.b32 c, 0x7FC07FC0, 0x7B807B80, p;
+shr.b32 m, m, 4;
+and.b32 s, v, 0x80008000;
+or.b32 m, m, s;
+fma.rn.bf16x2 m, m, c, nz;
+fma.rn.bf16x2 $0, m, $4, nz;
+}
+""")
+
 
 @gluon.constexpr_function
 def rs_layouts(ns):
@@ -116,6 +142,27 @@ def rs_layouts(ns):
 
 
 @gluon.constexpr_function
+def rs_words8_layout():
+    """mxfp8: one consumer's step of e4m3 codes as int32 words [64 rows, 2 (scale block), 4 (w), 2 (j)]
+    (word 8 block + 2 w + j): a thread holds rows r and r + 8 whole (four 128-bit shared loads per row,
+    the quad's lanes reading the same addresses), j in its lowest register bit so that a split
+    gives the words 2i and 2i + 1 (i = 4 block + w) in ``rs_layouts(2)``'s word layout."""
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 0, 1], [0, 0, 1, 0], [0, 0, 2, 0], [0, 1, 0, 0], [8, 0, 0, 0]],
+        lane_bases=[[0, 0, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0], [2, 0, 0, 0], [4, 0, 0, 0]],
+        warp_bases=[[16, 0, 0, 0], [32, 0, 0, 0]], block_bases=[], shape=[64, 2, 4, 2])
+
+
+@gluon.constexpr_function
+def rs_words8_2d_layout():
+    """The same words as [64, 16] (the shared-memory load)."""
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [8, 0]],
+        lane_bases=[[0, 0], [0, 0], [1, 0], [2, 0], [4, 0]],
+        warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 16])
+
+
+@gluon.constexpr_function
 def rs_acc_layout(bt):
     """One consumer's accumulator [64 weight rows, BT tokens]: wgmma m64 nBT."""
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, bt, 16])
@@ -123,9 +170,12 @@ def rs_acc_layout(bt):
 
 @gluon.jit
 def _rs_decode(words, fac, sel, FMT: gl.constexpr):
-    """words [64, NS, WPB, 1], factors [64, NS, 1, 1], selectors [1, 1, 1, 4] -> the bf16 A
-    operand [64, 64] (K order 8i + 2t + h, natural)."""
-    if FMT == _FMT_NVFP4:
+    """words [64, NS, WPB, 1] (mxfp8: a pair of them, words 2i and 2i + 1), factors [64, NS, 1, 1],
+    selectors [1, 1, 1, 4] -> the bf16 A operand [64, 64] (K order 8i + 2t + h, natural)."""
+    if FMT == _FMT_MXFP8:  # words: (word 2i, word 2i + 1)
+        pr = gl.inline_asm_elementwise(_RS_PAIR_E4M3, "=r,r,r,r,r", [words[0], words[1], sel, fac], dtype=gl.int32,
+                                       is_pure=True, pack=1)
+    elif FMT == _FMT_NVFP4:
         pr = gl.inline_asm_elementwise(_RS_PAIR_NV, "=r,r,r,r", [words, sel, fac], dtype=gl.int32, is_pure=True,
                                        pack=1)
     else:
@@ -166,8 +216,14 @@ def _rs_kstep(acc, x_bufs, w_bufs, ready, empty, i, f, sel, G: gl.constexpr, NS:
     s = i % STAGES
     mbarrier.wait(ready.index(s), (i // STAGES) & 1)
     w2 = w_bufs.index(s).slice(G * 64, 64).load(WL)
-    words = gl.convert_layout(gl.reshape(w2, [64, NS, WPB]), W3, assert_trivial=True)
-    a = _rs_decode(gl.expand_dims(words, 3), gl.expand_dims(gl.expand_dims(f, 2), 3), sel, FMT)
+    if FMT == _FMT_MXFP8:
+        w4 = gl.convert_layout(gl.reshape(w2, [64, NS, WPB, 2]), rs_words8_layout(), assert_trivial=True)
+        w_even, w_odd = gl.split(w4)
+        words = (gl.expand_dims(gl.convert_layout(w_even, W3, assert_trivial=True), 3),
+                 gl.expand_dims(gl.convert_layout(w_odd, W3, assert_trivial=True), 3))
+    else:
+        words = gl.expand_dims(gl.convert_layout(gl.reshape(w2, [64, NS, WPB]), W3, assert_trivial=True), 3)
+    a = _rs_decode(words, gl.expand_dims(gl.expand_dims(f, 2), 3), sel, FMT)
     a = gl.convert_layout(a, a_l, assert_trivial=True)
     acc = warpgroup_mma(a, x_bufs.index(s).permute((1, 0)), acc, is_async=True)
     acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
@@ -189,7 +245,7 @@ def _rs_consumer(x_bufs, w_bufs, ready, empty, ws_ptr, gs_ptr, ags_ptr, bias_ptr
     NS: gl.constexpr = 4 if FMT == _FMT_NVFP4 else 2
     WPB: gl.constexpr = 8 // NS
     SPB: gl.constexpr = 16 if FMT == _FMT_NVFP4 else 32  # elements per scale
-    WL: gl.constexpr = rs_layouts(NS)[0]
+    WL: gl.constexpr = rs_words8_2d_layout() if FMT == _FMT_MXFP8 else rs_layouts(NS)[0]
     PL: gl.constexpr = rs_layouts(NS)[1]
     W3: gl.constexpr = gl.SliceLayout(3, PL)
     FL: gl.constexpr = gl.SliceLayout(2, W3)  # [64, NS] factors
@@ -197,7 +253,10 @@ def _rs_consumer(x_bufs, w_bufs, ready, empty, ws_ptr, gs_ptr, ags_ptr, bias_ptr
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
 
     tq = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, PL))))
-    sel = (tq | ((tq + 4) << 8))[None, None, None, :]
+    if FMT == _FMT_MXFP8:  # bytes 2t, 2t + 1 of the word pair to bytes 1 and 3 (bytes 0 and 2: masked off)
+        sel = (((2 * tq) * 0x11) | ((2 * tq + 1) * 0x1100))[None, None, None, :]
+    else:
+        sel = (tq | ((tq + 4) << 8))[None, None, None, :]
 
     row0 = off_n + G * 64
     sr = gl.arange(0, 64, layout=gl.SliceLayout(1, FL))
@@ -279,14 +338,15 @@ def tiled_rs_kernel(x_desc, w_desc, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, pa
     """One program per (output tile of BT tokens x BN weight rows, K split), the weight tiles
     innermost (consecutive programs share the activation rows). ``x_desc``: TMA boxes [BT, 64] of
     bf16 x [M, K] (128-byte swizzle); ``w_desc``: boxes [BN, 8] (BN = 128 or 256: two or four
-    consumer warpgroups) of the packed e2m1 weights as int32 [N, K / 8] (unswizzled); ``part_ptr`` /
+    consumer warpgroups) of the packed e2m1 weights as int32 [N, K / 8] (mxfp8: boxes [BN, 16] of
+    the e4m3 weights as int32 [N, K / 4]; unswizzled); ``part_ptr`` /
     ``cnt_ptr``: fp32 [SPLIT, tiles, BN, BT] and int32 zeros [BN / 64 x tiles] (SPLIT > 1), each split
-    ``ks_per_split`` 64-element K steps (every split non-empty: the host); ``ws_ptr``: E8M0 [N, K / 32] (mxfp4) or e4m3 [N, K / 16]
+    ``ks_per_split`` 64-element K steps (every split non-empty: the host); ``ws_ptr``: E8M0 [N, K / 32] (mxfp4 / mxfp8) or e4m3 [N, K / 16]
     (nvfp4) scales, row stride ``stride_wsn``; ``gs_ptr``: nvfp4's fp32 global scale; ``ags_ptr``
     (HAS_AGS): the activations' fp32 global scale (nvfp4 W x A); ``bias_ptr`` [N] (HAS_BIAS);
     ``c_ptr`` [M, N] (N contiguous). Grouped modes: as ``tiled.tiled_kernel`` (no bias)."""
     gl.static_assert(num_warps == 4, "the default partition is one consumer warpgroup")
-    gl.static_assert(FMT == _FMT_MXFP4 or FMT == _FMT_NVFP4, "packed e2m1 weights")
+    WPR: gl.constexpr = 16 if FMT == _FMT_MXFP8 else 8  # int32 words per row and 64-element K step
     BT: gl.constexpr = x_desc.block_type.shape[0]
     BN: gl.constexpr = w_desc.block_type.shape[0]  # 128 or 256 weight rows: 2 or 4 consumer warpgroups
     gl.static_assert(BN == 2 * RS_ROWS or BN == 4 * RS_ROWS, "128 or 256 weight rows per program")
@@ -302,7 +362,7 @@ def tiled_rs_kernel(x_desc, w_desc, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, pa
     off_m, row_end, e, w_row, n_k = tile_rows(pid_m, off_n, n_k, seg_ptr, M, N, E, MODE, E_POW2, BT, num_warps)
 
     x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, BLOCK_K], x_desc.layout)
-    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES, BN, _WPR], w_desc.layout)
+    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES, BN, WPR], w_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -322,7 +382,7 @@ def tiled_rs_kernel(x_desc, w_desc, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, pa
             (_rs_consumer, (x_bufs, w_bufs, ready, empty, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_ptr, cnt_ptr,
                             SPLIT, tile, sp, row_end, N, K, stride_wsn, stride_cm, off_m, off_n, e, stride_wse, k_lo,
                             n_k, 3, FMT, BT, STAGES, HAS_AGS, HAS_BIAS, GS_PER_E)),
-            (_tiled_producer, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, w_row, k_lo, n_k, _WPR, STAGES)),
+            (_tiled_producer, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, w_row, k_lo, n_k, WPR, STAGES)),
         ], [4, 4, 4, 1], [RS_CONSUMER4_REGS, RS_CONSUMER4_REGS, RS_CONSUMER4_REGS, RS_PRODUCER4_REGS])
         return
     gl.warp_specialize([
@@ -332,5 +392,5 @@ def tiled_rs_kernel(x_desc, w_desc, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, pa
         (_rs_consumer, (x_bufs, w_bufs, ready, empty, ws_ptr, gs_ptr, ags_ptr, bias_ptr, c_ptr, part_ptr, cnt_ptr,
                         SPLIT, tile, sp, row_end, N, K, stride_wsn, stride_cm, off_m, off_n, e, stride_wse, k_lo, n_k,
                         1, FMT, BT, STAGES, HAS_AGS, HAS_BIAS, GS_PER_E)),
-        (_tiled_producer, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, w_row, k_lo, n_k, _WPR, STAGES)),
+        (_tiled_producer, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, w_row, k_lo, n_k, WPR, STAGES)),
     ], [4, 1], [RS_CONSUMER_REGS, RS_PRODUCER_REGS])
