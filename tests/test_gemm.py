@@ -542,10 +542,11 @@ def test_hopper_plans_only_where_the_kernels_can_run(device):
                     assert plan.backend == "cuda" and not isinstance(plan.config, HopperConfig), (q, kw, f, plan)
                     if q.fmt != "fp8_block" or q.weight_only:
                         # (MX / NV at M <= 8: the decode GEMV, tests/test_mx_gemv.py; up to 64
-                        # rows the streaming kernel, tests/test_planner.py; above, the tiled kernel)
+                        # rows the streaming kernel, tests/test_planner.py; from 33 rows the tiled
+                        # kernel's 64-token tiles)
                         mx = q.fmt != "fp8_block"
                         others = (("gemv",) if mx and q.m <= 8 else ()) + (
-                            ("hopper_stream",) if mx and q.m <= 64 else ("hopper_tiled",) if mx else ())
+                            ("hopper_stream",) if mx and q.m <= 32 else ("hopper_stream", "hopper_tiled") if mx else ())
                         assert plan.kernel in ("portable", "dequant_matmul") + others, (q, f, plan)
             fp32 = plan_gemm(dataclasses.replace(p, out_dtype="float32"), H100_SXM).config
             assert isinstance(fp32, HopperConfig) or fp32.strategy != "dequant_matmul", (m, n, k, fp32)

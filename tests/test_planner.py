@@ -336,19 +336,20 @@ def test_direct_split_model():
 
 
 def test_stream_mxfp8_rule(stream_on):
-    """mxfp8 weights (plan/stream.py STREAM_FP8_*): up to 16 rows only from 32 MB of weights,
-    above 16 rows only W x A; the grouped form planned for mxfp8 too (timed); explain says why."""
+    """mxfp8 weights (plan/stream.py STREAM_FP8_*): up to 32 rows only from 32 MB of weights,
+    above 32 rows only W x A; the grouped form planned for mxfp8 too (timed); explain says why."""
     from blockscaled.plan.stream import STREAM_FP8_MIN_BYTES, stream_reason, grouped_stream_reason
     from blockscaled.plan.grouped import plan_grouped
 
     big, small = (14336, 4096), (4096, 4096)  # 56 MB, 16 MB
     assert big[0] * big[1] >= STREAM_FP8_MIN_BYTES > small[0] * small[1]
     for a in ("bfloat16", "quantized"):
-        assert _wo("mxfp8", 16, *big, a=a).kernel == "hopper_stream"
-        small16 = _wo("mxfp8", 16, *small, a=a)
-        assert small16.kernel != "hopper_stream"
-        assert "measured faster" in stream_reason(small16.problem, H100_SXM, True)
-        assert "not the streaming kernel: mxfp8 weights of 16.0 MB < 32 MB" in str(small16)  # explain says why
+        for m in (16, 32):
+            assert _wo("mxfp8", m, *big, a=a).kernel == "hopper_stream"
+            small16 = _wo("mxfp8", m, *small, a=a)
+            assert small16.kernel != "hopper_stream"
+            assert "measured faster" in stream_reason(small16.problem, H100_SXM, True)
+            assert "not the streaming kernel: mxfp8 weights of 16.0 MB < 32 MB" in str(small16)  # explain says why
     for n, k in (big, small):
         assert _wo("mxfp8", 64, n, k, a="quantized").kernel == "hopper_stream"
         assert _wo("mxfp8", 64, n, k).kernel != "hopper_stream"

@@ -110,9 +110,13 @@ STREAM_STAGES_FP8 = 4
 #: M = 64: W x A (whose portable plan is slower) 1.02-1.29x on all six, weight-only 0.73-0.84x on
 #: all six. Hence: up to STREAM_FP8_WO_MAX_M rows only from STREAM_FP8_MIN_BYTES of
 #: weights (between the 25 MB that lost and the 58 MB that won), above that W x A only. In-sample
-#: (the rows that chose it); M between 2 and 16 other than 16 not measured.
+#: (the rows that chose it); M between 2 and 16 other than 16 not measured. The weight-only band then
+#: widened to 32 rows (thirty-fourth session, H200, rs-mxfp8-ab-20261129.json `m17_32`: the kernel
+#: against the portable plan at 24 / 32 rows on 6 shapes, one process): 1.04-1.52x on 56-112 MB of
+#: weights (4096 x 14336, 8192 x 8192, 28672 x 4096), 0.82-0.95x on 16-24 MB, i.e. the same byte
+#: rule. From 33 rows mxfp8 goes to plan/tiled.py's 64-token tiles (RS_SMALL_MIN_M).
 STREAM_FP8_MIN_BYTES = 32 << 20
-STREAM_FP8_WO_MAX_M = 16
+STREAM_FP8_WO_MAX_M = 32
 #: Quantized activations (W x A): most padded rows (block_m) whose activations the kernel decodes
 #: in its gather, per format; above it they are dequantized exactly to bf16 by one pass first
 #: (``GemmConfig.dequant_a``, ops/gemm.py ``stream_activations``). The gather decodes all MP x K of
