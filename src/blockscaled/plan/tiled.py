@@ -46,8 +46,8 @@ rows on a wide N 1.63x, grouped MoE experts 1.24-1.75x).
 The alternative above 64 rows is dequantize + cuBLAS bf16 (the portable kernel, and the experimental
 bf16 tiles, are not candidates where the tiled kernel can run: plan/gemm.py ``_plan_tiled``):
 dequantize bytes (packed read, bf16 write; activations too for W x A) at
-the copy bandwidth times the dequantize kernel's measured efficiency ``DEQUANT_EFF`` (H200, same
-session: mxfp4 58 %, nvfp4 46 %, mxfp8 86 % of a same-run copy), then cuBLAS at
+the copy bandwidth times the dequantize kernel's measured efficiency ``DEQUANT_EFF`` (H200, thirty-third
+session: mxfp4 74 %, nvfp4 50 %, mxfp8 86 % of the copy bandwidth), then cuBLAS at
 ``max(flops / bf16 rate, bytes / bandwidth)``. On the A/B rows that model picks the faster of the
 two on 33 of 36 (the three misses within 8 %).
 """
@@ -136,10 +136,12 @@ RS_DEQUANT_MARGIN = 0.10
 #: splits the planner considers (each split keeps >= TILED_MIN_STEPS steps)
 TILED_MAX_SPLIT = 8
 TILED_MIN_STEPS = 4
-#: the dequantize kernel's rate as a fraction of the copy bandwidth (H200, twentieth session:
-#: dequantize of 8192 x 28672 / 5760 x 2880 / 8192 x 8192 weights to bf16 against a same-run copy of
-#: as many bytes; nvfp4 after its two-division change, 26 % before)
-DEQUANT_EFF = {"mxfp4": 0.58, "nvfp4": 0.46, "mxfp8": 0.86}
+#: the dequantize kernel's rate as a fraction of the copy bandwidth (its packed read and bf16 write
+#: over 4.23 TB/s). H200, thirty-third session, after the pass lost its per-element integer bf16
+#: rounding (dequant-rounding-ab-20261129.json `dequant`: 57344 x 8192, 8192 x 8192, 5760 x 2880,
+#: 4096 x 14336 to bf16, geometric mean): mxfp4 0.74 (0.65-0.79; 0.55 before), nvfp4 0.50 (0.41-0.55;
+#: 0.44), mxfp8 0.86 (0.86-0.88). (The twentieth session's 0.58 / 0.46 / 0.86 were the pass before.)
+DEQUANT_EFF = {"mxfp4": 0.74, "nvfp4": 0.50, "mxfp8": 0.86}
 #: dequantize + cuBLAS beyond its bytes and flops: two launches and the gap between them (H200, same
 #: A/B: the plan's measured time over the model's bytes-and-flops time at M = 256 / 2048 on the
 #: 2880 x 2880 and 5760 x 2880 rows, +3.0 .. +7.1 us, median 4.5)
