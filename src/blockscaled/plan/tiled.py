@@ -121,9 +121,11 @@ TILED_FIX4_US = 3.0
 TILED_STEP5_US = {"mxfp4": 0.75, "nvfp4": 0.854, "mxfp8": 0.86}
 #: R4's tokens per tile
 RS_SMALL_TOKENS = 64
-#: fp4 calls from this M on go to this module's planner (R4 among the regimes) instead of the
-#: streaming kernel: at M = 64 R4 ran 1.16-1.68x the streaming kernel on all 7 A/B shapes, at M = 32
-#: (32-token tiles) 0.86-1.15x (rs-small-ab-20261128.json), so the streaming kernel keeps M <= 32
+#: calls from this M on go to this module's planner (R4 among the regimes) instead of the streaming
+#: (or, mxfp8, the portable) kernel: fp4 at M = 64 R4 ran 1.16-1.68x the streaming kernel on all 7 A/B
+#: shapes, at M = 32 (32-token tiles) 0.86-1.15x (rs-small-ab-20261128.json), so the streaming kernel
+#: keeps M <= 32; mxfp8 from 33 rows 0.94-1.30x the plans of the time on 12 shapes at M = 33-64
+#: (rs-mxfp8-ab-20261129.json `fit_64`, `fit_33_48`)
 RS_SMALL_MIN_M = 33
 #: a dense call takes R3 over dequantize + cuBLAS only when predicted this much faster (else the
 #: best of the other regimes is compared plainly): within it the two measured either way

@@ -37,7 +37,7 @@ previous tiled config (tiled.py's 16-warp 256-row form, which this kernel replac
 
 Numerics: as ``tiled.py`` (exact products, fp32 accumulation in the tensor core, one rounding at
 the store; nvfp4's 2**-8 decode factor undone with the global scale in the epilogue). K must be a
-multiple of 32 (16-byte TMA rows of packed e2m1; the planner checks): TMA zero-fills the codes and
+multiple of 32 (16-byte TMA rows of packed e2m1, 32-byte rows of e4m3; the planner checks): TMA zero-fills the codes and
 activations past K, N and M; scale loads past K read 2**0 / 0, never a NaN code.
 
 Token tiles, K split, consumers: BT (the activation box's rows, the wgmma's N) is 256 for prefill
