@@ -598,7 +598,6 @@ def test_grouped_tiled_plans(monkeypatch):
     rs = GemmConfig(block_m=256, block_n=128, block_k=64, num_warps=4, num_stages=4, strategy="tiled")
     assert plan_grouped(big, H100_SXM, rs, hopper_why=why).config.block_m == 256
     assert plan_grouped(dataclasses.replace(big, fmt="mxfp8"), H100_SXM, rs, hopper_why=why).config == rs
-
     monkeypatch.setattr(plan_tiled, "TILED_ENABLED", False)
     p = Problem("grouped", "mxfp4", 8192, 5760, 2880, a="bfloat16", grouping="contiguous", experts=128,
                 rows_per_expert=64.0, tma=True)
