@@ -313,7 +313,7 @@ def test_stream_plans_roundtrip(monkeypatch):
     cross the custom-op boundary whole."""
     from blockscaled.plan import direct as plan_direct, stream as plan_stream, tiled as plan_tiled
 
-    monkeypatch.setattr(plan_tiled, "TILED_ENABLED", False)  # it takes fp4 from 33 rows (below)
+    monkeypatch.setattr(plan_tiled, "TILED_ENABLED", False)  # it takes MX / NV from 33 rows (below)
     monkeypatch.setattr(plan_stream, "_TRITON_OK", True)
     monkeypatch.setattr(plan_stream, "STREAM_ENABLED", True)
     monkeypatch.setattr(plan_direct, "DIRECT_ENABLED", False)  # it takes 2..8 rows first (below)
@@ -328,7 +328,7 @@ def test_stream_plans_roundtrip(monkeypatch):
     cfgs = {p.config for p in plans}
     assert {c.block_m for c in cfgs} == {8, 16, 32, 64} and len({c.split_k for c in cfgs}) > 2
     assert len({c.num_stages for c in cfgs}) > 1
-    # the tiled planner's 64-token tiles with a K split (plan/tiled.py R4, fp4 from 33 rows)
+    # the tiled planner's 64-token tiles with a K split (plan/tiled.py R4, from 33 rows)
     monkeypatch.setattr(plan_tiled, "TILED_ENABLED", True)
     monkeypatch.setattr(plan_tiled, "_TRITON_OK", True)
     plan_gemm.cache_clear()

@@ -231,7 +231,7 @@ def test_log_plans_once(path, device, monkeypatch, caplog):
 def stream_on(monkeypatch):
     """The streaming kernel's Triton gate open (it is GPU-checked on 3.6 only), plans uncached; the
     register-streaming kernel off (it takes fp4 weight-only 2..8 rows first: ``direct_on``), and
-    the tiled kernels off (their 64-token tiles take fp4 from 33 rows: ``test_small_tiles_*``)."""
+    the tiled kernels off (their 64-token tiles take MX / NV from 33 rows: ``test_small_tiles_*``)."""
     from blockscaled.plan import direct as plan_direct, mx_gemv, stream as plan_stream, tiled as plan_tiled
 
     monkeypatch.setattr(plan_direct, "DIRECT_ENABLED", False)
