@@ -103,7 +103,7 @@ class Estimate:
 #: Feature columns of one (config, problem) pair: everything of the model that does not depend
 #: on the calibrated constants (so the calibration fits vectors of them at once).
 FEATURES = ("full_rounds", "nk", "rounds", "kb", "split", "per_kb_bytes", "unique_bytes", "partial_bytes",
-            "l2_bytes", "odd_k", "tile_bytes", "flops", "dq_bytes", "mm_bytes", "k", "m", "b_bytes")
+            "l2_bytes", "odd_k", "odd_n", "tile_bytes", "flops", "dq_bytes", "mm_bytes", "k", "m", "b_bytes")
 
 
 def features(cfg, fmt_name: str, m: int, n: int, k: int, dev: DeviceInfo, *, a_dense_bytes: int = 0,
@@ -116,11 +116,13 @@ def features(cfg, fmt_name: str, m: int, n: int, k: int, dev: DeviceInfo, *, a_d
     unique = m * a_row + b_bytes + m * n * out_bytes
     f = dict.fromkeys(FEATURES, 0.0)
     f.update(nk=nk, unique_bytes=unique, k=k, m=m, b_bytes=b_bytes, flops=2.0 * m * n * k,
-             odd_k=1.0 if (k * (a_dense_bytes or eb)) % 16 else 0.0)
+             odd_k=1.0 if (k * (a_dense_bytes or eb)) % 16 else 0.0,
+             odd_n=1.0 if (n * out_bytes) % 16 else 0.0)
     key = tile_key(cfg)
     if key == "dequant_matmul":
         f["dq_bytes"] = b_bytes + n * k * 2 + (0 if a_dense_bytes else m * a_row + m * k * 2)
         f["mm_bytes"] = (m + n) * k * 2 + m * n * out_bytes
+        f["odd_k"] = 1.0 if (k * 2) % 16 else 0.0  # the bf16 operands' rows
         return f
     if isinstance(cfg, HopperConfig) and cfg.variant == "skinny":
         rows_a, rows_b = min(m, cfg.block_m), cfg.block_n
@@ -181,12 +183,15 @@ def time_us(key: str, f, cal: Calibration, mx=max):
         c = cal["cublas_bf16"]
         rate = c["tflops"] * 1e12 * f["k"] / (f["k"] + c["k_half"])
         mm = mx(f["flops"] / rate, f["mm_bytes"] / bw)
+        mm = mm * (1.0 + mx(f["odd_k"], f["odd_n"]) * (c.get("odd", 1.0) - 1.0))
         return f["dq_bytes"] / bw * 1e6 + mm * 1e6 + cal["launch_us"]["dequant_matmul"], "dequantize + cuBLAS bf16"
     tc = cal.tile(key)
     slow = 1.0 + f["odd_k"] * (tc.get("odd_k", 1.0) - 1.0)
     t_kb = mx(tc["ckb_us"] * slow, f["per_kb_bytes"] / tc["bw_cta"] * 1e6 * slow)
     split_us = f["split"] * (tc["split_us"] + f["tile_bytes"] / tc["bw_cta"] * 1e6)
-    t_rounds = f["full_rounds"] * (tc["c0_us"] + f["nk"] * t_kb) + f["rounds"] * (tc["c0_us"] + f["kb"] * t_kb + split_us)
+    c0 = tc["c0_us"] + f["odd_n"] * tc.get("odd_n_us", 0.0)
+    t_rounds = f["full_rounds"] * (c0 + f["nk"] * t_kb) + f["rounds"] * (c0 + f["kb"] * t_kb + split_us)
+    t_rounds = t_rounds * (1.0 + f["odd_n"] * (tc.get("odd_n", 1.0) - 1.0))
     t_dram = (f["unique_bytes"] + 2 * f["partial_bytes"]) / (bw * tc.get("dram_eff", 1.0)) * 1e6
     t_l2 = f["l2_bytes"] / cal["l2_bw"] * 1e6
     # the three limits overlap imperfectly: a p-norm (p = cal["overlap_p"], measured) instead of max

@@ -47,8 +47,8 @@ class DeviceInfo:
 #: scripts/checks/calibrate.py (plan/devices/h100.json holds the value the planner uses).
 H100_SXM = DeviceInfo("cuda", 132, (9, 0), 232448, 50 * 2**20, 3.0e12, "NVIDIA H100 80GB HBM3")
 #: H200 SXM 141 GB: the H100's die (132 SMs, the same shared memory and L2) with HBM3e; copy bandwidth
-#: 4.22-4.24 TB/s, the bench's same-run roofline in all 20 H200 runs of results/h200/runs.jsonl (the
-#: value plan/devices/h200.json holds).
+#: 4.22-4.24 TB/s, the bench's same-run roofline in all 20 H200 runs of results/h200/runs.jsonl. There is
+#: no plan/devices/h200.json: the planner scales the H100 file to this bandwidth (plan/calibration.py).
 H200_SXM = DeviceInfo("cuda", 132, (9, 0), 232448, 50 * 2**20, 4.23e12, "NVIDIA H200")
 #: the devices the offline tools (scripts/checks/calibrate.py, validate_plans.py) can plan for, by short name
 DEVICES = {"h100": H100_SXM, "h200": H200_SXM}
