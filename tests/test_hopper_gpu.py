@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from blockscaled.config import GemmConfig
+from blockscaled.ops import _hopper as H
 from blockscaled.ops._hopper import HopperConfig, HopperUnsupported, gemm_fp8_block_hopper, unsupported_reason
 from blockscaled.ops.quantize import quantize
 from blockscaled.plan import Problem, device_info, num_sms, plan_gemm
@@ -90,6 +91,24 @@ def test_wide_tile_configs(cfg, mnk):
     m, n, k = mnk
     a, b = _operands(m, n, k, seed=5)  # tails in M and N (the TMA store clips them)
     _check(a, b, HopperConfig("wide", bm, bn, w, s, group_m=4, epilogue=epi))
+
+
+# (block_m, block_n, num_warps, stages, epilogue): the planner's tile widths, a forced masked store
+ODD_N_CFGS = [(128, 256, 8, 3, "tma"), (128, 128, 8, 5, "tma"), (64, 128, 4, 6, "tma"), (128, 256, 8, 4, "masked")]
+
+
+@pytest.mark.parametrize("cfg", ODD_N_CFGS, ids=lambda c: "m{}n{}w{}s{}{}".format(*c))
+@pytest.mark.parametrize("mnk", [(333, 519, 1040), (700, 1002, 512), (129, 3071, 384)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_wide_output_rows_not_16_byte_aligned(cfg, mnk, out_dtype):
+    """N % 8 != 0 (bf16) / N % 4 != 0 (fp32): the masked store with one output per thread (EPI 0),
+    tails in M and N, every element written (NaN-poisoned output)."""
+    bm, bn, w, s, epi = cfg
+    m, n, k = mnk
+    a, b = _operands(m, n, k, seed=7)
+    assert H._masked_epi(torch.empty(m, n, device="cuda", dtype=out_dtype)) == 0
+    out = _check(a, b, HopperConfig("wide", bm, bn, w, s, group_m=4, epilogue=epi), out_dtype)
+    assert not torch.isnan(out.float()).any()
 
 
 def test_wide_unaligned_output_uses_masked_store():

@@ -56,6 +56,31 @@ def test_contiguous(case, forced):
     assert_gemm_close(out, ref.grouped_gemm(a, b, offsets=offs), "fp8_block", torch.bfloat16, what=str(sizes))
 
 
+@pytest.mark.parametrize("mode", [1, 2])
+def test_output_rows_not_16_byte_aligned(mode):
+    """N = 519 (bf16 rows of 1038 bytes): the masked store with one output per thread (EPI 0) in
+    both grouped modes; rows past a masked count stay untouched."""
+    cfg = HopperConfig("wide", 128, 256, 8, 4, epilogue="masked")
+    n = 519
+    if mode == 1:
+        sizes = [0, 1, 130, 63, 300]
+        a, b = _inputs((sum(sizes),), 5, n, 640, seed=4)
+        seg = _offsets(sizes)
+        out = torch.full((sum(sizes), n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        assert H._masked_epi(out) == 0
+        assert H.grouped_fp8_block_hopper_impl(a.data, a.scale, b.data, b.scale, seg, 1, out, cfg)
+        assert_gemm_close(out, ref.grouped_gemm(a, b, offsets=seg), "fp8_block", torch.bfloat16)
+    else:
+        counts = [0, 150, 1, 64, 65]
+        a, b = _inputs((5, 150), 5, n, 640, seed=4)
+        seg = torch.tensor(counts, dtype=torch.int32, device="cuda")
+        out = torch.full((5, 150, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        assert H.grouped_fp8_block_hopper_impl(a.data, a.scale, b.data, b.scale, seg, 2, out, cfg)
+        rows = torch.arange(150, device="cuda")[None, :] < seg[:, None]
+        assert torch.isnan(out[~rows].float()).all()
+        assert_gemm_close(out[rows], ref.grouped_gemm(a, b, masked_m=seg)[rows], "fp8_block", torch.bfloat16)
+
+
 @pytest.mark.parametrize("cfg", [HopperConfig("wide", 64, 128, 4, 4, epilogue="masked"),
                                  HopperConfig("wide", 64, 256, 4, 5, epilogue="masked"),
                                  HopperConfig("wide", 128, 128, 8, 5, epilogue="masked"),

@@ -275,6 +275,14 @@ def _kernel_for(variant: str):
 _GL_OUT = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
+def _masked_epi(out2: torch.Tensor) -> int:
+    """The wide kernel's masked-store EPI for ``out2``: 1 (16-byte vector stores) where its base and
+    row stride are 16-byte aligned, else 0 (one output per thread: kernels/hopper/_common.py,
+    ``store_layout_for``)."""
+    es = out2.element_size()
+    return 1 if (out2.stride(0) * es) % _TMA_ALIGN == 0 and out2.data_ptr() % _TMA_ALIGN == 0 else 0
+
+
 def _tma_store_ok(out2: torch.Tensor) -> bool:
     """TMA store constraints (cuTensorMapEncodeTiled): 16-byte aligned base and row stride, unit
     column stride."""
@@ -365,6 +373,8 @@ def _gemm_gluon(a2: torch.Tensor, a_s2: torch.Tensor, b_data: torch.Tensor, b_sc
         # TMA store when the output allows it; the masked store otherwise (any N, any row stride).
         epi = _EPI_CODE.get(cfg.epilogue, 1) if (_tma_store_ok(out2)
                                                  and cfg.smem_bytes(out2.element_size()) <= _SMEM_LIMIT) else 1
+        if epi == 1:
+            epi = _masked_epi(out2)
         split = cfg.split_wg and cfg.block_m == 128
         rows = cfg.block_m // 2 if split else cfg.block_m
         if epi >= 2:
@@ -621,8 +631,8 @@ def _grouped_gluon(a_data: torch.Tensor, a_scale: torch.Tensor, b_data: torch.Te
     tiles = num_pid_m * triton.cdiv(n, box_n)
     grid = (max(1, min(tiles, nsm)),)
     split = cfg.split_wg and bm == 128
-    epi = 1
-    c_desc = a_desc  # unused by the kernel when EPI == 1
+    epi = _masked_epi(out2)
+    c_desc = a_desc  # unused by the kernel with a masked store (EPI 0 / 1)
     # Tail split (HopperConfig.tail_split): the kernel counts the real tiles on the device and
     # splits the last partial wave only where its tiles x splits fit in the grid, so the fp32
     # workspace and the counters are sized for grid // splits split tiles.

@@ -77,11 +77,17 @@ def mma_layout_for(block_m, block_n, num_warps):
 
 
 @gluon.constexpr_function
-def store_layout_for(block_n, num_warps):
-    """Coalesced layout for the masked epilogue store: 8 contiguous 16-bit outputs (16 bytes) per
-    thread along N, a warp covers 256 contiguous columns (or wraps)."""
-    tpn = max(1, min(32, block_n // 8))
-    return gl.BlockedLayout([1, 8], [32 // tpn, tpn], [num_warps, 1], [1, 0])
+def store_layout_for(block_n, num_warps, vec=8):
+    """Coalesced layout for the masked epilogue store: ``vec`` contiguous outputs per thread along
+    N, a warp covers 32 * vec contiguous columns (or wraps). vec 8: 16-byte vector stores of
+    16-bit outputs, for 16-byte aligned rows. vec 1 for rows that are not: the compiler cannot
+    vectorise there, and with 8 per thread each store instruction wrote 2 of every 16 bytes
+    across 16 sectors (8x the L2 sector writes of the data), which made the wide kernel 2.0-2.4x
+    slower at N % 8 != 0 (H200, 3125 x 3071 x 1472 87.7 us against 35.8 at N = 3072:
+    benchmarks/NOTES.md, thirty-fifth session); with one per thread a warp writes 32
+    consecutive outputs, whole sectors."""
+    tpn = max(1, min(32, block_n // vec))
+    return gl.BlockedLayout([1, vec], [32 // tpn, tpn], [num_warps, 1], [1, 0])
 
 
 @gluon.jit
@@ -101,10 +107,10 @@ def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
 
 @gluon.jit
 def _store_tile(c_ptr, acc, off_m, off_n, M, N, stride_cm, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                num_warps: gl.constexpr):
+                num_warps: gl.constexpr, VEC: gl.constexpr = 8):
     # Masked store (any M, N, any 16-bit/32-bit output row stride); TMA store would need
-    # N * elem_size % 16 == 0.
-    out_layout: gl.constexpr = store_layout_for(BLOCK_N, num_warps)
+    # N * elem_size % 16 == 0. VEC: outputs per thread along N (store_layout_for).
+    out_layout: gl.constexpr = store_layout_for(BLOCK_N, num_warps, VEC)
     out = gl.convert_layout(acc.to(c_ptr.dtype.element_ty), out_layout)
     rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, out_layout))
     cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, out_layout))

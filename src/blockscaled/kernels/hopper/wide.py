@@ -52,6 +52,9 @@ __all__ = ["fp8_block_gemm_wide_kernel"]
 # 128x256 wgmma tile would need 256 (+ acc) and spill. Per K block and half: wgmma chain
 # (4 x k32, from zero) -> wait -> promote; the two math warpgroups run independently.
 # Epilogue (EPI): 1 = masked st.global after a layout conversion (any N / stride; grouped modes),
+# 16-byte vectors per thread where the output rows are 16-byte aligned; 0 = the same for rows that
+# are not (N % 8 != 0 in bf16): one output per thread, a warp writes 32 consecutive outputs
+# (store_layout_for says why),
 # 2 = registers -> NVMMA shared tile -> TMA store per half (needs a 16-byte aligned output base
 # and row stride; the host checks), asynchronous so the store overlaps the next tile; one shared
 # tile per half (128x256 bf16: 64 KB, which leaves room for only 3 ring stages);
@@ -297,12 +300,18 @@ def c_buffer(wg, h, nout, epi):
     return wg if epi == 3 else wg * nout + h
 
 
+@gluon.constexpr_function
+def masked_vec(epi):
+    """Outputs per thread of the masked store: 8 (16-byte vectors) for EPI 1, 1 for EPI 0."""
+    return 8 if epi == 1 else 1
+
+
 @gluon.jit
 def _wide_store_half(c_desc, c_smem, c_ptr, acc, row0, row_end, off_n, N, stride_cm, idx: gl.constexpr,
                      EPI: gl.constexpr, ROWS: gl.constexpr, HALF: gl.constexpr, num_warps: gl.constexpr):
     """Store one ROWS x HALF output half tile: TMA through shared tile ``idx`` (EPI 2 / 3; EPI 3
     first waits until this thread's earlier TMA stores have read their buffer: one buffer per
-    partition) or masked st.global (EPI 1)."""
+    partition) or masked st.global (EPI 1: 16-byte vectors; EPI 0: one output per thread)."""
     if EPI >= 2:
         if EPI == 3:
             tma.store_wait(0)
@@ -311,7 +320,7 @@ def _wide_store_half(c_desc, c_smem, c_ptr, acc, row0, row_end, off_n, N, stride
         fence_async_shared()
         tma_store(c_desc, [row0, off_n], buf)
     else:
-        _store_tile(c_ptr, acc, row0, off_n, row_end, N, stride_cm, ROWS, HALF, num_warps)
+        _store_tile(c_ptr, acc, row0, off_n, row_end, N, stride_cm, ROWS, HALF, num_warps, masked_vec(EPI))
 
 
 @gluon.jit
@@ -710,9 +719,10 @@ def fp8_block_gemm_wide_kernel(a_desc, b_desc, b2_desc, c_desc, sa_ptr, sb_ptr, 
     gl.static_assert(BLOCK_K == 128, "BLOCK_K must equal the 128-wide fp8_block scale block")
     gl.static_assert(STAGES >= 2, "need at least 2 pipeline stages")
     gl.static_assert(NH == 1 or NH == 2, "NH: one or two 128-column halves")
-    gl.static_assert(EPI == 1 or EPI == 2 or EPI == 3,
-                     "EPI: 1 = masked store, 2 = TMA store (a buffer per half), 3 = TMA store (one per partition)")
-    gl.static_assert(MODE == 0 or EPI == 1, "grouped tiles may cover rows of the next expert: masked store only")
+    gl.static_assert(EPI == 0 or EPI == 1 or EPI == 2 or EPI == 3,
+                     "EPI: 1 = masked store (0: rows not 16-byte aligned), 2 = TMA store (a buffer per half), "
+                     "3 = TMA store (one per partition)")
+    gl.static_assert(MODE == 0 or EPI <= 1, "grouped tiles may cover rows of the next expert: masked store only")
     gl.static_assert(ROWS == 16 * num_warps, "one warpgroup (4 warps) per 64 rows")
     gl.static_assert(SPLIT >= 1, "SPLIT: number of K splits, >= 1")
     gl.static_assert(SPLIT == 1 or not DUAL, "split-K: not SwiGLU")
