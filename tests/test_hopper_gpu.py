@@ -107,7 +107,10 @@ def test_wide_output_rows_not_16_byte_aligned(cfg, mnk, out_dtype):
     m, n, k = mnk
     a, b = _operands(m, n, k, seed=7)
     assert H._masked_epi(torch.empty(m, n, device="cuda", dtype=out_dtype)) == 0
-    out = _check(a, b, HopperConfig("wide", bm, bn, w, s, group_m=4, epilogue=epi), out_dtype)
+    hc = HopperConfig("wide", bm, bn, w, s, group_m=4, epilogue=epi)
+    while hc.smem_bytes(out_dtype.itemsize) > 232448:  # fp32 output tiles: fewer ring stages fit
+        hc = dataclasses.replace(hc, stages=hc.stages - 1)
+    out = _check(a, b, hc, out_dtype)
     assert not torch.isnan(out.float()).any()
 
 
