@@ -818,3 +818,26 @@ def test_swiglu_split_plans(direct_on, monkeypatch):
         plan_grouped(dataclasses.replace(big, k=2056), H100_SXM, planned.config, hopper_why=why)
     monkeypatch.setattr(pg, "SPLIT_SWIGLU", False)
     assert plan_grouped(p, H100_SXM, hopper_why=why).kernel == "portable_grouped"
+
+
+def test_unaligned_output_rows_cost_more():
+    """Output rows that are not 16-byte aligned (N % 8 != 0 in bf16): the portable kernel's units pay
+    the calibrated ``odd_n_us`` and dequantize + cuBLAS its ``odd`` factor; aligned shapes (every model
+    layer) are predicted exactly as without the terms. On the H200 sweep (plan-sweep-h200-20261128)
+    89 x 308 x 18752 planned the portable 64x64 split-K tile at 3.55x the best candidate (predicted
+    9.1 us, ran 46.5); it must not be chosen there now."""
+    cal = cal_mod.load_calibration(H100_SXM.name, H100_SXM.sm_count, H100_SXM.mem_bw)
+    assert cal["cublas_bf16"]["odd"] > 1.5
+    portable = GemmConfig(strategy="triton", block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=4,
+                          split_k=4)
+    assert cal.tile("portable:64x64")["odd_n_us"] > 0
+    aligned = predict_us(portable, "fp8_block", 89, 312, 18752, H100_SXM, cal).us
+    odd = predict_us(portable, "fp8_block", 89, 308, 18752, H100_SXM, cal).us
+    assert odd > aligned * 1.05
+    dq = GemmConfig(strategy="dequant_matmul")
+    t_al = predict_us(dq, "fp8_block", 1387, 960, 2800, H100_SXM, cal).us
+    t_odd = predict_us(dq, "fp8_block", 1387, 960, 2801, H100_SXM, cal).us
+    assert t_odd > 1.3 * t_al
+    p = plan_gemm(Problem("gemm", "fp8_block", 89, 308, 18752), H100_SXM)
+    c = p.config
+    assert not (isinstance(c, GemmConfig) and c.strategy == "triton" and c.block_n == 64 and c.split_k > 1), p.describe()

@@ -13,9 +13,11 @@ Layout of a file (all times in microseconds, bandwidths in bytes/s):
      "tiles": {"<kernel>:<tile>": {"c0_us": fixed per unit, "ckb_us": per 128-wide K block at
                full load, "bw_cta": one program's streaming rate, "split_us": per split unit,
                "dram_eff": share of mem_bw it reaches, "odd_k": slowdown where rows are not 16-byte
-               aligned}} (the GEMV is a tile kernel too: key "gemv"),
+               aligned, "odd_n_us": added per unit where the output rows are not 16-byte aligned
+               (the stores of such rows cannot be vectorised)}} (the GEMV is a tile kernel too: key "gemv"),
      "overlap_p": how the time limits combine (a p-norm),
-     "cublas_bf16": {"tflops": rate at long K, "k_half": K at half rate}}
+     "cublas_bf16": {"tflops": rate at long K, "k_half": K at half rate, "odd": slowdown where the bf16
+                     operands' or the output's rows are not 16-byte aligned}}
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@ Every tile kernel (portable Triton, Hopper wide, Hopper skinny) is described by 
   time one program needs to stream that K block's A and B bytes (``bw_cta``: a single program's
   pipeline keeps only so many bytes in flight);
 * split units add ``split_us`` (fp32 partial store, arrival, the reduction's read-back);
+* where the output rows are not 16-byte aligned (``odd_n``: N % 8 != 0 in bf16) every unit adds
+  ``odd_n_us``: such rows are stored without vectors; dequantize + cuBLAS runs its GEMM ``odd``
+  times slower where its bf16 operands' or output's rows are not aligned;
 * the whole launch can go no faster than its unique DRAM bytes at the copy bandwidth, nor its
   L2 -> SM bytes (every unit's K blocks) at the L2 bandwidth;
 * plus the launch's fixed cost.
@@ -191,7 +194,6 @@ def time_us(key: str, f, cal: Calibration, mx=max):
     split_us = f["split"] * (tc["split_us"] + f["tile_bytes"] / tc["bw_cta"] * 1e6)
     c0 = tc["c0_us"] + f["odd_n"] * tc.get("odd_n_us", 0.0)
     t_rounds = f["full_rounds"] * (c0 + f["nk"] * t_kb) + f["rounds"] * (c0 + f["kb"] * t_kb + split_us)
-    t_rounds = t_rounds * (1.0 + f["odd_n"] * (tc.get("odd_n", 1.0) - 1.0))
     t_dram = (f["unique_bytes"] + 2 * f["partial_bytes"]) / (bw * tc.get("dram_eff", 1.0)) * 1e6
     t_l2 = f["l2_bytes"] / cal["l2_bw"] * 1e6
     # the three limits overlap imperfectly: a p-norm (p = cal["overlap_p"], measured) instead of max
