@@ -734,3 +734,33 @@ def test_validate_plans_report_judges_tunes_choice_on_the_device_named(tmp_path,
     assert "(h200: 1 shapes recorded, 1 judged)" in out
     assert "within 5% of the best candidate: 0/1" in out
     assert "blockscaled.tune's choice (top 6 timed apart, judged on the sweep's timings): 1/1" in out
+
+
+def test_validate_plans_report_noise_floor_and_residuals(tmp_path, capsys):
+    """A shape recorded in two runs gives the noise floor (the first run's fastest candidate judged by
+    the second's timings); ``--residuals`` adds measured / predicted per tile, M band and output-row
+    alignment."""
+    import json
+
+    from blockscaled.plan import H100_SXM, Problem
+    from blockscaled.plan.dense import ranked_candidates
+    from blockscaled.plan.encoding import config_key
+
+    vp = _load("checks/validate_plans.py")
+    p = Problem("gemm", "fp8_block", 128, 4096, 7168)
+    ranked = [c for _, c in ranked_candidates(p, H100_SXM)][:4]
+    paths = []
+    for run, fastest in enumerate((1, 2)):  # run 0: candidate 1 fastest; run 1: candidate 2, 1 at 1.2x
+        cands = [{"key": config_key(c), "desc": str(i), "ok": True, "us": 10.0 + i} for i, c in enumerate(ranked)]
+        cands[fastest]["us"] = 5.0
+        if run == 1:
+            cands[1]["us"] = 6.0
+        rec = {"set": "family", "family": "f", "layer": "l", "m": 128, "n": 4096, "k": 7168, "planned": cands[0]["key"],
+               "cands": cands}
+        paths.append(tmp_path / f"s{run}.jsonl")
+        paths[-1].write_text(json.dumps(rec) + "\n")
+    assert vp.report([str(x) for x in paths], None, False, "h100", show_residuals=True) == 0
+    out = capsys.readouterr().out
+    assert "noise floor: 1 shapes timed in two runs" in out and "within 5% on 0/1" in out and "worst 1.200" in out
+    assert "## Model residuals (measured / predicted)" in out
+    assert "| M<=128 | aligned |" in out

@@ -5,7 +5,9 @@ On the GPU (writes one JSON line per shape; needs the installed package):
         [--budget 500] [--part 0/2]
 Report (any machine; re-plans every recorded shape with the installed planner and looks its
 choice up among the timed candidates, so a new calibration is judged on the same timings):
-    python scripts/checks/validate_plans.py report plans.jsonl [...] [--md out.md] [--device h200]
+    python scripts/checks/validate_plans.py report plans.jsonl [...] [--md out.md] [--device h200] [--residuals]
+(with shapes recorded in two of the files it also prints the noise floor: one run's fastest candidate
+judged by the other's timings)
 
 Targets (docs/design.md, "The planner"): the chosen plan within 5% of the best candidate on >= 95%
 of shapes and never worse than 15%; time non-decreasing in M for fixed N, K (within 3% noise).
@@ -41,9 +43,68 @@ def _canonical(key: str) -> str:
     return config_key(config_from_key(key))
 
 
-def report(paths: list[str], md: str | None, use_recorded_plan: bool, device: str = "h100") -> int:
+def _timed(r: dict) -> dict:
+    """{canonical config key: us} of a record's correct, timed candidates."""
+    return {_canonical(c["key"]): c["us"] for c in r["cands"] if "us" in c and c.get("ok", False)}
+
+
+def noise_floor(runs: list[list[dict]]) -> list[str]:
+    """What one sweep can show: for shapes recorded in two runs, the first run's fastest candidate
+    judged by the second run's timings (a perfect planner fitted to one run scores this on another)."""
+    out = []
+    for i, ra in enumerate(runs):
+        for rb in runs[i + 1:]:
+            a = {(r["m"], r["n"], r["k"]): _timed(r) for r in ra}
+            ratios = []
+            for r in rb:
+                ta, tb = a.get((r["m"], r["n"], r["k"])), _timed(r)
+                keys = set(ta or {}) & set(tb)
+                if keys:
+                    ratios.append(tb[min(keys, key=ta.get)] / min(tb[k] for k in keys))
+            if ratios:
+                w = sum(1 for x in ratios if x <= 1.05)
+                out.append(f"- noise floor: {len(ratios)} shapes timed in two runs; one run's fastest judged by the "
+                           f"other's timings within 5% on {w}/{len(ratios)} = {w / len(ratios):.1%}, geomean "
+                           f"{statistics.geometric_mean(ratios):.3f}, worst {max(ratios):.3f}")
+    return out
+
+
+def residuals(recs: list[dict], device: str) -> list[str]:
+    """Measured / predicted time of every timed candidate, by kernel tile (+ split), M band and
+    whether the output rows are 16-byte aligned: where the cost model is biased, and for which
+    shapes (the unaligned-row rows of this table found the wide kernel's slow masked store)."""
+    from blockscaled.plan import DEVICES
+    from blockscaled.plan.calibration import load_calibration
+    from blockscaled.plan.cost import predict_us, tile_key
+
+    dev = DEVICES[device]
+    cal = load_calibration(dev.name, dev.sm_count, dev.mem_bw)
+    groups = defaultdict(list)
+    for r in recs:
+        band = next(f"M<={b}" for b in (16, 128, 1024, 1 << 30) if r["m"] <= b).replace(str(1 << 30), "inf")
+        rows = "aligned" if r["n"] % 8 == 0 else "unaligned"
+        for c in r["cands"]:
+            if "us" not in c or not c.get("ok", False):
+                continue
+            cfg = config_from_key(c["key"])
+            key = tile_key(cfg) + ("+split" if getattr(cfg, "split_k", 1) > 1 else "") + (
+                "+tail" if getattr(cfg, "tail_split", 1) > 1 else "")
+            groups[(key, band, rows)].append(c["us"] / predict_us(cfg, "fp8_block", r["m"], r["n"], r["k"], dev, cal).us)
+    out = ["", "## Model residuals (measured / predicted)", "", "| tile | M | output rows | n | geomean | 10-90 % |",
+           "|---|---|---|---|---|---|"]
+    for (key, band, rows), v in sorted(groups.items()):
+        if len(v) >= 4:
+            q = sorted(v)
+            out.append(f"| {key} | {band} | {rows} | {len(v)} | {statistics.geometric_mean(v):.2f} | "
+                       f"{q[len(q) // 10]:.2f}-{q[9 * len(q) // 10]:.2f} |")
+    return out
+
+
+def report(paths: list[str], md: str | None, use_recorded_plan: bool, device: str = "h100",
+           show_residuals: bool = False) -> int:
     tuned_plans.clear()  # judge the cost model's plans, not tuned ones loaded from the environment
-    recs = [r for p in paths for r in load_records(p)]
+    runs = [load_records(p) for p in paths]
+    recs = [r for run in runs for r in run]
     rows, misses, errors = [], [], []
     by_nk = defaultdict(list)
     for r in recs:
@@ -99,6 +160,7 @@ def report(paths: list[str], md: str | None, use_recorded_plan: bool, device: st
                    f"(> 3%): {t_mono} pairs")
     out.append(f"- candidates that failed or missed the tolerance: {len(errors)}; planned plan not among "
                f"the timed candidates: {len(misses)}")
+    out += noise_floor(runs)
     if use_recorded_plan:
         planned_gap = [r["planned_us"] / next(c["us"] for c in r["cands"] if c["key"] == r["planned"] and "us" in c)
                        for r in recs if "planned_us" in r and any(c["key"] == r["planned"] and "us" in c for c in r["cands"])]
@@ -114,6 +176,8 @@ def report(paths: list[str], md: str | None, use_recorded_plan: bool, device: st
         out += ["", "## Non-monotone in M", "", "| shape | M | us | M' | us' |", "|---|---|---|---|---|"]
         for key, m0, t0, m1, t1 in mono[:40]:
             out.append(f"| {key[0]} {key[1]} {key[2]}x{key[3]} | {m0} | {t0:.1f} | {m1} | {t1:.1f} |")
+    if show_residuals:
+        out += residuals(recs, device)
     if errors:
         out += ["", "## Failed candidates", ""]
         for r, c in errors[:30]:
@@ -146,9 +210,11 @@ def main(argv=None) -> int:
                      help="judge the plan recorded in the run instead of re-planning with the installed planner")
     rep.add_argument("--device", default="h100", choices=("h100", "h200"),
                      help="the GPU the sweep ran on: re-plan for it (its calibration file, or the H100 file scaled)")
+    rep.add_argument("--residuals", action="store_true",
+                     help="add the cost model's measured / predicted time per tile, M band and output-row alignment")
     a = ap.parse_args(argv)
     if a.cmd == "report":
-        return report(a.paths, a.md, a.recorded, a.device)
+        return report(a.paths, a.md, a.recorded, a.device, a.residuals)
     shapes = []
     if a.set in ("family", "all"):
         shapes += validation_shapes()
