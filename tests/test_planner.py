@@ -841,3 +841,17 @@ def test_unaligned_output_rows_cost_more():
     p = plan_gemm(Problem("gemm", "fp8_block", 89, 308, 18752), H100_SXM)
     c = p.config
     assert not (isinstance(c, GemmConfig) and c.strategy == "triton" and c.block_n == 64 and c.split_k > 1), p.describe()
+
+
+def test_no_tail_split_at_unaligned_output_rows():
+    """A tail split's spread reduction stores unaligned output rows 2 bytes at a time from a 4-per-thread
+    layout (3125 x 3071 x 1472 planned 128x256 tail split 3: 56.8 us, unsplit 42.0, H200): not a
+    candidate there; aligned rows keep it."""
+    def tails(n):
+        p = Problem("gemm", "fp8_block", 3125, n, 1472)
+        return [c for c in fp8_candidates(p, H100_SXM) if isinstance(c, HopperConfig) and c.tail_split > 1]
+
+    assert tails(3072)
+    assert not tails(3071) and not tails(3070)
+    p = plan_gemm(Problem("gemm", "fp8_block", 3125, 3071, 1472), H100_SXM)
+    assert getattr(p.config, "tail_split", 1) == 1, p.describe()
