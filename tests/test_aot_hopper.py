@@ -181,25 +181,27 @@ for bm, bn, st, epi, mode, cdt, split, dual, *sk in [
            "sa_arrive_noinc": ptx.count("cp.async.mbarrier.arrive.noinc")}
     rec.update(ptxas_stats(ptx))
     out[key] = rec
-# the masked store for output rows that are not 16-byte aligned (EPI 0: N % 8 != 0 in bf16), as the
-# launcher specialises it there (stride_cm and N not divisible by 16)
-try:
-    key = "oddrows_wide_128x256_s4_epi0_mode0_bf16_split1"
-    names = W.fp8_block_gemm_wide_kernel.arg_names
-    sig, const = with_defaults(W.fp8_block_gemm_wide_kernel, wsig(128, 256, "bf16", 64),
-                               {"GROUP_M": 8, "STAGES": 4, "NH": 2, "EPI": 0, "MODE": 0, "E_POW2": 16,
-                                "SPLIT_WG": True, "DUAL": False, "SPLIT": 1, "num_warps": 4})
-    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in ("c_ptr", "sa_ptr", "sb_ptr", "M", "K")}
-    k = triton.compile(GluonASTSource(W.fp8_block_gemm_wide_kernel, sig, constexprs=const, attrs=attrs),
-                       target=TGT, options={"num_warps": 4})
-    ptx = k.asm["ptx"]
-    rec = {"st_b16": ptx.count("st.global.b16"), "st_vector": len(re.findall(r"st\.global\.v\d", ptx)),
-           "one_per_thread": bool(re.search(r"sizePerThread = \[1, 1\], threadsPerWarp = \[1, 32\]", k.asm["ttgir"])),
-           "tma_store": ptx.count("cp.async.bulk.tensor.2d.global")}
-    rec.update(ptxas_stats(ptx))
-except Exception as e:
-    rec = {"error": f"{type(e).__name__}: {str(e)[-800:]}"}
-out[key] = rec
+# the two masked stores as the launcher specialises them: EPI 0 where N and stride_cm are not
+# multiples of 16 (the output's rows cannot be stored in vectors), EPI 1 (grouped mode 1) where they are
+for key, epi, mode, div in (("oddrows_wide_128x256_s4_epi0_mode0_bf16_split1", 0, 0, ()),
+                            ("vecrows_wide_128x256_s4_epi1_mode1_bf16_split1", 1, 1, ("N", "stride_cm"))):
+    try:
+        names = W.fp8_block_gemm_wide_kernel.arg_names
+        sig, const = with_defaults(W.fp8_block_gemm_wide_kernel, wsig(128, 256, "bf16", 64),
+                                   {"GROUP_M": 8, "STAGES": 4, "NH": 2, "EPI": epi, "MODE": mode, "E_POW2": 16,
+                                    "SPLIT_WG": True, "DUAL": False, "SPLIT": 1, "num_warps": 4})
+        attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in ("c_ptr", "sa_ptr", "sb_ptr", "M", "K", *div)}
+        k = triton.compile(GluonASTSource(W.fp8_block_gemm_wide_kernel, sig, constexprs=const, attrs=attrs),
+                           target=TGT, options={"num_warps": 4})
+        ptx = k.asm["ptx"]
+        rec = {"st_b16": ptx.count("st.global.b16"), "st_vector": len(re.findall(r"st\.global\.v\d", ptx)),
+               "one_per_thread": bool(re.search(r"sizePerThread = \[1, 1\], threadsPerWarp = \[1, 32\]",
+                                                k.asm["ttgir"])),
+               "tma_store": ptx.count("cp.async.bulk.tensor.2d.global")}
+        rec.update(ptxas_stats(ptx))
+    except Exception as e:
+        rec = {"error": f"{type(e).__name__}: {str(e)[-800:]}"}
+    out[key] = rec
 # the skinny decode kernel (swap-AB): activation rows padded to 8..64, weight tiles 64 / 128
 def ssig(mp, bn, out):
     la = gl.NVMMASharedLayout.get_default_for([mp, 128], gl.float8e4nv)
@@ -249,16 +251,19 @@ def _operands(m=4, n=256, k=256, dev="cpu"):
 
 
 def test_masked_epilogue_choice_cpu():
-    """The wide kernel's masked store: 16-byte vectors (EPI 1) only where the output's base and row
-    stride are 16-byte aligned, else one output per thread (EPI 0)."""
+    """The wide kernel's masked store: 16-byte vectors (EPI 1) only where the compiler can vectorise
+    them (N and the row stride multiples of 16 elements, a 16-byte aligned base), else one output
+    per thread (EPI 0)."""
     from blockscaled.ops._hopper import _masked_epi
 
-    assert _masked_epi(torch.empty(4, 8, dtype=torch.bfloat16)) == 1
+    assert _masked_epi(torch.empty(4, 32, dtype=torch.bfloat16)) == 1
     assert _masked_epi(torch.empty(4, 7, dtype=torch.bfloat16)) == 0
-    assert _masked_epi(torch.empty(4, 12, dtype=torch.bfloat16)) == 0  # 24-byte rows
-    assert _masked_epi(torch.empty(4, 4, dtype=torch.float32)) == 1
-    assert _masked_epi(torch.empty(4, 6, dtype=torch.float32)) == 0
-    assert _masked_epi(torch.empty(4, 24, dtype=torch.bfloat16)[:, 1:9]) == 0  # base 2 bytes off
+    assert _masked_epi(torch.empty(4, 24, dtype=torch.bfloat16)) == 0  # 16-byte rows, N % 16 != 0
+    assert _masked_epi(torch.empty(4, 16, dtype=torch.float32)) == 1
+    assert _masked_epi(torch.empty(4, 4, dtype=torch.float32)) == 0
+    assert _masked_epi(torch.empty(2, 4, 16, dtype=torch.bfloat16).view(8, 16)) == 1  # grouped: rows x N
+    assert _masked_epi(torch.empty(4, 48, dtype=torch.bfloat16)[:, 16:32]) == 1  # 32-byte offset, stride 48
+    assert _masked_epi(torch.empty(4, 40, dtype=torch.bfloat16)[:, 1:17]) == 0  # base 2 bytes off
 
 
 def test_unsupported_reasons_cpu():
@@ -399,8 +404,8 @@ def test_wide_kernel(compiled):
 
 
 def test_wide_masked_store_unaligned_rows(compiled):
-    """EPI 0 (output rows not 16-byte aligned): scalar 16-bit stores from a layout with one output
-    per thread and 32 threads along N (a warp's store covers 64 contiguous bytes: whole sectors;
+    """EPI 0 (N or the output's row stride not a multiple of 16): scalar 16-bit stores from a layout
+    with one output per thread and 32 threads along N (a warp's store covers 64 contiguous bytes: whole sectors;
     the 8-per-thread layout wrote 2 of every 16 bytes per instruction and ran the kernel 2-2.4x
     slower at N % 8 != 0), no TMA store, no spills."""
     c = compiled["oddrows_wide_128x256_s4_epi0_mode0_bf16_split1"]
@@ -409,6 +414,11 @@ def test_wide_masked_store_unaligned_rows(compiled):
     assert c["st_b16"] > 0 and c["st_vector"] == 0 and c["tma_store"] == 0, c
     if c.get("spill_stores") is not None:
         assert c["spill_stores"] == 0 and not c["wgmma_serialized"], c
+    # EPI 1 where N and the row stride are specialised as multiples of 16 (ops/_hopper.py,
+    # _masked_epi): 16-byte vector stores, no scalar ones
+    v = compiled["vecrows_wide_128x256_s4_epi1_mode1_bf16_split1"]
+    assert "error" not in v, v
+    assert v["st_vector"] > 0 and v["st_b16"] == 0 and not v["one_per_thread"], v
 
 
 def test_wide_split_k(compiled):

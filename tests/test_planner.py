@@ -822,10 +822,11 @@ def test_swiglu_split_plans(direct_on, monkeypatch):
 
 def test_unaligned_output_rows_cost_more():
     """Output rows that are not 16-byte aligned (N % 8 != 0 in bf16): the portable kernel's units pay
-    the calibrated ``odd_n_us`` and dequantize + cuBLAS its ``odd`` factor; aligned shapes (every model
-    layer) are predicted exactly as without the terms. On the H200 sweep (plan-sweep-h200-20261128)
-    89 x 308 x 18752 planned the portable 64x64 split-K tile at 3.55x the best candidate (predicted
-    9.1 us, ran 46.5); it must not be chosen there now."""
+    the calibrated ``odd_n_us``; dequantize + cuBLAS its ``odd`` factor there and where its bf16
+    operand rows are not (K % 8 != 0); aligned shapes (every model layer) are predicted exactly as
+    without the terms. On the H200 sweep (plan-sweep-h200-20261128) 89 x 308 x 18752 planned the
+    portable 64x64 split-K tile at 3.55x the best candidate (predicted 9.1 us, ran 46.5); it must not
+    be chosen there now."""
     cal = cal_mod.load_calibration(H100_SXM.name, H100_SXM.sm_count, H100_SXM.mem_bw)
     assert cal["cublas_bf16"]["odd"] > 1.5
     portable = GemmConfig(strategy="triton", block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=4,
@@ -836,8 +837,17 @@ def test_unaligned_output_rows_cost_more():
     assert odd > aligned * 1.05
     dq = GemmConfig(strategy="dequant_matmul")
     t_al = predict_us(dq, "fp8_block", 1387, 960, 2800, H100_SXM, cal).us
-    t_odd = predict_us(dq, "fp8_block", 1387, 960, 2801, H100_SXM, cal).us
-    assert t_odd > 1.3 * t_al
+    assert predict_us(dq, "fp8_block", 1387, 960, 2801, H100_SXM, cal).us > 1.3 * t_al  # K % 8 != 0
+    assert predict_us(dq, "fp8_block", 1387, 961, 2800, H100_SXM, cal).us > 1.3 * t_al  # N % 8 != 0
+    # aligned: the same predictions with the terms removed from the constants
+    plain = cal_mod.Calibration(json.loads(json.dumps(cal)))
+    plain.source = "test"
+    del plain["cublas_bf16"]["odd"]
+    for t in plain["tiles"].values():
+        t.pop("odd_n_us", None)
+    for c in (portable, dq, HopperConfig("wide", 128, 256, 8, 3)):
+        assert predict_us(c, "fp8_block", 1387, 960, 2800, H100_SXM, cal).us == \
+            predict_us(c, "fp8_block", 1387, 960, 2800, H100_SXM, plain).us
     p = plan_gemm(Problem("gemm", "fp8_block", 89, 308, 18752), H100_SXM)
     c = p.config
     assert not (isinstance(c, GemmConfig) and c.strategy == "triton" and c.block_n == 64 and c.split_k > 1), p.describe()
@@ -852,6 +862,6 @@ def test_no_tail_split_at_unaligned_output_rows():
         return [c for c in fp8_candidates(p, H100_SXM) if isinstance(c, HopperConfig) and c.tail_split > 1]
 
     assert tails(3072)
-    assert not tails(3071) and not tails(3070)
+    assert not tails(3071) and not tails(3070) and not tails(3080)  # 3080: 16-byte rows, N % 16 != 0
     p = plan_gemm(Problem("gemm", "fp8_block", 3125, 3071, 1472), H100_SXM)
     assert getattr(p.config, "tail_split", 1) == 1, p.describe()

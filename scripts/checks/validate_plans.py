@@ -49,8 +49,9 @@ def _timed(r: dict) -> dict:
 
 
 def noise_floor(runs: list[list[dict]]) -> list[str]:
-    """What one sweep can show: for shapes recorded in two runs, the first run's fastest candidate
-    judged by the second run's timings (a perfect planner fitted to one run scores this on another)."""
+    """What one sweep can show: for shapes recorded in two runs (files of the same GPU; a shape recorded
+    twice in one file counts with its last record), the first run's fastest candidate judged by the
+    second run's timings (a perfect planner fitted to one run scores this on another)."""
     out = []
     for i, ra in enumerate(runs):
         for rb in runs[i + 1:]:
@@ -81,7 +82,7 @@ def residuals(recs: list[dict], device: str) -> list[str]:
     cal = load_calibration(dev.name, dev.sm_count, dev.mem_bw)
     groups = defaultdict(list)
     for r in recs:
-        band = next(f"M<={b}" for b in (16, 128, 1024, 1 << 30) if r["m"] <= b).replace(str(1 << 30), "inf")
+        band = next(b for b in (16, 128, 1024, 1 << 30) if r["m"] <= b)
         rows = "aligned" if r["n"] % 8 == 0 else "unaligned"
         for c in r["cands"]:
             if "us" not in c or not c.get("ok", False):
@@ -95,6 +96,7 @@ def residuals(recs: list[dict], device: str) -> list[str]:
     for (key, band, rows), v in sorted(groups.items()):
         if len(v) >= 4:
             q = sorted(v)
+            band = "M>1024" if band > 1024 else f"M<={band}"
             out.append(f"| {key} | {band} | {rows} | {len(v)} | {statistics.geometric_mean(v):.2f} | "
                        f"{q[len(q) // 10]:.2f}-{q[9 * len(q) // 10]:.2f} |")
     return out

@@ -17,7 +17,8 @@ VARIANTS = ("wide", "skinny")
 #: The HopperConfig flag fields each variant reads (scripts/checks/sanitize.py runs flag combinations of
 #: these only; the others would repeat the same kernel).
 VARIANT_FLAGS = {"wide": ("epilogue", "split_wg"), "skinny": ()}
-#: HopperConfig.epilogue values (the wide kernel's EPI constexpr: masked 1, tma 2, tma1 3)
+#: HopperConfig.epilogue values (the wide kernel's EPI constexpr: masked 1, or 0 where the compiler
+#: cannot vectorise the output's stores (ops/_hopper.py, ``_masked_epi``), tma 2, tma1 3)
 EPILOGUES = ("tma", "tma1", "masked")
 _EPI_CODE = {"tma": 2, "tma1": 3}
 #: HopperConfig.split_reduce values (the wide kernel's SPREAD constexpr)

@@ -276,11 +276,15 @@ _GL_OUT = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: 
 
 
 def _masked_epi(out2: torch.Tensor) -> int:
-    """The wide kernel's masked-store EPI for ``out2``: 1 (16-byte vector stores) where its base and
-    row stride are 16-byte aligned, else 0 (one output per thread: kernels/hopper/_common.py,
-    ``store_layout_for``)."""
-    es = out2.element_size()
-    return 1 if (out2.stride(0) * es) % _TMA_ALIGN == 0 and out2.data_ptr() % _TMA_ALIGN == 0 else 0
+    """The wide kernel's masked-store EPI for ``out2`` (2D: rows x N): 1 (16-byte vector stores, 8
+    outputs per thread) where the compiler can vectorise the store, else 0 (one output per thread:
+    kernels/hopper/_common.py, ``store_layout_for``). It vectorises only where it knows N and the
+    row stride are multiples of 16 elements (what Triton specialises integer arguments on) and the
+    base is 16-byte aligned: with 16-byte rows alone (bf16 N % 8 == 0, N % 16 != 0; fp32 N % 4 == 0)
+    the 8-per-thread layout compiled to scalar stores (PTX, sm_90: 256 st.global.b16 / b32 per
+    thread, against 32 st.global.v4.b32 with both specialised)."""
+    n = out2.shape[-1]
+    return 1 if n % 16 == 0 and out2.stride(0) % 16 == 0 and out2.data_ptr() % _TMA_ALIGN == 0 else 0
 
 
 def _tma_store_ok(out2: torch.Tensor) -> bool:
@@ -381,7 +385,7 @@ def _gemm_gluon(a2: torch.Tensor, a_s2: torch.Tensor, b_data: torch.Tensor, b_sc
             lc = _smem_layout(rows, 128, _GL_OUT[out2.dtype])
             c_desc = TensorDescriptor(out2, [m, n], [out2.stride(0), 1], [rows, 128], lc)
         else:
-            c_desc = a_desc  # unused by the kernel when EPI == 1
+            c_desc = a_desc  # unused by the kernel with a masked store (EPI 0 / 1)
         nsm = num_sms(out2.device)
         split_from, nsplit, kb_per = _wide_split_plan(tiles, triton.cdiv(k, bk), cfg, nsm)
         ws = cnt = out2  # unused by the kernel when SPLIT == 1

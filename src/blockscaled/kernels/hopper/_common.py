@@ -80,9 +80,9 @@ def mma_layout_for(block_m, block_n, num_warps):
 def store_layout_for(block_n, num_warps, vec=8):
     """Coalesced layout for the masked epilogue store: ``vec`` contiguous outputs per thread along
     N, a warp covers 32 * vec contiguous columns (or wraps). vec 8: 16-byte vector stores of
-    16-bit outputs, for 16-byte aligned rows. vec 1 for rows that are not: the compiler cannot
-    vectorise there, and with 8 per thread each store instruction wrote 2 of every 16 bytes
-    across 16 sectors (8x the L2 sector writes of the data), which made the wide kernel 2.0-2.4x
+    16-bit outputs, where the compiler can vectorise them (ops/_hopper.py, ``_masked_epi``). vec 1
+    where it cannot: with 8 per thread each scalar store instruction wrote 2 of every 16 bytes
+    across 16 sectors (8x the L2 sector writes of the data), which made the wide kernel 1.5-2.4x
     slower at N % 8 != 0 (H200, 3125 x 3071 x 1472 87.7 us against 35.8 at N = 3072:
     benchmarks/NOTES.md, thirty-fifth session); with one per thread a warp writes 32
     consecutive outputs, whole sectors."""

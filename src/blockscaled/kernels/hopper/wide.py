@@ -52,9 +52,9 @@ __all__ = ["fp8_block_gemm_wide_kernel"]
 # 128x256 wgmma tile would need 256 (+ acc) and spill. Per K block and half: wgmma chain
 # (4 x k32, from zero) -> wait -> promote; the two math warpgroups run independently.
 # Epilogue (EPI): 1 = masked st.global after a layout conversion (any N / stride; grouped modes),
-# 16-byte vectors per thread where the output rows are 16-byte aligned; 0 = the same for rows that
-# are not (N % 8 != 0 in bf16): one output per thread, a warp writes 32 consecutive outputs
-# (store_layout_for says why),
+# 16-byte vectors per thread where the compiler can vectorise the output's stores (N and the row
+# stride multiples of 16 elements); 0 = the same where it cannot: one output per thread, a warp
+# writes 32 consecutive outputs (store_layout_for says why),
 # 2 = registers -> NVMMA shared tile -> TMA store per half (needs a 16-byte aligned output base
 # and row stride; the host checks), asynchronous so the store overlaps the next tile; one shared
 # tile per half (128x256 bf16: 64 KB, which leaves room for only 3 ring stages);
