@@ -22,15 +22,16 @@ from collections import defaultdict
 
 from blockscaled.bench.plan_sweep import (calibration_shapes, config_from_key, config_key, load_records,
                                           run_sweep, validation_shapes)
+from blockscaled.plan import DEVICES, Problem, plan_gemm
 from blockscaled.plan import tuned as tuned_plans
+from blockscaled.plan.calibration import load_calibration
+from blockscaled.plan.cost import predict_us, tile_key
 
 
 def _replan(rec: dict, device: str = "h100"):
     """The installed planner's choice for a recorded shape on the device of the record's run
     (``device``: a key of ``blockscaled.plan.DEVICES``; its calibration file, or the H100 file scaled
     to it, is what the planner reads)."""
-    from blockscaled.plan import DEVICES, Problem, plan_gemm
-
     p = Problem("gemm", "fp8_block", rec["m"], rec["n"], rec["k"], tma=rec["k"] % 16 == 0)
     return plan_gemm(p, DEVICES[device])
 
@@ -74,10 +75,6 @@ def residuals(recs: list[dict], device: str) -> list[str]:
     """Measured / predicted time of every timed candidate, by kernel tile (+ split), M band and
     whether the output rows are 16-byte aligned: where the cost model is biased, and for which
     shapes (the unaligned-row rows of this table found the wide kernel's slow masked store)."""
-    from blockscaled.plan import DEVICES
-    from blockscaled.plan.calibration import load_calibration
-    from blockscaled.plan.cost import predict_us, tile_key
-
     dev = DEVICES[device]
     cal = load_calibration(dev.name, dev.sm_count, dev.mem_bw)
     groups = defaultdict(list)
