@@ -306,6 +306,12 @@ def masked_vec(epi):
     return 8 if epi == 1 else 1
 
 
+@gluon.constexpr_function
+def spread_vec(epi):
+    """Outputs per thread of the spread split-K reduction: 4 (16-byte partial loads), 1 for EPI 0."""
+    return 1 if epi == 0 else 4
+
+
 @gluon.jit
 def _wide_store_half(c_desc, c_smem, c_ptr, acc, row0, row_end, off_n, N, stride_cm, idx: gl.constexpr,
                      EPI: gl.constexpr, ROWS: gl.constexpr, HALF: gl.constexpr, num_warps: gl.constexpr):
@@ -357,7 +363,8 @@ def _wide_splitk_sum(row_ptrs, c, mask, split_stride, SPLIT: gl.constexpr):
 
 @gluon.jit
 def _wide_splitk_spread(c_ptr, ws_ptr, cnt, row0, row_end, off_n, N, stride_cm, sp, arrived, SPLIT: gl.constexpr,
-                        ROWS: gl.constexpr, W: gl.constexpr, UNIT: gl.constexpr, num_warps: gl.constexpr):
+                        ROWS: gl.constexpr, W: gl.constexpr, UNIT: gl.constexpr, num_warps: gl.constexpr,
+                        VEC: gl.constexpr = 4):
     """Spread reduction of one (split tile, math partition) after this unit's partial is stored
     and its arrival counted (``arrived``: the counter's value before it): wait until all SPLIT
     partials have arrived (a gpu-scope acquire poll of the counter), then reduce only this
@@ -373,8 +380,11 @@ def _wide_splitk_spread(c_ptr, ws_ptr, cnt, row0, row_end, off_n, N, stride_cm, 
     them reaches that unit after finishing units of lower tiles only, so the lowest unfinished
     tile always has all its units running. This needs every program of the grid resident at
     once (grid <= SMs, one CTA per SM: the launcher's persistent grid; ``SPLIT <= grid``)."""
-    red_layout: gl.constexpr = gl.BlockedLayout([4], [32], [num_warps], [0])
-    CHUNK: gl.constexpr = 4 * 32 * num_warps
+    # VEC 4: 16-byte partial loads; VEC 1 where the output rows are not 16-byte aligned (EPI 0): the
+    # stores cannot be vectorised there, and with 4 outputs per thread each store instruction would
+    # write 2 of every 8 bytes (store_layout_for says what that cost the whole-tile store)
+    red_layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [num_warps], [0])
+    CHUNK: gl.constexpr = VEC * 32 * num_warps
     NCHUNK: gl.constexpr = ROWS * W // CHUNK
     gl.static_assert(NCHUNK * CHUNK == ROWS * W, "the partition's region is a whole number of chunks")
     seen = arrived + 1
@@ -447,7 +457,7 @@ def _wide_splitk_finish(c_desc, c_smem, c_ptr, ws_ptr, cnt_ptr, acc0, acc1, stil
         # (the partition's region is recomputed here: kept from rows0 above, the 64-bit base stayed
         # live across the partial stores and the 128x256 split build spilled 16 B, ptxas sm_90)
         _wide_splitk_spread(c_ptr, ws_ptr + stile.to(gl.int64) * (SPLIT * UNIT) + WG * ROWS * W, cnt, row0, row_end,
-                            off_n, N, stride_cm, sp, arrived, SPLIT, ROWS, W, UNIT, num_warps)
+                            off_n, N, stride_cm, sp, arrived, SPLIT, ROWS, W, UNIT, num_warps, spread_vec(EPI))
     elif arrived == SPLIT - 1:
         if EPI == 2:
             tma.store_wait(0)  # the previous tile's TMA stores have finished reading c_smem
