@@ -185,21 +185,30 @@ for bm, bn, st, epi, mode, cdt, split, dual, *sk in [
 # multiples of 16 (the output's rows cannot be stored in vectors), EPI 1 (grouped mode 1) where they are
 # (64x128 tiles: the store is the same function at every tile size, and the 128x256 builds took
 # ~2 minutes of CI's AOT step on triton 3.9)
-for key, epi, mode, div in (("oddrows_wide_64x128_s6_epi0_mode0_bf16_split0", 0, 0, ()),
-                            ("vecrows_wide_64x128_s6_epi1_mode0_bf16_split0", 1, 0, ("N", "stride_cm"))):
+# and the spread split-K reduction at EPI 0 (its partial loads and stores one output per thread too)
+for key, epi, mode, div, nsk in (("oddrows_wide_64x128_s6_epi0_mode0_bf16_split0", 0, 0, (), 1),
+                                 ("vecrows_wide_64x128_s6_epi1_mode0_bf16_split0", 1, 0, ("N", "stride_cm"), 1),
+                                 ("oddrows_wide_64x128_s6_epi0_mode0_bf16_split0_sk6_spread", 0, 0, (), 6)):
     try:
         names = W.fp8_block_gemm_wide_kernel.arg_names
-        sig, const = with_defaults(W.fp8_block_gemm_wide_kernel, wsig(64, 128, "bf16", 64),
-                                   {"GROUP_M": 8, "STAGES": 6, "NH": 1, "EPI": epi, "MODE": mode, "E_POW2": 16,
-                                    "SPLIT_WG": False, "DUAL": False, "SPLIT": 1, "num_warps": 4})
-        attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in ("c_ptr", "sa_ptr", "sb_ptr", "M", "K", *div)}
+        sig = wsig(64, 128, "bf16", 64)
+        const = {"GROUP_M": 8, "STAGES": 6, "NH": 1, "EPI": epi, "MODE": mode, "E_POW2": 16,
+                 "SPLIT_WG": False, "DUAL": False, "SPLIT": nsk, "num_warps": 4}
+        if nsk > 1:
+            sig.update(TAIL="constexpr", SPREAD="constexpr")
+            const.update(TAIL=False, SPREAD=True)
+        sig, const = with_defaults(W.fp8_block_gemm_wide_kernel, sig, const)
+        attrs = {(names.index(a),): [["tt.divisibility", 16]]
+                 for a in ("c_ptr", "sa_ptr", "sb_ptr", "M", "K", *div, *(("ws_ptr", "cnt_ptr") if nsk > 1 else ()))}
         k = triton.compile(GluonASTSource(W.fp8_block_gemm_wide_kernel, sig, constexprs=const, attrs=attrs),
                            target=TGT, options={"num_warps": 4})
         ptx = k.asm["ptx"]
         rec = {"st_b16": ptx.count("st.global.b16"), "st_vector": len(re.findall(r"st\.global\.v\d", ptx)),
                "one_per_thread": bool(re.search(r"sizePerThread = \[1, 1\], threadsPerWarp = \[1, 32\]",
                                                 k.asm["ttgir"])),
-               "tma_store": ptx.count("cp.async.bulk.tensor.2d.global")}
+               "tma_store": ptx.count("cp.async.bulk.tensor.2d.global"),
+               "ld_cg_v4": ptx.count("ld.global.cg.v4"), "ld_cg": ptx.count("ld.global.cg"),
+               "poll_acquire": ptx.count("ld.global.gpu.acquire.b32")}
         rec.update(ptxas_stats(ptx))
     except Exception as e:
         rec = {"error": f"{type(e).__name__}: {str(e)[-800:]}"}
@@ -421,6 +430,15 @@ def test_wide_masked_store_unaligned_rows(compiled):
     v = compiled["vecrows_wide_64x128_s6_epi1_mode0_bf16_split0"]
     assert "error" not in v, v
     assert v["st_vector"] > 0 and v["st_b16"] == 0 and not v["one_per_thread"], v
+    # the spread split-K reduction there (wide.py, spread_vec): one partial per thread read back
+    # from L2, scalar stores, no vectors, still no spills (4 per thread: 56.8 us against 42.0 unsplit,
+    # H200 3125 x 3071 x 1472)
+    r = compiled["oddrows_wide_64x128_s6_epi0_mode0_bf16_split0_sk6_spread"]
+    assert "error" not in r, r
+    assert r["poll_acquire"] > 0 and r["ld_cg"] > 0 and r["ld_cg_v4"] == 0, r
+    assert r["st_b16"] > 0 and r["st_vector"] == 0 and r["tma_store"] == 0, r
+    if r.get("spill_stores") is not None:
+        assert r["spill_stores"] == 0 and not r["wgmma_serialized"], r
 
 
 def test_wide_split_k(compiled):

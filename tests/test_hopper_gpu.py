@@ -11,6 +11,7 @@ import functools
 
 import pytest
 import torch
+import triton
 
 from blockscaled.config import GemmConfig
 from blockscaled.ops import _hopper as H
@@ -618,6 +619,38 @@ def test_wide_tail_split_spread(cfg, mnk, monkeypatch, no_reduce_env):
     assert kw["launch_cooperative_grid"] == kw["SPREAD"] and not kw_last["launch_cooperative_grid"]
     if kw["SPLIT"] > 1:
         assert kw["TAIL"] and args[_SPLIT_FROM_ARG] > 0
+
+
+# (M, N, K, config): unaligned output rows (N % 8 != 0; N % 8 == 0 with N % 16 != 0, where TMA could
+# store but the compiler cannot vectorise the spread reduction's rows) under split-K and tail split
+SPREAD_ODD = [(128, 3071, 1472, (256, 3, "tma", 3, True)), (3125, 3071, 1472, (256, 3, "tma", 3, True)),
+              (128, 2104, 7168, (128, 5, "tma", 4, True)), (3125, 2104, 1472, (256, 4, "masked", 3, True)),
+              (200, 519, 1040, (128, 5, "tma", 2, False))]
+
+
+@pytest.mark.parametrize("case", SPREAD_ODD, ids=lambda c: "x".join(map(str, c[:3])) + f"t{c[3][3]}")
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_wide_split_spread_unaligned_rows(case, out_dtype, monkeypatch, no_reduce_env):
+    """The spread reduction at output rows the compiler cannot vectorise: the launch takes EPI 0
+    (one output per thread, also for the reduction: wide.py, spread_vec), vs the float64 reference
+    (NaN-poisoned output), bitwise equal to the "last" reduction."""
+    m, n, k, c = case
+    bn, st, epi, splits, wg = c
+    tiles = triton.cdiv(m, 128) * triton.cdiv(n, bn)
+    cfg = (HopperConfig("wide", 128, bn, 8, st, group_m=8, epilogue=epi, split_wg=wg, split_k=splits)
+           if tiles < 132 else _tail_cfg(c))
+    while cfg.smem_bytes(out_dtype.itemsize) > 232448:
+        cfg = dataclasses.replace(cfg, stages=cfg.stages - 1)
+    a, b = _operands(m, n, k, seed=23)
+    seen = _spy_wide_launches(monkeypatch)
+    out = _check(a, b, cfg, out_dtype)
+    assert not torch.isnan(out.float()).any()
+    last = torch.full_like(out, float("nan"))
+    gemm_fp8_block_hopper(a, b, out_dtype, last, config=dataclasses.replace(cfg, split_reduce="last"))
+    assert torch.equal(out, last)
+    _counters_zero(b.data.device)
+    kw = seen[0][2]
+    assert kw["SPREAD"] and kw["SPLIT"] > 1 and kw["EPI"] == 0, (kw["SPREAD"], kw["SPLIT"], kw["EPI"])
 
 
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])

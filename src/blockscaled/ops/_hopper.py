@@ -399,6 +399,10 @@ def _gemm_gluon(a2: torch.Tensor, a_s2: torch.Tensor, b_data: torch.Tensor, b_sc
             cnt = _splitk_counters(out2.device, (tiles - split_from) * (2 if split else 1))
             grid = (min(split_from + (tiles - split_from) * nsplit, nsm),)
             spread = cfg.split_reduce == "spread" and _spread_allowed()
+            if spread and _masked_epi(out2) == 0:
+                # the spread reduction stores through pointers with the EPI's layout (wide.py,
+                # spread_vec): one output per thread where the compiler cannot vectorise the rows
+                epi, c_desc = 0, a_desc
             if spread and nsplit > grid[0]:
                 # the spread reduction waits for the tile's other units: each must have its own program
                 raise HopperUnsupported(f"split_reduce 'spread': {nsplit} splits need as many programs, "
@@ -652,8 +656,10 @@ def _grouped_gluon(a_data: torch.Tensor, a_scale: torch.Tensor, b_data: torch.Te
         ws = torch.empty((slots, nsplit, bm, bn), dtype=torch.float32, device=out.device)
         cnt = _splitk_counters(out.device, slots * (2 if split else 1))
         spread = cfg.split_reduce == "spread" and _spread_allowed()
+    # (a spread reduction at rows the compiler cannot vectorise keeps EPI 0: wide.py, spread_vec)
     if (mode == 0 and cfg.epilogue in _EPI_CODE and _tma_store_ok(out2)
-            and cfg.smem_bytes(out2.element_size(), dual=dual) <= _SMEM_LIMIT):
+            and cfg.smem_bytes(out2.element_size(), dual=dual) <= _SMEM_LIMIT
+            and not (spread and epi == 0)):
         epi = _EPI_CODE[cfg.epilogue]
         r = bm // 2 if split else bm
         c_desc = TensorDescriptor(out2, [rows, n], [out2.stride(0), 1], [r, 128], _smem_layout(r, 128, _GL_OUT[out2.dtype]))
