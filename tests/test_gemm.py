@@ -373,6 +373,46 @@ def test_cpu_tensors_without_interpreter_use_reference(fmt, monkeypatch):
     assert torch.equal(out, ref_gemm_mod.linear(x, b, weight_only=True).float())
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_dequant_matmul_pads_unaligned_rows(fmt, device, monkeypatch):
+    """dequantize + cuBLAS where a row is not 16-byte aligned (N % 8 != 0 in bf16, K % 8 != 0, an
+    output view with an odd row stride): cuBLAS gets zero-padded operands and an aligned output
+    (there it ran 7.2x slower, ops/gemm.py _CUBLAS_ROW_ALIGN), and the result is still the float64
+    reference's, bias included, nothing written outside the view."""
+    import blockscaled.ops.gemm as gemm_mod
+
+    seen = []
+    real = gemm_mod._mm_into
+
+    def spy(A, B, out2, post=None):
+        seen.append([(t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0 for t in (A, B, out2)])
+        return real(A, B, out2, post)
+
+    monkeypatch.setattr(gemm_mod, "_mm_into", spy)
+    cfg = GemmConfig(strategy="dequant_matmul")
+    k_odd = 198 if fmt in ("mxfp4", "nvfp4") else 201
+    for m, n, k in ((7, 45, 256), (7, 40, k_odd), (5, 45, k_odd)):
+        x, a = _acts(m, k, fmt, device)
+        b = _weights(n, k, fmt, device)
+        for lhs, what in ((a, "W x A"), (x, "weight-only")):
+            for out_dtype in OUT_DTYPES:
+                seen.clear()
+                _check(lhs, b, fmt, out_dtype, config=cfg, what=f"{what} {m}x{n}x{k}")
+                assert seen == [[True, True, True]], (what, m, n, k, out_dtype, seen)
+        # a contiguous output 2 bytes past an aligned address (every row unaligned), and a bias
+        big = torch.full((m * n + 2,), float("nan"), dtype=torch.bfloat16, device=device)
+        view = big[1:m * n + 1].view(m, n)
+        bias = torch.randn(n, device=device).to(torch.bfloat16)
+        for lhs in (a, x):
+            seen.clear()
+            big.fill_(float("nan"))
+            assert gemm(lhs, b, torch.bfloat16, out=view, config=cfg, bias=bias) is view
+            assert seen == [[True, True, True]], seen
+            ref = ref_gemm_mod.gemm(lhs, b) + bias.double()
+            assert_gemm_close(view, ref, fmt, torch.bfloat16, what="bias, view")
+            assert torch.isnan(big[0].float()) and torch.isnan(big[-1].float())
+
+
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=str)
 def test_nvfp4_dequant_matmul_global_scales_no_overflow(out_dtype, device):
     """nvfp4 dequant_matmul: 1/(gs_a*gs_b) ~ 1e-7 must be applied before a 16-bit output can

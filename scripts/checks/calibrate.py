@@ -7,8 +7,8 @@
        python scripts/checks/calibrate.py fit cal.jsonl [...] --device-file src/blockscaled/plan/devices/h100.json
 
 The fit: per kernel and tile size (its "c0_us", "ckb_us", "bw_cta", "split_us", "odd_k",
-"dram_eff", "odd_n_us"; the GEMV is a tile kernel too), cuBLAS's constants (with "odd", its slowdown
-on rows that are not 16-byte aligned), then the launch costs, L2 bandwidth
+"dram_eff", "odd_n_us"; the GEMV is a tile kernel too), cuBLAS's constants (its unaligned rows are
+padded by the library: no factor for them), then the launch costs, L2 bandwidth
 and the overlap exponent, alternately, by coordinate descent on multiplicative steps. The loss is
 what the planner needs: the mean log regret of the selection (measured time of each shape's
 predicted-fastest candidate over its measured best) plus MSE_WEIGHT x the weighted mean squared
@@ -152,7 +152,7 @@ def fit(records: list[dict], start: dict, log=print, dev=H100_SXM) -> dict:
         t.setdefault("odd_k", 4.0)
         t.setdefault("dram_eff", 0.9)
         t["odd_n_us"] = max(t.get("odd_n_us", 0.0), 0.5)  # (multiplicative steps cannot leave 0)
-    cal["cublas_bf16"].setdefault("odd", 2.0)
+    cal["cublas_bf16"].pop("odd", None)  # (pre-padding files: ops/gemm.py, _CUBLAS_ROW_ALIGN)
     cal.setdefault("overlap_p", 6.0)
     glob = [_setter(lambda c, f=f: c["launch_us"], f) for f in cal["launch_us"]]
     glob += [_setter(lambda c: c, "l2_bw"), _setter(lambda c: c, "overlap_p")]
@@ -165,8 +165,7 @@ def fit(records: list[dict], start: dict, log=print, dev=H100_SXM) -> dict:
                 params = [_setter(lambda c, key=key: c["tiles"][key], f, cap=1.0 if f == "dram_eff" else None)
                           for f in ("c0_us", "ckb_us", "bw_cta", "split_us", "odd_k", "dram_eff", "odd_n_us")]
             else:
-                params = [_setter(lambda c: c["cublas_bf16"], "tflops"), _setter(lambda c: c["cublas_bf16"], "k_half"),
-                          _setter(lambda c: c["cublas_bf16"], "odd", floor=1.0)]
+                params = [_setter(lambda c: c["cublas_bf16"], "tflops"), _setter(lambda c: c["cublas_bf16"], "k_half")]
             _descend(cal, samples, params, keys={key}, rounds=6)
         loss = _descend(cal, samples, glob, rounds=6)
         log(f"sweep {sweep}: loss {loss:.4f}")

@@ -410,11 +410,42 @@ def stream_activations(a_data: torch.Tensor, a_scale: torch.Tensor | None, a_gs,
 
 
 # --------------------------------------------------------------------------- dequant + cuBLAS
-def _dequant(data, scale, gs, fmt: Format, shape, block_rows: int, dtype) -> torch.Tensor:
+def _dequant(data, scale, gs, fmt: Format, shape, block_rows: int, dtype, pad=(0, 0)) -> torch.Tensor:
     """The one call into ops/quantize.py's internal dequantize (no validation, no custom-op
-    dispatch, no ScaledTensor): ``data * scale [/ gs]`` as a new contiguous ``shape`` tensor."""
+    dispatch, no ScaledTensor): ``data * scale [/ gs]`` as a new contiguous ``shape`` tensor, or
+    with ``pad`` (rows, columns) as the top-left ``shape`` corner of a zero-padded contiguous
+    ``(rows + pad[0], cols + pad[1])`` tensor, which is returned whole."""
     block = (block_rows, fmt.block_k) if block_rows == 1 else (block_rows, block_rows)
-    return _quant._dequantize_impl(data, scale, gs, fmt, shape, block, dtype)
+    if not any(pad):
+        return _quant._dequantize_impl(data, scale, gs, fmt, shape, block, dtype)
+    r, c = shape
+    buf = torch.empty((r + pad[0], c + pad[1]), dtype=dtype, device=data.device)
+    buf[r:].zero_()
+    buf[:r, c:].zero_()
+    _quant._dequantize_impl(data, scale, gs, fmt, shape, block, dtype, out=buf[:r, :c])
+    return buf
+
+
+#: cuBLAS's 16-bit GEMM where a matrix's rows are not 16-byte aligned (the output's N, the
+#: operands' K; row stride or base) ran without vector access: H200, mxfp4 weight-only
+#: 2048 x 5759 x 2880 (dequantize + cuBLAS) 709.5 us against 98.2 at N = 5760, 7.2x
+#: (benchmarks/NOTES.md, thirty-sixth session). ``_dequant_matmul`` pads such rows to this many
+#: bytes (zero K columns, extra output columns dropped): one more pass over the output (and over
+#: weight-only activations at odd K) instead.
+_CUBLAS_ROW_ALIGN = 16
+
+
+def _pad_to_align(cols: int, elem_bytes: int) -> int:
+    """Columns to add so that ``cols`` elements of ``elem_bytes`` fill whole 16-byte rows."""
+    per = _CUBLAS_ROW_ALIGN // elem_bytes
+    return -cols % per
+
+
+def _rows_aligned(t: torch.Tensor) -> bool:
+    """``t`` (2D, unit column stride) has 16-byte aligned rows and base."""
+    es = t.element_size()
+    return (t.shape[-1] * es) % _CUBLAS_ROW_ALIGN == 0 and (t.stride(0) * es) % _CUBLAS_ROW_ALIGN == 0 \
+        and t.data_ptr() % _CUBLAS_ROW_ALIGN == 0
 
 
 _ONES: dict[torch.device, torch.Tensor] = {}
@@ -513,15 +544,24 @@ def _dequant_matmul(a2, a_s2, a_gs, b_data, b_scale, b_gs, b_rows, fmt: Format, 
             gs_a_op, gs_b_op = a_gs, b_gs
         else:
             gs_a_op, gs_b_op = _one(out2.device), a_gs * b_gs
-    B = _dequant(b_data, b_scale, gs_b_op, fmt, (n, k), b_rows, op_dtype)
+    # unaligned rows (_CUBLAS_ROW_ALIGN): zero-padded K, extra output columns computed and dropped
+    pk = _pad_to_align(k, torch.finfo(op_dtype).bits // 8)
+    tmp_out = m > 0 and n > 0 and not _rows_aligned(out2)
+    pn = _pad_to_align(n, out2.element_size()) if tmp_out else 0
+    B = _dequant(b_data, b_scale, gs_b_op, fmt, (n, k), b_rows, op_dtype, pad=(pn, pk))
     if a_dense:
         A = a2 if a2.dtype == op_dtype else a2.to(op_dtype)  # fp8_block weight-only, other out dtype
+        if pk:
+            A = torch.nn.functional.pad(A, (0, pk))
     else:
-        A = _dequant(a2, a_s2, gs_a_op, fmt, (m, k), 1, op_dtype)
-    if bias is not None and post is None and bias.dtype == out_dtype == op_dtype:
-        torch.addmm(bias, A, B.t(), out=out2)
+        A = _dequant(a2, a_s2, gs_a_op, fmt, (m, k), 1, op_dtype, pad=(0, pk))
+    res = torch.empty((m, n + pn), dtype=out2.dtype, device=out2.device) if tmp_out else out2
+    if bias is not None and post is None and bias.dtype == out_dtype == op_dtype and not tmp_out:
+        torch.addmm(bias, A, B.t(), out=res)
         return
-    _mm_into(A, B, out2, post)
+    _mm_into(A, B, res, post)
+    if tmp_out:
+        out2.copy_(res[:, :n])
     if bias is not None:
         out2.add_(bias)
 

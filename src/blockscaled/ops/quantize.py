@@ -408,9 +408,12 @@ def dequantize(q: ScaledTensor, dtype: torch.dtype = torch.float32) -> torch.Ten
     return link_source(q, out)
 
 
-def _dequantize_impl(data, scale, global_scale, f: Format, shape, block, dtype) -> torch.Tensor:
+def _dequantize_impl(data, scale, global_scale, f: Format, shape, block, dtype, out=None) -> torch.Tensor:
+    """``out``: where to write (default: a new contiguous ``shape`` tensor); a 2D ``shape`` view
+    with unit column stride and any row stride (ops/gemm.py writes into padded buffers)."""
     k = shape[-1]
-    out = torch.empty(shape, dtype=dtype, device=data.device)
+    if out is None:
+        out = torch.empty(shape, dtype=dtype, device=data.device)
     if out.numel() == 0:
         return out
     if block[0] > 1:
@@ -418,7 +421,7 @@ def _dequantize_impl(data, scale, global_scale, f: Format, shape, block, dtype) 
         e = out.numel() // (n * k)
         q3 = data.reshape(e, n, k).view(torch.uint8)
         s3 = scale.reshape(e, scale.shape[-2], scale.shape[-1])
-        o3 = out.view(e, n, k)
+        o3 = out.view(e, n, k) if out.dim() != 2 else out.unsqueeze(0)
         grid = (_cdiv(k, 128), _cdiv(n, 128), e)
         fast(_k.dequantize_128x128_kernel)[grid](
             q3, s3, o3, n, k, q3.stride(0), q3.stride(1), s3.stride(0), s3.stride(1), o3.stride(0), o3.stride(1),
@@ -429,7 +432,7 @@ def _dequantize_impl(data, scale, global_scale, f: Format, shape, block, dtype) 
     s2 = _rows_view(scale)
     if s2.dtype == torch.float8_e4m3fn:
         s2 = s2.view(torch.uint8)
-    o2 = out.view(-1, k)
+    o2 = out.view(-1, k) if out.dim() != 2 else out
     m = o2.shape[0]
     rows, groups = dequant_tiles(f, m, k)
     grid = (_cdiv(m, rows), _cdiv(k, groups * f.block_k))

@@ -16,8 +16,7 @@ Layout of a file (all times in microseconds, bandwidths in bytes/s):
                aligned, "odd_n_us": added per unit where the output rows are not 16-byte aligned
                (the stores of such rows cannot be vectorised)}} (the GEMV is a tile kernel too: key "gemv"),
      "overlap_p": how the time limits combine (a p-norm),
-     "cublas_bf16": {"tflops": rate at long K, "k_half": K at half rate, "odd": slowdown where the bf16
-                     operands' or the output's rows are not 16-byte aligned}}
+     "cublas_bf16": {"tflops": rate at long K, "k_half": K at half rate}}
 """
 
 from __future__ import annotations

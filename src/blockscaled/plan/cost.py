@@ -13,8 +13,8 @@ Every tile kernel (portable Triton, Hopper wide, Hopper skinny) is described by 
   pipeline keeps only so many bytes in flight);
 * split units add ``split_us`` (fp32 partial store, arrival, the reduction's read-back);
 * where the output rows are not 16-byte aligned (``odd_n``: N % 8 != 0 in bf16) every unit adds
-  ``odd_n_us``: such rows are stored without vectors; dequantize + cuBLAS runs its GEMM ``odd``
-  times slower where its bf16 operands' or output's rows are not aligned;
+  ``odd_n_us``: such rows are stored without vectors; dequantize + cuBLAS pads such rows (its
+  bf16 operands' too) and pays a copy of the output instead;
 * the whole launch can go no faster than its unique DRAM bytes at the copy bandwidth, nor its
   L2 -> SM bytes (every unit's K blocks) at the L2 bandwidth;
 * plus the launch's fixed cost.
@@ -34,7 +34,25 @@ from .device import DeviceInfo
 from .splits import cdiv as _cdiv
 from .splits import split_plan_kb
 
-__all__ = ["tile_key", "programs_per_sm", "predict_us", "Estimate"]
+__all__ = ["tile_key", "programs_per_sm", "predict_us", "Estimate", "PAD_COPY_SLOWDOWN", "pad_copy_bytes"]
+
+#: dequantize + cuBLAS at unaligned output rows copies its padded product into the output
+#: (ops/gemm.py, _CUBLAS_ROW_ALIGN): that copy (a strided read, unaligned 2-byte writes) ran at
+#: 1.5-1.9 TB/s on the H200 (4.8 peak), i.e. its bytes cost ~2.5x the copy bandwidth's time:
+#: mxfp4 weight-only 2048 x 5759 x 2880 +25.5 us over N = 5760 for 47 MB read + written, mxfp8
+#: 4096 x 5759 x 2880 +52 us for 94 MB, fp8_block 4096 x 4095 x 4096 +45 us for 67 MB
+#: (benchmarks/NOTES.md, thirty-sixth session)
+PAD_COPY_SLOWDOWN = 2.5
+
+
+def pad_copy_bytes(m: int, n: int, k: int, out_bytes: int, a_dense_bytes: int) -> float:
+    """Bytes (weighted by PAD_COPY_SLOWDOWN where measured) that dequantize + cuBLAS adds for
+    unaligned rows: the padded product copied into the output (N), weight-only activations
+    copied into zero-padded rows (K)."""
+    extra = 2.0 * m * n * out_bytes * PAD_COPY_SLOWDOWN if (n * out_bytes) % 16 else 0.0
+    if a_dense_bytes and (k * 2) % 16:
+        extra += 2.0 * m * k * a_dense_bytes
+    return extra
 
 _REG_FILE = 65536
 #: registers per thread ~ _REG_BASE + accumulator registers (x2 with promotion: the per-chunk dot
@@ -125,7 +143,9 @@ def features(cfg, fmt_name: str, m: int, n: int, k: int, dev: DeviceInfo, *, a_d
     if key == "dequant_matmul":
         f["dq_bytes"] = b_bytes + n * k * 2 + (0 if a_dense_bytes else m * a_row + m * k * 2)
         f["mm_bytes"] = (m + n) * k * 2 + m * n * out_bytes
-        f["odd_k"] = 1.0 if (k * 2) % 16 else 0.0  # the bf16 operands' rows
+        # unaligned rows are padded for cuBLAS (ops/gemm.py, _CUBLAS_ROW_ALIGN)
+        f["dq_bytes"] += pad_copy_bytes(m, n, k, out_bytes, a_dense_bytes)
+        f["odd_k"] = f["odd_n"] = 0.0
         return f
     if isinstance(cfg, HopperConfig) and cfg.variant == "skinny":
         rows_a, rows_b = min(m, cfg.block_m), cfg.block_n
@@ -186,7 +206,6 @@ def time_us(key: str, f, cal: Calibration, mx=max):
         c = cal["cublas_bf16"]
         rate = c["tflops"] * 1e12 * f["k"] / (f["k"] + c["k_half"])
         mm = mx(f["flops"] / rate, f["mm_bytes"] / bw)
-        mm = mm * (1.0 + mx(f["odd_k"], f["odd_n"]) * (c.get("odd", 1.0) - 1.0))
         return f["dq_bytes"] / bw * 1e6 + mm * 1e6 + cal["launch_us"]["dequant_matmul"], "dequantize + cuBLAS bf16"
     tc = cal.tile(key)
     slow = 1.0 + f["odd_k"] * (tc.get("odd_k", 1.0) - 1.0)

@@ -58,6 +58,7 @@ import math
 
 from .._experimental import mx_kernel_enabled
 from ..config.gemm import GemmConfig
+from .cost import pad_copy_bytes
 from .device import DeviceInfo
 from .stream import STREAM_MAX_M, _triton_release
 from .types import Problem
@@ -229,6 +230,8 @@ def dequant_matmul_us(p: Problem, dev: DeviceInfo) -> float:
     for W x A) + cuBLAS bf16 time (one GEMM, or the grouped GEMM over all ``p.m`` rows)."""
     dq = p.experts * _dequant_bytes(p.fmt, p.n, p.k) + (0 if p.weight_only else _dequant_bytes(p.fmt, p.m, p.k))
     byts = (p.experts * p.n + p.m) * p.k * 2 + p.m * p.n * p.out_bytes
+    if p.op == "gemm":  # unaligned rows are padded for cuBLAS (ops/gemm.py, _CUBLAS_ROW_ALIGN)
+        byts += pad_copy_bytes(p.m, p.n, p.k, p.out_bytes, 2 if p.weight_only else 0)
     mm = max(2.0 * p.m * p.n * p.k / _BF16_FLOPS, byts / dev.mem_bw)
     return (dq / (dev.mem_bw * DEQUANT_EFF[p.fmt]) + mm) * 1e6 + DEQUANT_MATMUL_FIX_US
 
