@@ -139,12 +139,12 @@ def fp8_candidates(p: Problem, dev: DeviceInfo, *, hopper: bool = True, gemv: bo
                 out.append(hopper_fill_stages(base, p.out_bytes, smem=dev.smem_bytes))
                 ts = _tail_split(tiles, nk, sms)
                 # no tail split where the compiler cannot vectorise the output's stores (N % 16 != 0:
-                # ops/_hopper.py, _masked_epi): its spread reduction stores 4 outputs per thread,
-                # each scalar store instruction then writing 2 of every 8 bytes. H200, 3125 x 3071 x
-                # 1472, 128x256: tail split 3 56.8 us against 42.0 unsplit (N = 3072: 36.9 / 35.6;
-                # benchmarks/NOTES.md, thirty-fifth session). Split-K of every tile stays: at small M
-                # it was the best measured candidate there (89 x 308 x 18752: 13.1 us, H200). Lift
-                # with the one-output-per-thread reduction.
+                # ops/_hopper.py, _masked_epi): its spread reduction then stores scalars. H200, 3125 x
+                # 3071 x 1472, 128x256: tail split 3 56.8 us (4 outputs per thread), 54.3 with one per
+                # thread (wide.py, spread_vec), against 41.8 unsplit; N = 3072: 37.1 / 35.9; N = 2104:
+                # 68.8 against 26.0 unsplit (benchmarks/NOTES.md, thirty-fifth and thirty-sixth
+                # sessions). Split-K of every tile stays: at small M it was the best measured
+                # candidate there (89 x 308 x 18752: 11.9 us against 45.8 unsplit, H200).
                 if ts > 1 and n % 16 == 0:
                     out.append(hopper_fill_stages(replace(base, tail_split=ts), p.out_bytes, smem=dev.smem_bytes))
     if portable:
