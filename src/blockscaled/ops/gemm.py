@@ -413,15 +413,17 @@ def stream_activations(a_data: torch.Tensor, a_scale: torch.Tensor | None, a_gs,
 def _dequant(data, scale, gs, fmt: Format, shape, block_rows: int, dtype, pad=(0, 0)) -> torch.Tensor:
     """The one call into ops/quantize.py's internal dequantize (no validation, no custom-op
     dispatch, no ScaledTensor): ``data * scale [/ gs]`` as a new contiguous ``shape`` tensor, or
-    with ``pad`` (rows, columns) as the top-left ``shape`` corner of a zero-padded contiguous
-    ``(rows + pad[0], cols + pad[1])`` tensor, which is returned whole."""
+    with ``pad`` (rows, columns) as the top-left ``shape`` corner of a contiguous
+    ``(rows + pad[0], cols + pad[1])`` tensor, which is returned whole: the padding columns are
+    zero (they enter the K sums), the padding rows' other values are left unset (they only give
+    output columns that are dropped). One launch more than unpadded where ``pad[1]``."""
     block = (block_rows, fmt.block_k) if block_rows == 1 else (block_rows, block_rows)
     if not any(pad):
         return _quant._dequantize_impl(data, scale, gs, fmt, shape, block, dtype)
     r, c = shape
     buf = torch.empty((r + pad[0], c + pad[1]), dtype=dtype, device=data.device)
-    buf[r:].zero_()
-    buf[:r, c:].zero_()
+    if pad[1]:
+        buf[:, c:].zero_()
     _quant._dequantize_impl(data, scale, gs, fmt, shape, block, dtype, out=buf[:r, :c])
     return buf
 

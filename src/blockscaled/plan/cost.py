@@ -13,8 +13,9 @@ Every tile kernel (portable Triton, Hopper wide, Hopper skinny) is described by 
   pipeline keeps only so many bytes in flight);
 * split units add ``split_us`` (fp32 partial store, arrival, the reduction's read-back);
 * where the output rows are not 16-byte aligned (``odd_n``: N % 8 != 0 in bf16) every unit adds
-  ``odd_n_us``: such rows are stored without vectors; dequantize + cuBLAS pads such rows (its
-  bf16 operands' too) and pays a copy of the output instead;
+  ``odd_n_us`` and every split unit ``odd_split_us`` (its share of the reduction): such rows are
+  stored without vectors; dequantize + cuBLAS pads such rows (its bf16 operands' too) and pays a
+  copy of the output and the padding's launches instead;
 * the whole launch can go no faster than its unique DRAM bytes at the copy bandwidth, nor its
   L2 -> SM bytes (every unit's K blocks) at the L2 bandwidth;
 * plus the launch's fixed cost.
@@ -34,7 +35,7 @@ from .device import DeviceInfo
 from .splits import cdiv as _cdiv
 from .splits import split_plan_kb
 
-__all__ = ["tile_key", "programs_per_sm", "predict_us", "Estimate", "PAD_COPY_SLOWDOWN", "pad_copy_bytes"]
+__all__ = ["tile_key", "programs_per_sm", "predict_us", "Estimate", "PAD_COPY_SLOWDOWN", "pad_copy_bytes", "pad_launches"]
 
 #: dequantize + cuBLAS at unaligned output rows copies its padded product into the output
 #: (ops/gemm.py, _CUBLAS_ROW_ALIGN): that copy (a strided read, unaligned 2-byte writes) ran at
@@ -43,6 +44,12 @@ __all__ = ["tile_key", "programs_per_sm", "predict_us", "Estimate", "PAD_COPY_SL
 #: 4096 x 5759 x 2880 +52 us for 94 MB, fp8_block 4096 x 4095 x 4096 +45 us for 67 MB
 #: (benchmarks/NOTES.md, thirty-sixth session)
 PAD_COPY_SLOWDOWN = 2.5
+
+
+def pad_launches(n: int, k: int, out_bytes: int) -> int:
+    """Launches that dequantize + cuBLAS adds for unaligned rows (ops/gemm.py, _dequant_matmul):
+    the copy of the padded product (N), the zero padding columns of both operands (K)."""
+    return (1 if (n * out_bytes) % 16 else 0) + (2 if (k * 2) % 16 else 0)
 
 
 def pad_copy_bytes(m: int, n: int, k: int, out_bytes: int, a_dense_bytes: int) -> float:
@@ -124,7 +131,8 @@ class Estimate:
 #: Feature columns of one (config, problem) pair: everything of the model that does not depend
 #: on the calibrated constants (so the calibration fits vectors of them at once).
 FEATURES = ("full_rounds", "nk", "rounds", "kb", "split", "per_kb_bytes", "unique_bytes", "partial_bytes",
-            "l2_bytes", "odd_k", "odd_n", "tile_bytes", "flops", "dq_bytes", "mm_bytes", "k", "m", "b_bytes")
+            "l2_bytes", "odd_k", "odd_n", "tile_bytes", "flops", "dq_bytes", "mm_bytes", "k", "m", "b_bytes",
+            "dq_launches")
 
 
 def features(cfg, fmt_name: str, m: int, n: int, k: int, dev: DeviceInfo, *, a_dense_bytes: int = 0,
@@ -145,6 +153,7 @@ def features(cfg, fmt_name: str, m: int, n: int, k: int, dev: DeviceInfo, *, a_d
         f["mm_bytes"] = (m + n) * k * 2 + m * n * out_bytes
         # unaligned rows are padded for cuBLAS (ops/gemm.py, _CUBLAS_ROW_ALIGN)
         f["dq_bytes"] += pad_copy_bytes(m, n, k, out_bytes, a_dense_bytes)
+        f["dq_launches"] = pad_launches(n, k, out_bytes)
         f["odd_k"] = f["odd_n"] = 0.0
         return f
     if isinstance(cfg, HopperConfig) and cfg.variant == "skinny":
@@ -206,11 +215,14 @@ def time_us(key: str, f, cal: Calibration, mx=max):
         c = cal["cublas_bf16"]
         rate = c["tflops"] * 1e12 * f["k"] / (f["k"] + c["k_half"])
         mm = mx(f["flops"] / rate, f["mm_bytes"] / bw)
-        return f["dq_bytes"] / bw * 1e6 + mm * 1e6 + cal["launch_us"]["dequant_matmul"], "dequantize + cuBLAS bf16"
+        # (each padding launch at the fixed cost of a small Triton launch: the portable kernel's)
+        return (f["dq_bytes"] / bw * 1e6 + mm * 1e6 + cal["launch_us"]["dequant_matmul"]
+                + f["dq_launches"] * cal["launch_us"]["portable"]), "dequantize + cuBLAS bf16"
     tc = cal.tile(key)
     slow = 1.0 + f["odd_k"] * (tc.get("odd_k", 1.0) - 1.0)
     t_kb = mx(tc["ckb_us"] * slow, f["per_kb_bytes"] / tc["bw_cta"] * 1e6 * slow)
-    split_us = f["split"] * (tc["split_us"] + f["tile_bytes"] / tc["bw_cta"] * 1e6)
+    split_us = f["split"] * (tc["split_us"] + f["odd_n"] * tc.get("odd_split_us", 0.0)
+                             + f["tile_bytes"] / tc["bw_cta"] * 1e6)
     c0 = tc["c0_us"] + f["odd_n"] * tc.get("odd_n_us", 0.0)
     t_rounds = f["full_rounds"] * (c0 + f["nk"] * t_kb) + f["rounds"] * (c0 + f["kb"] * t_kb + split_us)
     t_dram = (f["unique_bytes"] + 2 * f["partial_bytes"]) / (bw * tc.get("dram_eff", 1.0)) * 1e6

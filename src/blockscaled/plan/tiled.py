@@ -58,7 +58,7 @@ import math
 
 from .._experimental import mx_kernel_enabled
 from ..config.gemm import GemmConfig
-from .cost import pad_copy_bytes
+from .cost import pad_copy_bytes, pad_launches
 from .device import DeviceInfo
 from .stream import STREAM_MAX_M, _triton_release
 from .types import Problem
@@ -149,6 +149,9 @@ DEQUANT_EFF = {"mxfp4": 0.74, "nvfp4": 0.50, "mxfp8": 0.86}
 #: A/B: the plan's measured time over the model's bytes-and-flops time at M = 256 / 2048 on the
 #: 2880 x 2880 and 5760 x 2880 rows, +3.0 .. +7.1 us, median 4.5)
 DEQUANT_MATMUL_FIX_US = 4.5
+#: each launch that unaligned rows add to dequantize + cuBLAS (ops/gemm.py, _dequant_matmul: the
+#: padded product's copy, the zero padding columns): half the fixed cost above, which covers two
+PAD_LAUNCH_US = DEQUANT_MATMUL_FIX_US / 2
 #: cuBLAS bf16 rate at prefill sizes (plan/portable.py _BF16_FLOPS: H100 measured 735-785 TFLOP/s)
 _BF16_FLOPS = 750e12
 #: Triton releases the kernel was checked on (AOT: tests/test_aot_tiled.py; GPU: the H200 A/B)
@@ -233,7 +236,8 @@ def dequant_matmul_us(p: Problem, dev: DeviceInfo) -> float:
     if p.op == "gemm":  # unaligned rows are padded for cuBLAS (ops/gemm.py, _CUBLAS_ROW_ALIGN)
         byts += pad_copy_bytes(p.m, p.n, p.k, p.out_bytes, 2 if p.weight_only else 0)
     mm = max(2.0 * p.m * p.n * p.k / _BF16_FLOPS, byts / dev.mem_bw)
-    return (dq / (dev.mem_bw * DEQUANT_EFF[p.fmt]) + mm) * 1e6 + DEQUANT_MATMUL_FIX_US
+    pads = pad_launches(p.n, p.k, p.out_bytes) if p.op == "gemm" else 0
+    return (dq / (dev.mem_bw * DEQUANT_EFF[p.fmt]) + mm) * 1e6 + DEQUANT_MATMUL_FIX_US + pads * PAD_LAUNCH_US
 
 
 def tiled_config(p: Problem, dev: DeviceInfo, allow_rs: bool = True) -> tuple[GemmConfig, float]:
