@@ -132,7 +132,7 @@ class Estimate:
 #: on the calibrated constants (so the calibration fits vectors of them at once).
 FEATURES = ("full_rounds", "nk", "rounds", "kb", "split", "per_kb_bytes", "unique_bytes", "partial_bytes",
             "l2_bytes", "odd_k", "odd_n", "tile_bytes", "flops", "dq_bytes", "mm_bytes", "k", "m", "b_bytes",
-            "dq_launches")
+            "dq_launches", "rows_pad")
 
 
 def features(cfg, fmt_name: str, m: int, n: int, k: int, dev: DeviceInfo, *, a_dense_bytes: int = 0,
@@ -158,6 +158,7 @@ def features(cfg, fmt_name: str, m: int, n: int, k: int, dev: DeviceInfo, *, a_d
         return f
     if isinstance(cfg, HopperConfig) and cfg.variant == "skinny":
         rows_a, rows_b = min(m, cfg.block_m), cfg.block_n
+        f["rows_pad"] = cfg.block_m
         tiles = _cdiv(n, cfg.block_n)
         splits, kb_per = split_plan_kb(nk, cfg.split_k)
         full_tiles = 0
@@ -220,7 +221,10 @@ def time_us(key: str, f, cal: Calibration, mx=max):
                 + f["dq_launches"] * cal["launch_us"]["portable"]), "dequantize + cuBLAS bf16"
     tc = cal.tile(key)
     slow = 1.0 + f["odd_k"] * (tc.get("odd_k", 1.0) - 1.0)
-    t_kb = mx(tc["ckb_us"] * slow, f["per_kb_bytes"] / tc["bw_cta"] * 1e6 * slow)
+    # the skinny kernel's wgmma has the padded activation rows as its N: its math per K block grows
+    # with them past the 16 rows the decode shapes use (``row_ckb`` per further 16 rows)
+    ckb = tc["ckb_us"] * (1.0 + tc.get("row_ckb", 0.0) * mx(f["rows_pad"] / 16.0 - 1.0, 0.0))
+    t_kb = mx(ckb * slow, f["per_kb_bytes"] / tc["bw_cta"] * 1e6 * slow)
     split_us = f["split"] * (tc["split_us"] + f["odd_n"] * tc.get("odd_split_us", 0.0)
                              + f["tile_bytes"] / tc["bw_cta"] * 1e6)
     c0 = tc["c0_us"] + f["odd_n"] * tc.get("odd_n_us", 0.0)
