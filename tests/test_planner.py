@@ -874,3 +874,31 @@ def test_no_tail_split_at_unaligned_output_rows():
     assert not tails(3071) and not tails(3070) and not tails(3080)  # 3080: 16-byte rows, N % 16 != 0
     p = plan_gemm(Problem("gemm", "fp8_block", 3125, 3071, 1472), H100_SXM)
     assert getattr(p.config, "tail_split", 1) == 1, p.describe()
+
+
+def test_split_partials_priced_at_the_calibrating_devices_rate():
+    """Split-K partials are written and read back within one launch (L2-resident): a device scaled
+    from the H100 file (the H200: 1.4x the DRAM bandwidth) prices them at the H100's rate, so its
+    splits do not look cheaper than they run. H200, M = 128 on 6144 x 4096 and 7680 x 5120: the
+    unsplit 64x128 wide tile ran 1.16-1.25x faster than the 128x128 split 2 it used to plan
+    (benchmarks/NOTES.md, twenty-third session); H100 predictions do not change."""
+    from blockscaled.plan import DEVICES
+
+    h200 = DEVICES["h200"]
+    cal = cal_mod.load_calibration(h200.name, h200.sm_count, h200.mem_bw)
+    h100 = cal_mod.load_calibration(H100_SXM.name, H100_SXM.sm_count, H100_SXM.mem_bw)
+    assert cal["partial_bw"] == h100["mem_bw"] < cal["mem_bw"]
+    for n, k in ((6144, 4096), (7680, 5120)):
+        c = plan_gemm(Problem("gemm", "fp8_block", 128, n, k, tma=True), h200).config
+        assert isinstance(c, HopperConfig) and (c.block_m, c.block_n, c.split_k) == (64, 128, 1), c
+    split = HopperConfig("wide", 128, 128, 8, 5, split_k=2)
+    plain = cal_mod.Calibration(json.loads(json.dumps(h100)))
+    plain.source = "test"
+    del plain["partial_bw"]
+    assert predict_us(split, "fp8_block", 128, 8192, 8192, H100_SXM, h100).us == \
+        predict_us(split, "fp8_block", 128, 8192, 8192, H100_SXM, plain).us
+    scaled = cal_mod.Calibration(json.loads(json.dumps(cal)))  # the old rule: partials at the H200's DRAM rate
+    scaled.source = "test"
+    scaled["partial_bw"] = cal["mem_bw"]
+    assert predict_us(split, "fp8_block", 128, 8192, 8192, h200, cal).us > \
+        predict_us(split, "fp8_block", 128, 8192, 8192, h200, scaled).us

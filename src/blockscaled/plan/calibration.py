@@ -8,7 +8,8 @@ it (``load_calibration``: its DRAM bandwidth, the L2 bandwidth by SM count; said
 
 Layout of a file (all times in microseconds, bandwidths in bytes/s):
     {"device": name, "match": substring, "measured": {"date", "git", "torch", "triton"},
-     "mem_bw": copy bandwidth, "l2_bw": L2 -> SM bandwidth,
+     "mem_bw": copy bandwidth, "l2_bw": L2 -> SM bandwidth, "partial_bw": the rate of split-K
+     partials (L2-resident within a launch; not scaled to another device's DRAM),
      "launch_us": {kernel: fixed cost of one launch},
      "tiles": {"<kernel>:<tile>": {"c0_us": fixed per unit, "ckb_us": per 128-wide K block at
                full load, "bw_cta": one program's streaming rate, "split_us": per split unit,
@@ -85,6 +86,7 @@ def load_calibration(name: str, sm_count: int, mem_bw: float) -> Calibration:
             return c
     base = dict(next(d for f, d in files if f == "h100.json"))
     base = json.loads(json.dumps(base))
+    base.setdefault("partial_bw", base["mem_bw"])  # (the calibrating device's: split partials stay in L2)
     base["mem_bw"] = mem_bw
     base["l2_bw"] *= sm_count / BASE_SMS
     c = Calibration(base)

@@ -229,7 +229,10 @@ def time_us(key: str, f, cal: Calibration, mx=max):
                              + f["tile_bytes"] / tc["bw_cta"] * 1e6)
     c0 = tc["c0_us"] + f["odd_n"] * tc.get("odd_n_us", 0.0)
     t_rounds = f["full_rounds"] * (c0 + f["nk"] * t_kb) + f["rounds"] * (c0 + f["kb"] * t_kb + split_us)
-    t_dram = (f["unique_bytes"] + 2 * f["partial_bytes"]) / (bw * tc.get("dram_eff", 1.0)) * 1e6
+    # split-K partials are written and read back within the launch (L2-resident): their bytes move
+    # at the calibrating device's rate ("partial_bw"), not scaled with another device's DRAM
+    pbw = cal.get("partial_bw", bw)
+    t_dram = (f["unique_bytes"] / bw + 2 * f["partial_bytes"] / pbw) / tc.get("dram_eff", 1.0) * 1e6
     t_l2 = f["l2_bytes"] / cal["l2_bw"] * 1e6
     # the three limits overlap imperfectly: a p-norm (p = cal["overlap_p"], measured) instead of max
     pw = cal.get("overlap_p", 8.0)
