@@ -902,3 +902,24 @@ def test_split_partials_priced_at_the_calibrating_devices_rate():
     scaled["partial_bw"] = cal["mem_bw"]
     assert predict_us(split, "fp8_block", 128, 8192, 8192, h200, cal).us > \
         predict_us(split, "fp8_block", 128, 8192, 8192, h200, scaled).us
+
+
+@pytest.mark.parametrize("fmt,a,rows", [("mxfp4", "bfloat16", 2048), ("mxfp8", "quantized", 8192),
+                                        ("fp8_block", "bfloat16", 512)])
+def test_grouped_masked_dequant_not_planned_at_unaligned_rows(fmt, a, rows):
+    """torch.bmm behind the masked dequantize + cuBLAS path gets unaligned bf16 rows as they are
+    (4.9x slower on the H200: plan/grouped_portable.py, batched_rows_unaligned): the planner takes
+    it at N = 2880 and not at 2881 / K % 8 != 0 (a forced config still runs it: dequant_matmul_reason,
+    which checks forced configs, is unchanged)."""
+    from blockscaled.plan.grouped import plan_grouped
+    from blockscaled.plan.grouped_portable import batched_rows_unaligned
+
+    def plan(n, k=4096):
+        p = Problem("grouped", fmt, 8 * rows, n, k, a, grouping="masked", experts=8, rows_per_expert=rows)
+        return plan_grouped(p, H100_SXM, hopper_why="test: no wide kernel")
+
+    assert plan(2880).kernel == "grouped_dequant_matmul"
+    for n, k in ((2881, 4096), (2884, 4096), (2880, 4100)):
+        assert plan(n, k).kernel != "grouped_dequant_matmul", (n, k)
+        assert "4.9x" in batched_rows_unaligned("masked", n, k)
+    assert batched_rows_unaligned("contiguous", 2881, 4096) is None  # refused there by dequant_matmul_reason

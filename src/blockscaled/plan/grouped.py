@@ -19,7 +19,8 @@ from .direct import grouped_direct_config, grouped_direct_reason
 from .device import DeviceInfo
 from .stream import STREAM_GROUPED_MAX_ROWS, grouped_stream_config, grouped_stream_reason, grouped_stream_split_why
 from ..config.gemm import GemmConfig
-from .grouped_portable import check_grouped_config, choose_grouped_config, dequant_matmul_reason
+from .grouped_portable import (batched_rows_unaligned, check_grouped_config, choose_grouped_config,
+                               dequant_matmul_reason)
 from .tiled import (dequant_matmul_us, grouped_tiled_config, grouped_tiled_reason, grouped_tiles_words,
                     kernel_words)
 from .splits import cdiv as _cdiv
@@ -184,7 +185,8 @@ def plan_grouped(p: Problem, dev: DeviceInfo, forced=None, *, hopper_why: str | 
             f"STREAM_GROUPED_MAX_ROWS); {grouped_stream_split_why(p, cfg.block_m, dev)[1]}"))
     if stream_why is not None and grouped_tiled_reason(p, dev, p.tma) is None:
         cfg, t = grouped_tiled_config(p, dev)
-        dq_why = dequant_matmul_reason(p.fmt, p.grouping, out_dtype, a_dtype, p.n, p.k, dev, a_row_stride)
+        dq_why = (dequant_matmul_reason(p.fmt, p.grouping, out_dtype, a_dtype, p.n, p.k, dev, a_row_stride)
+                  or batched_rows_unaligned(p.grouping, p.n, p.k))
         t_dq = dequant_matmul_us(p, dev) if dq_why is None else math.inf
         tiles = grouped_tiles_words(p, cfg.block_m, cfg.block_n)
         if t <= t_dq:

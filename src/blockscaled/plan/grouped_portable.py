@@ -35,7 +35,8 @@ from ..config.gemm import GemmConfig
 from .device import DeviceInfo, device_info
 from .portable import _BF16_FLOPS, _BW, _ELEM_BYTES, _SCALE_K, _TRITON_MX_FLOPS, _stages, default_promote
 
-__all__ = ["choose_grouped_config", "check_grouped_config", "dequant_matmul_reason", "GROUPED_STRATEGIES"]
+__all__ = ["choose_grouped_config", "check_grouped_config", "dequant_matmul_reason", "batched_rows_unaligned",
+           "GROUPED_STRATEGIES"]
 
 GROUPED_STRATEGIES = ("triton", "dequant_matmul")
 GROUPINGS = ("dense", "contiguous", "masked")
@@ -84,6 +85,19 @@ def dequant_matmul_reason(
                 return f"torch._grouped_mm needs K and N multiples of 8 (16-byte strides), got N={n}, K={k}"
             if a_row_stride % 8:
                 return f"torch._grouped_mm needs A's row stride to be a multiple of 8 elements, got {a_row_stride}"
+    return None
+
+
+def batched_rows_unaligned(grouping: str, n: int, k: int) -> str | None:
+    """Why the planner does not choose dequantize + cuBLAS for a masked / dense grouped call (it
+    still runs where forced); None where it may. ``torch.bmm`` gets the bf16 operands and products
+    as they are (ops/grouped.py: no padding there; the dense GEMM pads, ops/gemm.py), and cuBLAS at
+    rows that are not 16-byte aligned ran 4.9x slower: H200, masked mxfp4 weight-only, 8 experts x
+    512 rows, 2881 x 2880 761.5 us against 155.8 at N = 2880 (the tiled kernel 122.7; NOTES,
+    thirty-sixth session). Contiguous calls refuse such rows already (torch._grouped_mm)."""
+    if grouping != "contiguous" and (n % 8 or k % 8):
+        return (f"cuBLAS's batched GEMM at bf16 rows that are not 16-byte aligned (N={n}, K={k}) ran 4.9x slower "
+                f"than at aligned rows (plan/grouped_portable.py, batched_rows_unaligned)")
     return None
 
 
@@ -180,6 +194,7 @@ def choose_grouped_config(
         e = max(experts, 1)
         rows = int(math.ceil(rows_per_expert * (1 if grouping == "dense" else e)))
         if (dequant_matmul_reason(fmt, grouping, out_dtype, a_dtype, n, k, info, a_row_stride) is None
+                and batched_rows_unaligned(grouping, n, k) is None
                 and _dequant_matmul_faster(fmt, grouping, e, rows, n, k, dual, a_dtype, out_dtype)):
             return GemmConfig(strategy="dequant_matmul")
     promote = default_promote(fmt, int(rows_per_expert), a_dtype)
