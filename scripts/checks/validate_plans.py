@@ -20,7 +20,7 @@ import statistics
 import sys
 from collections import defaultdict
 
-from blockscaled.bench.plan_sweep import (calibration_shapes, config_from_key, config_key, load_records,
+from blockscaled.bench.plan_sweep import (calibration_shapes, config_from_key, config_key, load_records, mid_band_shapes,
                                           run_sweep, validation_shapes)
 from blockscaled.plan import DEVICES, Problem, plan_gemm
 from blockscaled.plan import tuned as tuned_plans
@@ -194,7 +194,7 @@ def main(argv=None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
     r.add_argument("--out", required=True)
-    r.add_argument("--set", default="family", choices=("family", "random", "all"))
+    r.add_argument("--set", default="family", choices=("family", "random", "random-mid", "all"))
     r.add_argument("--jobs", type=int, default=1)
     r.add_argument("--budget", type=float, default=1e9, help="seconds; stop starting shapes after it")
     r.add_argument("--part", default="0/1", help="i/n: every n-th shape from the i-th")
@@ -221,6 +221,8 @@ def main(argv=None) -> int:
         shapes += validation_shapes()
     if a.set in ("random", "all"):
         shapes += calibration_shapes()
+    if a.set == "random-mid":
+        shapes += mid_band_shapes()
     if a.unaligned:
         shapes = [s for s in shapes if s["n"] % 16]
     i, n = (int(x) for x in a.part.split("/"))

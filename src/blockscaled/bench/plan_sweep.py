@@ -37,7 +37,7 @@ from .models import FAMILY_PAIRS, M_VALUES, linear_nk
 from .timing import rotation_count, time_op
 from .workers import run_in_processes
 
-__all__ = ["validation_shapes", "calibration_shapes", "sweep_shape", "run_sweep", "load_records",
+__all__ = ["validation_shapes", "calibration_shapes", "mid_band_shapes", "sweep_shape", "run_sweep", "load_records",
            "config_key", "config_from_key", "HEAVY_US"]
 
 #: Shapes whose planned time the cost model puts above this are timed in two interleaved rounds
@@ -74,6 +74,23 @@ def calibration_shapes(count: int = 120, seed: int = 20261125, max_flop: float =
             n -= n % 64
         if 2.0 * m * n * k <= max_flop and k >= 16:
             out.append({"set": "random", "family": "random", "layer": "", "m": m, "n": n, "k": k})
+    return out
+
+
+def mid_band_shapes(count: int = 60, seed: int = 20261129) -> list[dict]:
+    """Random shapes of the band where the first calibration set was thin (none from a model table):
+    M log-uniform in [48, 1024], N in [1024, 16384] and K in [1024, 16384] log-uniform, both
+    multiples of 16 (aligned rows; the unaligned ones have their own sweep). The 89 log-uniform
+    shapes of ``calibration_shapes`` put few points where the wide 64x128 / 128x128 tiles and the
+    splits compete, and the fit there was off by 1.2-1.6x on model layers (benchmarks/NOTES.md,
+    thirty-sixth session). Recorded as set "random", family "random-mid"."""
+    rng = random.Random(seed)
+    out = []
+    while len(out) < count:
+        m = int(math.exp(rng.uniform(math.log(48), math.log(1024))))
+        n = int(math.exp(rng.uniform(math.log(1024), math.log(16384))))
+        k = int(math.exp(rng.uniform(math.log(1024), math.log(16384))))
+        out.append({"set": "random", "family": "random-mid", "layer": "", "m": m, "n": n - n % 16, "k": k - k % 16})
     return out
 
 
