@@ -119,3 +119,19 @@ def test_grouped_masked_dequant_not_planned_at_unaligned_rows(fmt, a, rows):
         assert plan(n, k).kernel != "grouped_dequant_matmul", (n, k)
         assert "4.9x" in batched_rows_unaligned("masked", n, k)
     assert batched_rows_unaligned("contiguous", 2881, 4096) is None  # refused there by dequant_matmul_reason
+
+
+def test_dequant_plans_say_when_rows_are_padded():
+    """A dequantize + cuBLAS plan at unaligned rows says that cuBLAS gets padded operands and the
+    product is copied (fp8_block through the cost model, MX through the tiled planner); aligned
+    plans do not."""
+    cases = [(Problem("gemm", "mxfp4", 2048, 5759, 2880, "bfloat16"), "N = 5759"),
+             (Problem("gemm", "fp8_block", 6000, 3001, 2050, tma=False), "K = 2050")]
+    for p, words in cases:
+        plan = plan_gemm(p, H100_SXM)
+        assert isinstance(plan.config, GemmConfig) and plan.config.strategy == "dequant_matmul", plan
+        text = " ".join(plan.reasons)
+        assert "zero-padded operands" in text and words in text, text
+    aligned = plan_gemm(Problem("gemm", "mxfp4", 2048, 5760, 2880, "bfloat16"), H100_SXM)
+    assert aligned.config.strategy == "dequant_matmul"
+    assert "zero-padded" not in " ".join(aligned.reasons)

@@ -35,7 +35,8 @@ from .device import DeviceInfo
 from .splits import cdiv as _cdiv
 from .splits import split_plan_kb
 
-__all__ = ["tile_key", "programs_per_sm", "predict_us", "Estimate", "PAD_COPY_SLOWDOWN", "pad_copy_bytes", "pad_launches"]
+__all__ = ["tile_key", "programs_per_sm", "predict_us", "Estimate", "PAD_COPY_SLOWDOWN", "pad_copy_bytes", "pad_launches",
+           "pad_words"]
 
 #: dequantize + cuBLAS at unaligned output rows copies its padded product into the output
 #: (ops/gemm.py, _CUBLAS_ROW_ALIGN): that copy (a strided read, unaligned 2-byte writes) ran at
@@ -50,6 +51,17 @@ def pad_launches(n: int, k: int, out_bytes: int) -> int:
     """Launches that dequantize + cuBLAS adds for unaligned rows (ops/gemm.py, _dequant_matmul):
     the copy of the padded product (N), the zero padding columns of both operands (K)."""
     return (1 if (n * out_bytes) % 16 else 0) + (2 if (k * 2) % 16 else 0)
+
+
+def pad_words(n: int, k: int, out_bytes: int) -> str:
+    """The plan's account of dequantize + cuBLAS's padding ("" where the rows are aligned)."""
+    what = [w for w, odd in ((f"output rows (N = {n})", (n * out_bytes) % 16), (f"bf16 operand rows (K = {k})",
+                                                                           (k * 2) % 16)) if odd]
+    if not what:
+        return ""
+    return (f"{' and '.join(what)} not 16-byte aligned: cuBLAS gets zero-padded operands and an aligned "
+            f"product{', copied into the output' if (n * out_bytes) % 16 else ''} (its unaligned kernels ran "
+            f"7.2x slower; ops/gemm.py, _CUBLAS_ROW_ALIGN)")
 
 
 def pad_copy_bytes(m: int, n: int, k: int, out_bytes: int, a_dense_bytes: int) -> float:

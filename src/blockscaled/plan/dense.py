@@ -23,7 +23,7 @@ from dataclasses import replace
 from ..config.gemm import GemmConfig, gemv_config
 from ..config.hopper import HopperConfig
 from .calibration import load_calibration
-from .cost import SKINNY_PROGRAMS_PER_SM, predict_us, programs_per_sm
+from .cost import SKINNY_PROGRAMS_PER_SM, pad_words, predict_us, programs_per_sm
 from . import tuned as _tuned
 from .device import DeviceInfo
 from .encoding import config_from_key
@@ -230,6 +230,8 @@ def plan_fp8(p: Problem, dev: DeviceInfo, *, hopper: bool = True, forced_strateg
     ]
     if tuned_why is not None:
         reasons.insert(1, tuned_why)
+    if isinstance(best, GemmConfig) and best.strategy == "dequant_matmul" and pad_words(p.n, p.k, p.out_bytes):
+        reasons.append(pad_words(p.n, p.k, p.out_bytes))
     if not hopper:
         reasons.append("the Hopper kernels cannot take these operands (bias, 1x128 weight blocks, "
                        "or a stride / base address TMA cannot describe)")

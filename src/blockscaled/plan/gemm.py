@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from ..config.gemm import GemmConfig
 from ..config.hopper import HopperConfig
+from .cost import pad_words
 from .dense import hopper_takes, plan_fp8
 from .direct import DIRECT_FORMATS, DIRECT_MAX_M, DIRECT_MIN_M, direct_config, direct_reason, direct_split_why
 from .stream import (STREAM_FORMATS, STREAM_GATHER_MAX_MP, STREAM_MAX_M, stream_config, stream_reason,
@@ -103,6 +104,8 @@ def plan_gemm(p: Problem, dev: DeviceInfo, forced=None, *, gluon_ok: bool = True
     if cfg.strategy == "dequant_matmul":
         why = ("dequantize both operands to bf16, then cuBLAS: the roofline model (or the measured MX_BF16_DEQUANT_M "
                "crossover) predicts it faster than the portable kernel (plan/portable.py)")
+        if pad_words(p.n, p.k, p.out_bytes):
+            why += "; " + pad_words(p.n, p.k, p.out_bytes)
     elif mx_bf16_applies(p.fmt, p.m, dev, _a_dtype(p)):
         why = ("portable Triton kernel with the MX/NV tiles dequantized to bf16 in registers (bf16 wgmma; swap-AB: "
                "the weight is the wgmma's register operand): plan/portable.py MX_BF16_TILES for this M, K split "
@@ -163,7 +166,8 @@ def _plan_tiled(p: Problem, dev: DeviceInfo, scope: str) -> Plan:
                 "; the activations dequantized exactly to bf16 by one pass first" if cfg.dequant_a else ""), model))
     return Plan("gemm", "cuda", GemmConfig(strategy="dequant_matmul"), p, predicted_us=t_dq,
                 alternatives=(("hopper_tiled", t_tiled),), reasons=(
-                    head, "dequantize both operands to bf16, then cuBLAS", model))
+                    head, "dequantize both operands to bf16, then cuBLAS", model)
+                + ((pad_words(p.n, p.k, p.out_bytes),) if pad_words(p.n, p.k, p.out_bytes) else ()))
 
 
 # a tuned plan stored or cleared (plan/tuned.py) changes the answer for its problem
