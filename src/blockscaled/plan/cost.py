@@ -47,20 +47,27 @@ __all__ = ["tile_key", "programs_per_sm", "predict_us", "Estimate", "PAD_COPY_SL
 PAD_COPY_SLOWDOWN = 2.5
 
 
+def _unaligned(n: int, k: int, out_bytes: int) -> tuple[bool, bool]:
+    """(output rows, bf16 operand rows) not 16-byte aligned: what ops/gemm.py pads for cuBLAS (it
+    also checks the output's stride and base, which a plan does not know)."""
+    return (n * out_bytes) % 16 != 0, (k * 2) % 16 != 0
+
+
 def pad_launches(n: int, k: int, out_bytes: int) -> int:
     """Launches that dequantize + cuBLAS adds for unaligned rows (ops/gemm.py, _dequant_matmul):
     the copy of the padded product (N), the zero padding columns of both operands (K)."""
-    return (1 if (n * out_bytes) % 16 else 0) + (2 if (k * 2) % 16 else 0)
+    odd_n, odd_k = _unaligned(n, k, out_bytes)
+    return (1 if odd_n else 0) + (2 if odd_k else 0)
 
 
 def pad_words(n: int, k: int, out_bytes: int) -> str:
     """The plan's account of dequantize + cuBLAS's padding ("" where the rows are aligned)."""
-    what = [w for w, odd in ((f"output rows (N = {n})", (n * out_bytes) % 16), (f"bf16 operand rows (K = {k})",
-                                                                           (k * 2) % 16)) if odd]
+    odd_n, odd_k = _unaligned(n, k, out_bytes)
+    what = [w for w, odd in ((f"output rows (N = {n})", odd_n), (f"bf16 operand rows (K = {k})", odd_k)) if odd]
     if not what:
         return ""
     return (f"{' and '.join(what)} not 16-byte aligned: cuBLAS gets zero-padded operands and an aligned "
-            f"product{', copied into the output' if (n * out_bytes) % 16 else ''} (its unaligned kernels ran "
+            f"product{', copied into the output' if odd_n else ''} (its unaligned kernels ran "
             f"7.2x slower; ops/gemm.py, _CUBLAS_ROW_ALIGN)")
 
 
@@ -68,8 +75,9 @@ def pad_copy_bytes(m: int, n: int, k: int, out_bytes: int, a_dense_bytes: int) -
     """Bytes (weighted by PAD_COPY_SLOWDOWN where measured) that dequantize + cuBLAS adds for
     unaligned rows: the padded product copied into the output (N), weight-only activations
     copied into zero-padded rows (K)."""
-    extra = 2.0 * m * n * out_bytes * PAD_COPY_SLOWDOWN if (n * out_bytes) % 16 else 0.0
-    if a_dense_bytes and (k * 2) % 16:
+    odd_n, odd_k = _unaligned(n, k, out_bytes)
+    extra = 2.0 * m * n * out_bytes * PAD_COPY_SLOWDOWN if odd_n else 0.0
+    if a_dense_bytes and odd_k:
         extra += 2.0 * m * k * a_dense_bytes
     return extra
 

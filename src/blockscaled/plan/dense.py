@@ -230,8 +230,9 @@ def plan_fp8(p: Problem, dev: DeviceInfo, *, hopper: bool = True, forced_strateg
     ]
     if tuned_why is not None:
         reasons.insert(1, tuned_why)
-    if isinstance(best, GemmConfig) and best.strategy == "dequant_matmul" and pad_words(p.n, p.k, p.out_bytes):
-        reasons.append(pad_words(p.n, p.k, p.out_bytes))
+    pad = pad_words(p.n, p.k, p.out_bytes) if isinstance(best, GemmConfig) and best.strategy == "dequant_matmul" else ""
+    if pad:
+        reasons.append(pad)
     if not hopper:
         reasons.append("the Hopper kernels cannot take these operands (bias, 1x128 weight blocks, "
                        "or a stride / base address TMA cannot describe)")

@@ -104,8 +104,8 @@ def plan_gemm(p: Problem, dev: DeviceInfo, forced=None, *, gluon_ok: bool = True
     if cfg.strategy == "dequant_matmul":
         why = ("dequantize both operands to bf16, then cuBLAS: the roofline model (or the measured MX_BF16_DEQUANT_M "
                "crossover) predicts it faster than the portable kernel (plan/portable.py)")
-        if pad_words(p.n, p.k, p.out_bytes):
-            why += "; " + pad_words(p.n, p.k, p.out_bytes)
+        pad = pad_words(p.n, p.k, p.out_bytes)
+        why += f"; {pad}" if pad else ""
     elif mx_bf16_applies(p.fmt, p.m, dev, _a_dtype(p)):
         why = ("portable Triton kernel with the MX/NV tiles dequantized to bf16 in registers (bf16 wgmma; swap-AB: "
                "the weight is the wgmma's register operand): plan/portable.py MX_BF16_TILES for this M, K split "
@@ -164,10 +164,10 @@ def _plan_tiled(p: Problem, dev: DeviceInfo, scope: str) -> Plan:
         return Plan("gemm", "cuda", cfg, p, predicted_us=t_tiled, alternatives=(("dequant_matmul", t_dq),), reasons=(
             head, kernel_words(cfg) + (
                 "; the activations dequantized exactly to bf16 by one pass first" if cfg.dequant_a else ""), model))
+    pad = pad_words(p.n, p.k, p.out_bytes)
     return Plan("gemm", "cuda", GemmConfig(strategy="dequant_matmul"), p, predicted_us=t_dq,
-                alternatives=(("hopper_tiled", t_tiled),), reasons=(
-                    head, "dequantize both operands to bf16, then cuBLAS", model)
-                + ((pad_words(p.n, p.k, p.out_bytes),) if pad_words(p.n, p.k, p.out_bytes) else ()))
+                alternatives=(("hopper_tiled", t_tiled),),
+                reasons=(head, "dequantize both operands to bf16, then cuBLAS", model) + ((pad,) if pad else ()))
 
 
 # a tuned plan stored or cleared (plan/tuned.py) changes the answer for its problem
