@@ -149,7 +149,7 @@ def test_broken_layer_fails_its_check(reference, monkeypatch):
     from blockscaled.nn.experts import Experts
 
     orig = Experts.expert_rows
-    monkeypatch.setattr(Experts, "expert_rows", lambda self, *a: orig(self, *a) * 1.05)
+    monkeypatch.setattr(Experts, "expert_rows", lambda self, *a, **kw: orig(self, *a, **kw) * 1.05)
     runner = _runner(monkeypatch)
     case = suites.for_interpreter(suites.get_suite("moe-layer"))[0]
     runner.run_case(case, "mxfp8")
@@ -239,10 +239,10 @@ def _break(q, how: str) -> None:
         assert isinstance(ex, bsnn.Experts)
         good, bad, rows = ex.w_down, _doubled_scale(ex.w_down), ex.expert_rows
 
-        def broken_rows(*args):
+        def broken_rows(*args, **kw):
             ex.w_down = bad
             try:
-                return rows(*args)
+                return rows(*args, **kw)
             finally:
                 ex.w_down = good
 

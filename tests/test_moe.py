@@ -323,3 +323,97 @@ def test_glue_combine_checks_its_inputs(device):
     y = torch.randn(8, 4, device=device).t()  # [4, 8] with column stride 4: taken contiguous
     out = glue.combine(y, torch.ones(2, 2, device=device), inv, torch.float32)
     assert torch.allclose(out, y[0::2] + y[1::2])
+
+
+@pytest.mark.parametrize("case", ROUTE_CASES[:7], ids=lambda c: f"E{c[0]}k{c[1]}{c[2]}g{c[3]}")
+def test_route_permute_is_route_then_permute(case, path, device):
+    """The one-launch routing + permutation (decode sizes) returns exactly what route_topk and
+    permute return apart: the same experts and weights (bitwise), order, token, offsets and inverse;
+    None where the two must run apart (reference path, too many assignments or scores)."""
+    from blockscaled.ops import moe as glue
+
+    e, k, score, ng, tg, has_bias, norm, scale = case
+    g = torch.Generator().manual_seed(7 * e + k)
+    bias = (torch.randperm(e, generator=g).float() / 4096).to(device) if has_bias else None
+    for t in (1, 3, 8, 16):
+        logits = _distinct_logits(t, e, g, torch.bfloat16, device)
+        got = glue.route_permute(logits, k, score == "sigmoid", ng, tg, bias, norm, scale)
+        fits = (t * k <= glue.PERMUTE_MAX and glue._pow2(t) * glue._pow2(e) <= glue.ROUTE_PERMUTE_MAX_SCORES)
+        if path != "kernels" or not fits:
+            assert got is None
+            continue
+        assert got is not None
+        w, ids, perm = got
+        w0, ids0 = glue.route_topk(logits, k, score == "sigmoid", ng, tg, bias, norm, scale)
+        assert torch.equal(ids, ids0) and torch.equal(w, w0)
+        for a, b in zip(perm, glue.permute(ids0, e)):
+            assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+def test_route_permute_size_limits(device):
+    """Past PERMUTE_MAX assignments or ROUTE_PERMUTE_MAX_SCORES padded scores the fused launch
+    declines (the layer then routes and permutes in two launches)."""
+    from blockscaled.ops import moe as glue
+
+    big_t = glue.PERMUTE_MAX // 8 + 1
+    assert glue.route_permute(torch.randn(big_t, 16, device=device), 8, False, None, None, None, True, 1.0) is None
+    assert glue.route_permute(torch.randn(32, 256, device=device), 1, False, None, None, None, True, 1.0) is None
+
+
+def _moe_layer(device, fmt="mxfp4", e=8, h=64, i=64, k=2):
+    g = torch.Generator().manual_seed(5)
+    w_gu = (torch.randn(e, 2 * i, h, generator=g) * 0.1).to(torch.bfloat16)
+    w_dn = (torch.randn(e, h, i, generator=g) * 0.1).to(torch.bfloat16)
+    router = torch.randn(e, h, generator=g).to(torch.bfloat16)
+    return MoE.from_dense(w_gu[:, :i].to(device), w_gu[:, i:].to(device), w_dn.to(device), router.to(device), fmt,
+                          top_k=k)
+
+
+def test_moe_decode_glue_launches(path, device, monkeypatch):
+    """At decode sizes the layer routes and permutes in one launch (route_permute), the grouped GEMMs
+    skip their metadata checks (the combine checks the sort's offsets) and the output equals the
+    two-launch path's bitwise."""
+    from blockscaled.ops import errors
+    from blockscaled.ops import moe as glue
+
+    moe = _moe_layer(device)
+    x = (torch.randn(3, 64, generator=torch.Generator().manual_seed(1)) * 0.5).to(torch.bfloat16).to(device)
+    calls = {"route_permute": 0, "check": 0}
+    rp, cm = glue.route_permute, errors.check_metadata
+
+    def spy_rp(*a, **kw):
+        r = rp(*a, **kw)
+        calls["route_permute"] += r is not None
+        return r
+
+    def spy_check(*a, **kw):
+        calls["check"] += 1
+        return cm(*a, **kw)
+
+    monkeypatch.setattr("blockscaled.nn.moe.route_permute", spy_rp)
+    for mod in ("blockscaled.ops.grouped", "blockscaled.ops.errors"):
+        monkeypatch.setattr(f"{mod}.check_metadata", spy_check)
+    y = moe(x)
+    kernels = path == "kernels"
+    assert calls == {"route_permute": int(kernels), "check": 0}
+    monkeypatch.setattr("blockscaled.nn.moe.route_permute", lambda *a, **kw: None)
+    y2 = moe(x)
+    assert torch.equal(y, y2)
+
+
+def test_experts_bad_ids_fail_loudly_in_the_combine(path, device):
+    """Expert ids outside [0, E): the combine writes NaN over the output and check_errors names
+    nn.Experts and how many assignments were out of range (the GEMMs no longer check on their own)."""
+    moe = _moe_layer(device)
+    x = torch.randn(3, 64, device=device).to(torch.bfloat16)
+    idx = torch.tensor([[0, 1], [2, 9], [-1, 3]], device=device)
+    w = torch.full((3, 2), 0.5, device=device)
+    bs.check_errors(device)
+    y = moe.experts(x, idx, w)
+    assert torch.isnan(y.float()).all()
+    with pytest.raises(RuntimeError, match=r"nn\.Experts .*2 of its 6 expert assignments"):
+        bs.check_errors(device)
+    bs.check_errors(device)  # cleared
+    y = moe.experts(x, idx.clamp(0, 7), w)
+    assert torch.isfinite(y.float()).all()
+    bs.check_errors(device)

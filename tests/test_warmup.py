@@ -107,6 +107,38 @@ def test_warmup_moe_routing(path, device, monkeypatch):
     assert len(launched) == 1 and launched[0] is not None  # the routing kernel ran, not its torch twin
 
 
+def test_warmup_moe_route_permute_forms(path, device, monkeypatch):
+    """The one-launch decode routing + permutation is run once per compiled form (token block x sort
+    size), from 1 token until it declines."""
+    from blockscaled.ops import moe as glue
+
+    e, h, i, k = 4, 64, 32, 2
+    moe = bs.nn.MoE.from_dense(torch.randn(e, i, h, device=device).bfloat16() * 0.05,
+                               torch.randn(e, i, h, device=device).bfloat16() * 0.05,
+                               torch.randn(e, h, i, device=device).bfloat16() * 0.05,
+                               torch.randn(e, h, device=device).bfloat16(), "mxfp8", top_k=k)
+    import blockscaled.nn.moe as nn_moe
+
+    tokens = []
+    real = nn_moe.route_permute
+    def spy(logits, *a):
+        r = real(logits, *a)
+        tokens.append((logits.shape[0], r is not None))
+        return r
+
+    monkeypatch.setattr(nn_moe, "route_permute", spy)
+    report = bs.warmup(torch.nn.ModuleDict({"moe": moe}), max_tokens=1, progress=False)
+    if path == "reference":
+        assert tokens == []
+        return
+    assert "moe.route_permute" in [label for label, *_ in report.entries]
+    ran = [t for t, ok in tokens if ok]
+    forms = {(glue._pow2(t), glue.permute_block(t * k, torch.device(device))) for t in range(1, 65)}
+    assert len(ran) == len(forms) == len({(glue._pow2(t), glue.permute_block(t * k, torch.device(device)))
+                                          for t in ran})
+    assert tokens[-1] == (glue.PERMUTE_MAX // k + 1, False)
+
+
 def test_m_derived_ints_are_not_specialised():
     """bs.warmup compiles one launch per (plan, M == 1, M % 16 == 0): every other integer argument
     that follows M must not be specialised by Triton, or calls inside a warmed-up plan's M range

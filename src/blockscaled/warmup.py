@@ -107,12 +107,27 @@ def _routing_calls(model_or_weights, activations: torch.dtype) -> list[tuple]:
             w = m.router_weight
             out.append(((name or "moe") + ".route", w, lambda m=m, w=w: m.route(
                 torch.zeros((1, m.num_experts), dtype=activations, device=w.device)), "routing (ops/moe.py route_topk)"))
+            out.append(((name or "moe") + ".route_permute", w, lambda m=m, w=w: _route_permute_sizes(m, activations, w),
+                        "decode routing + permutation, every token block (ops/moe.py route_permute)"))
         elif is_fused(m):
             w = m.weight
             dtype = activations if _ROUTER_KINDS[type(m).__name__].logits_fp32 else w.dtype
             out.append(((name or "router") + ".route", w, lambda m=m, w=w, d=dtype: m(
                 torch.zeros((1, w.shape[1]), dtype=d, device=w.device)), "routing (fused router, ops/moe.py route_topk)"))
     return out
+
+
+def _route_permute_sizes(m: MoE, activations: torch.dtype, w: torch.Tensor) -> None:
+    """Run ``m.route_permute`` once per compiled form it takes (its kernel is compiled per token block,
+    a power of two, and sort size: ops/moe.py), from 1 token until it declines."""
+    seen, t = set(), 1
+    while True:
+        key = (1 << (t - 1).bit_length(), permute_block(t * m.top_k, w.device))
+        if key not in seen:
+            seen.add(key)
+            if m.route_permute(torch.zeros((t, m.num_experts), dtype=activations, device=w.device)) is None:
+                return
+        t += 1
 
 
 def _top_k(model: torch.nn.Module, top_k: int | None) -> int:

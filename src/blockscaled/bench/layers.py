@@ -7,8 +7,10 @@ Rows per case (one architecture, one token count T, one weight format):
   ``moe``                  ours, W x A (activations quantized to the weights' format)
   ``moe-weight-only``      ours, bf16 activations x quantized weights
   ``moe-kernels`` /        the same module's expert work alone (``Experts.expert_rows`` on rows
-  ``moe-weight-only-kernels``  already in expert order): layer time minus this = the glue
-                           (router, top-k, permutation, combine, launches between them)
+  ``moe-weight-only-kernels``  already in expert order, the grouped GEMMs without metadata checks
+                           as in the forward, whose combine checks the permutation): layer time
+                           minus this = the glue (router, top-k, permutation, combine, launches
+                           between them)
   ``grouped-mm-bf16``      the bf16 layer with ``torch._grouped_mm`` experts (transformers'
                            "grouped_mm" experts implementation does the same), same router code
   ``bf16-loop``            the bf16 layer with one GEMM pair per expert that has tokens (the
@@ -312,7 +314,7 @@ def run_moe_layer(r, case, fmt: str, ops, seed: int) -> None:
             y.index_add_(0, s[3], out.double() * s[4].double()[:, None])
             _check(r, lambda: ref_of(op, ex))(row, y)
 
-        r._measure(case, fmt, KERNELS[op], OURS, lambda rows, off, er, tok, wt, ex=ex: ex.expert_rows(rows, off, er),
+        r._measure(case, fmt, KERNELS[op], OURS, lambda rows, off, er, tok, wt, ex=ex: ex.expert_rows(rows, off, er, checked_after=True),
                    sets, count, combined)
     if r.cfg.baselines:
         bw = Count(flops, active * 3 * i * h * 2 + e * h * 2 + 2 * xb)

@@ -15,7 +15,9 @@ The forward, all on the device (no host synchronisation, CUDA-graph capturable):
    boundary), per-expert biases, ``(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)``
    with ``g = clamp(gate, max=limit)``;
 4. the intermediate quantized, the grouped down GEMM (plus the per-expert down bias);
-5. combine: ``out.index_add_(0, token, y * weight)`` in fp32, cast once to the input dtype.
+5. combine: ``out[t] = sum_j weight[t, j] * y[row of (t, j)]`` in fp32, cast once to the input dtype; it
+   also checks the permutation (expert ids outside [0, E): NaN output and ``blockscaled.check_errors``),
+   so the grouped GEMMs of steps 3-4 skip their own metadata checks.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 from ..formats import get_format
 from ..ops.explain import explain
 from ..ops import moe as _moe
+from ..ops.errors import CALLER_CHECKS
 from ..ops.grouped import grouped_gemm
 from ..ops.quantize import quantize
 from ..ops.swiglu import swiglu
@@ -207,12 +210,12 @@ class Experts(torch.nn.Module):
         f = get_format(self.act_format)
         return quantize(rows, f, block=(1, f.block_k))
 
-    def _gate_up(self, a, offsets):
+    def _gate_up(self, a, offsets, validate=None):
         if self.w_gate_up is not None:
-            gu = grouped_gemm(a, self.w_gate_up, offsets=offsets, out_dtype=torch.float32)
+            gu = grouped_gemm(a, self.w_gate_up, offsets=offsets, out_dtype=torch.float32, validate=validate)
             return gu[:, :self.intermediate], gu[:, self.intermediate:]
-        return (grouped_gemm(a, self.w_gate, offsets=offsets, out_dtype=torch.float32),
-                grouped_gemm(a, self.w_up, offsets=offsets, out_dtype=torch.float32))
+        return (grouped_gemm(a, self.w_gate, offsets=offsets, out_dtype=torch.float32, validate=validate),
+                grouped_gemm(a, self.w_up, offsets=offsets, out_dtype=torch.float32, validate=validate))
 
     #: CUDA graphs of eager calls (nn/graphs.py ``enable_cuda_graphs``); None: off
     _graphs = None
@@ -233,26 +236,40 @@ class Experts(torch.nn.Module):
         if tuple(top_k_weights.shape) != tuple(top_k_index.shape):
             raise ValueError(f"top_k_weights: expected shape {tuple(top_k_index.shape)} like top_k_index, "
                              f"got {tuple(top_k_weights.shape)}")
-        order, token, offsets, inv = _moe.permute(top_k_index, self.num_experts)
-        biased = self.gate_bias is not None or self.up_bias is not None or self.down_bias is not None
-        y = self.expert_rows(x[token], offsets, top_k_index.reshape(-1)[order] if biased else None)
-        return _moe.combine(y, top_k_weights, inv, x.dtype)
+        return self._sorted_forward(x, top_k_index, top_k_weights, _moe.permute(top_k_index, self.num_experts))
 
-    def expert_rows(self, rows: torch.Tensor, offsets: torch.Tensor, expert_of_row: torch.Tensor) -> torch.Tensor:
+    def _sorted_forward(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+                        perm: tuple) -> torch.Tensor:
+        """Steps 2-5 of the forward with the permutation ``perm`` (``ops.moe.permute``'s four
+        tensors) already made: by :meth:`_forward`, or by ``nn.MoE`` in its routing launch."""
+        order, token, offsets, inv = perm
+        biased = self.gate_bias is not None or self.up_bias is not None or self.down_bias is not None
+        y = self.expert_rows(x[token], offsets, top_k_index.reshape(-1)[order] if biased else None,
+                             checked_after=True)
+        # the combine checks the offsets the sort made (ids outside [0, E) -> NaN output and the error
+        # flag), so the grouped GEMMs above skip their own metadata checks: two launches fewer
+        return _moe.combine(y, top_k_weights, inv, x.dtype, offsets=offsets)
+
+    def expert_rows(self, rows: torch.Tensor, offsets: torch.Tensor, expert_of_row: torch.Tensor, *,
+                    checked_after: bool = False) -> torch.Tensor:
         """The experts' work on rows already in expert order (steps 2-4 of the forward, no
         routing, permutation or combine): ``rows [R, H]`` bf16 / fp16 sorted by expert,
         ``offsets`` int32 ``[E+1]`` (:func:`permute`), ``expert_of_row`` int ``[R]`` (for the
         per-expert biases; None when the module has none) -> fp32 ``[R, H]``, not yet weighted. The bench times it apart from
-        the forward: the difference is the layer's glue."""
+        the forward: the difference is the layer's glue. ``checked_after``: the caller checks
+        ``offsets`` after this (``ops.moe.combine(..., offsets=)``), so the grouped GEMMs skip their
+        device metadata checks; False: each checks them (NaN output and the error flag when bad)."""
         a = self._act(rows)
         biased = self.gate_bias is not None or self.up_bias is not None
+        val = CALLER_CHECKS if checked_after else None
         if self.activation == "silu" and not biased:
             # out_dtype: the intermediate in the input dtype, as the float64 twin casts it; a held
             # w_gate_up (MX / NV, __init__) runs the stacked SwiGLU: one grouped GEMM over gate and up
-            h = (swiglu(a, self.w_gate_up, offsets=offsets, out_dtype=rows.dtype) if self.w_gate_up is not None
-                 else swiglu(a, self.w_gate, self.w_up, offsets=offsets, out_dtype=rows.dtype))
+            h = (swiglu(a, self.w_gate_up, offsets=offsets, out_dtype=rows.dtype, validate=val)
+                 if self.w_gate_up is not None
+                 else swiglu(a, self.w_gate, self.w_up, offsets=offsets, out_dtype=rows.dtype, validate=val))
         else:
-            g, u = self._gate_up(a, offsets)
+            g, u = self._gate_up(a, offsets, val)
             if self.gate_bias is not None:
                 g = g + self.gate_bias.float()[expert_of_row]
             if self.up_bias is not None:
@@ -263,7 +280,7 @@ class Experts(torch.nn.Module):
                 h = ((u + 1) * g * torch.sigmoid(self.alpha * g)).to(rows.dtype)
             else:
                 h = (torch.nn.functional.silu(g) * u).to(rows.dtype)
-        y = grouped_gemm(self._act(h), self.w_down, offsets=offsets, out_dtype=torch.float32)
+        y = grouped_gemm(self._act(h), self.w_down, offsets=offsets, out_dtype=torch.float32, validate=val)
         if self.down_bias is not None:
             y = y + self.down_bias.float()[expert_of_row]
         return y

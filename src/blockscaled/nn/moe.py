@@ -5,7 +5,8 @@ forward(x [T, H]):
 2. top-k (:func:`route`): plain, or DeepSeek-V3 grouped top-k (``n_group`` groups scored by their
    top-2 scores plus ``correction_bias``, the best ``topk_group`` groups kept), the weights taken
    from the scores without the bias, optionally renormalised, times ``routed_scaling_factor``
-   (steps 1's scores and 2 in one kernel launch on CUDA: ``ops.moe.route_topk``);
+   (steps 1's scores and 2 in one kernel launch on CUDA: ``ops.moe.route_topk``; at decode sizes with
+   step 3 too: ``ops.moe.route_permute``);
 3. permutation (:func:`permute`): the T x k assignments sorted by expert (a stable sort), expert
    row counts by a scatter-add (no host sync: ``torch.bincount`` would read the maximum back), the
    int32 ``offsets`` by a cumulative sum;
@@ -15,7 +16,8 @@ forward(x [T, H]):
    fused gate|up weight plus the gpt-oss activation (``(up + 1) * gate * sigmoid(alpha * gate)``
    with both clamped at ``limit``, per-expert biases); quantize the intermediate,
    ``bs.grouped_gemm`` down (per-expert down bias for gpt-oss);
-5. combine: ``out.index_add_(0, token, y * weight)`` in fp32, cast once.
+5. combine: the weighted sum of each token's k rows in fp32, cast once (it also checks step 3's
+   offsets: ``nn.Experts``).
 
 Every step stays on the device: the layer can be captured in a CUDA graph. The contiguous layout
 serves prefill and decode alike here (masked decode layouts are not wired yet).
@@ -26,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from ..formats import get_format
-from ..ops.moe import route_topk
+from ..ops.moe import route_permute, route_topk
 from ..ops.quantize import quantize
 from ..tensor import ScaledTensor
 from .experts import Experts, _deinterleave, _rows, permute
@@ -54,6 +56,17 @@ def route(logits: torch.Tensor, top_k: int, *, score: str = "softmax", n_group: 
 
         w, e = route(torch.randn(4, 8), 2)        # 4 tokens, 8 experts, top-2 softmax
     """
+    _check_routing(logits, top_k, score, n_group, topk_group, correction_bias)
+    fused = route_topk(logits, top_k, score == "sigmoid", n_group, topk_group, correction_bias, norm_topk_prob,
+                       routed_scaling_factor)
+    if fused is not None:
+        return fused
+    return _route_torch(logits, top_k, score, n_group, topk_group, correction_bias, norm_topk_prob,
+                        routed_scaling_factor)
+
+
+def _check_routing(logits, top_k, score, n_group, topk_group, correction_bias) -> None:
+    """:func:`route`'s argument checks (clear errors naming the argument)."""
     if score not in _SCORES:
         raise ValueError(f"score: expected one of {_SCORES}, got {score!r}")
     t, n_exp = logits.shape
@@ -67,12 +80,6 @@ def route(logits: torch.Tensor, top_k: int, *, score: str = "softmax", n_group: 
                                         or tuple(correction_bias.shape) != (n_exp,)):
         got = tuple(correction_bias.shape) if isinstance(correction_bias, torch.Tensor) else type(correction_bias).__name__
         raise ValueError(f"correction_bias: expected a tensor of shape ({n_exp},) (one per expert), got {got}")
-    fused = route_topk(logits, top_k, score == "sigmoid", n_group, topk_group, correction_bias, norm_topk_prob,
-                       routed_scaling_factor)
-    if fused is not None:
-        return fused
-    return _route_torch(logits, top_k, score, n_group, topk_group, correction_bias, norm_topk_prob,
-                        routed_scaling_factor)
 
 
 def _route_torch(logits, top_k, score, n_group, topk_group, correction_bias, norm_topk_prob, routed_scaling_factor):
@@ -225,8 +232,21 @@ class MoE(torch.nn.Module):
             raise ValueError(f"x: expected [T, {self.hidden}], got {tuple(x.shape)}")
         logits = torch.nn.functional.linear(x, self.router_weight.to(x.dtype),
                                             None if self.router_bias is None else self.router_bias.to(x.dtype))
+        if self.experts._graphs is None:
+            fused = self.route_permute(logits)
+            if fused is not None:
+                weights, experts, perm = fused
+                return self.experts._sorted_forward(x, experts, weights, perm)
         weights, experts = self.route(logits)
         return self.experts(x, experts, weights)
+
+    def route_permute(self, logits: torch.Tensor):
+        """At decode sizes, this layer's :meth:`route` and the permutation of its experts in one kernel
+        launch (``ops.moe.route_permute``: ``(weights, experts, (order, token, offsets, inv))``); None
+        where they run apart (more than ``ops.moe.PERMUTE_MAX`` assignments, the reference path, ...)."""
+        _check_routing(logits, self.top_k, self.score, self.n_group, self.topk_group, self.correction_bias)
+        return route_permute(logits, self.top_k, self.score == "sigmoid", self.n_group, self.topk_group,
+                             self.correction_bias, self.norm_topk_prob, self.routed_scaling_factor)
 
     def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """This layer's top-k routing of router ``logits [T, E]``: :func:`route` with its settings."""

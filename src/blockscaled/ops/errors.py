@@ -39,12 +39,26 @@ from ..kernels.triton.check import BAD_ABOVE, BAD_FIRST, BAD_LAST, BAD_NEGATIVE,
 from ..reference.grouped import metadata_errors
 from ._launch import fast
 
-__all__ = ["check_errors", "check_metadata", "check_metadata_host", "flag_buffer", "OP_GROUPED_GEMM", "OP_SWIGLU"]
+__all__ = ["check_errors", "check_metadata", "check_metadata_host", "flag_buffer", "flags_of", "OP_GROUPED_GEMM",
+           "OP_SWIGLU", "OP_EXPERTS"]
 
 FLAG_WORDS = 16
-OP_GROUPED_GEMM, OP_SWIGLU = 1, 2
-OP_NAMES = {OP_GROUPED_GEMM: "grouped_gemm", OP_SWIGLU: "swiglu"}
+#: op 3: the MoE experts' combine (ops/moe.py ``combine`` with offsets): its expert ids, permuted by
+#: ops/moe.py ``permute``, were not all in [0, E) (the grouped GEMMs in between skip their own check)
+OP_GROUPED_GEMM, OP_SWIGLU, OP_EXPERTS = 1, 2, 3
+OP_NAMES = {OP_GROUPED_GEMM: "grouped_gemm", OP_SWIGLU: "swiglu", OP_EXPERTS: "nn.Experts"}
 MODE_CONTIGUOUS, MODE_MASKED = 1, 2  # as ops/grouped.py
+
+class _CallerChecks:
+    """The ``validate=`` value of library callers that check the metadata themselves, after the op
+    (``nn.Experts``: its combine checks the permutation it made, ops/moe.py ``combine``): no host
+    check and no device check of its own. Not for users: metadata from outside must be checked."""
+
+    def __repr__(self) -> str:
+        return "CALLER_CHECKS"
+
+
+CALLER_CHECKS = _CallerChecks()
 
 #: Grid of the check: at most this many programs grid-stride over the output (only when the
 #: metadata is bad); the interpreter runs programs one after another, so it gets a few.
@@ -111,6 +125,12 @@ def _out_geometry(out: torch.Tensor, mode: int) -> tuple[int, int, int, int, int
     return max(rows, 1), max(n, 1), rows * n, 0, out.stride(0)
 
 
+def flags_of(device: torch.device) -> torch.Tensor:
+    """:func:`flag_buffer` of ``device`` (a torch.device with its index), the per-call fast path."""
+    flags = _FLAGS.get(device)
+    return flags if flags is not None else flag_buffer(device)
+
+
 def check_metadata(seg: torch.Tensor, out: torch.Tensor, op: int, mode: int, limit: int) -> None:
     """Launch the device check of ``seg`` (offsets ``[E+1]`` or counts ``[E]``) after the GEMM
     that wrote ``out`` (``[sum_m, N]`` or ``[E, max_m, N]``, column stride 1), on the current
@@ -118,9 +138,7 @@ def check_metadata(seg: torch.Tensor, out: torch.Tensor, op: int, mode: int, lim
     Host work kept small (it runs on every eager call): no triton.cdiv (a @jit function)."""
     e = seg.numel() - 1 if mode == MODE_CONTIGUOUS else seg.numel()
     rows_per_e, n, total, s_e, s_m = _out_geometry(out, mode)
-    flags = _FLAGS.get(out.device)
-    if flags is None:
-        flags = flag_buffer(out.device)
+    flags = flags_of(out.device)
     cap = MAX_PROGRAMS if out.device.type == "cuda" else _MAX_PROGRAMS_INTERPRETER
     nprog = max(1, min(-(-total // _BLOCK), cap))
     fast(metadata_check_kernel)[(nprog,)](
@@ -143,8 +161,11 @@ def check_metadata_host(seg: torch.Tensor, out: torch.Tensor, op: int, mode: int
     out.fill_(float("nan"))
 
 
-def _why(mode: int, kinds: int, i: int, v: int, prev: int, limit: int, e: int) -> str:
+def _why(mode: int, kinds: int, i: int, v: int, prev: int, limit: int, e: int, op: int = 0) -> str:
     """Words for the recorded details of the first bad call."""
+    if mode == MODE_CONTIGUOUS and op == OP_EXPERTS:
+        return (f"{limit - v} of its {limit} expert assignments (top_k_index) were outside [0, E={e}) "
+                f"(the sorted offsets end at {v})")
     if mode == MODE_CONTIGUOUS:
         said = []
         if i == 0 and kinds & BAD_FIRST:
@@ -169,9 +190,11 @@ def describe(words: list[int], device) -> str:
     layout = f"contiguous offsets, E={e}" if mode == MODE_CONTIGUOUS else f"masked_m, E={e}"
     return (
         f"blockscaled.{name} ({layout}) ran with invalid MoE metadata on {device}: "
-        f"{_why(mode, kinds, i, v, prev, limit, e)}. Its output was overwritten with NaN. "
+        f"{_why(mode, kinds, i, v, prev, limit, e, op)}. Its output was overwritten with NaN. "
         f"{count} call(s) with invalid metadata since the last check_errors() (details of the first). "
-        f"validate=True checks on the host before the launch (a sync) and raises at the faulty call."
+        + ("Expert ids must lie in [0, E); -1 style 'no expert' entries are not supported."
+           if op == OP_EXPERTS else
+           "validate=True checks on the host before the launch (a sync) and raises at the faulty call.")
     )
 
 

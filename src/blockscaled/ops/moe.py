@@ -9,11 +9,13 @@ from __future__ import annotations
 import torch
 
 from .. import _checks
-from ..kernels.triton.moe import combine_kernel, permute_kernel, route_kernel
+from ..kernels.triton.moe import combine_kernel, permute_kernel, route_kernel, route_permute_kernel
+from .errors import MODE_CONTIGUOUS, OP_EXPERTS, check_metadata, check_metadata_host, flags_of
 from ._launch import fast
 from .quantize import _pow2
 
-__all__ = ["permute", "combine", "permute_block", "PERMUTE_MAX", "route_topk", "ROUTE_MAX_EXPERTS"]
+__all__ = ["permute", "combine", "permute_block", "PERMUTE_MAX", "route_topk", "ROUTE_MAX_EXPERTS", "route_permute",
+           "ROUTE_PERMUTE_MAX_SCORES"]
 
 #: Largest T x k sorted by the one-program counting sort. Its n x n comparisons grow as n^2 on one
 #: SM: on the H200 at n = 512 (Qwen3-30B-A3B T=64, top-8) the layer's graph time rose by ~35 us
@@ -83,12 +85,19 @@ def _permute_torch(flat: torch.Tensor, k: int, num_experts: int):
     return order, token, offsets, inv
 
 
-def combine(y: torch.Tensor, weights: torch.Tensor, inv: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+def combine(y: torch.Tensor, weights: torch.Tensor, inv: torch.Tensor, out_dtype: torch.dtype,
+            offsets: torch.Tensor | None = None) -> torch.Tensor:
     """``out [T, H] = sum_j weights[t, j] * y[inv[t*k + j]]`` in fp32, one rounding to ``out_dtype``.
 
     ``y`` fp32 ``[T*k, H]`` (rows in expert order, :func:`permute`), ``weights`` ``[T, k]`` (any
     float dtype; taken in fp32), ``inv`` int32 ``[T*k]``. The sum runs in ``j`` order
     (deterministic; the torch twin's ``index_add_`` used atomics on CUDA).
+
+    ``offsets`` (int32 ``[E+1]``, :func:`permute`'s): also check that they end at ``T*k``, i.e.
+    that every expert id was in ``[0, E)``; when not, the output is NaN and the call is recorded for
+    :func:`blockscaled.check_errors` (no host sync; in the kernel itself on CUDA and in the
+    interpreter, else by the metadata check of ops/errors.py). With it the grouped GEMMs between
+    :func:`permute` and this call need no metadata check of their own (``nn.Experts``).
 
     Example::
 
@@ -99,17 +108,31 @@ def combine(y: torch.Tensor, weights: torch.Tensor, inv: torch.Tensor, out_dtype
     if y.dtype != torch.float32 or inv.dtype != torch.int32 or tuple(inv.shape) != (t * k,) or y.shape[0] != t * k:
         raise ValueError(f"combine: expected y fp32 [{t * k}, H] and inv int32 [{t * k}] for weights [{t}, {k}], got "
                          f"y {y.dtype} {tuple(y.shape)}, inv {inv.dtype} {tuple(inv.shape)}")
+    if offsets is not None and (offsets.dtype != torch.int32 or offsets.ndim != 1 or offsets.numel() < 1
+                                or offsets.device != y.device):
+        raise ValueError(f"offsets: expected int32 [E+1] on {y.device}, got {offsets.dtype} {tuple(offsets.shape)} "
+                         f"on {offsets.device}")
     y = y if h <= 1 or y.stride(1) == 1 else y.contiguous()
     w = weights if weights.dtype == torch.float32 and weights.stride(-1) == 1 else weights.float().contiguous()
     if _checks.use_reference(y) or t == 0 or h == 0 or torch.compiler.is_compiling():
         rows = y.index_select(0, inv.long()).view(t, k, h)
-        return (rows * w.unsqueeze(-1)).sum(1).to(out_dtype)
+        out = (rows * w.unsqueeze(-1)).sum(1).to(out_dtype)
+        if offsets is not None:
+            if _checks.use_reference(y):
+                check_metadata_host(offsets, out, OP_EXPERTS, MODE_CONTIGUOUS, t * k)
+            elif t and h:
+                check = check_metadata if not torch.compiler.is_compiling() else torch.ops.blockscaled.check_metadata
+                check(offsets, out, OP_EXPERTS, MODE_CONTIGUOUS, t * k)
+        return out
     out = torch.empty((t, h), dtype=out_dtype, device=y.device)
     block_h = min(_COMBINE_BLOCK_H, _pow2(h))
+    check = offsets is not None
+    flags = flags_of(y.device) if check else y
     fast(combine_kernel)[(t, -(-h // block_h))](y, w, inv, out, h, k, y.stride(0), w.stride(0), out.stride(0),
-                                                 BLOCK_H=block_h, num_warps=4)
+                                                 offsets if check else inv, flags,
+                                                 offsets.numel() - 1 if check else 0, t * k,
+                                                 BLOCK_H=block_h, CHECK=check, OP=OP_EXPERTS, num_warps=4)
     return out
-
 
 
 #: Most experts the one-program routing kernel takes (one token's scores in one block of registers:
@@ -131,6 +154,29 @@ def route_topk(logits: torch.Tensor, top_k: int, sigmoid: bool, n_group: int | N
     are most of the MoE layer's glue (benchmarks/NOTES.md, sixteenth session: after the permute and
     combine kernels the glue was still 52 % of the Qwen3-30B-A3B fp8_block layer's graph time at T = 1)."""
     t, e = logits.shape
+    ok = _route_ok(logits, top_k, n_group, topk_group, correction_bias)
+    if ok is None:
+        return None
+    grouped, bias = ok
+    w = torch.empty((t, top_k), dtype=torch.float32, device=logits.device)
+    ids = torch.empty((t, top_k), dtype=torch.int64, device=logits.device)
+    fast(route_kernel)[(t,)](logits, logits if bias is None else bias, w, ids, t, e, logits.stride(0), float(scale),
+                             TOPK=top_k, K_PAD=_pow2(top_k), BLOCK_E=_pow2(e), SIGMOID=bool(sigmoid),
+                             HAS_BIAS=bias is not None, N_GROUP=n_group if grouped else 1,
+                             TOPK_GROUP=topk_group if grouped else 1, NORM=bool(norm_topk_prob), TB=1, num_warps=4)
+    return w, ids
+
+
+#: Most token x expert scores (tokens padded to a power of two, times the experts padded likewise) that
+#: :func:`route_permute` routes in its one program: one [T, E] block of fp32 registers over 4 warps
+#: (32 per thread), e.g. 16 tokens x 256 experts or 32 x 128. Its T x k assignments must also fit the
+#: counting sort (:data:`PERMUTE_MAX`).
+ROUTE_PERMUTE_MAX_SCORES = 4096
+
+
+def _route_ok(logits, top_k, n_group, topk_group, correction_bias):
+    """(grouped, bias) when the routing kernels can take the call, else None (see :func:`route_topk`)."""
+    t, e = logits.shape
     if (_checks.use_reference(logits) or torch.compiler.is_compiling() or t == 0 or e > ROUTE_MAX_EXPERTS
             or logits.stride(1) != 1):
         return None
@@ -143,10 +189,38 @@ def route_topk(logits: torch.Tensor, top_k: int, sigmoid: bool, n_group: int | N
     bias = correction_bias
     if bias is not None and (bias.device != logits.device or bias.stride(0) != 1):
         bias = bias.to(logits.device).contiguous()
-    w = torch.empty((t, top_k), dtype=torch.float32, device=logits.device)
-    ids = torch.empty((t, top_k), dtype=torch.int64, device=logits.device)
-    fast(route_kernel)[(t,)](logits, logits if bias is None else bias, w, ids, e, logits.stride(0), float(scale),
-                             TOPK=top_k, K_PAD=_pow2(top_k), BLOCK_E=_pow2(e), SIGMOID=bool(sigmoid),
-                             HAS_BIAS=bias is not None, N_GROUP=n_group if grouped else 1,
-                             TOPK_GROUP=topk_group if grouped else 1, NORM=bool(norm_topk_prob), num_warps=4)
-    return w, ids
+    return grouped, bias
+
+
+def route_permute(logits: torch.Tensor, top_k: int, sigmoid: bool, n_group: int | None, topk_group: int | None,
+                  correction_bias: torch.Tensor | None, norm_topk_prob: bool, scale: float):
+    """:func:`route_topk` and :func:`permute` of its expert ids in ONE kernel launch, at decode sizes:
+    ``(weights fp32 [T, k], experts int64 [T, k], (order, token, offsets, inv))`` as the two would
+    return them, or None where the two must run apart (what :func:`route_topk` leaves to the torch
+    twin, more than :data:`PERMUTE_MAX` assignments, or more than :data:`ROUTE_PERMUTE_MAX_SCORES`
+    padded scores). Arguments are ``blockscaled.nn.route``'s, already validated.
+
+    Why: at decode each launch of the MoE glue costs a few microseconds of a ~45 us layer; routing and
+    permutation were two of them (kernels/triton/moe.py ``route_permute_kernel``)."""
+    t, e = logits.shape
+    n = t * top_k
+    block = permute_block(n, logits.device)
+    if block is None or _pow2(t) * _pow2(e) > ROUTE_PERMUTE_MAX_SCORES:
+        return None
+    ok = _route_ok(logits, top_k, n_group, topk_group, correction_bias)
+    if ok is None:
+        return None
+    grouped, bias = ok
+    dev = logits.device
+    w = torch.empty((t, top_k), dtype=torch.float32, device=dev)
+    ids = torch.empty((t, top_k), dtype=torch.int64, device=dev)
+    order = torch.empty(n, dtype=torch.int64, device=dev)
+    token = torch.empty(n, dtype=torch.int64, device=dev)
+    inv = torch.empty(n, dtype=torch.int32, device=dev)
+    offsets = torch.empty(e + 1, dtype=torch.int32, device=dev)
+    fast(route_permute_kernel)[(1,)](
+        logits, logits if bias is None else bias, w, ids, order, token, inv, offsets, t, e, logits.stride(0),
+        float(scale), TOPK=top_k, K_PAD=_pow2(top_k), BLOCK_E=_pow2(e), SIGMOID=bool(sigmoid),
+        HAS_BIAS=bias is not None, N_GROUP=n_group if grouped else 1, TOPK_GROUP=topk_group if grouped else 1,
+        NORM=bool(norm_topk_prob), TB=_pow2(t), BLOCK=block, CHUNK=_CHUNK, E_CHUNK=_E_CHUNK, num_warps=4)
+    return w, ids, (order, token, offsets, inv)
