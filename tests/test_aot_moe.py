@@ -63,7 +63,7 @@ for name, (e, k, sig_, bias, ng, tg) in {"route_8": (8, 2, False, False, 1, 1), 
                 "BLOCK": "constexpr", "CHUNK": "constexpr", "E_CHUNK": "constexpr"}
         out[name.replace("route", "route_permute")] = comp(
             K.route_permute_kernel, psig, {**const, "TB": tb, "BLOCK": ops_moe.PERMUTE_MAX, "CHUNK": ops_moe._CHUNK,
-                                           "E_CHUNK": ops_moe._E_CHUNK}, num_warps=4)
+                                           "E_CHUNK": ops_moe._E_CHUNK}, num_warps=ops_moe.route_permute_warps(e))
 print("JSON" + json.dumps(out))
 '''
 

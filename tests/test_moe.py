@@ -327,8 +327,8 @@ def test_glue_combine_checks_its_inputs(device):
 
 @pytest.mark.parametrize("case", ROUTE_CASES[:7], ids=lambda c: f"E{c[0]}k{c[1]}{c[2]}g{c[3]}")
 def test_route_permute_is_route_then_permute(case, path, device):
-    """The one-launch routing + permutation (decode sizes) returns exactly what route_topk and
-    permute return apart: the same experts and weights (bitwise), order, token, offsets and inverse;
+    """The one-launch routing + permutation (decode sizes) returns what route_topk and permute
+    return apart: the same experts (weights within fp32 rounding), order, token, offsets and inverse;
     None where the two must run apart (reference path, too many assignments or scores)."""
     from blockscaled.ops import moe as glue
 
@@ -345,7 +345,9 @@ def test_route_permute_is_route_then_permute(case, path, device):
         assert got is not None
         w, ids, perm = got
         w0, ids0 = glue.route_topk(logits, k, score == "sigmoid", ng, tg, bias, norm, scale)
-        assert torch.equal(ids, ids0) and torch.equal(w, w0)
+        # (the weights' sums run over other thread layouts here: fp32 rounding apart)
+        assert torch.equal(ids, ids0)
+        torch.testing.assert_close(w, w0, rtol=2e-6, atol=1e-7)
         for a, b in zip(perm, glue.permute(ids0, e)):
             assert a.dtype == b.dtype and torch.equal(a, b)
 
