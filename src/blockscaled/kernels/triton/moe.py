@@ -65,7 +65,7 @@ def permute_kernel(ids_ptr, order_ptr, token_ptr, inv_ptr, offsets_ptr, n, num_e
                       E_CHUNK)
 
 
-@triton.jit(do_not_specialize=["topk", "num_experts"])
+@triton.jit(do_not_specialize=["topk", "num_experts", "n_rows"])
 def combine_kernel(y_ptr, w_ptr, inv_ptr, out_ptr, H, topk, stride_y, stride_w, stride_o, offsets_ptr, flag_ptr,
                    num_experts, n_rows, BLOCK_H: tl.constexpr, CHECK: tl.constexpr, OP: tl.constexpr):
     """``out[t, h] = sum_j w[t, j] * y[inv[t * topk + j], h]`` for one token ``t`` (program 0) and
@@ -187,7 +187,7 @@ def _store_routes(w_ptr, ids_ptr, t, t_ok, wk, ik, TOPK: tl.constexpr):
     tl.store(ids_ptr + at, ik.to(tl.int64), mask=m)
 
 
-@triton.jit(do_not_specialize=["num_experts", "stride_l"])
+@triton.jit(do_not_specialize=["T", "num_experts", "stride_l"])
 def route_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, T, num_experts, stride_l, scale,
                  TOPK: tl.constexpr, K_PAD: tl.constexpr, BLOCK_E: tl.constexpr, SIGMOID: tl.constexpr,
                  HAS_BIAS: tl.constexpr, N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, NORM: tl.constexpr,
