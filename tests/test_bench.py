@@ -336,6 +336,8 @@ def test_save_results_appends_runs_and_rewrites_latest(tmp_path):
     gpu_dir.rename(tmp_path / "h100")
     _, runs3 = save_results_dir(other, str(tmp_path), "moe")
     assert runs3 == str(tmp_path / "h100" / "runs.jsonl") and len(load_runs(tmp_path / "h100")) == 4
+    # the same suite saved twice within one minute (a suite run in parts): distinct ids
+    assert [r["id"] for r in load_runs(tmp_path / "h100", suite="moe")] == ["moe-20261123-0600", "moe-20261123-0600-2"]
     assert not gpu_dir.exists()
 
 

@@ -463,11 +463,29 @@ def _gpu_dir(root: Path, gpu: str | None) -> Path:
     return root / gpu_slug(gpu)
 
 
+def _unique_id(runs: Path, rid: str) -> str:
+    """``rid``, or ``rid-2``, ``rid-3``, ... when ``runs`` already holds it: a suite run in parts
+    (``--skip`` / ``--limit``) starts several runs within one minute, and their ids named the same
+    minute (two moe-layer parts of 2026-11-29 15:26 did)."""
+    if not runs.is_file():
+        return rid
+    taken = set()
+    with open(runs) as f:
+        for line in f:
+            if line.startswith('{"id":"'):
+                taken.add(line[7:line.index('"', 7)])
+    n, out = 1, rid
+    while out in taken:
+        n += 1
+        out = f"{rid}-{n}"
+    return out
+
+
 def save_results_dir(result: dict, root: str, suite: str) -> tuple[str, str]:
     """Record a bench run in the committed-results layout and return ``(summary, runs)`` paths.
 
     Appends the run as one JSON line to ``root/<gpu>/runs.jsonl`` (its ``id`` is
-    ``<suite>-<YYYYmmdd-HHMM>`` of the run's date, ``suite`` the label given here, then the
+    ``<suite>-<YYYYmmdd-HHMM>`` of the run's date, with ``-2``, ``-3`` ... where that id is taken; ``suite`` the label given here, then the
     result's own fields: date, command, args, env, roofline, notes, rows) and rewrites
     ``root/<gpu>/latest/<suite>.md`` with the markdown report of this run. Earlier lines are
     never rewritten: the file is the history, ``latest/`` the newest run of each suite.
@@ -478,11 +496,12 @@ def save_results_dir(result: dict, root: str, suite: str) -> tuple[str, str]:
     except (TypeError, ValueError):
         stamp = None
     stamp = stamp or _dt.datetime.now(_dt.timezone.utc)
-    record = {"id": result.get("id") or f"{suite}-{stamp.strftime('%Y%m%d-%H%M')}", "suite": suite}
-    record.update(_clean({k: v for k, v in result.items() if k not in ("id", "suite")}))
     d = _gpu_dir(Path(root), result.get("env", {}).get("gpu"))
     (d / LATEST_DIR).mkdir(parents=True, exist_ok=True)
     runs = d / RUNS_FILE
+    rid = _unique_id(runs, result.get("id") or f"{suite}-{stamp.strftime('%Y%m%d-%H%M')}")
+    record = {"id": rid, "suite": suite}
+    record.update(_clean({k: v for k, v in result.items() if k not in ("id", "suite")}))
     line = json.dumps(record, separators=(",", ":"), default=str, allow_nan=False)
     with open(runs, "a") as f:
         f.write(line + "\n")
