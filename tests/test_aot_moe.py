@@ -37,11 +37,12 @@ for block in (64, ops_moe.PERMUTE_MAX):
 for odt in ("bf16", "fp16", "fp32"):
     for check in (False, True):
         sig = {"y_ptr": "*fp32", "w_ptr": "*fp32", "inv_ptr": "*i32", "out_ptr": "*" + odt, "H": "i32",
-               "topk": "i32", "stride_y": "i32", "stride_w": "i32", "stride_o": "i32", "offsets_ptr": "*i32",
-               "flag_ptr": "*i32", "num_experts": "i32", "n_rows": "i32", "BLOCK_H": "constexpr",
+               "stride_y": "i32", "stride_w": "i32", "stride_o": "i32", "offsets_ptr": "*i32",
+               "flag_ptr": "*i32", "num_experts": "i32", "n_rows": "i32", "TOPK": "constexpr", "BLOCK_H": "constexpr",
                "CHECK": "constexpr", "OP": "constexpr"}
         out[f"combine_{odt}{'_check' if check else ''}"] = comp(
-            K.combine_kernel, sig, {"BLOCK_H": ops_moe._COMBINE_BLOCK_H, "CHECK": check, "OP": 3}, num_warps=4)
+            K.combine_kernel, sig, {"TOPK": 8, "BLOCK_H": ops_moe._COMBINE_BLOCK_H, "CHECK": check, "OP": 3},
+            num_warps=4)
 # routing: Mixtral (8 experts, top-2 softmax), Qwen3-30B-A3B (128, top-8), DeepSeek-V3 (256, sigmoid, 8 groups
 # keep 4, correction bias, top-8), the largest block the launcher takes
 for name, (e, k, sig_, bias, ng, tg) in {"route_8": (8, 2, False, False, 1, 1), "route_128": (128, 8, False, False, 1, 1),

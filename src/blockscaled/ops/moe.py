@@ -26,8 +26,10 @@ __all__ = ["permute", "combine", "permute_block", "PERMUTE_MAX", "route_topk", "
 PERMUTE_MAX = 128
 _CHUNK = 32
 _E_CHUNK = 32
-#: columns per combine program (H of the models in the suites: 2048-7168)
-_COMBINE_BLOCK_H = 1024
+#: columns per combine program (H of the models in the suites: 2048-7168): one 16-byte vector of each
+#: of the k rows per thread at 4 warps, so that small T still spreads over several SMs (1024 before:
+#: 2 programs for one token of H = 2048)
+_COMBINE_BLOCK_H = 512
 
 
 def permute_block(rows: int, device: torch.device) -> int | None:
@@ -128,9 +130,9 @@ def combine(y: torch.Tensor, weights: torch.Tensor, inv: torch.Tensor, out_dtype
     block_h = min(_COMBINE_BLOCK_H, _pow2(h))
     check = offsets is not None
     flags = flags_of(y.device) if check else y
-    fast(combine_kernel)[(t, -(-h // block_h))](y, w, inv, out, h, k, y.stride(0), w.stride(0), out.stride(0),
+    fast(combine_kernel)[(t, -(-h // block_h))](y, w, inv, out, h, y.stride(0), w.stride(0), out.stride(0),
                                                  offsets if check else inv, flags,
-                                                 offsets.numel() - 1 if check else 0, t * k,
+                                                 offsets.numel() - 1 if check else 0, t * k, TOPK=k,
                                                  BLOCK_H=block_h, CHECK=check, OP=OP_EXPERTS, num_warps=4)
     return out
 

@@ -65,13 +65,17 @@ def permute_kernel(ids_ptr, order_ptr, token_ptr, inv_ptr, offsets_ptr, n, num_e
                       E_CHUNK)
 
 
-@triton.jit(do_not_specialize=["topk", "num_experts", "n_rows"])
-def combine_kernel(y_ptr, w_ptr, inv_ptr, out_ptr, H, topk, stride_y, stride_w, stride_o, offsets_ptr, flag_ptr,
-                   num_experts, n_rows, BLOCK_H: tl.constexpr, CHECK: tl.constexpr, OP: tl.constexpr):
-    """``out[t, h] = sum_j w[t, j] * y[inv[t * topk + j], h]`` for one token ``t`` (program 0) and
+@triton.jit(do_not_specialize=["num_experts", "n_rows"])
+def combine_kernel(y_ptr, w_ptr, inv_ptr, out_ptr, H, stride_y, stride_w, stride_o, offsets_ptr, flag_ptr,
+                   num_experts, n_rows, TOPK: tl.constexpr, BLOCK_H: tl.constexpr, CHECK: tl.constexpr,
+                   OP: tl.constexpr):
+    """``out[t, h] = sum_j w[t, j] * y[inv[t * TOPK + j], h]`` for one token ``t`` (program 0) and
     BLOCK_H columns (program 1): fp32 products and sum in ``j`` order (deterministic: no atomics),
-    one rounding to ``out``'s dtype. ``y`` fp32 ``[R, H]`` in expert order, ``w`` ``[T, topk]``
-    fp32 routing weights, ``inv`` int32 ``[T * topk]`` (permute_kernel's).
+    one rounding to ``out``'s dtype. ``y`` fp32 ``[R, H]`` in expert order, ``w`` ``[T, TOPK]``
+    fp32 routing weights, ``inv`` int32 ``[T * TOPK]`` (permute_kernel's). The TOPK rows are an
+    unrolled loop, so all their loads are in flight at once: a rolled loop waited for each row's
+    index and then its row, TOPK times (~2.8 us at one token, top-8; benchmarks/NOTES.md,
+    thirty-seventh session).
 
     CHECK: the permutation's ``offsets [E+1]`` must end at ``n_rows`` (= T * topk; it ends lower when
     an expert id was outside [0, E), which the sort leaves out). When it does not, every program
@@ -82,8 +86,8 @@ def combine_kernel(y_ptr, w_ptr, inv_ptr, out_ptr, H, topk, stride_y, stride_w, 
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = h < H
     acc = tl.zeros([BLOCK_H], dtype=tl.float32)
-    for j in range(0, topk):
-        r = tl.load(inv_ptr + t * topk + j).to(tl.int64)
+    for j in tl.static_range(TOPK):
+        r = tl.load(inv_ptr + t * TOPK + j).to(tl.int64)
         w = tl.load(w_ptr + t * stride_w + j)
         acc += w * tl.load(y_ptr + r * stride_y + h, mask=mask, other=0.0)
     if CHECK:
