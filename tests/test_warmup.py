@@ -108,8 +108,8 @@ def test_warmup_moe_routing(path, device, monkeypatch):
 
 
 def test_warmup_moe_route_permute_forms(path, device, monkeypatch):
-    """The one-launch decode routing + permutation is run once per compiled form (token block x sort
-    size), from 1 token until it declines."""
+    """The one-launch decode routing + permutation is run once per compiled form (its sort size),
+    from 1 token until it declines."""
     from blockscaled.ops import moe as glue
 
     e, h, i, k = 4, 64, 32, 2
@@ -133,9 +133,8 @@ def test_warmup_moe_route_permute_forms(path, device, monkeypatch):
         return
     assert "moe.route_permute" in [label for label, *_ in report.entries]
     ran = [t for t, ok in tokens if ok]
-    forms = {(glue._pow2(t), glue.permute_block(t * k, torch.device(device))) for t in range(1, 65)}
-    assert len(ran) == len(forms) == len({(glue._pow2(t), glue.permute_block(t * k, torch.device(device)))
-                                          for t in ran})
+    forms = {glue.permute_block(t * k, torch.device(device)) for t in range(1, glue.PERMUTE_MAX // k + 1)}
+    assert len(ran) == len(forms) == len({glue.permute_block(t * k, torch.device(device)) for t in ran}) == 2
     assert tokens[-1] == (glue.PERMUTE_MAX // k + 1, False)
 
 

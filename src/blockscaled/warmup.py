@@ -118,11 +118,11 @@ def _routing_calls(model_or_weights, activations: torch.dtype) -> list[tuple]:
 
 
 def _route_permute_sizes(m: MoE, activations: torch.dtype, w: torch.Tensor) -> None:
-    """Run ``m.route_permute`` once per compiled form it takes (its kernel is compiled per token block,
-    a power of two, and sort size: ops/moe.py), from 1 token until it declines."""
+    """Run ``m.route_permute`` once per compiled form it takes (its kernel is compiled per sort size:
+    ops/moe.py), from 1 token until it declines."""
     seen, t = set(), 1
     while True:
-        key = (1 << (t - 1).bit_length(), permute_block(t * m.top_k, w.device))
+        key = permute_block(t * m.top_k, w.device)
         if key not in seen:
             seen.add(key)
             if m.route_permute(torch.zeros((t, m.num_experts), dtype=activations, device=w.device)) is None:

@@ -12,10 +12,10 @@ from .. import _checks
 from ..kernels.triton.moe import combine_kernel, permute_kernel, route_kernel, route_permute_kernel
 from .errors import MODE_CONTIGUOUS, OP_EXPERTS, check_metadata, check_metadata_host, flags_of
 from ._launch import fast
+from ._splitk import splitk_counters
 from .quantize import _pow2
 
-__all__ = ["permute", "combine", "permute_block", "PERMUTE_MAX", "route_topk", "ROUTE_MAX_EXPERTS", "route_permute",
-           "ROUTE_PERMUTE_MAX_SCORES", "route_permute_warps"]
+__all__ = ["permute", "combine", "permute_block", "PERMUTE_MAX", "route_topk", "ROUTE_MAX_EXPERTS", "route_permute"]
 
 #: Largest T x k sorted by the one-program counting sort. Its n x n comparisons grow as n^2 on one
 #: SM: on the H200 at n = 512 (Qwen3-30B-A3B T=64, top-8) the layer's graph time rose by ~35 us
@@ -169,27 +169,6 @@ def route_topk(logits: torch.Tensor, top_k: int, sigmoid: bool, n_group: int | N
     return w, ids
 
 
-#: Most token x expert scores (tokens and experts each padded to a power of two) that
-#: :func:`route_permute` routes in its one program; its T x k assignments must also fit the counting
-#: sort (:data:`PERMUTE_MAX`). Measured (H200, CUDA graphs of back-to-back calls, one process:
-#: benchmarks/NOTES.md, thirty-seventh session), the one program against route_topk + permute:
-#: 128 experts top-8 at 1 / 2 tokens 5.3 / 6.3 us vs 8.1 / 8.1, at 4 tokens 9.2-9.7 vs 8.2, at 16
-#: 14-44 vs 10.3; 256 experts (grouped top-k) at 1 token 8.3 vs 10.6, at 2 10.4-11.3 vs 10.6;
-#: 32 experts top-4 up to 8 tokens 3.5 vs 4.6-4.7. The program routes its T tokens together, so its
-#: cost grows with T x E while the separate routing kernel runs one program per token in parallel:
-#: it wins while the scores are few and the launch it saves is the larger cost.
-ROUTE_PERMUTE_MAX_SCORES = 256
-#: its warps: one from 128 (padded) experts up (the same measurement: 128 experts at 1 token 5.3 us
-#: on one warp vs 7.2 on four, 256 experts 8.3 vs 9.7: its reductions then stay within a warp),
-#: four below (32 experts: 3.5 on four, 3.7-5.3 on one)
-ROUTE_PERMUTE_ONE_WARP_EXPERTS = 128
-
-
-def route_permute_warps(block_e: int) -> int:
-    """Warps of :func:`route_permute`'s program for ``block_e`` (padded) experts."""
-    return 1 if block_e >= ROUTE_PERMUTE_ONE_WARP_EXPERTS else 4
-
-
 def _route_ok(logits, top_k, n_group, topk_group, correction_bias):
     """(grouped, bias) when the routing kernels can take the call, else None (see :func:`route_topk`)."""
     t, e = logits.shape
@@ -213,15 +192,17 @@ def route_permute(logits: torch.Tensor, top_k: int, sigmoid: bool, n_group: int 
     """:func:`route_topk` and :func:`permute` of its expert ids in ONE kernel launch, at decode sizes:
     ``(weights fp32 [T, k], experts int64 [T, k], (order, token, offsets, inv))`` as the two would
     return them, or None where the two must run apart (what :func:`route_topk` leaves to the torch
-    twin, more than :data:`PERMUTE_MAX` assignments, or more than :data:`ROUTE_PERMUTE_MAX_SCORES`
-    padded scores). Arguments are ``blockscaled.nn.route``'s, already validated.
+    twin, or more than :data:`PERMUTE_MAX` assignments). Arguments are ``blockscaled.nn.route``'s,
+    already validated. One program per token routes it; the last to finish sorts
+    (kernels/triton/moe.py ``route_permute_kernel``; its counter is a split-K counter of
+    ``ops/_splitk.py``, under the same concurrency rule).
 
-    Why: at decode each launch of the MoE glue costs a few microseconds of a ~45 us layer; routing and
-    permutation were two of them (kernels/triton/moe.py ``route_permute_kernel``)."""
+    Why: at decode each launch of the MoE glue costs a few microseconds of a ~40 us layer; routing and
+    permutation were two of them."""
     t, e = logits.shape
     n = t * top_k
     block = permute_block(n, logits.device)
-    if block is None or _pow2(t) * _pow2(e) > ROUTE_PERMUTE_MAX_SCORES:
+    if block is None:
         return None
     ok = _route_ok(logits, top_k, n_group, topk_group, correction_bias)
     if ok is None:
@@ -234,10 +215,9 @@ def route_permute(logits: torch.Tensor, top_k: int, sigmoid: bool, n_group: int 
     token = torch.empty(n, dtype=torch.int64, device=dev)
     inv = torch.empty(n, dtype=torch.int32, device=dev)
     offsets = torch.empty(e + 1, dtype=torch.int32, device=dev)
-    fast(route_permute_kernel)[(1,)](
-        logits, logits if bias is None else bias, w, ids, order, token, inv, offsets, t, e, logits.stride(0),
-        float(scale), TOPK=top_k, K_PAD=_pow2(top_k), BLOCK_E=_pow2(e), SIGMOID=bool(sigmoid),
+    fast(route_permute_kernel)[(t,)](
+        logits, logits if bias is None else bias, w, ids, order, token, inv, offsets, splitk_counters(dev, 1), t, e,
+        logits.stride(0), float(scale), TOPK=top_k, K_PAD=_pow2(top_k), BLOCK_E=_pow2(e), SIGMOID=bool(sigmoid),
         HAS_BIAS=bias is not None, N_GROUP=n_group if grouped else 1, TOPK_GROUP=topk_group if grouped else 1,
-        NORM=bool(norm_topk_prob), TB=_pow2(t), BLOCK=block, CHUNK=_CHUNK, E_CHUNK=_E_CHUNK,
-        num_warps=route_permute_warps(_pow2(e)))
+        NORM=bool(norm_topk_prob), BLOCK=block, CHUNK=_CHUNK, E_CHUNK=_E_CHUNK, num_warps=4)
     return w, ids, (order, token, offsets, inv)

@@ -23,7 +23,7 @@ _BAD_LAST = tl.constexpr(BAD_LAST)
 
 @triton.jit
 def _sort_assignments(ids_ptr, order_ptr, token_ptr, inv_ptr, offsets_ptr, n, num_experts, topk,
-                      BLOCK: tl.constexpr, CHUNK: tl.constexpr, E_CHUNK: tl.constexpr):
+                      BLOCK: tl.constexpr, CHUNK: tl.constexpr, E_CHUNK: tl.constexpr, IDS_CACHE: tl.constexpr):
     """One program sorts ``n <= BLOCK`` expert assignments ``ids [n]`` (``[T, topk]`` flattened,
     any int dtype) by expert, stably: ``order[r]`` (int64) is the assignment at sorted row ``r``,
     ``token[r] = order[r] // topk`` (int64), ``inv[i]`` (int32) the sorted row of assignment
@@ -36,14 +36,14 @@ def _sort_assignments(ids_ptr, order_ptr, token_ptr, inv_ptr, offsets_ptr, n, nu
     ``offsets[E] < n`` and the grouped GEMM's metadata check fails the call loudly (NaN output)."""
     i = tl.arange(0, BLOCK)
     valid_i = i < n
-    e_i = tl.load(ids_ptr + i, mask=valid_i, other=0).to(tl.int32)
+    e_i = tl.load(ids_ptr + i, mask=valid_i, other=0, cache_modifier=IDS_CACHE).to(tl.int32)
     ok_i = valid_i & (e_i >= 0) & (e_i < num_experts)
     key_i = tl.where(ok_i, e_i, num_experts)
     rank = tl.zeros([BLOCK], dtype=tl.int32)
     for j0 in tl.static_range(0, BLOCK, CHUNK):
         j = j0 + tl.arange(0, CHUNK)
         valid_j = j < n
-        e_j = tl.load(ids_ptr + j, mask=valid_j, other=0).to(tl.int32)
+        e_j = tl.load(ids_ptr + j, mask=valid_j, other=0, cache_modifier=IDS_CACHE).to(tl.int32)
         key_j = tl.where(valid_j & (e_j >= 0) & (e_j < num_experts), e_j, num_experts)
         before = (key_j[None, :] < key_i[:, None]) | ((key_j[None, :] == key_i[:, None]) & (j[None, :] < i[:, None]))
         rank += tl.sum((before & valid_j[None, :]).to(tl.int32), axis=1)
@@ -62,7 +62,7 @@ def permute_kernel(ids_ptr, order_ptr, token_ptr, inv_ptr, offsets_ptr, n, num_e
                    BLOCK: tl.constexpr, CHUNK: tl.constexpr, E_CHUNK: tl.constexpr):
     """:func:`_sort_assignments` as a kernel of one program (ops/moe.py ``permute``)."""
     _sort_assignments(ids_ptr, order_ptr, token_ptr, inv_ptr, offsets_ptr, n, num_experts, topk, BLOCK, CHUNK,
-                      E_CHUNK)
+                      E_CHUNK, "")
 
 
 @triton.jit(do_not_specialize=["num_experts", "n_rows"])
@@ -206,23 +206,33 @@ def route_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, T, num_experts, stride_l,
 
 
 @triton.jit(do_not_specialize=["T", "num_experts", "stride_l"])
-def route_permute_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, order_ptr, token_ptr, inv_ptr, offsets_ptr, T,
+def route_permute_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, order_ptr, token_ptr, inv_ptr, offsets_ptr, cnt_ptr, T,
                          num_experts, stride_l, scale,
                          TOPK: tl.constexpr, K_PAD: tl.constexpr, BLOCK_E: tl.constexpr, SIGMOID: tl.constexpr,
                          HAS_BIAS: tl.constexpr, N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr,
-                         NORM: tl.constexpr, TB: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr,
-                         E_CHUNK: tl.constexpr):
-    """Decode-size routing and permutation in ONE program (ops/moe.py ``route_permute``): the
-    ``T <= TB`` tokens' top-k (:func:`_route_rows`, stored as ``route_kernel`` stores them), a CTA
-    barrier (the sort's threads read ids other threads stored), then the counting sort of the
-    ``T * TOPK <= BLOCK`` assignments (:func:`_sort_assignments`). One launch where there were two:
-    at decode each small launch of the MoE glue costs ~2-4 us of a ~45 us layer (benchmarks/NOTES.md,
-    thirtieth session: routing 4.0 us, permutation 3.7 us at T = 1)."""
-    t = tl.arange(0, TB)
+                         NORM: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, E_CHUNK: tl.constexpr):
+    """Decode-size routing and permutation in ONE launch (ops/moe.py ``route_permute``): program ``t``
+    routes token ``t`` as ``route_kernel`` does (stored the same way), then counts itself in
+    ``cnt[0]``; the last of the T programs to arrive sorts the ``T * TOPK <= BLOCK`` assignments
+    (:func:`_sort_assignments`, ids read through L2) and resets the counter to 0.
+
+    Ordering as the split-K reduction of kernels/triton/gemm.py: a CTA barrier orders every
+    thread's stores before the gpu-scope acq_rel increment, whose acquire side orders the last
+    program's loads after every release; ``.cg`` loads never see a stale L1 line. The sort is the
+    same whichever program arrives last. Why one launch: at decode each small launch of the MoE glue
+    costs a few microseconds of a ~40 us layer (routing 4.0 us and permutation 3.7 us at T = 1:
+    benchmarks/NOTES.md, thirtieth session); routing all T tokens in one program instead grew with
+    T x E (thirty-seventh session), one program per token does not."""
+    pid = tl.program_id(0)
+    t = pid + tl.arange(0, 1)
     t_ok = t < T
     wk, ik = _route_rows(logits_ptr, bias_ptr, t, t_ok, num_experts, stride_l, scale, TOPK, K_PAD, BLOCK_E, SIGMOID,
                          HAS_BIAS, N_GROUP, TOPK_GROUP, NORM)
     _store_routes(w_ptr, ids_ptr, t, t_ok, wk, ik, TOPK)
     tl.debug_barrier()
-    _sort_assignments(ids_ptr, order_ptr, token_ptr, inv_ptr, offsets_ptr, T * TOPK, num_experts, TOPK, BLOCK,
-                      CHUNK, E_CHUNK)
+    arrived = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
+    if arrived == T - 1:
+        _sort_assignments(ids_ptr, order_ptr, token_ptr, inv_ptr, offsets_ptr, T * TOPK, num_experts, TOPK, BLOCK,
+                          CHUNK, E_CHUNK, ".cg")
+        # leave the counter buffer all zeros for the next launch / graph replay
+        tl.atomic_xchg(cnt_ptr, 0, sem="relaxed", scope="gpu")
