@@ -187,6 +187,10 @@ def _route_ok(logits, top_k, n_group, topk_group, correction_bias):
     return grouped, bias
 
 
+#: warps per program of route_permute
+ROUTE_PERMUTE_WARPS = 4
+
+
 def route_permute(logits: torch.Tensor, top_k: int, sigmoid: bool, n_group: int | None, topk_group: int | None,
                   correction_bias: torch.Tensor | None, norm_topk_prob: bool, scale: float):
     """:func:`route_topk` and :func:`permute` of its expert ids in ONE kernel launch, at decode sizes:
@@ -219,5 +223,5 @@ def route_permute(logits: torch.Tensor, top_k: int, sigmoid: bool, n_group: int 
         logits, logits if bias is None else bias, w, ids, order, token, inv, offsets, splitk_counters(dev, 1), t, e,
         logits.stride(0), float(scale), TOPK=top_k, K_PAD=_pow2(top_k), BLOCK_E=_pow2(e), SIGMOID=bool(sigmoid),
         HAS_BIAS=bias is not None, N_GROUP=n_group if grouped else 1, TOPK_GROUP=topk_group if grouped else 1,
-        NORM=bool(norm_topk_prob), BLOCK=block, CHUNK=_CHUNK, E_CHUNK=_E_CHUNK, num_warps=4)
+        NORM=bool(norm_topk_prob), BLOCK=block, CHUNK=_CHUNK, E_CHUNK=_E_CHUNK, num_warps=ROUTE_PERMUTE_WARPS)
     return w, ids, (order, token, offsets, inv)
