@@ -1,6 +1,6 @@
 """The MoE glue kernels (kernels/triton/moe.py) compile for Hopper (sm_90) without a GPU, in
 every size ops/moe.py launches (the routing kernel at the suites' expert counts and the largest; the
-one-launch routing + permutation at the larger sort size), with no atomics in the results (the
+one-launch routing + permutation in its band), with no atomics in the results (the
 combine is deterministic; its offsets check writes the error flag with two, the one-launch routing
 counts its programs with two) and no spills
 of the counting sort's comparison tiles."""
@@ -56,15 +56,15 @@ for name, (e, k, sig_, bias, ng, tg) in {"route_8": (8, 2, False, False, 1, 1), 
     const = {"TOPK": k, "K_PAD": k, "BLOCK_E": e, "SIGMOID": sig_, "HAS_BIAS": bias, "N_GROUP": ng, "TOPK_GROUP": tg,
              "NORM": True}
     out[name] = comp(K.route_kernel, sig, {**const, "TB": 1}, num_warps=4)
-    if name in ("route_128", "route_dsv3"):  # the one-launch routing + permutation at the larger sort size
+    if name in ("route_128", "route_dsv3"):  # the one-launch routing + permutation (its band: 64 assignments)
         psig = {**{a: t for a, t in sig.items() if a not in ("T", "num_experts", "stride_l", "scale") and a[0].islower()},
                 "order_ptr": "*i64", "token_ptr": "*i64", "inv_ptr": "*i32", "offsets_ptr": "*i32", "cnt_ptr": "*i32",
                 "T": "i32", "num_experts": "i32", "stride_l": "i32", "scale": "fp32",
                 **{a: t for a, t in sig.items() if t == "constexpr" and a != "TB"},
                 "BLOCK": "constexpr", "CHUNK": "constexpr", "E_CHUNK": "constexpr"}
         out[name.replace("route", "route_permute")] = comp(
-            K.route_permute_kernel, psig, {**const, "BLOCK": ops_moe.PERMUTE_MAX, "CHUNK": ops_moe._CHUNK,
-                                           "E_CHUNK": ops_moe._E_CHUNK}, num_warps=4)
+            K.route_permute_kernel, psig, {**const, "BLOCK": 64, "CHUNK": ops_moe._CHUNK,
+                                           "E_CHUNK": ops_moe._E_CHUNK}, num_warps=ops_moe.ROUTE_PERMUTE_WARPS)
 print("JSON" + json.dumps(out))
 '''
 

@@ -338,7 +338,7 @@ def test_route_permute_is_route_then_permute(case, path, device):
     for t in (1, 3, 8, 16):
         logits = _distinct_logits(t, e, g, torch.bfloat16, device)
         got = glue.route_permute(logits, k, score == "sigmoid", ng, tg, bias, norm, scale)
-        fits = t * k <= glue.PERMUTE_MAX
+        fits = t * k <= glue.ROUTE_PERMUTE_MAX_ASSIGNMENTS and glue._pow2(e) >= glue.ROUTE_PERMUTE_MIN_EXPERTS
         if path != "kernels" or not fits:
             assert got is None
             continue
@@ -350,17 +350,31 @@ def test_route_permute_is_route_then_permute(case, path, device):
             assert a.dtype == b.dtype and torch.equal(a, b)
 
 
-def test_route_permute_size_limits(device):
-    """Past PERMUTE_MAX assignments the one-launch form declines (the layer then routes and
-    permutes in two launches); its counter is left at zero for the next launch."""
+@pytest.mark.parametrize("band", [True, False])
+def test_route_permute_band(band, path, device, monkeypatch):
+    """Outside its measured band (few experts, many assignments) the one-launch form declines and the
+    layer routes and permutes in two launches; inside it (the band widened here to reach the small
+    test sizes) it matches them, and its counter is left at zero for the next launch."""
     from blockscaled.ops import moe as glue
     from blockscaled.ops._splitk import splitk_counters
 
-    big_t = glue.PERMUTE_MAX // 8 + 1
-    assert glue.route_permute(torch.randn(big_t, 16, device=device), 8, False, None, None, None, True, 1.0) is None
-    got = glue.route_permute(torch.randn(big_t - 1, 16, device=device), 8, False, None, None, None, True, 1.0)
-    assert got is not None and got[2][2][-1].item() == (big_t - 1) * 8
-    assert int(splitk_counters(torch.device(device), 1)[0]) == 0
+    if band:
+        monkeypatch.setattr(glue, "ROUTE_PERMUTE_MIN_EXPERTS", 1)
+        monkeypatch.setattr(glue, "ROUTE_PERMUTE_MAX_ASSIGNMENTS", glue.PERMUTE_MAX)
+    g = torch.Generator().manual_seed(3)
+    for t, e, k in ((1, 16, 2), (5, 8, 8), (16, 32, 8), (3, 4, 1)):
+        logits = _distinct_logits(t, e, g, torch.float32, device)
+        got = glue.route_permute(logits, k, False, None, None, None, True, 1.0)
+        if not band or path != "kernels":
+            assert got is None
+            continue
+        w0, ids0 = glue.route_topk(logits, k, False, None, None, None, True, 1.0)
+        assert torch.equal(got[1], ids0) and torch.equal(got[0], w0)
+        for a, b in zip(got[2], glue.permute(ids0, e)):
+            assert torch.equal(a, b)
+        assert int(splitk_counters(torch.device(device), 1)[0]) == 0
+    assert glue.route_permute(torch.randn(glue.PERMUTE_MAX // 8 + 1, 256, device=device), 8, False, None, None, None,
+                              True, 1.0) is None
 
 
 def _moe_layer(device, fmt="mxfp4", e=8, h=64, i=64, k=2):
@@ -393,6 +407,7 @@ def test_moe_decode_glue_launches(path, device, monkeypatch):
         calls["check"] += 1
         return cm(*a, **kw)
 
+    monkeypatch.setattr(glue, "ROUTE_PERMUTE_MIN_EXPERTS", 1)  # the test layer's 8 experts: in the band
     monkeypatch.setattr("blockscaled.nn.moe.route_permute", spy_rp)
     for mod in ("blockscaled.ops.grouped", "blockscaled.ops.errors"):
         monkeypatch.setattr(f"{mod}.check_metadata", spy_check)

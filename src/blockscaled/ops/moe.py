@@ -187,8 +187,17 @@ def _route_ok(logits, top_k, n_group, topk_group, correction_bias):
     return grouped, bias
 
 
-#: warps per program of route_permute
-ROUTE_PERMUTE_WARPS = 4
+#: Where :func:`route_permute` takes the call: at least this many experts (padded to a power of two)
+#: and at most this many assignments (T x k), with ROUTE_PERMUTE_WARPS warps per program. Measured
+#: (H200, CUDA graphs of back-to-back calls, one process: benchmarks/NOTES.md, thirty-seventh
+#: session, h200/archive/route-permute-warps-20261129.json), the one launch against route_topk +
+#: permute: 128 experts top-8 at 1-8 tokens 6.5-6.7 us on one warp vs 8.1-8.4 (four warps 8.3-8.7),
+#: 256 experts (grouped top-k) 8.8-9.0 vs 10.6-10.9; but at 16 tokens (128 assignments: the larger
+#: sort) 10.9-16.5 vs 10.3-14.0 at any warp count, and with 32 experts top-4 4.8-5.5 vs 4.6-5.1 at
+#: every token count: there the program's count-and-sort tail costs what the launch it saves does.
+ROUTE_PERMUTE_MIN_EXPERTS = 128
+ROUTE_PERMUTE_MAX_ASSIGNMENTS = 64
+ROUTE_PERMUTE_WARPS = 1
 
 
 def route_permute(logits: torch.Tensor, top_k: int, sigmoid: bool, n_group: int | None, topk_group: int | None,
@@ -196,7 +205,8 @@ def route_permute(logits: torch.Tensor, top_k: int, sigmoid: bool, n_group: int 
     """:func:`route_topk` and :func:`permute` of its expert ids in ONE kernel launch, at decode sizes:
     ``(weights fp32 [T, k], experts int64 [T, k], (order, token, offsets, inv))`` as the two would
     return them, or None where the two must run apart (what :func:`route_topk` leaves to the torch
-    twin, or more than :data:`PERMUTE_MAX` assignments). Arguments are ``blockscaled.nn.route``'s,
+    twin, and outside the measured band: :data:`ROUTE_PERMUTE_MIN_EXPERTS`,
+    :data:`ROUTE_PERMUTE_MAX_ASSIGNMENTS`). Arguments are ``blockscaled.nn.route``'s,
     already validated. One program per token routes it; the last to finish sorts
     (kernels/triton/moe.py ``route_permute_kernel``; its counter is a split-K counter of
     ``ops/_splitk.py``, under the same concurrency rule).
@@ -206,7 +216,7 @@ def route_permute(logits: torch.Tensor, top_k: int, sigmoid: bool, n_group: int 
     t, e = logits.shape
     n = t * top_k
     block = permute_block(n, logits.device)
-    if block is None:
+    if block is None or n > ROUTE_PERMUTE_MAX_ASSIGNMENTS or _pow2(e) < ROUTE_PERMUTE_MIN_EXPERTS:
         return None
     ok = _route_ok(logits, top_k, n_group, topk_group, correction_bias)
     if ok is None:
