@@ -328,8 +328,8 @@ def test_glue_combine_checks_its_inputs(device):
 @pytest.mark.parametrize("case", ROUTE_CASES[:7], ids=lambda c: f"E{c[0]}k{c[1]}{c[2]}g{c[3]}")
 def test_route_permute_is_route_then_permute(case, path, device):
     """The one-launch routing + permutation (decode sizes) returns what route_topk and permute
-    return apart: the same experts and weights, order, token, offsets and inverse; None where the
-    two must run apart (reference path, too many assignments)."""
+    return apart: the same experts (weights within fp32 rounding), order, token, offsets and inverse;
+    None where the two must run apart (reference path, outside its band)."""
     from blockscaled.ops import moe as glue
 
     e, k, score, ng, tg, has_bias, norm, scale = case
@@ -345,7 +345,10 @@ def test_route_permute_is_route_then_permute(case, path, device):
         assert got is not None
         w, ids, perm = got
         w0, ids0 = glue.route_topk(logits, k, score == "sigmoid", ng, tg, bias, norm, scale)
-        assert torch.equal(ids, ids0) and torch.equal(w, w0)  # the same per-token routing code and layout
+        # the same per-token routing code; its program has other warps than route_topk's, so the softmax
+        # and renormalising sums may round in another order (a GPU run found a last-bit difference)
+        assert torch.equal(ids, ids0)
+        torch.testing.assert_close(w, w0, rtol=2e-6, atol=1e-7)
         for a, b in zip(perm, glue.permute(ids0, e)):
             assert a.dtype == b.dtype and torch.equal(a, b)
 
@@ -369,7 +372,8 @@ def test_route_permute_band(band, path, device, monkeypatch):
             assert got is None
             continue
         w0, ids0 = glue.route_topk(logits, k, False, None, None, None, True, 1.0)
-        assert torch.equal(got[1], ids0) and torch.equal(got[0], w0)
+        assert torch.equal(got[1], ids0)
+        torch.testing.assert_close(got[0], w0, rtol=2e-6, atol=1e-7)
         for a, b in zip(got[2], glue.permute(ids0, e)):
             assert torch.equal(a, b)
         assert int(splitk_counters(torch.device(device), 1)[0]) == 0

@@ -206,7 +206,9 @@ def route_permute(logits: torch.Tensor, top_k: int, sigmoid: bool, n_group: int 
     ``(weights fp32 [T, k], experts int64 [T, k], (order, token, offsets, inv))`` as the two would
     return them, or None where the two must run apart (what :func:`route_topk` leaves to the torch
     twin, and outside the measured band: :data:`ROUTE_PERMUTE_MIN_EXPERTS`,
-    :data:`ROUTE_PERMUTE_MAX_ASSIGNMENTS`). Arguments are ``blockscaled.nn.route``'s,
+    :data:`ROUTE_PERMUTE_MAX_ASSIGNMENTS`). The experts are route_topk's; the weights may differ from
+    its in the last fp32 bit (one warp per program here, four there: the softmax and renormalising
+    sums round in another order). Arguments are ``blockscaled.nn.route``'s,
     already validated. One program per token routes it; the last to finish sorts
     (kernels/triton/moe.py ``route_permute_kernel``; its counter is a split-K counter of
     ``ops/_splitk.py``, under the same concurrency rule).
