@@ -424,18 +424,45 @@ def test_moe_decode_glue_launches(path, device, monkeypatch):
 
 
 def test_experts_bad_ids_fail_loudly_in_the_combine(path, device):
-    """Expert ids outside [0, E): the combine writes NaN over the output and check_errors names
-    nn.Experts and how many assignments were out of range (the GEMMs no longer check on their own)."""
+    """Expert ids outside [0, E): on the GPU the combine writes NaN over the output and check_errors
+    names nn.Experts and how many assignments were out of range (the GEMMs no longer check on their
+    own); on the CPU the call raises. The combine's own check (which the GPU path relies on) runs on
+    every path: checked directly below."""
     moe = _moe_layer(device)
     x = torch.randn(3, 64, device=device).to(torch.bfloat16)
     idx = torch.tensor([[0, 1], [2, 9], [-1, 3]], device=device)
     w = torch.full((3, 2), 0.5, device=device)
     bs.check_errors(device)
-    y = moe.experts(x, idx, w)
-    assert torch.isnan(y.float()).all()
-    with pytest.raises(RuntimeError, match=r"nn\.Experts .*2 of its 6 expert assignments"):
-        bs.check_errors(device)
-    bs.check_errors(device)  # cleared
+    if device == "cpu":  # no sync to save: raised at the call
+        with pytest.raises(ValueError, match=r"top_k_index: expected expert ids in \[0, 8\), got 9 \(2 of 6"):
+            moe.experts(x, idx, w)
+    else:
+        y = moe.experts(x, idx, w)
+        assert torch.isnan(y.float()).all()
+        with pytest.raises(RuntimeError, match=r"nn\.Experts .*2 of its 6 expert assignments"):
+            bs.check_errors(device)
+        bs.check_errors(device)  # cleared
     y = moe.experts(x, idx.clamp(0, 7), w)
     assert torch.isfinite(y.float()).all()
+    bs.check_errors(device)
+
+
+def test_combine_offsets_check_on_every_path(path, device):
+    """combine(..., offsets=) with offsets that end below T x k (an id out of range): NaN output and the
+    flag naming nn.Experts, whichever path runs (kernel, interpreter, reference twin)."""
+    from blockscaled.ops import moe as glue
+
+    ids = torch.tensor([[3, -1], [0, 4], [1, 1]], device=device)
+    _, _, offsets, inv = glue.permute(ids, 4)
+    y = torch.randn(6, 16, device=device)
+    w = torch.full((3, 2), 0.5, device=device)
+    bs.check_errors(device)
+    out = glue.combine(y, w, inv, torch.bfloat16, offsets=offsets)
+    assert torch.isnan(out.float()).all()
+    with pytest.raises(RuntimeError, match=r"nn\.Experts .*2 of its 6 expert assignments \(top_k_index\) were outside \[0, E=4\)"):
+        bs.check_errors(device)
+    ok_ids = ids.clamp(0, 3)
+    _, _, offsets, inv = glue.permute(ok_ids, 4)
+    out = glue.combine(y, w, inv, torch.bfloat16, offsets=offsets)
+    assert torch.isfinite(out.float()).all()
     bs.check_errors(device)

@@ -243,6 +243,12 @@ class Experts(torch.nn.Module):
         """Steps 2-5 of the forward with the permutation ``perm`` (``ops.moe.permute``'s four
         tensors) already made: by :meth:`_forward`, or by ``nn.MoE`` in its routing launch."""
         order, token, offsets, inv = perm
+        if x.device.type == "cpu" and not torch.compiler.is_compiling():
+            # no sync to save on the CPU: a bad id raises here, as the grouped ops' host check did
+            bad = (top_k_index < 0) | (top_k_index >= self.num_experts)
+            if bool(bad.any()):
+                raise ValueError(f"top_k_index: expected expert ids in [0, {self.num_experts}), got "
+                                 f"{int(top_k_index[bad][0])} ({int(bad.sum())} of {top_k_index.numel()} out of range)")
         biased = self.gate_bias is not None or self.up_bias is not None or self.down_bias is not None
         y = self.expert_rows(x[token], offsets, top_k_index.reshape(-1)[order] if biased else None,
                              checked_after=True)
