@@ -1,8 +1,10 @@
 """The MoE layer's glue: top-k routing in one kernel (:func:`route_topk`), the permutation of
-``[T, k]`` expert assignments into expert order and the weighted combine of the experts' rows back into tokens (kernels/triton/moe.py on CUDA and in
-the interpreter; the same results in torch on the reference path, while torch.compile traces
-(Inductor fuses the torch glue itself) and, for the permutation, above :data:`PERMUTE_MAX`
-assignments). No host synchronisation on any path."""
+``[T, k]`` expert assignments into expert order (:func:`permute`), both in one launch at decode
+sizes (:func:`route_permute`), and the weighted combine of the experts' rows back into tokens, which
+can also check the permutation (:func:`combine`). kernels/triton/moe.py on CUDA and in the
+interpreter; the same results in torch on the reference path, while torch.compile traces (Inductor
+fuses the torch glue itself) and, for the permutation, above :data:`PERMUTE_MAX` assignments. No host
+synchronisation on any path."""
 
 from __future__ import annotations
 
