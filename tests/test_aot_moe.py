@@ -52,15 +52,15 @@ for name, (e, k, sig_, bias, ng, tg) in {"route_8": (8, 2, False, False, 1, 1), 
     sig = {"logits_ptr": "*bf16", "bias_ptr": "*fp32", "w_ptr": "*fp32", "ids_ptr": "*i64", "T": "i32",
            "num_experts": "i32", "stride_l": "i32", "scale": "fp32", "TOPK": "constexpr", "K_PAD": "constexpr",
            "BLOCK_E": "constexpr", "SIGMOID": "constexpr", "HAS_BIAS": "constexpr", "N_GROUP": "constexpr",
-           "TOPK_GROUP": "constexpr", "NORM": "constexpr", "TB": "constexpr"}
+           "TOPK_GROUP": "constexpr", "NORM": "constexpr"}
     const = {"TOPK": k, "K_PAD": k, "BLOCK_E": e, "SIGMOID": sig_, "HAS_BIAS": bias, "N_GROUP": ng, "TOPK_GROUP": tg,
              "NORM": True}
-    out[name] = comp(K.route_kernel, sig, {**const, "TB": 1}, num_warps=4)
+    out[name] = comp(K.route_kernel, sig, const, num_warps=4)
     if name in ("route_128", "route_dsv3"):  # the one-launch routing + permutation (its band: 64 assignments)
         psig = {**{a: t for a, t in sig.items() if a not in ("T", "num_experts", "stride_l", "scale") and a[0].islower()},
                 "order_ptr": "*i64", "token_ptr": "*i64", "inv_ptr": "*i32", "offsets_ptr": "*i32", "cnt_ptr": "*i32",
                 "T": "i32", "num_experts": "i32", "stride_l": "i32", "scale": "fp32",
-                **{a: t for a, t in sig.items() if t == "constexpr" and a != "TB"},
+                **{a: t for a, t in sig.items() if t == "constexpr"},
                 "BLOCK": "constexpr", "CHUNK": "constexpr", "E_CHUNK": "constexpr"}
         out[name.replace("route", "route_permute")] = comp(
             K.route_permute_kernel, psig, {**const, "BLOCK": 64, "CHUNK": ops_moe._CHUNK,

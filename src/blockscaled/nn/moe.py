@@ -57,6 +57,13 @@ def route(logits: torch.Tensor, top_k: int, *, score: str = "softmax", n_group: 
         w, e = route(torch.randn(4, 8), 2)        # 4 tokens, 8 experts, top-2 softmax
     """
     _check_routing(logits, top_k, score, n_group, topk_group, correction_bias)
+    return _route_checked(logits, top_k, score, n_group, topk_group, correction_bias, norm_topk_prob,
+                          routed_scaling_factor)
+
+
+def _route_checked(logits, top_k, score, n_group, topk_group, correction_bias, norm_topk_prob,
+                   routed_scaling_factor):
+    """:func:`route` with its arguments already checked: the kernel, else the torch twin."""
     fused = route_topk(logits, top_k, score == "sigmoid", n_group, topk_group, correction_bias, norm_topk_prob,
                        routed_scaling_factor)
     if fused is not None:
@@ -232,18 +239,23 @@ class MoE(torch.nn.Module):
             raise ValueError(f"x: expected [T, {self.hidden}], got {tuple(x.shape)}")
         logits = torch.nn.functional.linear(x, self.router_weight.to(x.dtype),
                                             None if self.router_bias is None else self.router_bias.to(x.dtype))
+        # the routing arguments checked once per call (route / route_permute below take them checked)
+        _check_routing(logits, self.top_k, self.score, self.n_group, self.topk_group, self.correction_bias)
         if self.experts._graphs is None:
-            fused = self.route_permute(logits)
+            fused = route_permute(logits, self.top_k, self.score == "sigmoid", self.n_group, self.topk_group,
+                                  self.correction_bias, self.norm_topk_prob, self.routed_scaling_factor)
             if fused is not None:
                 weights, experts, perm = fused
                 return self.experts._sorted_forward(x, experts, weights, perm)
-        weights, experts = self.route(logits)
+        weights, experts = _route_checked(logits, self.top_k, self.score, self.n_group, self.topk_group,
+                                          self.correction_bias, self.norm_topk_prob, self.routed_scaling_factor)
         return self.experts(x, experts, weights)
 
     def route_permute(self, logits: torch.Tensor):
         """At decode sizes, this layer's :meth:`route` and the permutation of its experts in one kernel
         launch (``ops.moe.route_permute``: ``(weights, experts, (order, token, offsets, inv))``); None
-        where they run apart (more than ``ops.moe.PERMUTE_MAX`` assignments, the reference path, ...)."""
+        where they run apart (outside its measured band of experts and assignments, the reference
+        path, ...). The forward makes the same call; ``blockscaled.warmup`` uses this one."""
         _check_routing(logits, self.top_k, self.score, self.n_group, self.topk_group, self.correction_bias)
         return route_permute(logits, self.top_k, self.score == "sigmoid", self.n_group, self.topk_group,
                              self.correction_bias, self.norm_topk_prob, self.routed_scaling_factor)

@@ -167,7 +167,7 @@ def route_topk(logits: torch.Tensor, top_k: int, sigmoid: bool, n_group: int | N
     fast(route_kernel)[(t,)](logits, logits if bias is None else bias, w, ids, t, e, logits.stride(0), float(scale),
                              TOPK=top_k, K_PAD=_pow2(top_k), BLOCK_E=_pow2(e), SIGMOID=bool(sigmoid),
                              HAS_BIAS=bias is not None, N_GROUP=n_group if grouped else 1,
-                             TOPK_GROUP=topk_group if grouped else 1, NORM=bool(norm_topk_prob), TB=1, num_warps=4)
+                             TOPK_GROUP=topk_group if grouped else 1, NORM=bool(norm_topk_prob), num_warps=4)
     return w, ids
 
 

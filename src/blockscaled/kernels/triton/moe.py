@@ -125,7 +125,7 @@ def _route_rows(logits_ptr, bias_ptr, t, t_ok, num_experts, stride_l, scale,
     without the bias as the weight; NORM divides the weights
     by their sum (at least 1e-20), and all are multiplied by ``scale``. The rounds give the experts
     in descending order of choice, as ``torch.topk`` does. Every reduction runs along the experts
-    of each token. The launchers route one token per program (TB = 1): routing up to 16 tokens in
+    of each token. Both kernels route one token per program (TB = 1): routing up to 16 tokens in
     one program grew with T x E and lost to a program per token (benchmarks/NOTES.md,
     thirty-seventh session)."""
     TB: tl.constexpr = t.shape[0]
@@ -196,11 +196,10 @@ def _store_routes(w_ptr, ids_ptr, t, t_ok, wk, ik, TOPK: tl.constexpr):
 @triton.jit(do_not_specialize=["T", "num_experts", "stride_l"])
 def route_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, T, num_experts, stride_l, scale,
                  TOPK: tl.constexpr, K_PAD: tl.constexpr, BLOCK_E: tl.constexpr, SIGMOID: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, NORM: tl.constexpr,
-                 TB: tl.constexpr):
-    """Top-k routing of tokens ``TB * program .. + TB`` (:func:`_route_rows`; ops/moe.py launches
-    TB = 1) -> ``w [T, TOPK]`` fp32 and ``ids [T, TOPK]`` int64."""
-    t = tl.program_id(0) * TB + tl.arange(0, TB)
+                 HAS_BIAS: tl.constexpr, N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, NORM: tl.constexpr):
+    """Top-k routing of token ``program`` (:func:`_route_rows` on a block of one token) ->
+    ``w [T, TOPK]`` fp32 and ``ids [T, TOPK]`` int64."""
+    t = tl.program_id(0) + tl.arange(0, 1)
     t_ok = t < T
     wk, ik = _route_rows(logits_ptr, bias_ptr, t, t_ok, num_experts, stride_l, scale, TOPK, K_PAD, BLOCK_E, SIGMOID,
                          HAS_BIAS, N_GROUP, TOPK_GROUP, NORM)
