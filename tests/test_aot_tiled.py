@@ -109,6 +109,7 @@ for fmt, bt, st, bias, ags, cdt, mode in [(2, 256, 4, 1, 0, "*bf16", 0), (3, 256
     rec.update({"prmt": ptx.count("prmt.b32"), "ld_shared_v4": ptx.count("ld.shared.v4.b32"),
                 "ld_nc_u8": ptx.count("ld.global.nc.u8"), "fmt": NAMES[fmt],
                 "st_shared": ptx.count("st.shared"), "rs": True, "bt": bt, "bn": bn,
+                "st_b32": ptx.count("st.global.b32 "), "st_v2_b32": ptx.count("st.global.v2.b32 "),
                 "atomics": len(re.findall(r"atom\.(?:global\.)?(?:acq_rel|relaxed)?", ptx))})
     out[key] = rec
 print("JSON" + json.dumps(out))
@@ -156,7 +157,8 @@ def test_register_operand_kernel_builds_for_sm90(compiled):
     nvfp4 and 256-token builds load the scales two steps ahead: the K loop runs two steps per trip
     (each body counted twice), the scale loads are ``ld.global.nc.u8`` into registers (2 rows x NS
     scales per thread at four sites: two before the loop, one per step in it); the others load
-    them one step ahead through Triton's loads."""
+    them one step ahead through Triton's loads. Split builds store the fp32 partial in the
+    registers' order (scalar stores, whole lines per warp)."""
     rs = {k: c for k, c in compiled.items() if k.startswith("rs_")}
     assert len(rs) == 15, rs
     for key, c in rs.items():
@@ -182,6 +184,11 @@ def test_register_operand_kernel_builds_for_sm90(compiled):
                 else v4 < c["ld_shared_v4"] <= v4 + nc), (key, c)
         assert c["bf16x2_fma"] == nc * 16 * (1 if "nvfp4" in key else 2), (key, c)
         assert c["tma_load"] == 2, (key, c)  # the producer's loop: one activation and one weight box
+        if split:
+            # the fp32 partial in register order (stream.mma_slot_offsets): one 32-bit store per
+            # register and thread, each a warp's whole 128-byte line (BT / 2 registers per consumer);
+            # row-major offsets gave 8-byte stores over 8 lines each
+            assert c["st_b32"] >= nc * c["bt"] // 2 and c["st_v2_b32"] == 0, (key, c)
         if "_mode" not in key:  # (the grouped modes' segment scan goes through shared memory, once)
             # the barriers' initial state, and on some releases one epilogue scratch store (triton 3.8:
             # 3 with a bias, 6 with the split epilogue); a decoded tile stored per step would add at

@@ -477,10 +477,12 @@ def _decode_fp4(w2, f_use, FMT: gl.constexpr):
 @gluon.jit
 def _splitk_sum_store(part, part_ptr, cnt_ptr, tile, sp, SPLIT, offs, c_ptrs, mask, bias, TILE_ELEMS: gl.constexpr,
                       HAS_BIAS: gl.constexpr):
-    """Split-K epilogue of this kernel and the tiled one: store this split's fp32 partial tile
-    (``part`` at ``offs``) to the workspace [SPLIT, tiles, TILE_ELEMS]; the last split of the tile
-    to arrive sums the partials in split order (deterministic), adds ``bias`` (HAS_BIAS), stores
-    the output and resets the tile's counter."""
+    """Split-K epilogue of this kernel and the tiled ones: store this split's fp32 partial tile
+    (``part`` at ``offs``: any bijection onto [0, TILE_ELEMS), the workspace is private to the
+    kernel; callers pass one whose warp accesses are whole lines, ``mma_slot_offsets``) to the
+    workspace [SPLIT, tiles, TILE_ELEMS]; the last split of the tile to arrive sums the partials
+    in split order (deterministic), adds ``bias`` (HAS_BIAS), stores the output and resets the
+    tile's counter."""
     split_stride = (gl.num_programs(0) // SPLIT).to(gl.int64) * TILE_ELEMS
     base = part_ptr + tile.to(gl.int64) * TILE_ELEMS
     gl.store(base + sp * split_stride + offs, part)
@@ -488,14 +490,35 @@ def _splitk_sum_store(part, part_ptr, cnt_ptr, tile, sp, SPLIT, offs, c_ptrs, ma
     cnt = cnt_ptr + tile
     arrived = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
     if arrived == SPLIT - 1:
-        # the last unit of the tile sums the partials in split order (.cg: L2, not a stale L1)
-        tot = gl.load(base + offs, cache_modifier=".cg")
+        # the last unit of the tile sums the partials in split order. Plain loads: the acquire
+        # above invalidates this SM's L1 (CCTL.IVALL) and the barrier orders the other threads'
+        # loads after it, so no line of another split's partial can be stale here; ``.cg``
+        # (strong GPU-scope loads in the SASS) was 1.27x slower in this sum (H200, 64 x 2880 x
+        # 2880 mxfp4, split 5: 8.3k -> 6.6k cycles; benchmarks/NOTES.md, thirty-eighth session)
+        tot = gl.load(base + offs)
         for s2 in range(1, SPLIT):
-            tot = tot + gl.load(base + s2 * split_stride + offs, cache_modifier=".cg")
+            tot = tot + gl.load(base + s2 * split_stride + offs)
         if HAS_BIAS:
             tot = tot + bias
         gl.store(c_ptrs, tot.to(c_ptrs.dtype.element_ty), mask=mask)
         gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+
+
+@gluon.jit
+def mma_slot_offsets(r, c, COLS: gl.constexpr, WARPS: gl.constexpr):
+    """Split-K workspace offsets of the elements (r [R, 1], c [1, COLS]) of an NVMMA v3 (wgmma)
+    accumulator [R, COLS] over WARPS warps along its rows, in the threads' register order:
+    register j of the W x 32 threads at j * 32 W + thread. So a warp's store or load of one
+    register is one 128-byte line; row-major offsets spread it over 8 lines (a wgmma fragment
+    holds 2 adjacent columns of 8 rows per quad of lanes), and the partial's store and sum ran
+    at ~10 bytes per cycle per SM (H200, thirty-eighth session). Any bijection onto [0, R x COLS)
+    is correct: the split that writes and the one that sums use the same. The fragment: warp
+    (r // 16) % W, lane 4 (r % 8) + (c % 8) // 2, register c % 2 + 2 ((r // 8) % 2) + 4 (c // 8),
+    plus COLS / 2 per repeat of the W x 16 rows."""
+    w = (r // 16) % WARPS
+    lane = (r % 8) * 4 + (c % 8) // 2
+    reg = (c % 2) + 2 * ((r // 8) % 2) + 4 * (c // 8) + (COLS // 2) * (r // (16 * WARPS))
+    return reg * (32 * WARPS) + w * 32 + lane
 
 
 @gluon.jit
@@ -690,7 +713,8 @@ def stream_kernel(w_desc, ws_ptr, x_ptr, xs_ptr, gs_ptr, ags_ptr, bias_ptr, c_pt
                 res = res + bias
             gl.store(c_ptrs, res.to(c_ptr.dtype.element_ty), mask=mask)
         else:
-            offs = (r * MP)[:, None] + c[None, :]
+            # column-major: a thread's 8 rows are 32 contiguous bytes, a warp's lanes along them 256
+            offs = (c * BLOCK_N)[None, :] + r[:, None]
             _splitk_sum_store(gl.convert_layout(acc, out_l), part_ptr, cnt_ptr, tile, sp, SPLIT, offs, c_ptrs, mask,
                               bias, BLOCK_N * MP, HAS_BIAS)
     else:

@@ -37,7 +37,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_wait)
 
 from ._compat import cta_barrier, tma_load
-from .stream import _DECODE_E4M3, _DECODE_MX, _DECODE_NV, _FMT_MXFP8, _FMT_NVFP4, _scale_factor, _splitk_sum_store
+from .stream import (_DECODE_E4M3, _DECODE_MX, _DECODE_NV, _FMT_MXFP8, _FMT_NVFP4, _scale_factor, _splitk_sum_store,
+                     mma_slot_offsets)
 from .wide import _segments
 
 __all__ = ["tiled_kernel", "BLOCK_K", "word_layouts"]
@@ -210,7 +211,7 @@ def _tiled_consumer(x_desc, w_desc, x_bufs, w_bufs, wd_bufs, ready, empty, ws_pt
             res = res + bias
         gl.store(c_ptrs, res.to(c_ptr.dtype.element_ty), mask=mask)
     else:
-        offs = (rows * BN)[:, None] + cols[None, :]
+        offs = mma_slot_offsets(rows[:, None], cols[None, :], BN, num_warps)
         _splitk_sum_store(acc, part_ptr, cnt_ptr, tile, sp, SPLIT, offs, c_ptrs, mask, bias, BM * BN, HAS_BIAS)
 
 

@@ -60,7 +60,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
 from .direct import _out_scale
-from .stream import _FMT_MXFP4, _FMT_MXFP8, _FMT_NVFP4, _LD_U8, _scale_bits, _scale_factor, _splitk_sum_store
+from .stream import (_FMT_MXFP4, _FMT_MXFP8, _FMT_NVFP4, _LD_U8, _scale_bits, _scale_factor, _splitk_sum_store,
+                     mma_slot_offsets)
 from .tiled import BLOCK_K, _tiled_producer, tile_rows
 
 __all__ = ["tiled_rs_kernel", "RS_ROWS", "rs_layouts"]
@@ -312,9 +313,9 @@ def _rs_consumer(x_bufs, w_bufs, ready, empty, ws_ptr, gs_ptr, ags_ptr, bias_ptr
             res = res + bias
         gl.store(c_ptrs, res.to(c_ptr.dtype.element_ty), mask=mask)
     else:
-        # the partial of this half at [G, wr, tk] of the tile's 2 x 64 x BT workspace block
+        # this half's partial: the G-th 64 x BT block of the tile's workspace, in register order
         NC: gl.constexpr = w_bufs.shape[1] // 64  # consumer warpgroups of the program
-        offs = (G * 64 * BT + wr * BT)[:, None] + tk[None, :]
+        offs = G * 64 * BT + mma_slot_offsets(wr[:, None], tk[None, :], BT, 4)
         cnt = cnt_ptr + G * (gl.num_programs(0) // SPLIT)
         _splitk_sum_store(acc, part_ptr, cnt, tile, sp, SPLIT, offs, c_ptrs, mask, bias, NC * 64 * BT, HAS_BIAS)
 
