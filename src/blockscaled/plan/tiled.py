@@ -6,7 +6,8 @@ Cost model (per-program time, measured). Three regimes, each a chain of 64-eleme
 program, ``rounds = ceil(programs / (programs per SM x SMs))``:
 
 * R1: 128 x 128 tiles, a 5-slot ring with a TMA producer warp, one program per SM, any K split
-  <= 8: ``rounds x (steps x TILED_STEP_US[fmt] + TILED_SPLIT_US if split)``;
+  <= 8: ``rounds x (steps x TILED_STEP_US[fmt] + (TILED_SPLIT_US + TILED_SPLIT_PART_US x split if
+  split))``;
 * R2 (fp4): 128 x 128 tiles, a 3-slot ring without the producer, two programs per SM, unsplit,
   planned only where the grid has more programs than SMs: ``rounds x steps x TILED_STEP2_US``;
 * R3: the register-operand kernel (tiled_rs.py): 256 tokens x 128 weight rows, two consumer
@@ -18,7 +19,7 @@ program, ``rounds = ceil(programs / (programs per SM x SMs))``:
 
 * R4: the register-operand kernel with 64-token tiles and a K split, for the band between the
   streaming kernel's rows and prefill (RS_SMALL_MIN_M <= M): ``rounds x (steps x TILED_STEP4_US +
-  TILED_SPLIT4_US if split) + TILED_FIX4_US``. Its time hardly grows with M up to 64 tokens (the
+  (TILED_SPLIT4_US + TILED_SPLIT4_PART_US x split if split)) + TILED_FIX4_US``. Its time hardly grows with M up to 64 tokens (the
   weights' decode sets it, each weight tile decoded once per 64 tokens), where the streaming
   kernel's grows with the activation rows it gathers per 64 weight rows (thirty-first session,
   rs-small-ab-20261128.json: 1.16-1.68x the streaming kernel at M = 64 on 7 of 7 shapes, 0.86-1.15x
@@ -34,7 +35,8 @@ on the H200 A/B of that kernel (benchmarks/results/h200/archive/tiled-ab4-202611
 nvfp4 weight-only, 2880 x 2880, 5760 x 2880, 8192 x 8192, 28672 x 8192 at M = 256-2048, every
 regime, splits 1 / 2 / 4): unsplit rows within -8 / +4 % (R1) and -16 / +4 % (R2) of the fit;
 the fixed cost per round came out near zero once the epilogue stored straight from the wgmma
-layout; a K split costs 5-8 us more per round (TILED_SPLIT_US: the fp32 partial tiles). ncu of an
+layout; a K split cost 5-8 us more per round then (the fp32 partial tiles; refitted per partial since,
+TILED_SPLIT_US). ncu of an
 earlier build (M = 2048, 8192 x 8192, no producer warp): 2 warps per scheduler, 41 % of the cycles
 stalled at CTA barriers, tensor pipe 37 %: latency-bound, hence the producer warp, the second
 program per SM and (then) 256-row tiles. mxfp8 runs ~17 % slower per step than mxfp4 on R1
@@ -78,8 +80,15 @@ TILED_MIN_M = STREAM_MAX_M + 1
 #: R1: 5-slot ring (producer warp), one 128 x 128 program per SM: us per 64-element K step (fit above)
 TILED_STAGES_1 = 5
 TILED_STEP_US = {"mxfp4": 0.62, "nvfp4": 0.69, "mxfp8": 0.725}
-#: a K split's extra cost per round of programs, us (fit above: 5.1-8.2)
-TILED_SPLIT_US = 7.0
+#: a K split's extra cost per round of programs, us: ``TILED_SPLIT_US + TILED_SPLIT_PART_US x split``
+#: (each program's fp32 partial store and arrival, then the last arriver reads every partial).
+#: Least squares (relative) with TILED_STEP_US and no fixed term kept, on the H200 sweep of the
+#: thirty-ninth session (split-terms-20261129.json `r1`: forced splits 1 / 2 / 3 / 4 / 6 / 8 at M = 128,
+#: mxfp4 weight-only, 11 shapes 896 x 4864 .. 5120 x 17408 and 14336 x 4096; the epilogue of the
+#: thirty-eighth session, partials in wgmma register order read with plain loads): 4.07 + 0.50 per
+#: partial, 66 rows -21 .. +22 % (one-round rows rms 8.6 %). Was 7.0 flat (the epilogue before).
+TILED_SPLIT_US = 4.07
+TILED_SPLIT_PART_US = 0.50
 #: R2: 3-slot ring without the producer, two 128 x 128 programs per SM (fp4): us per step and program
 TILED_STAGES_2 = 3
 TILED_STEP2_US = {"mxfp4": 1.255, "nvfp4": 1.347}
@@ -111,7 +120,12 @@ TILED_STEP3_US = {"mxfp4": 0.818, "nvfp4": 0.900, "mxfp8": 0.872}
 #: per-call terms mxfp4's): -21 .. +20 %
 TILED_STAGES_4 = 6
 TILED_STEP4_US = {"mxfp4": 0.44, "nvfp4": 0.553, "mxfp8": 0.536}
-TILED_SPLIT4_US = 5.0
+#: R4's split terms as R1's (``TILED_SPLIT4_US + TILED_SPLIT4_PART_US x split`` per round): least
+#: squares with the step and per-call terms kept, thirty-ninth session (split-terms-20261129.json `r4`:
+#: the same 11 shapes at M = 64, forced splits 1 .. 8): 1.88 + 0.37 per partial, 66 rows -12 .. +22 %
+#: (one-round rows -5 .. +6 %, rms 2.8 %). Was 5.0 flat (the epilogue before).
+TILED_SPLIT4_US = 1.88
+TILED_SPLIT4_PART_US = 0.37
 TILED_FIX4_US = 3.0
 #: R5: four consumer warpgroups (256 weight rows), 64-token tiles, unsplit: us per step (H200, the
 #: thirty-first session's A/B rs-small-ab-20261128.json `nc4`, unsplit rows of 7 shapes at M = 64:
@@ -205,21 +219,27 @@ def tiled_us(p: Problem, dev: DeviceInfo, split: int, regime: int = 1) -> float:
     steps = -(-p.k // 64)
     per = -(-steps // split)
     bm = {3: 256, 4: RS_SMALL_TOKENS, 5: RS_SMALL_TOKENS}.get(regime, 128)
-    programs = -(-p.m // bm) * -(-p.n // (256 if regime == 5 else 128)) * -(-steps // per)
+    parts = -(-steps // per)  # the K splits that run (a split past the steps runs none)
+    programs = -(-p.m // bm) * -(-p.n // (256 if regime == 5 else 128)) * parts
     if regime == 5:
         t = math.ceil(programs / dev.sm_count) * per * TILED_STEP5_US[p.fmt] + TILED_FIX4_US
     elif regime == 4:
-        t = (math.ceil(programs / dev.sm_count) * (per * TILED_STEP4_US[p.fmt] + (TILED_SPLIT4_US if per < steps else 0.0))
+        t = (math.ceil(programs / dev.sm_count) * (per * TILED_STEP4_US[p.fmt] + _split_us(parts, TILED_SPLIT4_US, TILED_SPLIT4_PART_US))
              + TILED_FIX4_US)
     elif regime == 2:
         t = math.ceil(programs / (2 * dev.sm_count)) * per * TILED_STEP2_US[p.fmt]
     elif regime == 3:
         t = math.ceil(programs / dev.sm_count) * per * TILED_STEP3_US[p.fmt]
     else:
-        t = math.ceil(programs / dev.sm_count) * (per * TILED_STEP_US[p.fmt] + (TILED_SPLIT_US if split > 1 else 0.0))
+        t = math.ceil(programs / dev.sm_count) * (per * TILED_STEP_US[p.fmt] + _split_us(parts, TILED_SPLIT_US, TILED_SPLIT_PART_US))
     if not p.weight_only:  # the exact bf16 dequantization of the activations first
         t += _dequant_bytes(p.fmt, p.m, p.k) / (dev.mem_bw * DEQUANT_EFF[p.fmt]) * 1e6
     return t
+
+
+def _split_us(parts: int, per_round: float, per_part: float) -> float:
+    """A K split's epilogue per round of programs (the R1 / R4 fits above); nothing unsplit."""
+    return per_round + per_part * parts if parts > 1 else 0.0
 
 
 def _dequant_bytes(fmt: str, rows: int, k: int) -> float:
