@@ -4,8 +4,8 @@ Compiled in a subprocess without TRITON_INTERPRET (conftest sets it for this pro
 Checks: the fp8_block kernel uses FP8 wgmma (``wgmma.mma_async ... e4m3``); MX/NV kernels
 compile with bf16 wgmma (dequantize path) or FP8 wgmma (promote path); weight-only variants
 compile; the shared memory of the planner's portable configs (large M, decode) fits the H100's
-227 KB; the fused split-K kernel (decode) has its gpu-scope acq_rel tile counter, barrier and .cg
-partial loads; swap-AB tiles compile to narrow wgmma.
+227 KB; the fused split-K kernel (decode) has its gpu-scope acq_rel tile counter, barrier and plain
+partial loads (no .cg: the acquire invalidates the SM's L1); swap-AB tiles compile to narrow wgmma.
 """
 
 from pathlib import Path
@@ -51,6 +51,9 @@ def comp(afmt, bfmt, promote, dot, bm, bn, bk, warps, stages, adt=None, split=1,
             "mma": sorted(set(re.findall(r"\bmma\.sync\.aligned\.[\w\.]+", ptx))), "atom": len(atoms),
             "atom_ops": sorted(set(re.findall(r"\batom\.[\w\.]+", ptx))),
             "ld_cg": len(re.findall(r"\bld\.global\.cg\b", ptx)),
+            # fp32 loads after the arrival atomic: the partials' read-back
+            "ld_after_atom": len(re.findall(r"\bld\.global(?:\.v\d)?\.(?:f32|b32)\b",
+                                            "\n".join(lines[atoms[0]:]))) if atoms else 0,
             # the instructions just before the first atomic: the CTA barrier must come after the
             # partial stores and before the release
             "before_atom": lines[max(0, atoms[0] - 12):atoms[0]] if atoms else [],
@@ -164,12 +167,12 @@ def test_swap_ab_compiles_to_narrow_wgmma(compiled):
                                  "swap_mxfp8_split", "swap_nvfp4_split"])
 def test_fused_splitk_compiles_with_acq_rel_counter(compiled, key):
     """The fused split-K kernel compiles for sm_90: one gpu-scope acq_rel atomic add (the tile
-    counter) after a CTA barrier, L2-only (.cg) loads of the partials, the counter reset, and
-    the same tensor-core path as the unsplit kernel."""
+    counter) after a CTA barrier, plain loads of the partials after it (no .cg: the acquire
+    invalidates the SM's L1), the counter reset, and the same tensor-core path as the unsplit kernel."""
     c = compiled[key]
     assert "atom.global.gpu.acq_rel.add.u32" in c["atom_ops"], c["atom_ops"]
     assert any(op.startswith("atom.global") and ".exch" in op for op in c["atom_ops"]), c["atom_ops"]
-    assert c["ld_cg"] > 0
+    assert c["ld_cg"] == 0 and c["ld_after_atom"] > 0, c
     assert any(ln.startswith("bar.sync") for ln in c["before_atom"]), c["before_atom"]
     assert c["wgmma"] or c["mma"], c
     assert c["shared"] <= 232448

@@ -131,10 +131,14 @@ def fp8_block_gemm_skinny_kernel(a_desc, b_desc, sa_ptr, sb_ptr, c_ptr, ws_ptr, 
     if SPLIT == 1:
         gl.store(c_ptrs, gl.convert_layout(acc, out_layout).to(c_ptr.dtype.element_ty), mask=mask)
     else:
-        # partial tile ws[sp, tile] ([BLOCK_N, MP] row-major, 4-32 KB contiguous)
+        # partial tile ws[sp, tile] ([BLOCK_N, MP] column-major, 4-32 KB contiguous: a thread's 8
+        # columns n are 32 contiguous bytes and a warp's lanes run along them, whole lines per
+        # access; row-major spread each access over 8 lines, stream.mma_slot_offsets). With the
+        # plain loads below: split calls 1.15-1.65x (H200, thirty-ninth session, 32 x 2112 x 7168
+        # split 8 12.7 -> 9.9 us; results/h200/archive/split-sum-ab-20261129.json)
         tile_elems: gl.constexpr = BLOCK_N * MP
         split_stride = (gl.num_programs(0) // SPLIT).to(gl.int64) * tile_elems
-        offs = (r * MP)[:, None] + c[None, :]
+        offs = (c * BLOCK_N)[None, :] + r[:, None]
         base = ws_ptr + tile.to(gl.int64) * tile_elems
         gl.store(base + sp * split_stride + offs, gl.convert_layout(acc, out_layout))
         cta_barrier()  # every thread's partial store happens-before the release below
@@ -143,26 +147,22 @@ def fp8_block_gemm_skinny_kernel(a_desc, b_desc, sa_ptr, sb_ptr, c_ptr, ws_ptr, 
         if arrived == SPLIT - 1:
             # last unit of the tile: all partials are visible (acquire); fixed order s = 0..SPLIT-1,
             # its own read back too, so the bits do not depend on which unit finished last.
-            # .cg: L2, not L1 (an SM's L1 is not coherent with the other SMs' stores).
+            # Plain loads: the acquire invalidates this SM's L1 (stream._splitk_sum_store).
             # Several partials in flight per step (one L2 round trip per step, not per split),
             # added in split order: 4 per step, 2 for the 128x64 tile (4 x 64 fp32 registers
             # per thread spilled, ptxas).
-            tot = gl.load(base + offs, cache_modifier=".cg")
+            tot = gl.load(base + offs)
             if BLOCK_N * MP <= 4096:
                 for s2 in range(1, SPLIT, 4):
-                    p1 = gl.load(base + s2 * split_stride + offs, cache_modifier=".cg")
-                    p2 = gl.load(base + (s2 + 1) * split_stride + offs, mask=s2 + 1 < SPLIT, other=0.0,
-                                 cache_modifier=".cg")
-                    p3 = gl.load(base + (s2 + 2) * split_stride + offs, mask=s2 + 2 < SPLIT, other=0.0,
-                                 cache_modifier=".cg")
-                    p4 = gl.load(base + (s2 + 3) * split_stride + offs, mask=s2 + 3 < SPLIT, other=0.0,
-                                 cache_modifier=".cg")
+                    p1 = gl.load(base + s2 * split_stride + offs)
+                    p2 = gl.load(base + (s2 + 1) * split_stride + offs, mask=s2 + 1 < SPLIT, other=0.0)
+                    p3 = gl.load(base + (s2 + 2) * split_stride + offs, mask=s2 + 2 < SPLIT, other=0.0)
+                    p4 = gl.load(base + (s2 + 3) * split_stride + offs, mask=s2 + 3 < SPLIT, other=0.0)
                     tot = (((tot + p1) + p2) + p3) + p4
             else:
                 for s2 in range(1, SPLIT, 2):
-                    p1 = gl.load(base + s2 * split_stride + offs, cache_modifier=".cg")
-                    p2 = gl.load(base + (s2 + 1) * split_stride + offs, mask=s2 + 1 < SPLIT, other=0.0,
-                                 cache_modifier=".cg")
+                    p1 = gl.load(base + s2 * split_stride + offs)
+                    p2 = gl.load(base + (s2 + 1) * split_stride + offs, mask=s2 + 1 < SPLIT, other=0.0)
                     tot = (tot + p1) + p2
             gl.store(c_ptrs, tot.to(c_ptr.dtype.element_ty), mask=mask)
             gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")  # all zeros for the next launch

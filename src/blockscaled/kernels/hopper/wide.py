@@ -349,15 +349,16 @@ def _wide_splitk_sum(row_ptrs, c, mask, split_stride, SPLIT: gl.constexpr):
     address of each of the partition's rows at the half's first column; ``c``: column offsets
     within the half), in the fixed order s = 0..SPLIT-1, every partial read back from the
     workspace (the caller's own included: the same fp32 bits it stored; its registers are free
-    for the sum) -> bitwise the same result whichever split finished last. ``.cg`` loads (L2, not
-    L1: an SM's L1 is not coherent with the other SMs' stores)."""
-    tot = gl.load(row_ptrs[:, None] + c[None, :], mask=mask, other=0.0, cache_modifier=".cg")
+    for the sum) -> bitwise the same result whichever split finished last. Plain loads: the
+    arrival's acq_rel atomic invalidated this SM's L1 and the broadcast of its result orders the
+    other threads' loads after it (stream._splitk_sum_store; ``.cg``, strong GPU-scope loads in the
+    SASS, made the tiled kernels' sum 1.27x slower, thirty-eighth session)."""
+    tot = gl.load(row_ptrs[:, None] + c[None, :], mask=mask, other=0.0)
     # One partial per loop trip. Two per trip (both loads issued before the adds, as the
     # portable kernel's reduction does) spilled 160-192 B in the math partitions (232 registers:
     # 2 x 64 loaded + 64 running sum; ptxas sm_90, 128x256 fp32 / 128x128 bf16 split configs).
     for s in range(1, SPLIT):
-        tot += gl.load((row_ptrs + s * split_stride)[:, None] + c[None, :], mask=mask, other=0.0,
-                       cache_modifier=".cg")
+        tot += gl.load((row_ptrs + s * split_stride)[:, None] + c[None, :], mask=mask, other=0.0)
     return tot
 
 
@@ -403,9 +404,9 @@ def _wide_splitk_spread(c_ptr, ws_ptr, cnt, row0, row_end, off_n, N, stride_cm, 
         c = e % W
         mask = (r < rows_left) & (c < cols_left)
         src = ws_ptr + e
-        tot = gl.load(src, mask=mask, other=0.0, cache_modifier=".cg")
+        tot = gl.load(src, mask=mask, other=0.0)  # plain: the acquire poll invalidated L1 (_wide_splitk_sum)
         for s in gl.static_range(1, SPLIT):
-            tot += gl.load(src + s * UNIT, mask=mask, other=0.0, cache_modifier=".cg")
+            tot += gl.load(src + s * UNIT, mask=mask, other=0.0)
         dst = c_ptr + (row0 + r).to(gl.int64) * stride_cm + (off_n + c)
         gl.store(dst, tot.to(c_ptr.dtype.element_ty), mask=mask)
     left = gl.atomic_add(cnt, 1, sem="relaxed", scope="gpu")

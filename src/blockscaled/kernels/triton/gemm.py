@@ -9,8 +9,8 @@ Fused, deterministic split-K (SPLIT_K > 1), one launch:
      counter ``cnt[tile]`` (int32, ``atomic_add`` with acq_rel semantics at gpu scope, after a
      CTA barrier so that every thread's partial stores are ordered before the release);
   2. the program that sees the old value ``SPLIT_K - 1`` (it arrived last) sums the SPLIT_K
-     partials in the fixed order s = 0..SPLIT_K-1, loaded with ``.cg`` (L2, never a stale L1
-     line), so the result is bitwise the same whichever program arrives last; it applies the
+     partials in the fixed order s = 0..SPLIT_K-1 (plain loads: the acquire invalidated its SM's
+     L1, so no line is stale), so the result is bitwise the same whichever program arrives last; it applies the
      SPLIT_K == 1 epilogue and stores the output;
   3. it resets ``cnt[tile]`` to 0: the counter buffer is all zeros again when the kernel ends,
      so one buffer serves every later launch on the same stream and every replay of a CUDA
@@ -201,6 +201,9 @@ def gemm_kernel(
             # trips overlap, where a plain runtime loop waited for each partial before loading the
             # next. Not all SPLIT_K at once: the compiler hoists every unrolled load above the
             # adds, and 8 partials of a 64x64 tile took 255 registers and spilled (ptxas, sm_90).
+            # Plain loads: the acquire invalidated this SM's L1 (CCTL.IVALL after the atomic in the
+            # SASS) before the broadcast; ``.cg`` compiles to strong GPU-scope loads, 1.27x slower in
+            # the Gluon kernels' sum (kernels/hopper/stream.py _splitk_sum_store).
             tot = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for g in range(0, SPLIT_K, REDUCE_GROUP):
                 for j in tl.static_range(REDUCE_GROUP):
@@ -209,7 +212,7 @@ def gemm_kernel(
                     # mask combined with a scalar bool ("mask has unsupported dtype")
                     part = tl.load(ws_ptr + s.to(tl.int64) * stride_cs + w_off,
                                    mask=mask & (tl.full((BLOCK_M, BLOCK_N), s, tl.int32) < SPLIT_K),
-                                   other=0.0, cache_modifier=".cg")
+                                   other=0.0)
                     tot = tl.where(s < SPLIT_K, tot + part, tot)
             _epilogue(tot, gs_a_ptr, gs_b_ptr, bias_ptr, c_ptr, offs_m, offs_n, mask_n, mask, stride_cm,
                       stride_cn, A_FMT, B_FMT, HAS_BIAS)
