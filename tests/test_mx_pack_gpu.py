@@ -94,18 +94,28 @@ def test_linear_prepack_on_the_gpu():
     """A prepacked mxfp4 layer runs its copy where the planner prefers it (large M) and the mxfp4
     weight at decode, both within the table of the same product; bs.warmup covers both."""
     import blockscaled.nn as bsnn
+    from blockscaled.plan import device_info
+    from blockscaled.plan.mx_packed import prefer_packed
 
     torch.manual_seed(0)
-    lin = torch.nn.Linear(2880, 5760, bias=True, dtype=torch.bfloat16, device="cuda")
+    # 14336 x 4096 (Llama 3 8B gate): the planner takes the copy at 4096 rows on the H100 and the H200.
+    # Not 5760 x 2880 any more: there dequantize + cuBLAS ran 1.05x the copy at M = 4096 on the H200
+    # once the dequantize pass got faster, and the planner keeps the mxfp4 weight (NOTES, thirty-ninth
+    # session; this test asserted the old choice)
+    n, k = 14336, 4096
+    lin = torch.nn.Linear(k, n, bias=True, dtype=torch.bfloat16, device="cuda")
     q = bsnn.Linear.from_linear(lin, "mxfp4")
     assert q.prepack() is None
+    dev = device_info(torch.device("cuda"))
     for m in (1, 4096):
-        x = torch.randn(m, 2880, dtype=torch.bfloat16, device="cuda")
+        packed = prefer_packed("mxfp4", m, n, k, "bfloat16", True, dev)
+        assert packed == (m == 4096), (m, packed)  # both branches below
+        x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
         ref = (bs.dequantize(bs.quantize(x, "mxfp4"), torch.float32).double()
                @ bs.dequantize(q.weight, torch.float32).double().T + q.bias.double())
         with observe_plans() as plans:
             y = q(x)
-        assert (plans[-1].problem.a_fmt == "mxfp4") == (m == 4096), plans[-1]
+        assert (plans[-1].problem.a_fmt == "mxfp4") == packed, plans[-1]
         assert_gemm_close(y, ref, "mxfp4", torch.bfloat16, what=f"M={m}")
     rep = bs.warmup(q, max_tokens=4096, progress=False)
     assert any(e[0].endswith("(fp8_block copy)") for e in rep.entries), str(rep)
@@ -147,11 +157,11 @@ def test_fused_quantize_encode_and_packed_linear():
     x.copy_(torch.randn_like(x))
     graph.replay()
     assert torch.equal(yg, packed_linear(x, w8, bias, out_dtype=torch.float32))
-    lin = torch.nn.Linear(2880, 5760, bias=True, dtype=torch.bfloat16, device="cuda")
+    lin = torch.nn.Linear(4096, 14336, bias=True, dtype=torch.bfloat16, device="cuda")
     q = bsnn.Linear.from_linear(lin, "mxfp4")
     assert q.prepack() is None
-    xl = torch.randn(4096, 2880, dtype=torch.bfloat16, device="cuda")
+    xl = torch.randn(4096, 4096, dtype=torch.bfloat16, device="cuda")
     with torch.no_grad(), observe_plans() as plans:
         y = q(xl)
-    assert plans[-1].problem.a_fmt == "mxfp4", plans[-1]  # the planner prefers the copy here
+    assert plans[-1].problem.a_fmt == "mxfp4", plans[-1]  # the planner prefers the copy here (see above)
     assert torch.equal(y, packed_linear(xl, q.packed_weight, q.bias, out_dtype=torch.bfloat16))
