@@ -175,7 +175,7 @@ for bm, bn, st, epi, mode, cdt, split, dual, *sk in [
            "atom_acq_rel": ptx.count("atom.global.gpu.acq_rel.add"),
            "atom_exch": ptx.count("atom.global.gpu.relaxed.exch"),
            "ld_cg": ptx.count("ld.global.cg"), "arrive_barriers": barrier_before_atomics(ptx),
-           "ld_cg_v4": ptx.count("ld.global.cg.v4.b32"), "poll_acquire": ptx.count("ld.global.gpu.acquire.b32"),
+           "poll_acquire": ptx.count("ld.global.gpu.acquire.b32"),
            "ld_v4": len(re.findall(r"\bld\.global\.v4\.(?:b32|f32)\b", ptx)),
            "poll_then_barrier": barrier_after_polls(ptx),
            "atom_relaxed_add": ptx.count("atom.global.gpu.relaxed.add"),
@@ -212,7 +212,7 @@ for key, epi, mode, div, nsk in (("oddrows_wide_64x128_s6_epi0_mode0_bf16_split0
                "one_per_thread": bool(re.search(r"sizePerThread = \[1, 1\], threadsPerWarp = \[1, 32\]",
                                                 k.asm["ttgir"])),
                "tma_store": ptx.count("cp.async.bulk.tensor.2d.global"),
-               "ld_cg_v4": ptx.count("ld.global.cg.v4"), "ld_cg": ptx.count("ld.global.cg"),
+               "ld_cg": ptx.count("ld.global.cg"),
                "ld_v4": len(re.findall(r"\bld\.global\.v4\.(?:b32|f32)\b", ptx)),
                "ld_scalar": len(re.findall(r"\bld\.global\.(?:b32|f32)\b", ptx)),
                "poll_acquire": ptx.count("ld.global.gpu.acquire.b32")}
