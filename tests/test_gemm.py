@@ -402,7 +402,10 @@ def test_dequant_matmul_pads_unaligned_rows(fmt, device, monkeypatch):
         # a contiguous output 2 bytes past an aligned address (every row unaligned), and a bias
         big = torch.full((m * n + 2,), float("nan"), dtype=torch.bfloat16, device=device)
         view = big[1:m * n + 1].view(m, n)
-        bias = torch.randn(n, device=device).to(torch.bfloat16)
+        # seeded like the operands: unseeded, the draw depended on the tests run before in the
+        # same worker, and one in CI put the 225-element output's rel_fro at 4.2e-3 (limit 4e-3;
+        # 0 of 600 seeded draws over it, worst 3.7e-3)
+        bias = torch.randn(n, generator=torch.Generator().manual_seed(2)).to(device=device, dtype=torch.bfloat16)
         for lhs in (a, x):
             seen.clear()
             big.fill_(float("nan"))
