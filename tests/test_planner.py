@@ -145,6 +145,8 @@ def test_dispatch_table_in_readme_is_current(monkeypatch):
     monkeypatch.setattr(mx_gemv, "_TRITON_OK", True)
     monkeypatch.setattr(plan_stream, "_TRITON_OK", True)
     monkeypatch.setattr(plan_stream, "STREAM_ENABLED", True)
+    monkeypatch.setattr(plan_stream, "STREAM_REGS", plan_stream._STREAM_REGS_36[0])  # 3.6's builds
+    monkeypatch.setattr(plan_stream, "STREAM_REGS_BIAS", plan_stream._STREAM_REGS_36[1])
     monkeypatch.setattr(plan_tiled, "_TRITON_OK", True)
     monkeypatch.setattr(plan_tiled, "TILED_ENABLED", True)
     plan_gemm_mod.plan_gemm.cache_clear()
@@ -228,8 +230,18 @@ def test_log_plans_once(path, device, monkeypatch, caplog):
 
 # ------------------------------------------------------------------------------ streaming kernel
 @pytest.fixture
-def stream_on(monkeypatch):
-    """The streaming kernel's Triton gate open (it is GPU-checked on 3.6 only), plans uncached; the
+def regs_36(monkeypatch):
+    """The streaming kernel's registers per program as triton 3.6 builds it (plan/stream.py keeps
+    3.8's own table; the rules below were measured with 3.6's builds), whichever release runs."""
+    from blockscaled.plan import stream as plan_stream
+
+    monkeypatch.setattr(plan_stream, "STREAM_REGS", plan_stream._STREAM_REGS_36[0])
+    monkeypatch.setattr(plan_stream, "STREAM_REGS_BIAS", plan_stream._STREAM_REGS_36[1])
+
+
+@pytest.fixture
+def stream_on(monkeypatch, regs_36):
+    """The streaming kernel's Triton gate open, plans uncached, 3.6's builds; the
     register-streaming kernel off (it takes fp4 weight-only 2..8 rows first: ``direct_on``), and
     the tiled kernels off (their 64-token tiles take MX / NV from 33 rows: ``test_small_tiles_*``)."""
     from blockscaled.plan import direct as plan_direct, mx_gemv, stream as plan_stream, tiled as plan_tiled
@@ -431,7 +443,7 @@ def test_stream_switch(stream_on, monkeypatch):
     assert plan_grouped(g, H100_SXM, hopper_why="weight-only").kernel == "hopper_stream"
 
 
-def test_stream_split_rule():
+def test_stream_split_rule(regs_36):
     """The K split from programs per SM, the programs the SMs hold at once and 128-K steps per split
     (plan/stream.py), at rows of the H200 split A/B whose best split it picks (132 SMs): any
     integer, never past one round of resident programs at 64 rows."""
@@ -460,7 +472,24 @@ def test_stream_split_rule():
     assert stream_split(64, 13 * 128, 16, 132) == 4  # not 5: 13 steps would split 3-3-3-3-1
 
 
-def test_stream_rounds_split():
+def test_stream_residency_on_triton_38(monkeypatch):
+    """triton 3.8's builds of the 64-row kernel take 189-199 registers (3.6: 161-167), so on 3.8 two
+    programs fit an SM, not three, and the 64-row split is sized for two: 8192 x 8192 at 64 rows splits
+    2, not 3 (3 x 128 tiles would need 384 resident programs, 132 SMs hold 264)."""
+    from blockscaled.plan import stream as plan_stream
+    from blockscaled.plan.stream import stream_resident, stream_split
+
+    monkeypatch.setattr(plan_stream, "STREAM_REGS", plan_stream._STREAM_REGS_38[0])
+    monkeypatch.setattr(plan_stream, "STREAM_REGS_BIAS", plan_stream._STREAM_REGS_38[1])
+    assert [stream_resident("mxfp4", mp) for mp in (8, 16, 32, 64)] == [5, 5, 4, 2]
+    assert stream_resident("mxfp4", 64, bias=True) == 2
+    assert stream_split(8192, 8192, 64, 132) == 2
+    assert stream_split(8192, 8192, 16, 132) == 4  # <= 32 rows: as on 3.6
+    if plan_stream._triton_release() == (3, 8):  # the running release reads its own table
+        assert plan_stream.STREAM_REGS[64] == 192 and plan_stream.STREAM_REGS_BIAS[64] == 200
+
+
+def test_stream_rounds_split(regs_36):
     """More tiles than the programs-per-SM cap: rounds of resident programs, a partial last round
     costing a whole program (plan/stream.py ``stream_rounds_split``; H200 split sweep: 57344 x 8192
     at 16 rows 180 us unsplit, 143 split 2; at 64 rows 330 / 292 split 3; 43008 x 5120 nvfp4

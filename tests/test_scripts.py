@@ -95,8 +95,9 @@ def test_the_kept_set():
     for rel in PY_SCRIPTS + SH_SCRIPTS:
         assert rel == "test.sh" or rel.split(os.sep)[0] in ("checks", "sweeps", "probes"), rel
     # 12 before the MX/NV kernels; their two GPU sweeps (mx_decode, mx_tiles) set planner constants
-    # and stay until those are measured, and host_cost.py measures the eager host path
-    assert len(PY_SCRIPTS + SH_SCRIPTS) <= 15, "keep scripts/ small: record one-off findings in benchmarks/NOTES.md"
+    # and stay until those are measured, host_cost.py measures the eager host path, and
+    # carry_triton.sh takes other triton releases to the GPU machine (the MX / NV kernels' release gates)
+    assert len(PY_SCRIPTS + SH_SCRIPTS) <= 16, "keep scripts/ small: record one-off findings in benchmarks/NOTES.md"
 
 
 def test_readme_lists_every_script():
@@ -322,6 +323,15 @@ def test_summarize_logs(san, tmp_path):
 def test_shell_syntax(rel):
     r = subprocess.run(["bash", "-n", os.path.join(SCRIPTS, rel)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_carry_triton_usage():
+    """carry_triton.sh names its three commands and refuses anything else (it edits the git index:
+    a mistyped command must do nothing)."""
+    r = subprocess.run(["bash", os.path.join(CHECKS, "carry_triton.sh"), "hid"], capture_output=True, text=True)
+    assert r.returncode == 2 and "build VERSION | hide | restore" in r.stderr, r
+    r = subprocess.run(["bash", os.path.join(CHECKS, "carry_triton.sh"), "build"], capture_output=True, text=True)
+    assert r.returncode != 0 and "usage: carry_triton.sh build VERSION" in r.stderr, r
 
 
 def _exe(path, text):

@@ -90,6 +90,17 @@ STREAM_REGS = {8: 96, 16: 96, 32: 128, 64: 164}
 #: the same with a bias in the dense epilogue (AOT: 177 at 64 rows, mxfp8: 2 programs per SM there,
 #: not 3)
 STREAM_REGS_BIAS = {8: 96, 16: 96, 32: 128, 64: 177}
+#: The two tables above are triton 3.6's (and hold for 3.7.1: its AOT builds use 79-96 registers at
+#: <= 16 rows, 126 at 32, 167-170 at 64). triton 3.8 builds the 64-row kernel bigger, 189-199
+#: registers: 2 programs per SM, not 3, so on 3.8 the planner's residency (the split's programs per
+#: SM, the rounds model's slots) reads its own table (AOT builds of tests/test_aot_stream.py on each
+#: release, fortieth session). At <= 32 rows 3.8's builds fit 3.6's table but one: mxfp4 activations
+#: decoded in the gather at 16 rows, 99 (4 programs per SM, not 5; the split's cap is 4 either way, so
+#: only the rounds model's slots at more tiles than that see it).
+_STREAM_REGS_36 = (STREAM_REGS, STREAM_REGS_BIAS)
+_STREAM_REGS_38 = ({8: 96, 16: 96, 32: 128, 64: 192}, {8: 96, 16: 96, 32: 128, 64: 200})
+if _triton_release() == (3, 8):
+    STREAM_REGS, STREAM_REGS_BIAS = _STREAM_REGS_38
 #: shared memory per program beyond the ring and the two activation buffers: the 1 KB the driver
 #: keeps per block, barriers and alignment (ncu, H200: 32.8 KB dynamic at 16 rows against 32 KB
 #: of ring and buffers, 57.4 at 64 against 56)
@@ -131,7 +142,13 @@ STREAM_FP8_WO_MAX_M = 32
 STREAM_GATHER_MAX_MP = {"mxfp4": 16, "nvfp4": 16, "mxfp8": 0}
 #: Triton releases the kernel was checked on (AOT: tests/test_aot_stream.py; GPU: the H200 A/B
 #: above, triton 3.6). Others keep the portable kernels until checked.
-STREAM_TRITON = ((3, 6),)
+#: GPU-checked on 3.7.1 and 3.8.0 too (3.8 is what torch 2.14's CUDA builds pin, i.e. what a fresh
+#: `pip install` on a GPU machine gets; carried to the H200 by scripts/checks/carry_triton.sh): the
+#: MX / NV GPU test files pass, and each planned MX / NV call's time over cuBLAS bf16 in the same
+#: process is 3.6's x 0.94-1.03 (7 rows of the streaming and tiled kernels;
+#: results/h200/archive/triton-releases-20261130.json). 3.9 (no torch of our range pins it) is
+#: AOT-built only: the portable kernels run there until it is checked on the GPU.
+STREAM_TRITON = ((3, 6), (3, 7), (3, 8))
 _TRITON_OK = _triton_release() in STREAM_TRITON
 #: ``BLOCKSCALED_MX_KERNELS`` without ``stream`` (e.g. ``none``) turns the kernel off
 STREAM_ENABLED = mx_kernel_enabled("stream")

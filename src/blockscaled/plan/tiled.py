@@ -168,8 +168,10 @@ DEQUANT_MATMUL_FIX_US = 4.5
 PAD_LAUNCH_US = DEQUANT_MATMUL_FIX_US / 2
 #: cuBLAS bf16 rate at prefill sizes (plan/portable.py _BF16_FLOPS: H100 measured 735-785 TFLOP/s)
 _BF16_FLOPS = 750e12
-#: Triton releases the kernel was checked on (AOT: tests/test_aot_tiled.py; GPU: the H200 A/B)
-TILED_TRITON = ((3, 6),)
+#: Triton releases the kernel was checked on (AOT: tests/test_aot_tiled.py; GPU: the H200 A/B; others
+#: keep the portable kernels until checked)
+#: 3.7 / 3.8: GPU-checked with the streaming kernel (plan/stream.py, STREAM_TRITON, says how)
+TILED_TRITON = ((3, 6), (3, 7), (3, 8))
 _TRITON_OK = _triton_release() in TILED_TRITON
 
 
