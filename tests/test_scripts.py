@@ -95,9 +95,10 @@ def test_the_kept_set():
     for rel in PY_SCRIPTS + SH_SCRIPTS:
         assert rel == "test.sh" or rel.split(os.sep)[0] in ("checks", "sweeps", "probes"), rel
     # 12 before the MX/NV kernels; their two GPU sweeps (mx_decode, mx_tiles) set planner constants
-    # and stay until those are measured, host_cost.py measures the eager host path, and
+    # and stay until those are measured, host_cost.py measures the eager host path,
     # carry_triton.sh takes other triton releases to the GPU machine (the MX / NV kernels' release gates)
-    assert len(PY_SCRIPTS + SH_SCRIPTS) <= 16, "keep scripts/ small: record one-off findings in benchmarks/NOTES.md"
+    # and multicast_probe.py is issue 19's cluster protocol, to run on the GPU before a kernel uses it
+    assert len(PY_SCRIPTS + SH_SCRIPTS) <= 17, "keep scripts/ small: record one-off findings in benchmarks/NOTES.md"
 
 
 def test_readme_lists_every_script():

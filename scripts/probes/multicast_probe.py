@@ -1,0 +1,226 @@
+"""Issue 19's lever on Gluon 3.8: a 2-CTA cluster fp8 GEMM whose weight tile reaches both CTAs by one
+TMA multicast, against the same kernel with one load per CTA, in one process.
+
+The wide kernel (kernels/hopper/wide.py) moves 48 KB of A and B from L2 per 128 x 256 tile; DeepGEMM's
+pair of CTAs shares one operand by multicast (NOTES, twenty-third session). This probe checks, before
+any library kernel is built on it, that the cluster protocol below runs correctly and what the multicast
+saves on an L2-bound tile:
+
+- Gluon's cluster model (triton 3.8; 3.7 and 3.9 spell it otherwise, see HAVE_CLUSTER): with ``num_ctas=2`` a
+  program is a cluster; a tensor's ``cga_layout`` bases map the CTA index to tile coordinates in units of CTA tiles (``[[1, 0]]``: the
+  two CTAs hold the two halves along dim 0; ``[[0, 0]]``: both hold the whole tile). A replicated
+  destination with ``tma.async_load(..., multicast=True)`` becomes one
+  ``cp.async.bulk.tensor...multicast::cluster`` issued by CTA 0 with mask 0b11.
+- Barriers: one allocated with a distributed layout (``mbarrier.allocate_mbarrier``) is one barrier per
+  CTA, arrivals local; one with the replicated layout (``MBarrierLayout(cga_layout=[[0]])``) lives in
+  CTA 0 only: its count is multiplied by the CTAs, every CTA's arrive goes to CTA 0
+  (``mbarrier.arrive.shared::cluster``) and only CTA 0 waits (read off the 3.8 PTX).
+- Ring protocol: ``full[s]`` per CTA (its A half + the whole B tile: the expected bytes); ``empty[s]``
+  replicated: each CTA's warpgroup arrives after its wgmma on stage s has completed, and CTA 0 waits
+  on it before its multicast overwrites stage s in both CTAs. The other CTA reuses its own A slot
+  only after its own wgmma on it completed (one warpgroup: program order).
+
+Modes: ``--aot`` (any machine with triton 3.8: builds for sm_90a, prints what the PTX holds);
+default (sm_90 GPU): every variant checked against a float64 product of the fp8 operands, then timed
+in interleaved rounds (``bench.timing.time_op``: CUDA-graph replays, inputs rotated past L2).
+    python scripts/probes/multicast_probe.py --aot
+    python scripts/probes/multicast_probe.py --shapes 4096x7168x2048,8192x4096x4096 --json mc.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+try:  # Gluon's cluster API
+    from triton.experimental.gluon.language.nvidia.hopper import cluster, mbarrier, tma, warpgroup_mma, \
+        warpgroup_mma_wait
+    # The cluster API moves between releases: 3.7 has it but lowers a replicated barrier as a local
+    # one (init count 1, arrive shared::cta: read off its PTX), so CTA 0 would not wait for the other
+    # CTA; 3.9 has no fence_init_release_cluster / cluster.arrive and routes arrivals by a `from_cta`
+    # mask. This protocol is written for 3.8 (torch 2.14's pin).
+    HAVE_CLUSTER = tuple(int(x) for x in triton.__version__.split(".")[:2]) == (3, 8)
+    # the TMA load's name: async_load from 3.8, async_copy_global_to_shared before (the library's
+    # kernels/hopper/_compat.py resolves it the same way)
+    tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+except ImportError:  # pragma: no cover - older triton
+    HAVE_CLUSTER = False
+
+BM, BN, BK = 256, 128, 128  # per cluster; each CTA: 128 x 128 with one 4-warp warpgroup
+STAGES = 4
+
+
+def layouts(ctas: int):
+    """(A smem, B smem, accumulator, output) layouts for a cluster of ``ctas`` CTAs (1 or 2)."""
+    split = [[1, 0]] if ctas == 2 else []
+    rep = [[0, 0]] if ctas == 2 else []
+    a = gl.NVMMASharedLayout(128, 8, rank=2, cga_layout=split)
+    b = gl.NVMMASharedLayout(128, 8, rank=2, cga_layout=rep)
+    acc = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 32], cga_layout=split)
+    out = gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0], cga_layout=split)
+    return a, b, acc, out
+
+
+@gluon.jit
+def mc_gemm_kernel(a_desc, b_desc, c_ptr, M, N, K, stride_cm,
+                   BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, CTAS: gl.constexpr,
+                   A_L: gl.constexpr, B_L: gl.constexpr, ACC_L: gl.constexpr, OUT_L: gl.constexpr,
+                   MULTICAST: gl.constexpr):
+    """C[BM x BN tile] = A @ B^T, fp8 e4m3 in, fp32 out; CTAS = 1 or 2 (a cluster of two: A split
+    along M, B whole in both, by multicast or by one load per CTA)."""
+    pid_m = gl.program_id(0)
+    pid_n = gl.program_id(1)
+    a_s = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BM, BK], A_L)
+    b_s = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BN, BK], B_L)
+    full = mbarrier.allocate_mbarrier(batch=STAGES)
+    if CTAS == 2:
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout(cga_layout=[[0]]))
+    else:
+        empty = mbarrier.allocate_mbarrier(batch=STAGES)
+    for st in gl.static_range(STAGES):
+        mbarrier.init(full.index(st), count=1)
+        mbarrier.init(empty.index(st), count=1)
+    if CTAS == 2:
+        mbarrier.fence_init_release_cluster()
+        cluster.arrive(relaxed=True)
+        cluster.wait()
+    nk = gl.cdiv(K, BK)
+    # bytes landing in each CTA per stage: its A rows and the whole B tile
+    STAGE_BYTES: gl.constexpr = (BM // CTAS) * BK + BN * BK
+    for p in gl.static_range(STAGES - 1):
+        if p < nk:
+            mbarrier.expect(full.index(p), STAGE_BYTES)
+            tma_load(a_desc, [pid_m * BM, p * BK], full.index(p), a_s.index(p))
+            tma_load(b_desc, [pid_n * BN, p * BK], full.index(p), b_s.index(p), multicast=MULTICAST)
+    acc = gl.zeros([BM, BN], gl.float32, ACC_L)
+    for i in range(nk):
+        s = i % STAGES
+        mbarrier.wait(full.index(s), (i // STAGES) & 1)
+        acc = warpgroup_mma(a_s.index(s), b_s.index(s).permute((1, 0)), acc, is_async=True)
+        acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a_s.index(s), b_s.index(s)))
+        mbarrier.arrive(empty.index(s))
+        j = i + STAGES - 1
+        if j < nk:
+            sj = j % STAGES
+            if j >= STAGES:  # stage sj was read by iteration j - STAGES in both CTAs
+                mbarrier.wait(empty.index(sj), ((j // STAGES) - 1) & 1)
+            mbarrier.expect(full.index(sj), STAGE_BYTES)
+            tma_load(a_desc, [pid_m * BM, j * BK], full.index(sj), a_s.index(sj))
+            tma_load(b_desc, [pid_n * BN, j * BK], full.index(sj), b_s.index(sj), multicast=MULTICAST)
+    if CTAS == 2:  # no CTA leaves while the other may still multicast into it or arrive on its barriers
+        cluster.arrive()
+        cluster.wait()
+    out = gl.convert_layout(acc, OUT_L)
+    rm = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, OUT_L))
+    rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, OUT_L))
+    gl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :], out, mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+VARIANTS = {"multicast": (2, True), "two_loads": (2, False), "one_cta": (1, False)}
+
+
+def _constexprs(variant: str) -> dict:
+    ctas, mc = VARIANTS[variant]
+    a, b, acc, out = layouts(ctas)
+    bm = BM if ctas == 2 else BM // 2
+    return {"BM": bm, "BN": BN, "BK": BK, "STAGES": STAGES, "CTAS": ctas, "A_L": a, "B_L": b, "ACC_L": acc,
+            "OUT_L": out, "MULTICAST": mc}
+
+
+def aot(variant: str = "multicast") -> dict:
+    """Build for sm_90a without a GPU; what the PTX holds."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    ce = _constexprs(variant)
+    sig = {"a_desc": f"tensordesc<fp8e4nv[{ce['BM']}, {BK}],{ce['A_L']!r}>",
+           "b_desc": f"tensordesc<fp8e4nv[{BN}, {BK}],{ce['B_L']!r}>",
+           "c_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "stride_cm": "i32"}
+    sig.update({k: "constexpr" for k in ce})
+    k = triton.compile(GluonASTSource(mc_gemm_kernel, sig, constexprs=ce), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": 4, "num_ctas": VARIANTS[variant][0]})
+    ptx = k.asm["ptx"]
+    return {"variant": variant, "triton": triton.__version__,
+            "multicast_loads": len(re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global\S*multicast::cluster",
+                                              ptx)),
+            "tma_loads": len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)),
+            "ctas_per_cluster": re.findall(r"\.reqnctapercluster (\d+)", ptx),
+            "cluster_arrives": len(re.findall(r"mbarrier\.arrive\S*shared::cluster", ptx)),
+            "wgmma": sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(\w+)\.f32\.e4m3\.e4m3", ptx))),
+            "tma_boxes": [d["block_size"] for d in k.metadata.tensordesc_meta], "shared": k.metadata.shared}
+
+
+def run(shapes, rounds: int, out_json: str | None) -> None:
+    import torch
+
+    from blockscaled.bench.timing import rotation_count, time_op
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    rows = []
+    for (m, n, k) in shapes:
+        sets = rotation_count(m * k + n * k + 4 * m * n)
+        g = torch.Generator(device="cuda").manual_seed(m + n + k)
+        ops = []
+        for _ in range(sets):
+            a = (torch.randn(m, k, device="cuda", generator=g) * 2).to(torch.float8_e4m3fn)
+            b = (torch.randn(n, k, device="cuda", generator=g) * 2).to(torch.float8_e4m3fn)
+            ops.append((a, b, torch.full((m, n), float("nan"), device="cuda")))
+        ref = (ops[0][0].double() @ ops[0][1].double().T)
+
+        def call(variant):
+            ce = _constexprs(variant)
+            ctas = ce["CTAS"]
+
+            def f(a, b, c):
+                ad = TensorDescriptor.from_tensor(a, [ce["BM"], BK], ce["A_L"])
+                bd = TensorDescriptor.from_tensor(b, [BN, BK], ce["B_L"])
+                grid = (triton.cdiv(m, ce["BM"]), triton.cdiv(n, BN))
+                mc_gemm_kernel[grid](ad, bd, c, m, n, k, c.stride(0), num_warps=4, num_ctas=ctas, **ce)
+            return f
+
+        fns = {v: call(v) for v in VARIANTS}
+        for v, f in fns.items():
+            f(*ops[0])
+            torch.cuda.synchronize()
+            err = ((ops[0][2].double() - ref).norm() / ref.norm()).item()
+            assert err < 1e-5, (v, m, n, k, err)  # fp32 accumulation of exact fp8 products
+        times = {v: [] for v in fns}
+        for r in range(rounds):
+            order = list(fns) if r % 2 == 0 else list(reversed(fns))
+            for v in order:
+                times[v].append(time_op(fns[v], ops, warmup=5, iterations=30).median_ms * 1e3)
+        med = {v: sorted(t)[len(t) // 2] for v, t in times.items()}
+        row = {"m": m, "n": n, "k": k, "us": med, "tflops": {v: 2 * m * n * k / us / 1e6 for v, us in med.items()},
+               "multicast_over_two_loads": med["two_loads"] / med["multicast"]}
+        rows.append(row)
+        print(json.dumps(row))
+    if out_json:
+        json.dump({"device": torch.cuda.get_device_name(), "triton": triton.__version__, "rows": rows},
+                  open(out_json, "w"), indent=1)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--aot", action="store_true", help="build for sm_90a only (no GPU) and print the PTX facts")
+    ap.add_argument("--shapes", default="4096x7168x2048,8192x4096x4096,4096x2112x7168")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    if not HAVE_CLUSTER:
+        print(f"triton {triton.__version__}: this probe's cluster protocol is written for triton 3.8")
+        return 2
+    if a.aot:
+        for v in VARIANTS:
+            print(json.dumps(aot(v)))
+        return 0
+    run([tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")], a.rounds, a.json)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
