@@ -28,8 +28,8 @@ def test_multicast_probe_builds_for_sm90():
     recs = {d["variant"]: d for d in map(json.loads, r.stdout.strip().splitlines())}
     assert set(recs) == {"multicast", "two_loads", "one_cta"}, recs
     for v, d in recs.items():
-        assert d["wgmma"] == ["m64n128k32"], d  # fp8 e4m3 x e4m3 -> fp32, one 64-row warpgroup
-        assert d["tma_boxes"] == [[128, 128], [128, 128]], d  # A: each CTA its 128 rows; B: the whole tile
+        assert d["wgmma"] == ["m64n256k32"], d  # fp8 e4m3 x e4m3 -> fp32, 64-row warpgroups x 256 columns
+        assert d["tma_boxes"] == [[128, 128], [256, 128]], d  # A: each CTA its 128 rows; B: the whole tile
     mc, two, one = recs["multicast"], recs["two_loads"], recs["one_cta"]
     # a cluster of two; the B tile by multicast (prologue + loop), issued by one CTA for both
     assert mc["ctas_per_cluster"] == ["2"] and mc["multicast_loads"] >= 2, mc

@@ -18,7 +18,7 @@ saves on an L2-bound tile:
 - Ring protocol: ``full[s]`` per CTA (its A half + the whole B tile: the expected bytes); ``empty[s]``
   replicated: each CTA's warpgroup arrives after its wgmma on stage s has completed, and CTA 0 waits
   on it before its multicast overwrites stage s in both CTAs. The other CTA reuses its own A slot
-  only after its own wgmma on it completed (one warpgroup: program order).
+  only after its own wgmma on it completed (program order: its warps wait for their wgmma before the next load is issued).
 
 Modes: ``--aot`` (any machine with triton 3.8: builds for sm_90a, prints what the PTX holds);
 default (sm_90 GPU): every variant checked against a float64 product of the fp8 operands, then timed
@@ -51,25 +51,28 @@ try:  # Gluon's cluster API
 except ImportError:  # pragma: no cover - older triton
     HAVE_CLUSTER = False
 
-BM, BN, BK = 256, 128, 128  # per cluster; each CTA: 128 x 128 with one 4-warp warpgroup
+# per cluster; each CTA: 128 x 256, the wide kernel's tile, as two 64-row warpgroups (8 warps); 4 stages
+# of 16 KB (A) + 32 KB (B): 192 KB of ring
+BM, BN, BK = 256, 256, 128
 STAGES = 4
+WARPS = 8
 
 
 def layouts(ctas: int):
-    """(A smem, B smem, accumulator, output) layouts for a cluster of ``ctas`` CTAs (1 or 2)."""
+    """(A smem, B smem, accumulator) layouts for a cluster of ``ctas`` CTAs (1 or 2)."""
     split = [[1, 0]] if ctas == 2 else []
     rep = [[0, 0]] if ctas == 2 else []
     a = gl.NVMMASharedLayout(128, 8, rank=2, cga_layout=split)
     b = gl.NVMMASharedLayout(128, 8, rank=2, cga_layout=rep)
-    acc = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 32], cga_layout=split)
-    out = gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0], cga_layout=split)
-    return a, b, acc, out
+    acc = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BN, 32],
+                                    cga_layout=split)
+    return a, b, acc
 
 
 @gluon.jit
 def mc_gemm_kernel(a_desc, b_desc, c_ptr, M, N, K, stride_cm,
                    BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, CTAS: gl.constexpr,
-                   A_L: gl.constexpr, B_L: gl.constexpr, ACC_L: gl.constexpr, OUT_L: gl.constexpr,
+                   A_L: gl.constexpr, B_L: gl.constexpr, ACC_L: gl.constexpr,
                    MULTICAST: gl.constexpr):
     """C[BM x BN tile] = A @ B^T, fp8 e4m3 in, fp32 out; CTAS = 1 or 2 (a cluster of two: A split
     along M, B whole in both, by multicast or by one load per CTA)."""
@@ -115,10 +118,10 @@ def mc_gemm_kernel(a_desc, b_desc, c_ptr, M, N, K, stride_cm,
     if CTAS == 2:  # no CTA leaves while the other may still multicast into it or arrive on its barriers
         cluster.arrive()
         cluster.wait()
-    out = gl.convert_layout(acc, OUT_L)
-    rm = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, OUT_L))
-    rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, OUT_L))
-    gl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :], out, mask=(rm[:, None] < M) & (rn[None, :] < N))
+    # stored from the accumulator's registers (a layout conversion would need 128 KB of shared memory)
+    rm = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, ACC_L))
+    rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, ACC_L))
+    gl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :], acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
 VARIANTS = {"multicast": (2, True), "two_loads": (2, False), "one_cta": (1, False)}
@@ -126,10 +129,10 @@ VARIANTS = {"multicast": (2, True), "two_loads": (2, False), "one_cta": (1, Fals
 
 def _constexprs(variant: str) -> dict:
     ctas, mc = VARIANTS[variant]
-    a, b, acc, out = layouts(ctas)
+    a, b, acc = layouts(ctas)
     bm = BM if ctas == 2 else BM // 2
     return {"BM": bm, "BN": BN, "BK": BK, "STAGES": STAGES, "CTAS": ctas, "A_L": a, "B_L": b, "ACC_L": acc,
-            "OUT_L": out, "MULTICAST": mc}
+            "MULTICAST": mc}
 
 
 def aot(variant: str = "multicast") -> dict:
@@ -143,7 +146,7 @@ def aot(variant: str = "multicast") -> dict:
            "c_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "stride_cm": "i32"}
     sig.update({k: "constexpr" for k in ce})
     k = triton.compile(GluonASTSource(mc_gemm_kernel, sig, constexprs=ce), target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": 4, "num_ctas": VARIANTS[variant][0]})
+                       options={"num_warps": WARPS, "num_ctas": VARIANTS[variant][0]})
     ptx = k.asm["ptx"]
     return {"variant": variant, "triton": triton.__version__,
             "multicast_loads": len(re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global\S*multicast::cluster",
@@ -180,7 +183,7 @@ def run(shapes, rounds: int, out_json: str | None) -> None:
                 ad = TensorDescriptor.from_tensor(a, [ce["BM"], BK], ce["A_L"])
                 bd = TensorDescriptor.from_tensor(b, [BN, BK], ce["B_L"])
                 grid = (triton.cdiv(m, ce["BM"]), triton.cdiv(n, BN))
-                mc_gemm_kernel[grid](ad, bd, c, m, n, k, c.stride(0), num_warps=4, num_ctas=ctas, **ce)
+                mc_gemm_kernel[grid](ad, bd, c, m, n, k, c.stride(0), num_warps=WARPS, num_ctas=ctas, **ce)
             return f
 
         fns = {v: call(v) for v in VARIANTS}
