@@ -199,7 +199,8 @@ def test_register_operand_kernel_builds_for_sm90(compiled):
             # pointers at once: ptxas 12.8 spills one register there (4 bytes, once per program, not in
             # the K loop); anything more is a regression. (Not built here: the 256-token MX builds with
             # fp32 output, whose epilogue ptxas 13 spills 108 bytes on triton 3.9, mxfp4 and mxfp8 alike,
-            # after the K loop; the tiled kernels are planned on triton 3.6 only, where it does not.)
+            # after the K loop; the tiled kernels are planned on triton 3.6-3.8, where it does not: 3.8's
+            # builds of both, 0 bytes at 168 registers, fortieth session.)
             allowed = 4 if c["bt"] <= 64 and nc == 2 and "_bias" in key else 0
             assert c["spill_stores"] <= allowed and not c["wgmma_serialized"], (key, c)
         assert c["shared"] <= 227 * 1024, (key, c)
