@@ -472,6 +472,37 @@ def test_stream_split_rule(regs_36):
     assert stream_split(64, 13 * 128, 16, 132) == 4  # not 5: 13 steps would split 3-3-3-3-1
 
 
+def test_unchecked_triton_release_warns_once(monkeypatch):
+    """On an sm_90 GPU with a triton the MX / NV sm_90 kernels were not checked on (3.9 today), MX / NV
+    calls plan the portable kernels: the ops say so once per process (RuntimeWarning naming the
+    checked releases) instead of running silently slower; not for fp8_block, not off Hopper, not where
+    the release is checked or the kernels are switched off on purpose."""
+    import warnings
+
+    from blockscaled.ops import _hopper
+    from blockscaled.plan import stream as plan_stream
+
+    monkeypatch.setattr(_hopper, "_MX_RELEASE_WARNED", [False])
+    monkeypatch.setattr(plan_stream, "STREAM_ENABLED", True)
+    monkeypatch.setattr(plan_stream, "_TRITON_OK", True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _hopper.warn_unchecked_mx_release("mxfp4", H100_SXM)  # a checked release: silent
+    monkeypatch.setattr(plan_stream, "_TRITON_OK", False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _hopper.warn_unchecked_mx_release("fp8_block", H100_SXM)  # not an MX / NV format
+        _hopper.warn_unchecked_mx_release("nvfp4", CPU_INTERPRETER)  # not an sm_90 device
+        monkeypatch.setattr(plan_stream, "STREAM_ENABLED", False)
+        _hopper.warn_unchecked_mx_release("nvfp4", H100_SXM)  # switched off on purpose
+        monkeypatch.setattr(plan_stream, "STREAM_ENABLED", True)
+    with pytest.warns(RuntimeWarning, match=r"checked on triton 3\.6, 3\.7, 3\.8; .*portable"):
+        _hopper.warn_unchecked_mx_release("nvfp4", H100_SXM)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _hopper.warn_unchecked_mx_release("mxfp8", H100_SXM)  # once per process
+
+
 def test_stream_residency_on_triton_38(monkeypatch):
     """triton 3.8's builds of the 64-row kernel take 189-199 registers (3.6: 161-167), so on 3.8 two
     programs fit an SM, not three, and the 64-row split is sized for two: 8192 x 8192 at 64 rows splits

@@ -49,6 +49,7 @@ from ..plan import Problem, device_info, plan_gemm
 from ..plan.dense import SMEM_LIMIT
 from ..plan.device import num_sms
 from ..plan.grouped import grouped_hopper_config, swiglu_hopper_config
+from ..plan import stream as plan_stream
 from ..plan.splits import split_plan_kb as _split_plan_kb
 from ..tensor import ScaledTensor
 from ._launch import fast
@@ -122,6 +123,26 @@ def _record_gluon_failure(reason: str) -> None:
         f"({reason}); this process uses the portable Triton kernels instead (correct, slower on Hopper). "
         f"The Gluon kernels are tested with triton 3.6-3.9.",
         RuntimeWarning, stacklevel=3)
+
+
+_MX_RELEASE_WARNED = [False]
+
+
+def warn_unchecked_mx_release(fmt: str, info) -> None:
+    """Once per process: an MX / NV call on an sm_90 GPU whose triton release the MX / NV sm_90 kernels
+    were not checked on (plan/stream.py ``STREAM_TRITON``) plans the portable kernels, correct and
+    several times slower; say so rather than be silently slow. Nothing when the kernels are
+    switched off on purpose (``BLOCKSCALED_MX_KERNELS``) or the device is not an sm_90 GPU."""
+    if (_MX_RELEASE_WARNED[0] or fmt not in plan_stream.STREAM_FORMATS or not info.is_hopper
+            or plan_stream._TRITON_OK or not plan_stream.STREAM_ENABLED):
+        return
+    _MX_RELEASE_WARNED[0] = True
+    checked = ", ".join(".".join(map(str, r)) for r in plan_stream.STREAM_TRITON)
+    warnings.warn(
+        f"blockscaled: the MX / NV sm_90 kernels are checked on triton {checked}; with triton "
+        f"{triton.__version__} this process runs {fmt} (and the other MX / NV formats) on the portable "
+        f"kernels instead (correct, slower). `blockscaled.explain(...)` names the plan.",
+        RuntimeWarning, stacklevel=4)
 
 
 def _is_build_failure(exc: BaseException) -> bool:

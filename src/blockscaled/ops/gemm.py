@@ -613,7 +613,10 @@ def make_plan(problem: Problem, device: torch.device, forced=None) -> Plan:
     """The plan of a dense call on ``device`` (``forced``: the caller's ``config=``)."""
     if isinstance(forced, Plan):
         return forced
-    plan = plan_gemm(problem, device_info(device), forced, gluon_ok=_hopper.gluon_unavailable_reason() is None)
+    info = device_info(device)
+    if device.type == "cuda":
+        _hopper.warn_unchecked_mx_release(problem.fmt, info)
+    plan = plan_gemm(problem, info, forced, gluon_ok=_hopper.gluon_unavailable_reason() is None)
     log_plan(plan)
     return plan
 

@@ -615,6 +615,8 @@ def grouped_plan(op: str, a, b: ScaledTensor, fmt: str, rows_per_expert: float, 
                 _DTYPE_NAMES[out_dtype], False, b.block[0], _GROUPING_NAMES[mode], experts, float(rows_per_expert),
                 b2 is not None, why is None or stream_tma, dev.type == "cpu" and _checks.INTERPRET)
     info = device_info(dev)
+    if dev.type == "cuda":
+        _hopper.warn_unchecked_mx_release(fmt, info)
     plan = plan_grouped(p, info, config, hopper_why=why, a_row_stride=a_row_stride)
     if key is not None:
         if len(_PLANS) >= 4096:
