@@ -165,7 +165,8 @@ def stream_reason(p: Problem, dev: DeviceInfo, gluon_ok: bool) -> str | None:
     if not STREAM_ENABLED:
         return "switched off (BLOCKSCALED_MX_KERNELS without 'stream')"
     if not _TRITON_OK:
-        return f"triton {'.'.join(map(str, _triton_release()))} (checked on {STREAM_TRITON})"
+        return (f"triton {'.'.join(map(str, _triton_release()))} (the kernel is checked on triton "
+                f"{', '.join('.'.join(map(str, r)) for r in STREAM_TRITON)})")
     if p.a not in STREAM_ACTIVATIONS:
         return f"{p.a} activations (it takes bf16 or quantized {p.fmt})"
     if p.op != "gemm" or p.grouping != "dense":
