@@ -125,7 +125,7 @@ def test_stream_builds_for_sm90(compiled):
             cap = plan_stream.STREAM_PROGRAMS_PER_SM[mp]
 
             def per_sm(r):
-                return min(cap, 65536 // (-(-r // 8) * 8 * 128))
+                return min(cap, plan_stream.programs_by_registers(r))
 
             assert per_sm(c["regs"]) >= per_sm(regs), (key, c)
             if plan_stream._triton_release() == (3, 6):

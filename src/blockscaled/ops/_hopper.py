@@ -133,11 +133,11 @@ def warn_unchecked_mx_release(fmt: str, info) -> None:
     were not checked on (plan/stream.py ``STREAM_TRITON``) plans the portable kernels, correct and
     several times slower; say so rather than be silently slow. Nothing when the kernels are
     switched off on purpose (``BLOCKSCALED_MX_KERNELS``) or the device is not an sm_90 GPU."""
-    if (_MX_RELEASE_WARNED[0] or fmt not in plan_stream.STREAM_FORMATS or not info.is_hopper
-            or plan_stream._TRITON_OK or not plan_stream.STREAM_ENABLED):
+    if (plan_stream._TRITON_OK or _MX_RELEASE_WARNED[0] or fmt not in plan_stream.STREAM_FORMATS
+            or not info.is_hopper or not plan_stream.STREAM_ENABLED):
         return
     _MX_RELEASE_WARNED[0] = True
-    checked = ", ".join(".".join(map(str, r)) for r in plan_stream.STREAM_TRITON)
+    checked = plan_stream.releases_str(plan_stream.STREAM_TRITON)
     warnings.warn(
         f"blockscaled: the MX / NV sm_90 kernels are checked on triton {checked}; with triton "
         f"{triton.__version__} this process runs {fmt} (and the other MX / NV formats) on the portable "

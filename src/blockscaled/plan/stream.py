@@ -57,7 +57,8 @@ from .types import Problem
 
 __all__ = ["STREAM_FORMATS", "STREAM_ACTIVATIONS", "STREAM_MAX_M", "STREAM_MP", "STREAM_PROGRAMS_PER_SM",
            "STREAM_MIN_CHUNKS", "STREAM_MAX_SPLIT", "STREAM_REGS", "STREAM_REGS_BIAS", "STREAM_SMEM_EXTRA",
-           "stream_resident", "STREAM_STAGES", "STREAM_STAGES_FP8", "STREAM_FP8_MIN_BYTES",
+           "stream_resident", "programs_by_registers", "releases_str", "STREAM_STAGES", "STREAM_STAGES_FP8",
+           "STREAM_FP8_MIN_BYTES",
            "STREAM_FP8_WO_MAX_M", "STREAM_GATHER_MAX_MP", "STREAM_GROUPED_FORMATS", "STREAM_TRITON",
            "STREAM_GROUPED_MAX_ROWS", "STREAM_PROGRAM_FIXED_STEPS", "use_stream", "stream_split",
            "stream_split_why", "stream_rounds_split", "stream_config", "stream_reason",
@@ -165,8 +166,8 @@ def stream_reason(p: Problem, dev: DeviceInfo, gluon_ok: bool) -> str | None:
     if not STREAM_ENABLED:
         return "switched off (BLOCKSCALED_MX_KERNELS without 'stream')"
     if not _TRITON_OK:
-        return (f"triton {'.'.join(map(str, _triton_release()))} (the kernel is checked on triton "
-                f"{', '.join('.'.join(map(str, r)) for r in STREAM_TRITON)})")
+        return (f"triton {releases_str([_triton_release()])} (the kernel is checked on triton "
+                f"{releases_str(STREAM_TRITON)})")
     if p.a not in STREAM_ACTIVATIONS:
         return f"{p.a} activations (it takes bf16 or quantized {p.fmt})"
     if p.op != "gemm" or p.grouping != "dense":
@@ -192,13 +193,24 @@ def use_stream(p: Problem, dev: DeviceInfo, gluon_ok: bool = True) -> bool:
     return stream_reason(p, dev, gluon_ok) is None
 
 
+def programs_by_registers(regs: int) -> int:
+    """Programs of 128 threads whose ``regs`` registers per thread (allocated in steps of 8) one SM's
+    64 K registers hold."""
+    return 65536 // (cdiv(regs, 8) * 8 * 128)
+
+
+def releases_str(releases) -> str:
+    """``((3, 6), (3, 8))`` -> ``"3.6, 3.8"`` (triton releases, for explanations and warnings)."""
+    return ", ".join(".".join(map(str, r)) for r in releases)
+
+
 def stream_resident(fmt: str, mp: int, smem_bytes: int = 227 * 1024, bias: bool = False) -> int:
     """Programs of the kernel one SM holds at once: the fewer of what its 64 K registers
     (``STREAM_REGS`` / ``STREAM_REGS_BIAS``, 128 threads) and its shared memory (``smem_bytes``,
     the opt-in per block, plus the 1 KB the driver keeps: 228 KB on H100 / H200) allow. ncu on
     the H200 (mxfp4, no bias): 6 by both at 16 rows (5 here: the nvfp4 gather build's 82 registers
     round to 88), 3 by both at 64."""
-    regs = 65536 // (cdiv((STREAM_REGS_BIAS if bias else STREAM_REGS)[mp], 8) * 8 * 128)
+    regs = programs_by_registers((STREAM_REGS_BIAS if bias else STREAM_REGS)[mp])
     need = _stages(fmt) * (8192 if fmt == "mxfp8" else 4096) + 2 * mp * 128 * 2 + STREAM_SMEM_EXTRA
     return max(1, min(regs, (smem_bytes + 1024) // need))
 
