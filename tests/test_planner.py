@@ -129,10 +129,10 @@ def test_device_file_is_complete():
         assert key == "dequant_matmul" or key in d["tiles"], key
 
 
-def test_dispatch_table_in_readme_is_current(monkeypatch):
+def test_dispatch_table_in_readme_is_current(monkeypatch, regs_36):
     """The README's table is the planner's output on an H100 with the GPU image's Triton (3.6, where
     the MX / NV decode GEMV, the streaming, the register-streaming and the tiled kernel run:
-    MX_GEMV_TRITON, STREAM_TRITON, DIRECT_TRITON, TILED_TRITON),
+    MX_GEMV_TRITON, STREAM_TRITON, DIRECT_TRITON, TILED_TRITON; 3.6's register tables: regs_36),
     whichever Triton runs the test."""
     from pathlib import Path
 
@@ -145,8 +145,6 @@ def test_dispatch_table_in_readme_is_current(monkeypatch):
     monkeypatch.setattr(mx_gemv, "_TRITON_OK", True)
     monkeypatch.setattr(plan_stream, "_TRITON_OK", True)
     monkeypatch.setattr(plan_stream, "STREAM_ENABLED", True)
-    monkeypatch.setattr(plan_stream, "STREAM_REGS", plan_stream._STREAM_REGS_36[0])  # 3.6's builds
-    monkeypatch.setattr(plan_stream, "STREAM_REGS_BIAS", plan_stream._STREAM_REGS_36[1])
     monkeypatch.setattr(plan_tiled, "_TRITON_OK", True)
     monkeypatch.setattr(plan_tiled, "TILED_ENABLED", True)
     plan_gemm_mod.plan_gemm.cache_clear()
