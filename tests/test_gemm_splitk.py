@@ -228,6 +228,11 @@ def test_small_m_plans_run_as_planned():
                             (fmt, a, m, c)
                         assert math.ceil(kb / c.split_k) >= 3 or c.split_k == 1, c
                         continue
+                    if c.strategy == "direct":  # plan/direct.py: nvfp4 weight-only decode rows, sm_90
+                        # M = 1 only where the GEMV does not take it (DIRECT_MIN_M_WITHOUT_GEMV)
+                        assert fmt == "nvfp4" and a == "bfloat16" and (1 < m or not mx_gemv._TRITON_OK) and m <= 8, \
+                            (fmt, a, m, c)
+                        continue
                     if c.strategy == "tiled":  # plan/tiled.py: MX / NV weights from 33 rows, sm_90
                         assert fmt in ("nvfp4", "mxfp8") and m >= 33, (fmt, a, m, c)
                         assert math.ceil(math.ceil(k / 64) / c.split_k) >= 4 or c.split_k == 1, c

@@ -322,6 +322,32 @@ def test_direct_takes_fp4_weight_only_2_to_8_rows(direct_on):
     assert _wo("nvfp4", 2, n=2880, k=2880).kernel == "hopper_direct"
 
 
+def test_direct_takes_one_row_where_the_gemv_does_not_run(direct_on, monkeypatch):
+    """A triton whose GEMV build is not admitted (3.7 / 3.8: MX_GEMV_TRITON) or the GEMV switched off:
+    weight-only fp4 at 1 row, and mxfp4 at 2 rows on small weights, take the register-streaming kernel
+    (DIRECT_MIN_M_WITHOUT_GEMV; measured 1.10-1.19x the streaming kernel there), explained; W x A and
+    mxfp8 keep the streaming kernel (the kernel takes bf16 activations and fp4 weights)."""
+    from blockscaled.plan import mx_gemv
+    from blockscaled.plan.direct import direct_min_m
+
+    assert direct_min_m("mxfp4", 8192) == 2  # the GEMV on: it keeps the single row
+    monkeypatch.setattr(mx_gemv, "_TRITON_OK", False)
+    plan_gemm.cache_clear()
+    assert direct_min_m("mxfp4", 8192) == 1
+    for fmt in ("mxfp4", "nvfp4"):
+        for n, k in ((8192, 8192), (2880, 2880), (4096, 14336)):
+            one = _wo(fmt, 1, n=n, k=k)
+            assert one.kernel == "hopper_direct", (fmt, n, k, one)
+            assert "GEMV does not take M = 1" in str(one), str(one)
+        assert _wo(fmt, 1, n=8192, k=8192, a="quantized").kernel == "hopper_stream"
+    assert _wo("mxfp4", 2, n=2880, k=2880).kernel == "hopper_direct"
+    assert _wo("mxfp8", 1, n=8192, k=8192).kernel == "hopper_stream"
+    monkeypatch.setattr(mx_gemv, "_TRITON_OK", True)
+    monkeypatch.setattr(mx_gemv, "MX_GEMV_ENABLED", False)
+    plan_gemm.cache_clear()
+    assert _wo("nvfp4", 1, n=8192, k=8192).kernel == "hopper_direct"
+
+
 def test_direct_split_model():
     """The split model of plan/direct.py on the A/B rows it was chosen on (H200 132 SMs, the
     measured best splits): small weights split to ~4 programs per SM with >= 4 steps per split,

@@ -187,18 +187,29 @@ def run(shapes, rounds: int, out_json: str | None) -> None:
             return f
 
         fns = {v: call(v) for v in VARIANTS}
+        outs, errs = {}, {}
         for v, f in fns.items():
+            ops[0][2].fill_(float("nan"))
             f(*ops[0])
             torch.cuda.synchronize()
-            err = ((ops[0][2].double() - ref).norm() / ref.norm()).item()
-            assert err < 1e-5, (v, m, n, k, err)  # fp32 accumulation of exact fp8 products
+            outs[v] = ops[0][2].clone()
+            errs[v] = ((outs[v].double() - ref).norm() / ref.norm()).item()
+            # Hopper's fp8 wgmma does not accumulate at full fp32 precision (its adder keeps ~14 bits over a
+            # long K: DeepSeek-V3 report, hence the library's promotion every 128 K); on the first GPU run
+            # (fortieth session's probe, H200) every variant sat at ~8.5e-4 relative over K = 2048
+            assert errs[v] < 1e-2, (v, m, n, k, errs[v])
+        # one cluster's tile runs the same wgmma chain as a lone CTA's, so a race shows as a difference (recorded,
+        # and the row marked: its times do not count)
+        equal = {v: torch.equal(outs[v], outs["one_cta"]) for v in ("multicast", "two_loads")}
+        if not all(equal.values()):
+            print(f"!! {m}x{n}x{k}: differs from one_cta: {equal}")
         times = {v: [] for v in fns}
         for r in range(rounds):
             order = list(fns) if r % 2 == 0 else list(reversed(fns))
             for v in order:
                 times[v].append(time_op(fns[v], ops, warmup=5, iterations=30).median_ms * 1e3)
         med = {v: sorted(t)[len(t) // 2] for v, t in times.items()}
-        row = {"m": m, "n": n, "k": k, "us": med, "tflops": {v: 2 * m * n * k / us / 1e6 for v, us in med.items()},
+        row = {"m": m, "n": n, "k": k, "rel_err_vs_f64": errs, "bitwise_equal_to_one_cta": equal, "us": med, "tflops": {v: 2 * m * n * k / us / 1e6 for v, us in med.items()},
                "multicast_over_two_loads": med["two_loads"] / med["multicast"]}
         rows.append(row)
         print(json.dumps(row))

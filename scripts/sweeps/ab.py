@@ -25,14 +25,20 @@ Variants (comma list; the first is the baseline of the ratio column):
                   the planner's wide-kernel tiles (plan/grouped.py)
   portable        the portable Triton kernel: dense fp8_block on sm_90 the cost model's best
                   portable candidate, else the portable rules (plan/portable.py, grouped_portable.py)
-  gemv            dense fp8_block at M = 1: the decode GEMV
+  gemv            dense fp8_block at M = 1: the decode GEMV; MX / NV weights at M <= 8: their GEMV
+                  (plan/mx_gemv.py tiles), also on releases where the planner keeps it off
   dequant_matmul  dequantize to bf16 + cuBLAS
   cublas_bf16     dense gemm: cuBLAS bf16 (torch.matmul) on the operands dequantized to bf16 before
                   timing (the mx suite's baseline: what the same weights cost unquantized)
+  deepgemm        dense fp8_block: DeepGEMM's fp8_gemm_nt on the same operands (bench.baselines.DeepGemmDense;
+                  `import deep_gemm` must work: ../shared/deepgemm/README)
   stream          dense mxfp4 / nvfp4 / mxfp8, weight-only or W x A, M <= 64, sm_90: the streaming
                   kernel with the planner's split and ring (plan/stream.py); stream@split_k=N
                   times another split (the measurement behind STREAM_PROGRAMS_PER_SM /
                   STREAM_MIN_CHUNKS)
+  direct          dense mxfp4 / nvfp4, M <= 8, sm_90: the register-streaming kernel with the planner's split
+                  (plan/direct.py), also where the planner does not send it (M = 1; W x A: the activations
+                  dequantized to bf16 first); direct@split_k=N: another split
   tiled[:rN]      mxfp4 / nvfp4 / mxfp8 above 64 rows on sm_90 (dense or grouped): the tiled kernels'
                   regime the planner predicts fastest (plan/tiled.py tiled_config / grouped_tiled_config),
                   or regime N unsplit (r1: kernels/hopper/tiled.py 128 x 128; r3 / r4 / r5: the
@@ -63,10 +69,13 @@ import json
 import statistics
 import sys
 
-KINDS = ("plan", "hopper", "wide", "skinny", "portable", "gemv", "dequant_matmul", "stream", "tiled", "cands",
-         "cublas_bf16")
+KINDS = ("plan", "hopper", "wide", "skinny", "portable", "gemv", "dequant_matmul", "stream", "direct", "tiled",
+         "cands", "cublas_bf16", "deepgemm")
 #: the cublas_bf16 variant's "config": not a plan, cuBLAS on bf16 copies of the dequantized operands
 CUBLAS_BF16 = "cublas_bf16"
+#: the deepgemm variant's "config": DeepGEMM's fp8 NT GEMM on the same fp8_block operands (the bench's baseline)
+DEEPGEMM = "deepgemm"
+BASELINES = (CUBLAS_BF16, DEEPGEMM)
 LAYOUTS = {"gemm": ("dense",), "grouped": ("contiguous", "masked"), "swiglu": ("dense", "contiguous", "masked")}
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 #: HopperConfig fields whose change calls for another ring depth (unless stages= is given too)
@@ -192,7 +201,8 @@ def resolve(case: Case, tokens: list[str], dev) -> list[tuple[str, object]]:
     out = []
     for tok in tokens:
         kind, prefix, kw = parse_variant(tok)
-        if kind in ("wide", "skinny", "gemv", "cands") and case.op == "gemm" and not fp8_hopper:
+        mx_gemv = kind == "gemv" and case.op == "gemm" and case.fmt != "fp8_block"
+        if kind in ("wide", "skinny", "gemv", "cands") and case.op == "gemm" and not fp8_hopper and not mx_gemv:
             raise SystemExit(f"variant {tok!r}: needs fp8_block quantized activations on sm_90 (ops gemm)")
         if kind in ("skinny", "gemv", "cands") and case.op != "gemm":
             raise SystemExit(f"variant {tok!r}: dense gemm only")
@@ -209,6 +219,11 @@ def resolve(case: Case, tokens: list[str], dev) -> list[tuple[str, object]]:
                 raise SystemExit(f"variant {tok!r}: dense gemm only")
             out.append((tok, CUBLAS_BF16))
             continue
+        elif kind == "deepgemm":
+            if not fp8_hopper or case.out_dtype != "bf16":
+                raise SystemExit(f"variant {tok!r}: dense fp8_block with quantized activations, bf16 out, on sm_90 only")
+            out.append((tok, DEEPGEMM))
+            continue
         elif kind == "dequant_matmul":
             cfg = bs.GemmConfig(strategy="dequant_matmul")
         elif kind == "hopper":
@@ -224,6 +239,12 @@ def resolve(case: Case, tokens: list[str], dev) -> list[tuple[str, object]]:
             cfg = (swiglu_hopper_config({"dense": 0, "contiguous": 1, "masked": 2}[case.layout], case.rows,
                                         case.m, case.n, sms, p.out_bytes) if case.op == "swiglu"
                    else grouped_hopper_config(case.m, case.n, case.k, sms, p.out_bytes, case.experts))
+        elif mx_gemv:
+            from blockscaled.plan.mx_gemv import MX_GEMV_MAX_M, mx_gemv_config
+
+            if case.m > MX_GEMV_MAX_M:
+                raise SystemExit(f"variant {tok!r}: the MX / NV GEMV takes M <= {MX_GEMV_MAX_M}")
+            cfg = mx_gemv_config(case.fmt, case.m, case.n, case.k, dev)
         elif kind == "gemv":
             cfg = _best(case, dev, lambda c: not isinstance(c, HopperConfig) and c.strategy == "gemv")
         elif kind == "stream":
@@ -232,6 +253,13 @@ def resolve(case: Case, tokens: list[str], dev) -> list[tuple[str, object]]:
             if case.op != "gemm" or case.fmt not in STREAM_FORMATS or case.m > STREAM_MAX_M:
                 raise SystemExit(f"variant {tok!r}: dense {' / '.join(STREAM_FORMATS)} at M <= {STREAM_MAX_M}")
             cfg = stream_config(p, dev)
+        elif kind == "direct":
+            from blockscaled.plan.direct import DIRECT_FORMATS, DIRECT_MP, direct_config
+
+            if case.op != "gemm" or case.fmt not in DIRECT_FORMATS or case.m > DIRECT_MP:
+                raise SystemExit(f"variant {tok!r}: dense {' / '.join(DIRECT_FORMATS)} at M <= {DIRECT_MP}")
+            # W x A: the activations dequantized to bf16 by one pass first (the kernel takes bf16)
+            cfg = dataclasses.replace(direct_config(p, dev), dequant_a=not case.weight_only)
         elif kind == "tiled":
             from blockscaled.plan.tiled import (RS_FORMATS, TILED_FORMATS, grouped_tiled_config, regime_config,
                                                 tiled_config)
@@ -287,6 +315,8 @@ def describe(case: Case, cfg, dev) -> str:
         return cfg.describe()
     if cfg == CUBLAS_BF16:
         return "cuBLAS bf16 on the dequantized operands"
+    if cfg == DEEPGEMM:
+        return "DeepGEMM fp8_gemm_nt on the same operands"
     if case.op == "gemm":
         return plan_gemm(case.problem(), dev, cfg).describe()
     if cfg is None or (not hasattr(cfg, "variant") and cfg.strategy == "hopper"):
@@ -345,6 +375,18 @@ def runner(case: Case, cfg):
             return c
 
         return lambda a, b: torch.matmul(bf16(a), bf16(b).T).to(out_dtype)
+    if cfg == DEEPGEMM:
+        from blockscaled.bench.baselines import DeepGemmDense, GemmInputs
+
+        dg = DeepGemmDense()
+        prepared = {}  # per operand set, outside the timing (DeepGEMM's scale layout, the output)
+
+        def run_dg(a, b):
+            args = prepared.get((id(a), id(b)))
+            if args is None:
+                args = prepared[(id(a), id(b))] = dg.prepare(GemmInputs(None, a, b, torch.bfloat16))
+            return dg.run(*args)
+        return run_dg
     if case.op == "gemm":
         return lambda a, b: bs.gemm(a, b, out_dtype, config=cfg)
     if isinstance(cfg, HopperConfig):
@@ -407,13 +449,13 @@ def run_case(case: Case, variants: list[tuple[str, object]], args) -> list[dict]
     fns, ran = {}, {}
     for label, cfg in variants:
         fn = runner(case, cfg)
-        if cfg == CUBLAS_BF16:
-            for s in sets:  # the bf16 copies of every set before any timing
+        if cfg in BASELINES:
+            for s in sets:  # the bf16 copies / DeepGEMM's inputs of every set before any timing
                 fn(*s)
         with observe_plans() as plans:
             y = fn(*first)
         torch.cuda.synchronize()
-        ran[label] = plans[-1].describe() if plans else ("cuBLAS bf16" if cfg == CUBLAS_BF16 else "?")
+        ran[label] = plans[-1].describe() if plans else {CUBLAS_BF16: "cuBLAS bf16", DEEPGEMM: "DeepGEMM"}.get(cfg, "?")
         assert_gemm_close(y, ref, case.fmt, out_dtype, what=f"{case.label()} {label}")
         fns[label] = fn
     del ref

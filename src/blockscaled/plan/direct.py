@@ -13,7 +13,8 @@ split against the plan that ran before (the decode GEMV or the wgmma streaming k
 at M = 2..8 on the shapes of 8 MB and more (mxfp4 M = 2 on 2880 x 2880: 0.84x, so the GEMV keeps
 the mxfp4 rows under ``DIRECT_GEMV_MIN_BYTES``); at M = 1 the GEMV stays faster or equal
 (0.57-1.02x), and at M = 16 (its 16-row build: 104 registers, 4 programs per SM) the wgmma kernel
-(0.74-1.17x). Hence 2 <= M <= 8 (``DIRECT_MIN_M`` / ``DIRECT_MAX_M``).
+(0.74-1.17x). Hence 2 <= M <= 8 (``DIRECT_MIN_M`` / ``DIRECT_MAX_M``), and
+1 <= M where the GEMV does not run (triton 3.7 / 3.8, whose GEMV build spills: ``DIRECT_MIN_M_WITHOUT_GEMV``).
 
 The K split (``direct_split``): programs are (64-row tiles) x (splits). A program alone runs at
 its latency-bound pace (a chain of dependent 128-K steps), so up to ~4 programs per SM add
@@ -35,11 +36,12 @@ from __future__ import annotations
 from .._experimental import mx_kernel_enabled
 from ..config.gemm import GemmConfig
 from .device import DeviceInfo
-from .mx_gemv import _triton_release
+from .mx_gemv import _triton_release, use_mx_gemv
 from .splits import cdiv, saturation_split, split_plan_kb
 from .types import Problem
 
-__all__ = ["DIRECT_HOIST_REGS", "DIRECT_GROUPED_REGS", "DIRECT_FORMATS", "DIRECT_MIN_M", "DIRECT_MAX_M", "DIRECT_MP", "DIRECT_REGS", "DIRECT_GEMV_MIN_BYTES",
+__all__ = ["DIRECT_HOIST_REGS", "DIRECT_GROUPED_REGS", "DIRECT_FORMATS", "DIRECT_MIN_M", "DIRECT_MIN_M_WITHOUT_GEMV",
+           "direct_min_m", "DIRECT_MAX_M", "DIRECT_MP", "DIRECT_REGS", "DIRECT_GEMV_MIN_BYTES",
            "DIRECT_SATURATION", "DIRECT_FIXED_STEPS", "DIRECT_MIN_STEPS", "DIRECT_MAX_SPLIT", "DIRECT_TRITON",
            "direct_reason", "use_direct", "direct_resident", "direct_split", "direct_split_why", "direct_config",
            "DIRECT_GROUPED_MAX_ROWS", "grouped_direct_reason", "grouped_direct_config"]
@@ -49,6 +51,14 @@ DIRECT_FORMATS = ("mxfp4", "nvfp4")
 #: kernel at 16)
 DIRECT_MIN_M = 2
 DIRECT_MAX_M = 8
+#: one row where the decode GEMV does not take it (plan/mx_gemv.py ``use_mx_gemv``: a triton outside
+#: MX_GEMV_TRITON, where its build spills, or the GEMV switched off). Measured (H200, triton 3.8.0, same
+#: process, CUDA graphs, inputs rotated past L2, each output checked against float64:
+#: benchmarks/results/h200/archive/m1-triton38-20261130.json; gpt-oss, Llama 3 8B / 70B shapes, weight-only):
+#: against the wgmma streaming kernel that ran there 1.10-1.19x on all 12 rows (6 shapes x mxfp4 / nvfp4),
+#: the same gain as at 2..8 rows (both pad to 8; this kernel's K loop is shorter); the spilling GEMV
+#: 0.70-0.93x the streaming kernel except on 2880 x 2880 (1.05-1.20x)
+DIRECT_MIN_M_WITHOUT_GEMV = 1
 #: the activation rows padded to the mma.sync N
 DIRECT_MP = 8
 #: registers per thread of the sm_90 builds (AOT, tests/test_aot_direct.py pins them; with or
@@ -73,7 +83,8 @@ DIRECT_HOIST_REGS = 128
 #: mxfp4 at M = 2 (where the mxfp4 GEMV also runs, plan/mx_gemv.py ``MX_GEMV_ROWS``): the kernel
 #: from this many weight bytes (the A/B above: 0.84x on 4 MB of weights, 0.985-1.52x from 8 MB:
 #: both kernels are fixed-cost bound on small weights, and the GEMV's fixed cost is lower: no K
-#: split, no partial reduction)
+#: split, no partial reduction). Only where the GEMV runs: on triton 3.8 (GEMV off) the kernel ran
+#: 2 x 2880 x 2880 mxfp4 1.14x the streaming kernel (m1-triton38-20261130.json)
 DIRECT_GEMV_MIN_BYTES = 8 << 20
 #: programs per SM at which an SM's issue rate, not a program's latency, limits (1 / 4: the stream
 #: kernel's STREAM_PROGRAMS_PER_SM measured the same 4); chosen with the split model on the A/B above
@@ -106,17 +117,24 @@ def direct_reason(p: Problem, dev: DeviceInfo, gluon_ok: bool) -> str | None:
         return f"{p.a} activations (it takes bf16, weight-only)"
     if p.op != "gemm" or p.grouping != "dense":
         return "not a dense GEMM"
-    if not DIRECT_MIN_M <= p.m <= DIRECT_MAX_M:
-        return f"M = {p.m} outside {DIRECT_MIN_M}..{DIRECT_MAX_M}"
+    lo = direct_min_m(p.fmt, p.k)
+    if not lo <= p.m <= DIRECT_MAX_M:
+        return f"M = {p.m} outside {lo}..{DIRECT_MAX_M}"
     if p.k % 32 or p.k <= 0:
         return f"K = {p.k} not a positive multiple of 32 (whole 16-byte blocks of packed e2m1)"
     if not p.tma:
         return "weights not 16-byte aligned"
     nbytes = p.n * p.k // 2
-    if p.fmt == "mxfp4" and p.m == 2 and nbytes < DIRECT_GEMV_MIN_BYTES:
+    if p.fmt == "mxfp4" and p.m == 2 and nbytes < DIRECT_GEMV_MIN_BYTES and use_mx_gemv(p.fmt, p.m, p.k):
         return (f"mxfp4 at M = 2 on {nbytes / 2**20:.1f} MB of weights < {DIRECT_GEMV_MIN_BYTES >> 20} MB: the "
                 f"decode GEMV measured faster (DIRECT_GEMV_MIN_BYTES)")
     return None
+
+
+def direct_min_m(fmt: str, k: int) -> int:
+    """Fewest rows the planner sends to the kernel: DIRECT_MIN_M where the decode GEMV takes one row,
+    else DIRECT_MIN_M_WITHOUT_GEMV."""
+    return DIRECT_MIN_M if use_mx_gemv(fmt, 1, k) else DIRECT_MIN_M_WITHOUT_GEMV
 
 
 def use_direct(p: Problem, dev: DeviceInfo, gluon_ok: bool = True) -> bool:

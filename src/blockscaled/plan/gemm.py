@@ -9,7 +9,7 @@ from ..config.gemm import GemmConfig
 from ..config.hopper import HopperConfig
 from .cost import pad_words
 from .dense import hopper_takes, plan_fp8
-from .direct import DIRECT_FORMATS, DIRECT_MAX_M, DIRECT_MIN_M, direct_config, direct_reason, direct_split_why
+from .direct import DIRECT_FORMATS, DIRECT_MAX_M, direct_config, direct_min_m, direct_reason, direct_split_why
 from .stream import (STREAM_FORMATS, STREAM_GATHER_MAX_MP, STREAM_MAX_M, stream_config, stream_reason,
                      stream_split_why, use_stream)
 from . import tuned as _tuned
@@ -65,8 +65,8 @@ def plan_gemm(p: Problem, dev: DeviceInfo, forced=None, *, gluon_ok: bool = True
         cfg = direct_config(p, dev)
         return Plan("gemm", "cuda", cfg, p, reasons=(
             f"{p.fmt} weight-only on {scope}",
-            f"register-streaming decode kernel (kernels/hopper/direct.py): {DIRECT_MIN_M} <= M = {p.m} <= "
-            f"{DIRECT_MAX_M} rows padded to the mma.sync N of {cfg.block_m}; each warp loads its 16 weight rows "
+            f"register-streaming decode kernel (kernels/hopper/direct.py): {direct_min_m(p.fmt, p.k)} <= M = {p.m} "
+            f"<= {DIRECT_MAX_M} rows{' (the decode GEMV does not take M = 1 here)' if p.m == 1 else ''} padded to the mma.sync N of {cfg.block_m}; each warp loads its 16 weight rows "
             f"straight into registers a 128-K step ahead, decodes them into the A fragment, no shared memory "
             f"or barrier in the K loop; {direct_split_why(p.n, p.k, p.fmt, dev.sm_count)[1]}",
             (f"{cfg.maxnreg} registers per thread for ptxas (the grid needs <= 4 programs per SM: it then issues "
@@ -115,7 +115,7 @@ def plan_gemm(p: Problem, dev: DeviceInfo, forced=None, *, gluon_ok: bool = True
         why = "portable Triton kernel, tiles and K split from the portable rules (plan/portable.py)"
     scope = ("sm_90" if dev.is_hopper else f"sm_{dev.capability[0]}{dev.capability[1]} (portable kernels only)")
     reasons = (f"{p.fmt}{' weight-only' if p.weight_only else ''} on {scope}", why)
-    if dev.is_hopper and p.fmt in DIRECT_FORMATS and DIRECT_MIN_M <= p.m <= DIRECT_MAX_M:
+    if dev.is_hopper and p.fmt in DIRECT_FORMATS and direct_min_m(p.fmt, p.k) <= p.m <= DIRECT_MAX_M:
         reasons += (f"not the register-streaming kernel: {direct_reason(p, dev, gluon_ok)}",)
     if dev.is_hopper and p.fmt in STREAM_FORMATS and 1 <= p.m <= STREAM_MAX_M:
         reasons += (f"not the streaming kernel: {stream_reason(p, dev, gluon_ok)}",)
