@@ -101,5 +101,7 @@ def mx_kernels(monkeypatch):
         monkeypatch.setattr(mx_gemv, "MX_GEMV_ENABLED", True)
         if hasattr(mx_gemv, "_TRITON_OK"):  # the planner's rules are tested on every triton release
             monkeypatch.setattr(mx_gemv, "_TRITON_OK", True)
+        if hasattr(mx_gemv, "MX_GEMV_ROWS_BY_RELEASE"):  # with the rows measured on 3.6 (3.8 has its own)
+            monkeypatch.setattr(mx_gemv, "MX_GEMV_ROWS", mx_gemv.MX_GEMV_ROWS_BY_RELEASE[(3, 6)])
     yield
     clear()

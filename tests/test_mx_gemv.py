@@ -22,7 +22,8 @@ from blockscaled.kernels.triton import mx_gemv as mx_mod
 from blockscaled.ops.gemm import gemm
 from blockscaled.plan import CPU_INTERPRETER, H100_SXM, DeviceInfo, Problem, plan_gemm
 from blockscaled.plan.encoding import decode_plan, encode_plan
-from blockscaled.plan.mx_gemv import MX_GEMV_MAX_M, MX_GEMV_MAX_ROWS, MX_GEMV_ROWS, mx_gemv_config
+from blockscaled.plan import mx_gemv as plan_mx_gemv
+from blockscaled.plan.mx_gemv import MX_GEMV_MAX_M, MX_GEMV_MAX_ROWS, mx_gemv_config
 from blockscaled.reference import gemm as ref_gemm
 from blockscaled.testing.tolerances import assert_gemm_close
 
@@ -228,18 +229,24 @@ def test_gemv_on_by_default():
     assert _parse("all") == {"gemv", "bf16", "stream", "tiled", "direct"} and _parse("gemv,stream") == {"gemv", "stream"}
     if "BLOCKSCALED_MX_KERNELS" not in os.environ:
         assert mx_gemv.MX_GEMV_ENABLED
-    assert mx_gemv.MX_GEMV_ROWS == {"mxfp8": 2, "mxfp4": 2, "nvfp4": 1}
+    assert mx_gemv.MX_GEMV_ROWS_BY_RELEASE[(3, 6)] == {"mxfp8": 2, "mxfp4": 2, "nvfp4": 1}
+    assert mx_gemv.MX_GEMV_ROWS_BY_RELEASE[(3, 8)] == {"mxfp8": 1, "mxfp4": 0, "nvfp4": 0}
 
 
 def test_gemv_only_on_releases_whose_build_holds(mx_kernels, monkeypatch):
     """Switched on, the GEMV still runs only on the Triton releases of MX_GEMV_TRITON (3.6: the
-    layout checks of tests/test_aot_mx_gemv.py); elsewhere the portable plans stay."""
+    layout checks of tests/test_aot_mx_gemv.py; 3.8: mxfp8 at one row, measured), with that release's
+    rows; elsewhere the other plans stay."""
     from blockscaled.plan import mx_gemv
 
     assert mx_gemv.use_mx_gemv("mxfp4", 1, 2880)
+    monkeypatch.setattr(mx_gemv, "MX_GEMV_ROWS", mx_gemv.MX_GEMV_ROWS_BY_RELEASE[(3, 8)])
+    assert mx_gemv.use_mx_gemv("mxfp8", 1, 2880)
+    assert not mx_gemv.use_mx_gemv("mxfp8", 2, 2880)
+    assert not mx_gemv.use_mx_gemv("mxfp4", 1, 2880) and not mx_gemv.use_mx_gemv("nvfp4", 1, 2880)
     monkeypatch.setattr(mx_gemv, "_TRITON_OK", False)
-    assert not mx_gemv.use_mx_gemv("mxfp4", 1, 2880)
-    assert mx_gemv.MX_GEMV_TRITON == ((3, 6),)
+    assert not mx_gemv.use_mx_gemv("mxfp4", 1, 2880) and not mx_gemv.use_mx_gemv("mxfp8", 1, 2880)
+    assert mx_gemv.MX_GEMV_TRITON == ((3, 6), (3, 8)) == tuple(mx_gemv.MX_GEMV_ROWS_BY_RELEASE)
     import triton
 
     assert ".".join(map(str, mx_gemv._triton_release())) == ".".join(triton.__version__.split(".")[:2])
@@ -258,7 +265,7 @@ def test_planner_runs_the_gemv_at_small_m(mx_kernels):
                         p = Problem("gemm", fmt, m, n, k, a=a)
                         plan = plan_gemm(p, dev)
                         assert decode_plan(encode_plan(plan)) == plan
-                        if m <= MX_GEMV_ROWS[fmt]:
+                        if m <= plan_mx_gemv.MX_GEMV_ROWS[fmt]:  # the fixture's (3.6's) rows
                             assert plan.kernel == "gemv" and plan.config == mx_gemv_config(fmt, m, n, k, dev), plan
                             assert "mx_gemv.py" in str(plan) and "mx_decode" in str(plan)
                         else:
@@ -307,7 +314,7 @@ def test_planner_plan_through_gemm_and_linear_gpu(fmt, mode, mx_kernels):
     """The planner's GEMV on model shapes: explain names it, the result matches the reference, the
     GEMV is bitwise repeatable; linear() (weight-only or quantizing x) runs the same kernel."""
     for n, k in SHAPES:
-        for m in range(1, MX_GEMV_ROWS[fmt] + 1):
+        for m in range(1, plan_mx_gemv.MX_GEMV_ROWS[fmt] + 1):
             a, b = _operands(fmt, mode, m, n, k, seed=n + m, device="cuda")
             plan = bs.explain("gemm", a, b)
             assert plan.kernel == "gemv" and "mx_gemv.py" in str(plan), plan

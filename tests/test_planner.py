@@ -132,7 +132,8 @@ def test_device_file_is_complete():
 def test_dispatch_table_in_readme_is_current(monkeypatch, regs_36):
     """The README's table is the planner's output on an H100 with the GPU image's Triton (3.6, where
     the MX / NV decode GEMV, the streaming, the register-streaming and the tiled kernel run:
-    MX_GEMV_TRITON, STREAM_TRITON, DIRECT_TRITON, TILED_TRITON; 3.6's register tables: regs_36),
+    MX_GEMV_TRITON, STREAM_TRITON, DIRECT_TRITON, TILED_TRITON; 3.6's register tables and GEMV rows:
+    regs_36),
     whichever Triton runs the test."""
     from pathlib import Path
 
@@ -230,8 +231,11 @@ def test_log_plans_once(path, device, monkeypatch, caplog):
 @pytest.fixture
 def regs_36(monkeypatch):
     """The streaming kernel's registers per program as triton 3.6 builds it (plan/stream.py keeps
-    3.8's own table; the rules below were measured with 3.6's builds), whichever release runs."""
-    from blockscaled.plan import stream as plan_stream
+    3.8's own table; the rules below were measured with 3.6's builds) and the decode GEMV's rows on
+    3.6 (plan/mx_gemv.py keeps 3.8's), whichever release runs."""
+    from blockscaled.plan import mx_gemv, stream as plan_stream
+
+    monkeypatch.setattr(mx_gemv, "MX_GEMV_ROWS", mx_gemv.MX_GEMV_ROWS_BY_RELEASE[(3, 6)])
 
     monkeypatch.setattr(plan_stream, "STREAM_REGS", plan_stream._STREAM_REGS_36[0])
     monkeypatch.setattr(plan_stream, "STREAM_REGS_BIAS", plan_stream._STREAM_REGS_36[1])
@@ -343,6 +347,13 @@ def test_direct_takes_one_row_where_the_gemv_does_not_run(direct_on, monkeypatch
     assert _wo("mxfp4", 2, n=2880, k=2880).kernel == "hopper_direct"
     assert _wo("mxfp8", 1, n=8192, k=8192).kernel == "hopper_stream"
     monkeypatch.setattr(mx_gemv, "_TRITON_OK", True)
+    monkeypatch.setattr(mx_gemv, "MX_GEMV_ROWS", mx_gemv.MX_GEMV_ROWS_BY_RELEASE[(3, 8)])  # 3.8: mxfp8's row only
+    plan_gemm.cache_clear()
+    for fmt in ("mxfp4", "nvfp4"):
+        assert _wo(fmt, 1, n=8192, k=8192).kernel == "hopper_direct"
+        assert _wo(fmt, 1, n=8192, k=8192, a="quantized").kernel == "hopper_stream"
+    assert _wo("mxfp8", 1, n=8192, k=8192).kernel == "gemv" and _wo("mxfp8", 1, a="quantized").kernel == "gemv"
+    assert _wo("mxfp8", 2, n=8192, k=8192).kernel != "gemv"
     monkeypatch.setattr(mx_gemv, "MX_GEMV_ENABLED", False)
     plan_gemm.cache_clear()
     assert _wo("nvfp4", 1, n=8192, k=8192).kernel == "hopper_direct"

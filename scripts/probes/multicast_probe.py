@@ -73,7 +73,7 @@ def layouts(ctas: int):
 def mc_gemm_kernel(a_desc, b_desc, c_ptr, M, N, K, stride_cm,
                    BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, CTAS: gl.constexpr,
                    A_L: gl.constexpr, B_L: gl.constexpr, ACC_L: gl.constexpr,
-                   MULTICAST: gl.constexpr):
+                   MULTICAST: gl.constexpr, ASYNC: gl.constexpr):
     """C[BM x BN tile] = A @ B^T, fp8 e4m3 in, fp32 out; CTAS = 1 or 2 (a cluster of two: A split
     along M, B whole in both, by multicast or by one load per CTA)."""
     pid_m = gl.program_id(0)
@@ -105,16 +105,22 @@ def mc_gemm_kernel(a_desc, b_desc, c_ptr, M, N, K, stride_cm,
         s = i % STAGES
         mbarrier.wait(full.index(s), (i // STAGES) & 1)
         acc = warpgroup_mma(a_s.index(s), b_s.index(s).permute((1, 0)), acc, is_async=True)
-        acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a_s.index(s), b_s.index(s)))
-        mbarrier.arrive(empty.index(s))
+        if ASYNC:  # keep wgmma i in flight: wait for i - 1, whose stage is the one refilled below
+            acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_s.index(s), b_s.index(s)))
+            if i > 0:
+                mbarrier.arrive(empty.index((i - 1) % STAGES))
+        else:
+            acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a_s.index(s), b_s.index(s)))
+            mbarrier.arrive(empty.index(s))
         j = i + STAGES - 1
         if j < nk:
-            sj = j % STAGES
-            if j >= STAGES:  # stage sj was read by iteration j - STAGES in both CTAs
+            sj = j % STAGES  # == (i - 1) % STAGES
+            if j >= STAGES:  # stage sj was read by iteration j - STAGES = i - 1 in both CTAs
                 mbarrier.wait(empty.index(sj), ((j // STAGES) - 1) & 1)
             mbarrier.expect(full.index(sj), STAGE_BYTES)
             tma_load(a_desc, [pid_m * BM, j * BK], full.index(sj), a_s.index(sj))
             tma_load(b_desc, [pid_n * BN, j * BK], full.index(sj), b_s.index(sj), multicast=MULTICAST)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     if CTAS == 2:  # no CTA leaves while the other may still multicast into it or arrive on its barriers
         cluster.arrive()
         cluster.wait()
@@ -127,20 +133,25 @@ def mc_gemm_kernel(a_desc, b_desc, c_ptr, M, N, K, stride_cm,
 VARIANTS = {"multicast": (2, True), "two_loads": (2, False), "one_cta": (1, False)}
 
 
-def _constexprs(variant: str) -> dict:
+#: "async": one wgmma kept in flight (each stage freed when the next step's wgmma is issued: how the
+#: library's kernels run); "sync": every wgmma waited on before the next load (the first probe)
+PIPELINES = ("async", "sync")
+
+
+def _constexprs(variant: str, pipeline: str = "async") -> dict:
     ctas, mc = VARIANTS[variant]
     a, b, acc = layouts(ctas)
     bm = BM if ctas == 2 else BM // 2
     return {"BM": bm, "BN": BN, "BK": BK, "STAGES": STAGES, "CTAS": ctas, "A_L": a, "B_L": b, "ACC_L": acc,
-            "MULTICAST": mc}
+            "MULTICAST": mc, "ASYNC": pipeline == "async"}
 
 
-def aot(variant: str = "multicast") -> dict:
+def aot(variant: str = "multicast", pipeline: str = "async") -> dict:
     """Build for sm_90a without a GPU; what the PTX holds."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    ce = _constexprs(variant)
+    ce = _constexprs(variant, pipeline)
     sig = {"a_desc": f"tensordesc<fp8e4nv[{ce['BM']}, {BK}],{ce['A_L']!r}>",
            "b_desc": f"tensordesc<fp8e4nv[{BN}, {BK}],{ce['B_L']!r}>",
            "c_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "stride_cm": "i32"}
@@ -148,7 +159,8 @@ def aot(variant: str = "multicast") -> dict:
     k = triton.compile(GluonASTSource(mc_gemm_kernel, sig, constexprs=ce), target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": WARPS, "num_ctas": VARIANTS[variant][0]})
     ptx = k.asm["ptx"]
-    return {"variant": variant, "triton": triton.__version__,
+    return {"variant": variant, "pipeline": pipeline, "triton": triton.__version__,
+            "wgmma_waits": sorted(set(re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)", ptx))),
             "multicast_loads": len(re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global\S*multicast::cluster",
                                               ptx)),
             "tma_loads": len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)),
@@ -158,7 +170,7 @@ def aot(variant: str = "multicast") -> dict:
             "tma_boxes": [d["block_size"] for d in k.metadata.tensordesc_meta], "shared": k.metadata.shared}
 
 
-def run(shapes, rounds: int, out_json: str | None) -> None:
+def run(shapes, rounds: int, out_json: str | None, pipeline: str = "async") -> None:
     import torch
 
     from blockscaled.bench.timing import rotation_count, time_op
@@ -176,7 +188,7 @@ def run(shapes, rounds: int, out_json: str | None) -> None:
         ref = (ops[0][0].double() @ ops[0][1].double().T)
 
         def call(variant):
-            ce = _constexprs(variant)
+            ce = _constexprs(variant, pipeline)
             ctas = ce["CTAS"]
 
             def f(a, b, c):
@@ -209,7 +221,7 @@ def run(shapes, rounds: int, out_json: str | None) -> None:
             for v in order:
                 times[v].append(time_op(fns[v], ops, warmup=5, iterations=30).median_ms * 1e3)
         med = {v: sorted(t)[len(t) // 2] for v, t in times.items()}
-        row = {"m": m, "n": n, "k": k, "rel_err_vs_f64": errs, "bitwise_equal_to_one_cta": equal, "us": med, "tflops": {v: 2 * m * n * k / us / 1e6 for v, us in med.items()},
+        row = {"m": m, "n": n, "k": k, "pipeline": pipeline, "rel_err_vs_f64": errs, "bitwise_equal_to_one_cta": equal, "us": med, "tflops": {v: 2 * m * n * k / us / 1e6 for v, us in med.items()},
                "multicast_over_two_loads": med["two_loads"] / med["multicast"]}
         rows.append(row)
         print(json.dumps(row))
@@ -224,15 +236,16 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="4096x7168x2048,8192x4096x4096,4096x2112x7168")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--pipeline", default="async", choices=PIPELINES)
     a = ap.parse_args(argv)
     if not HAVE_CLUSTER:
         print(f"triton {triton.__version__}: this probe's cluster protocol is written for triton 3.8")
         return 2
     if a.aot:
         for v in VARIANTS:
-            print(json.dumps(aot(v)))
+            print(json.dumps(aot(v, a.pipeline)))
         return 0
-    run([tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")], a.rounds, a.json)
+    run([tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")], a.rounds, a.json, a.pipeline)
     return 0
 
 

@@ -51,8 +51,8 @@ DIRECT_FORMATS = ("mxfp4", "nvfp4")
 #: kernel at 16)
 DIRECT_MIN_M = 2
 DIRECT_MAX_M = 8
-#: one row where the decode GEMV does not take it (plan/mx_gemv.py ``use_mx_gemv``: a triton outside
-#: MX_GEMV_TRITON, where its build spills, or the GEMV switched off). Measured (H200, triton 3.8.0, same
+#: one row where the decode GEMV does not take it (plan/mx_gemv.py ``use_mx_gemv``: triton 3.8, whose fp4
+#: build spills, and 3.7, outside MX_GEMV_TRITON; or the GEMV switched off). Measured (H200, triton 3.8.0, same
 #: process, CUDA graphs, inputs rotated past L2, each output checked against float64:
 #: benchmarks/results/h200/archive/m1-triton38-20261130.json; gpt-oss, Llama 3 8B / 70B shapes, weight-only):
 #: against the wgmma streaming kernel that ran there 1.10-1.19x on all 12 rows (6 shapes x mxfp4 / nvfp4),

@@ -24,7 +24,7 @@ from ..config.gemm import GEMV_MAX_M, GemmConfig, gemv_slice_elems
 from .device import DeviceInfo
 from .splits import cdiv
 
-__all__ = ["MX_GEMV_FORMATS", "MX_GEMV_MAX_M", "MX_GEMV_ROWS", "MX_GEMV_CHUNK_BYTES", "MX_GEMV_MAX_WARPS", "MX_GEMV_MAX_ROWS",
+__all__ = ["MX_GEMV_FORMATS", "MX_GEMV_MAX_M", "MX_GEMV_ROWS", "MX_GEMV_ROWS_BY_RELEASE", "MX_GEMV_CHUNK_BYTES", "MX_GEMV_MAX_WARPS", "MX_GEMV_MAX_ROWS",
            "MX_GEMV_MAX_ROWS_AT_8", "MX_GEMV_MIN_PROGRAMS_PER_SM", "MX_GEMV_ODD_K_ROWS", "MX_GEMV_TRITON", "use_mx_gemv",
            "mx_gemv_config"]
 
@@ -44,7 +44,16 @@ MX_GEMV_MAX_M = GEMV_MAX_M
 #: (0.67), M=8 0.42-0.60x everywhere. The instruction count above says why: the CUDA cores'
 #: FMAs per weight byte grow with M while the portable kernel's tensor cores do not care, and
 #: nvfp4's e4m3 scale decode adds to every row. So: the largest M whose worst row still wins.
-MX_GEMV_ROWS = {"mxfp8": 2, "mxfp4": 2, "nvfp4": 1}
+_MX_GEMV_ROWS_36 = {"mxfp8": 2, "mxfp4": 2, "nvfp4": 1}
+#: The same on triton 3.8, whose build of the kernel differs (MX_GEMV_TRITON's comment below:
+#: shared memory in the K loop, spills at fp4). Measured there (H200, triton 3.8.0, one process each,
+#: CUDA graphs, inputs rotated past L2, every output checked against float64:
+#: benchmarks/results/h200/archive/m1-triton38-20261130.json; 2880^2 .. 8192^2, 4096 x 14336): mxfp8 at
+#: M = 1 against the plan that ran without it (portable / streaming kernel) 1.25-1.45x weight-only,
+#: 1.52-1.81x W x A, at M = 2 0.77x; mxfp4 / nvfp4 weight-only 0.70-0.93x the streaming kernel (1.05-1.20x
+#: on 2880^2 only) and below the register-streaming kernel everywhere (plan/direct.py takes M = 1 there),
+#: W x A 1.09-1.25x up to 4096^2, 0.74-0.79x from 8192^2: no row count wins on every shape, so none.
+_MX_GEMV_ROWS_38 = {"mxfp8": 1, "mxfp4": 0, "nvfp4": 0}
 #: Weight bytes one program loads per chunk (block_n rows x block_k elements). NOT MEASURED YET:
 #: the fp8_block GEMV's sweep chose 8-16 KB (32 KB lost: registers, activation re-reads).
 MX_GEMV_CHUNK_BYTES = 16 * 1024
@@ -70,11 +79,15 @@ MX_GEMV_ODD_K_ROWS = 2
 MX_GEMV_ENABLED = mx_kernel_enabled("gemv")
 
 
-#: Triton releases whose sm_90 build of the GEMV keeps its register layout (one thread's slices
-#: in registers, no shared memory in the K loop, no spills: tests/test_aot_mx_gemv.py, run on 3.6).
-#: triton 3.8 routes the slices through shared memory (STS/LDS/BAR in the K loop) and spills
-#: 8-672 bytes at M = 1-2 (benchmarks/NOTES.md, thirteenth session): the portable kernel runs there.
-MX_GEMV_TRITON = ((3, 6),)
+#: Triton releases the GEMV runs on. 3.6: its sm_90 build keeps the register layout (one thread's
+#: slices in registers, no shared memory in the K loop, no spills: tests/test_aot_mx_gemv.py).
+#: 3.8 routes the slices through shared memory (STS/LDS/BAR in the K loop) and spills 8-672 bytes
+#: of the fp4 builds at M = 1-2 (benchmarks/NOTES.md, thirteenth and fortieth sessions), which the
+#: GPU confirmed (fp4 slower than the alternatives); its mxfp8 build still wins at one row, so 3.8
+#: keeps that row (``_MX_GEMV_ROWS_38``). 3.7: not timed, off.
+MX_GEMV_TRITON = ((3, 6), (3, 8))
+#: the rows per format on each release of MX_GEMV_TRITON (0: the GEMV does not take the format)
+MX_GEMV_ROWS_BY_RELEASE = {(3, 6): _MX_GEMV_ROWS_36, (3, 8): _MX_GEMV_ROWS_38}
 
 
 def _triton_release() -> tuple[int, int]:
@@ -87,13 +100,15 @@ def _triton_release() -> tuple[int, int]:
 
 
 _TRITON_OK = _triton_release() in MX_GEMV_TRITON
+#: the rows of this process's release (3.6's table elsewhere: the GEMV is then off by _TRITON_OK unless forced)
+MX_GEMV_ROWS = MX_GEMV_ROWS_BY_RELEASE.get(_triton_release(), _MX_GEMV_ROWS_36)
 
 
 def use_mx_gemv(fmt: str, m: int, k: int) -> bool:
     """The planner's rule: the GEMV switched on (MX_GEMV_ENABLED) on a Triton release of
-    MX_GEMV_TRITON, MX / NV weights, 1 <= M <= MX_GEMV_ROWS[fmt], K > 0 (CUDA only; the caller
+    MX_GEMV_TRITON, MX / NV weights, 1 <= M <= MX_GEMV_ROWS[fmt] (this release's rows), K > 0 (CUDA only; the caller
     checks the device)."""
-    return (MX_GEMV_ENABLED and _TRITON_OK and fmt in MX_GEMV_FORMATS and 1 <= m <= MX_GEMV_ROWS[fmt]
+    return (MX_GEMV_ENABLED and _TRITON_OK and fmt in MX_GEMV_FORMATS and 1 <= m <= MX_GEMV_ROWS.get(fmt, 0)
             and k > 0)
 
 
