@@ -235,7 +235,7 @@ def test_gemv_on_by_default():
 
 def test_gemv_only_on_releases_whose_build_holds(mx_kernels, monkeypatch):
     """Switched on, the GEMV still runs only on the Triton releases of MX_GEMV_TRITON (3.6: the
-    layout checks of tests/test_aot_mx_gemv.py; 3.8: mxfp8 at one row, measured), with that release's
+    layout checks of tests/test_aot_mx_gemv.py; 3.7 / 3.8: mxfp8 at one row, measured), with that release's
     rows; elsewhere the other plans stay."""
     from blockscaled.plan import mx_gemv
 
@@ -246,7 +246,8 @@ def test_gemv_only_on_releases_whose_build_holds(mx_kernels, monkeypatch):
     assert not mx_gemv.use_mx_gemv("mxfp4", 1, 2880) and not mx_gemv.use_mx_gemv("nvfp4", 1, 2880)
     monkeypatch.setattr(mx_gemv, "_TRITON_OK", False)
     assert not mx_gemv.use_mx_gemv("mxfp4", 1, 2880) and not mx_gemv.use_mx_gemv("mxfp8", 1, 2880)
-    assert mx_gemv.MX_GEMV_TRITON == ((3, 6), (3, 8)) == tuple(mx_gemv.MX_GEMV_ROWS_BY_RELEASE)
+    assert mx_gemv.MX_GEMV_TRITON == ((3, 6), (3, 7), (3, 8)) == tuple(mx_gemv.MX_GEMV_ROWS_BY_RELEASE)
+    assert mx_gemv.MX_GEMV_ROWS_BY_RELEASE[(3, 7)] == mx_gemv.MX_GEMV_ROWS_BY_RELEASE[(3, 8)]
     import triton
 
     assert ".".join(map(str, mx_gemv._triton_release())) == ".".join(triton.__version__.split(".")[:2])

@@ -232,7 +232,7 @@ def test_log_plans_once(path, device, monkeypatch, caplog):
 def regs_36(monkeypatch):
     """The streaming kernel's registers per program as triton 3.6 builds it (plan/stream.py keeps
     3.8's own table; the rules below were measured with 3.6's builds) and the decode GEMV's rows on
-    3.6 (plan/mx_gemv.py keeps 3.8's), whichever release runs."""
+    3.6 (plan/mx_gemv.py keeps 3.7 / 3.8's), whichever release runs."""
     from blockscaled.plan import mx_gemv, stream as plan_stream
 
     monkeypatch.setattr(mx_gemv, "MX_GEMV_ROWS", mx_gemv.MX_GEMV_ROWS_BY_RELEASE[(3, 6)])
@@ -327,7 +327,8 @@ def test_direct_takes_fp4_weight_only_2_to_8_rows(direct_on):
 
 
 def test_direct_takes_one_row_where_the_gemv_does_not_run(direct_on, monkeypatch):
-    """A triton whose GEMV build is not admitted (3.7 / 3.8: MX_GEMV_TRITON) or the GEMV switched off:
+    """A triton whose GEMV does not take fp4 (3.7 / 3.8: MX_GEMV_ROWS_BY_RELEASE), one outside MX_GEMV_TRITON,
+    or the GEMV switched off:
     weight-only fp4 at 1 row, and mxfp4 at 2 rows on small weights, take the register-streaming kernel
     (DIRECT_MIN_M_WITHOUT_GEMV; measured 1.10-1.19x the streaming kernel there), explained; W x A and
     mxfp8 keep the streaming kernel (the kernel takes bf16 activations and fp4 weights)."""

@@ -51,13 +51,12 @@ DIRECT_FORMATS = ("mxfp4", "nvfp4")
 #: kernel at 16)
 DIRECT_MIN_M = 2
 DIRECT_MAX_M = 8
-#: one row where the decode GEMV does not take it (plan/mx_gemv.py ``use_mx_gemv``: triton 3.8, whose fp4
-#: build spills, and 3.7, outside MX_GEMV_TRITON; or the GEMV switched off). Measured (H200, triton 3.8.0, same
-#: process, CUDA graphs, inputs rotated past L2, each output checked against float64:
-#: benchmarks/results/h200/archive/m1-triton38-20261130.json; gpt-oss, Llama 3 8B / 70B shapes, weight-only):
-#: against the wgmma streaming kernel that ran there 1.10-1.19x on all 12 rows (6 shapes x mxfp4 / nvfp4),
-#: the same gain as at 2..8 rows (both pad to 8; this kernel's K loop is shorter); the spilling GEMV
-#: 0.70-0.93x the streaming kernel except on 2880 x 2880 (1.05-1.20x)
+#: one row where the decode GEMV does not take it (plan/mx_gemv.py ``use_mx_gemv``: fp4 on triton 3.7 / 3.8,
+#: whose fp4 builds spill; or the GEMV switched off). Measured (H200, same process, CUDA graphs, inputs
+#: rotated past L2, each output checked against float64: benchmarks/results/h200/archive/m1-triton38-20261130.json;
+#: weight-only): against the wgmma streaming kernel that ran there, on 3.8.0 1.10-1.19x on 12 rows (gpt-oss,
+#: Llama 3 8B / 70B shapes x mxfp4 / nvfp4), 1.09-1.39x on 16 held-out rows (8 more shapes), on 3.7.1
+#: 1.07-1.39x on 14 rows: the same gain as at 2..8 rows (both pad to 8; this kernel's K loop is shorter)
 DIRECT_MIN_M_WITHOUT_GEMV = 1
 #: the activation rows padded to the mma.sync N
 DIRECT_MP = 8

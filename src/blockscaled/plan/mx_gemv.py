@@ -45,14 +45,17 @@ MX_GEMV_MAX_M = GEMV_MAX_M
 #: FMAs per weight byte grow with M while the portable kernel's tensor cores do not care, and
 #: nvfp4's e4m3 scale decode adds to every row. So: the largest M whose worst row still wins.
 _MX_GEMV_ROWS_36 = {"mxfp8": 2, "mxfp4": 2, "nvfp4": 1}
-#: The same on triton 3.8, whose build of the kernel differs (MX_GEMV_TRITON's comment below:
-#: shared memory in the K loop, spills at fp4). Measured there (H200, triton 3.8.0, one process each,
+#: The same on triton 3.7 and 3.8, whose builds of the kernel differ (MX_GEMV_TRITON's comment below:
+#: shared memory in the K loop, spills at fp4). Measured there (H200, one process per format and mode,
 #: CUDA graphs, inputs rotated past L2, every output checked against float64:
-#: benchmarks/results/h200/archive/m1-triton38-20261130.json; 2880^2 .. 8192^2, 4096 x 14336): mxfp8 at
-#: M = 1 against the plan that ran without it (portable / streaming kernel) 1.25-1.45x weight-only,
-#: 1.52-1.81x W x A, at M = 2 0.77x; mxfp4 / nvfp4 weight-only 0.70-0.93x the streaming kernel (1.05-1.20x
-#: on 2880^2 only) and below the register-streaming kernel everywhere (plan/direct.py takes M = 1 there),
-#: W x A 1.09-1.25x up to 4096^2, 0.74-0.79x from 8192^2: no row count wins on every shape, so none.
+#: benchmarks/results/h200/archive/m1-triton38-20261130.json; 3.8.0: 2880^2 .. 8192^2, 4096 x 14336, then 8
+#: held-out shapes 1024 x 8192 .. 28672 x 8192; 3.7.1: 7 shapes): mxfp8 at M = 1 against the plan that ran
+#: without it (portable / streaming kernel) 1.03-1.45x weight-only on 3.8 (11 of 11 rows), 1.33-1.76x on 3.7,
+#: W x A 1.26-2.2x on 3.8 (10 of 10), 1.40-2.26x on 3.7; at M = 2 0.77x (3.8). mxfp4 / nvfp4 weight-only
+#: 0.60-0.93x the register-streaming kernel (plan/direct.py takes M = 1 there) except on the smallest weights
+#: (1024 x 8192: 1.36-1.41x, 2880^2 mxfp4 1.10-1.13x, nvfp4 0.89x); W x A 1.09-1.25x up to 4096^2 and
+#: 0.74-0.80x from 8192^2: no row count wins on every shape, so none (the weights' size alone does not
+#: separate them: 2880^2 and 1024 x 8192 are both ~4 MB of nvfp4).
 _MX_GEMV_ROWS_38 = {"mxfp8": 1, "mxfp4": 0, "nvfp4": 0}
 #: Weight bytes one program loads per chunk (block_n rows x block_k elements). NOT MEASURED YET:
 #: the fp8_block GEMV's sweep chose 8-16 KB (32 KB lost: registers, activation re-reads).
@@ -84,10 +87,10 @@ MX_GEMV_ENABLED = mx_kernel_enabled("gemv")
 #: 3.8 routes the slices through shared memory (STS/LDS/BAR in the K loop) and spills 8-672 bytes
 #: of the fp4 builds at M = 1-2 (benchmarks/NOTES.md, thirteenth and fortieth sessions), which the
 #: GPU confirmed (fp4 slower than the alternatives); its mxfp8 build still wins at one row, so 3.8
-#: keeps that row (``_MX_GEMV_ROWS_38``). 3.7: not timed, off.
-MX_GEMV_TRITON = ((3, 6), (3, 8))
+#: keeps that row (``_MX_GEMV_ROWS_38``); 3.7 measured the same (and builds mxfp8 without spills).
+MX_GEMV_TRITON = ((3, 6), (3, 7), (3, 8))
 #: the rows per format on each release of MX_GEMV_TRITON (0: the GEMV does not take the format)
-MX_GEMV_ROWS_BY_RELEASE = {(3, 6): _MX_GEMV_ROWS_36, (3, 8): _MX_GEMV_ROWS_38}
+MX_GEMV_ROWS_BY_RELEASE = {(3, 6): _MX_GEMV_ROWS_36, (3, 7): _MX_GEMV_ROWS_38, (3, 8): _MX_GEMV_ROWS_38}
 
 
 def _triton_release() -> tuple[int, int]:
