@@ -124,18 +124,94 @@ def mc_gemm_kernel(a_desc, b_desc, c_ptr, M, N, K, stride_cm,
     if CTAS == 2:  # no CTA leaves while the other may still multicast into it or arrive on its barriers
         cluster.arrive()
         cluster.wait()
-    # stored from the accumulator's registers (a layout conversion would need 128 KB of shared memory)
+    # stored from the accumulator's registers (a layout conversion would need 128 KB of shared memory), in
+    # bf16 as the library's kernels (the first two GPU runs, sync and async pipelines, stored fp32)
     rm = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, ACC_L))
     rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, ACC_L))
-    gl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :], acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
+    gl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :], acc.to(c_ptr.dtype.element_ty),
+             mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@gluon.jit
+def mc_gemm_persistent_kernel(a_desc, b_desc, c_ptr, M, N, K, stride_cm,
+                              BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
+                              CTAS: gl.constexpr, A_L: gl.constexpr, B_L: gl.constexpr, ACC_L: gl.constexpr,
+                              MULTICAST: gl.constexpr, ASYNC: gl.constexpr):
+    """The same tile and ring as ``mc_gemm_kernel`` (async pipeline), persistent: one program per SM
+    (per pair of SMs for a cluster) walks the tiles, M fastest, so a cluster is co-scheduled once, not per
+    tile. The ring's stage and phase follow one step counter across tiles. With MULTICAST the ``empty``
+    barriers are replicated (CTA 0 waits for both CTAs before its multicast refills a stage); without, each
+    CTA keeps its own (``two_loads``: a cluster that shares nothing)."""
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    num_m = gl.cdiv(M, BM)
+    tiles = num_m * gl.cdiv(N, BN)
+    nk = gl.cdiv(K, BK)
+    a_s = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BM, BK], A_L)
+    b_s = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BN, BK], B_L)
+    full = mbarrier.allocate_mbarrier(batch=STAGES)
+    if MULTICAST:
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout(cga_layout=[[0]]))
+    else:
+        empty = mbarrier.allocate_mbarrier(batch=STAGES)
+    for st in gl.static_range(STAGES):
+        mbarrier.init(full.index(st), count=1)
+        mbarrier.init(empty.index(st), count=1)
+    if CTAS == 2:
+        mbarrier.fence_init_release_cluster()
+        cluster.arrive(relaxed=True)
+        cluster.wait()
+    STAGE_BYTES: gl.constexpr = (BM // CTAS) * BK + BN * BK
+    g_load = 0  # steps whose loads were issued, over all tiles of this program
+    g_use = 0  # steps consumed
+    for t in range(pid, tiles, nprog):
+        pid_m = t % num_m
+        pid_n = t // num_m
+        for p in gl.static_range(STAGES - 1):
+            if p < nk:
+                sl = g_load % STAGES
+                if g_load >= STAGES:  # the step that used stage sl before, consumed (and arrived) by both CTAs
+                    mbarrier.wait(empty.index(sl), ((g_load // STAGES) - 1) & 1)
+                mbarrier.expect(full.index(sl), STAGE_BYTES)
+                tma_load(a_desc, [pid_m * BM, p * BK], full.index(sl), a_s.index(sl))
+                tma_load(b_desc, [pid_n * BN, p * BK], full.index(sl), b_s.index(sl), multicast=MULTICAST)
+                g_load += 1
+        acc = gl.zeros([BM, BN], gl.float32, ACC_L)
+        for i in range(nk):
+            s = g_use % STAGES
+            mbarrier.wait(full.index(s), (g_use // STAGES) & 1)
+            acc = warpgroup_mma(a_s.index(s), b_s.index(s).permute((1, 0)), acc, is_async=True)
+            acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_s.index(s), b_s.index(s)))
+            if i > 0:
+                mbarrier.arrive(empty.index((g_use - 1) % STAGES))
+            j = i + STAGES - 1
+            if j < nk:
+                sl = g_load % STAGES  # == (g_use - 1) % STAGES
+                if g_load >= STAGES:
+                    mbarrier.wait(empty.index(sl), ((g_load // STAGES) - 1) & 1)
+                mbarrier.expect(full.index(sl), STAGE_BYTES)
+                tma_load(a_desc, [pid_m * BM, j * BK], full.index(sl), a_s.index(sl))
+                tma_load(b_desc, [pid_n * BN, j * BK], full.index(sl), b_s.index(sl), multicast=MULTICAST)
+                g_load += 1
+            g_use += 1
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(empty.index((g_use - 1) % STAGES))  # the tile's last step
+        rm = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, ACC_L))
+        rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, ACC_L))
+        gl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :], acc.to(c_ptr.dtype.element_ty),
+             mask=(rm[:, None] < M) & (rn[None, :] < N))
+    if CTAS == 2:
+        cluster.arrive()
+        cluster.wait()
 
 
 VARIANTS = {"multicast": (2, True), "two_loads": (2, False), "one_cta": (1, False)}
 
 
 #: "async": one wgmma kept in flight (each stage freed when the next step's wgmma is issued: how the
-#: library's kernels run); "sync": every wgmma waited on before the next load (the first probe)
-PIPELINES = ("async", "sync")
+#: library's kernels run); "sync": every wgmma waited on before the next load (the first probe);
+#: "persistent": async, one program per SM (per SM pair) walking the tiles (mc_gemm_persistent_kernel)
+PIPELINES = ("async", "sync", "persistent")
 
 
 def _constexprs(variant: str, pipeline: str = "async") -> dict:
@@ -154,9 +230,10 @@ def aot(variant: str = "multicast", pipeline: str = "async") -> dict:
     ce = _constexprs(variant, pipeline)
     sig = {"a_desc": f"tensordesc<fp8e4nv[{ce['BM']}, {BK}],{ce['A_L']!r}>",
            "b_desc": f"tensordesc<fp8e4nv[{BN}, {BK}],{ce['B_L']!r}>",
-           "c_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "stride_cm": "i32"}
+           "c_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "stride_cm": "i32"}
     sig.update({k: "constexpr" for k in ce})
-    k = triton.compile(GluonASTSource(mc_gemm_kernel, sig, constexprs=ce), target=GPUTarget("cuda", 90, 32),
+    kern = mc_gemm_persistent_kernel if pipeline == "persistent" else mc_gemm_kernel
+    k = triton.compile(GluonASTSource(kern, sig, constexprs=ce), target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": WARPS, "num_ctas": VARIANTS[variant][0]})
     ptx = k.asm["ptx"]
     return {"variant": variant, "pipeline": pipeline, "triton": triton.__version__,
@@ -184,7 +261,7 @@ def run(shapes, rounds: int, out_json: str | None, pipeline: str = "async") -> N
         for _ in range(sets):
             a = (torch.randn(m, k, device="cuda", generator=g) * 2).to(torch.float8_e4m3fn)
             b = (torch.randn(n, k, device="cuda", generator=g) * 2).to(torch.float8_e4m3fn)
-            ops.append((a, b, torch.full((m, n), float("nan"), device="cuda")))
+            ops.append((a, b, torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)))
         ref = (ops[0][0].double() @ ops[0][1].double().T)
 
         def call(variant):
@@ -194,8 +271,14 @@ def run(shapes, rounds: int, out_json: str | None, pipeline: str = "async") -> N
             def f(a, b, c):
                 ad = TensorDescriptor.from_tensor(a, [ce["BM"], BK], ce["A_L"])
                 bd = TensorDescriptor.from_tensor(b, [BN, BK], ce["B_L"])
-                grid = (triton.cdiv(m, ce["BM"]), triton.cdiv(n, BN))
-                mc_gemm_kernel[grid](ad, bd, c, m, n, k, c.stride(0), num_warps=WARPS, num_ctas=ctas, **ce)
+                tiles = triton.cdiv(m, ce["BM"]) * triton.cdiv(n, BN)
+                if pipeline == "persistent":  # one program per SM (a cluster per SM pair)
+                    grid = (min(tiles, torch.cuda.get_device_properties(0).multi_processor_count // ctas),)
+                    mc_gemm_persistent_kernel[grid](ad, bd, c, m, n, k, c.stride(0), num_warps=WARPS, num_ctas=ctas,
+                                                    **ce)
+                else:
+                    grid = (triton.cdiv(m, ce["BM"]), triton.cdiv(n, BN))
+                    mc_gemm_kernel[grid](ad, bd, c, m, n, k, c.stride(0), num_warps=WARPS, num_ctas=ctas, **ce)
             return f
 
         fns = {v: call(v) for v in VARIANTS}
