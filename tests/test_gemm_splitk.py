@@ -224,13 +224,15 @@ def test_small_m_plans_run_as_planned():
                         continue
                     if c.strategy == "stream":  # plan/stream.py: MX / NV weights, M <= 64, sm_90
                         # M = 1 goes to the GEMV where its triton release runs it (MX_GEMV_ROWS_BY_RELEASE)
-                        assert fmt in ("nvfp4", "mxfp8") and (1 < m or not mx_gemv.use_mx_gemv(fmt, 1, k)) and m <= 64, \
+                        gemv_one = mx_gemv.use_mx_gemv(fmt, 1, k)
+                        assert fmt in ("nvfp4", "mxfp8") and (1 < m or not gemv_one) and m <= 64, \
                             (fmt, a, m, c)
                         assert math.ceil(kb / c.split_k) >= 3 or c.split_k == 1, c
                         continue
                     if c.strategy == "direct":  # plan/direct.py: nvfp4 weight-only decode rows, sm_90
                         # M = 1 only where the GEMV does not take it (DIRECT_MIN_M_WITHOUT_GEMV)
-                        assert fmt == "nvfp4" and a == "bfloat16" and (1 < m or not mx_gemv.use_mx_gemv(fmt, 1, k)) and m <= 8, \
+                        gemv_one = mx_gemv.use_mx_gemv(fmt, 1, k)
+                        assert fmt == "nvfp4" and a == "bfloat16" and (1 < m or not gemv_one) and m <= 8, \
                             (fmt, a, m, c)
                         continue
                     if c.strategy == "tiled":  # plan/tiled.py: MX / NV weights from 33 rows, sm_90

@@ -304,7 +304,8 @@ def run(shapes, rounds: int, out_json: str | None, pipeline: str = "async") -> N
             for v in order:
                 times[v].append(time_op(fns[v], ops, warmup=5, iterations=30).median_ms * 1e3)
         med = {v: sorted(t)[len(t) // 2] for v, t in times.items()}
-        row = {"m": m, "n": n, "k": k, "pipeline": pipeline, "rel_err_vs_f64": errs, "bitwise_equal_to_one_cta": equal, "us": med, "tflops": {v: 2 * m * n * k / us / 1e6 for v, us in med.items()},
+        row = {"m": m, "n": n, "k": k, "pipeline": pipeline, "rel_err_vs_f64": errs, "bitwise_equal_to_one_cta": equal,
+               "us": med, "tflops": {v: 2 * m * n * k / us / 1e6 for v, us in med.items()},
                "multicast_over_two_loads": med["two_loads"] / med["multicast"]}
         rows.append(row)
         print(json.dumps(row))

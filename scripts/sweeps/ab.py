@@ -221,7 +221,7 @@ def resolve(case: Case, tokens: list[str], dev) -> list[tuple[str, object]]:
             continue
         elif kind == "deepgemm":
             if not fp8_hopper or case.out_dtype != "bf16":
-                raise SystemExit(f"variant {tok!r}: dense fp8_block with quantized activations, bf16 out, on sm_90 only")
+                raise SystemExit(f"variant {tok!r}: dense fp8_block, quantized activations, bf16 out, sm_90 only")
             out.append((tok, DEEPGEMM))
             continue
         elif kind == "dequant_matmul":

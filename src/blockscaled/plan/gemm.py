@@ -66,7 +66,8 @@ def plan_gemm(p: Problem, dev: DeviceInfo, forced=None, *, gluon_ok: bool = True
         return Plan("gemm", "cuda", cfg, p, reasons=(
             f"{p.fmt} weight-only on {scope}",
             f"register-streaming decode kernel (kernels/hopper/direct.py): {direct_min_m(p.fmt, p.k)} <= M = {p.m} "
-            f"<= {DIRECT_MAX_M} rows{' (the decode GEMV does not take M = 1 here)' if p.m == 1 else ''} padded to the mma.sync N of {cfg.block_m}; each warp loads its 16 weight rows "
+            f"<= {DIRECT_MAX_M} rows{' (the decode GEMV does not take M = 1 here)' if p.m == 1 else ''} padded to "
+            f"the mma.sync N of {cfg.block_m}; each warp loads its 16 weight rows "
             f"straight into registers a 128-K step ahead, decodes them into the A fragment, no shared memory "
             f"or barrier in the K loop; {direct_split_why(p.n, p.k, p.fmt, dev.sm_count)[1]}",
             (f"{cfg.maxnreg} registers per thread for ptxas (the grid needs <= 4 programs per SM: it then issues "

@@ -24,7 +24,8 @@ from ..config.gemm import GEMV_MAX_M, GemmConfig, gemv_slice_elems
 from .device import DeviceInfo
 from .splits import cdiv
 
-__all__ = ["MX_GEMV_FORMATS", "MX_GEMV_MAX_M", "MX_GEMV_ROWS", "MX_GEMV_ROWS_BY_RELEASE", "MX_GEMV_CHUNK_BYTES", "MX_GEMV_MAX_WARPS", "MX_GEMV_MAX_ROWS",
+__all__ = ["MX_GEMV_FORMATS", "MX_GEMV_MAX_M", "MX_GEMV_ROWS", "MX_GEMV_ROWS_BY_RELEASE", "MX_GEMV_CHUNK_BYTES",
+           "MX_GEMV_MAX_WARPS", "MX_GEMV_MAX_ROWS",
            "MX_GEMV_MAX_ROWS_AT_8", "MX_GEMV_MIN_PROGRAMS_PER_SM", "MX_GEMV_ODD_K_ROWS", "MX_GEMV_TRITON", "use_mx_gemv",
            "mx_gemv_config"]
 
@@ -85,9 +86,11 @@ MX_GEMV_ENABLED = mx_kernel_enabled("gemv")
 #: Triton releases the GEMV runs on. 3.6: its sm_90 build keeps the register layout (one thread's
 #: slices in registers, no shared memory in the K loop, no spills: tests/test_aot_mx_gemv.py).
 #: 3.8 routes the slices through shared memory (STS/LDS/BAR in the K loop) and spills 8-672 bytes
-#: of the fp4 builds at M = 1-2 (benchmarks/NOTES.md, thirteenth and fortieth sessions), which the
-#: GPU confirmed (fp4 slower than the alternatives); its mxfp8 build still wins at one row, so 3.8
-#: keeps that row (``_MX_GEMV_ROWS_38``); 3.7 measured the same (and builds mxfp8 without spills).
+#: of the fp4 builds at M = 1-2 (benchmarks/NOTES.md, thirteenth and fortieth sessions): its layout
+#: assignment spreads a warp over 8 weight rows x 4 slices and the dense activations over 4 threads per
+#: slice, where 3.6 puts all 32 threads across slices and the rows in registers. The GPU confirmed it
+#: (fp4 slower than the alternatives); its mxfp8 build still wins at one row, so 3.8 keeps that row
+#: (``_MX_GEMV_ROWS_38``); 3.7 measured the same (and builds mxfp8 without spills).
 MX_GEMV_TRITON = ((3, 6), (3, 7), (3, 8))
 #: the rows per format on each release of MX_GEMV_TRITON (0: the GEMV does not take the format)
 MX_GEMV_ROWS_BY_RELEASE = {(3, 6): _MX_GEMV_ROWS_36, (3, 7): _MX_GEMV_ROWS_38, (3, 8): _MX_GEMV_ROWS_38}
