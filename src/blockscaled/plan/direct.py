@@ -56,7 +56,7 @@ DIRECT_MAX_M = 8
 #: rotated past L2, each output checked against float64: benchmarks/results/h200/archive/m1-triton38-20261130.json;
 #: weight-only): against the wgmma streaming kernel that ran there, on 3.8.0 1.10-1.19x on 12 rows (gpt-oss,
 #: Llama 3 8B / 70B shapes x mxfp4 / nvfp4), 1.09-1.39x on 16 held-out rows (8 more shapes), on 3.7.1
-#: 1.07-1.39x on 14 rows: the same gain as at 2..8 rows (both pad to 8; this kernel's K loop is shorter)
+#: 1.08-1.39x on 14 rows: the same gain as at 2..8 rows (both pad to 8; this kernel's K loop is shorter)
 DIRECT_MIN_M_WITHOUT_GEMV = 1
 #: the activation rows padded to the mma.sync N
 DIRECT_MP = 8
