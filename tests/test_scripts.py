@@ -97,7 +97,8 @@ def test_the_kept_set():
     # 12 before the MX/NV kernels; their two GPU sweeps (mx_decode, mx_tiles) set planner constants
     # and stay until those are measured, host_cost.py measures the eager host path,
     # carry_triton.sh takes other triton releases to the GPU machine (the MX / NV kernels' release gates)
-    # and multicast_probe.py is issue 19's cluster protocol, to run on the GPU before a kernel uses it
+    # and gemv_gluon_probe.py is the fp4 decode GEMV with explicit layouts, to time on the GPU before the
+    # library takes it (the multicast probe's finding is recorded: NOTES, forty-first session)
     assert len(PY_SCRIPTS + SH_SCRIPTS) <= 17, "keep scripts/ small: record one-off findings in benchmarks/NOTES.md"
 
 
