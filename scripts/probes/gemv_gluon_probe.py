@@ -141,6 +141,7 @@ def gemv_fp4_kernel(x_ptr, b_ptr, bs_ptr, gs_ptr, c_ptr, N, K, stride_xm, stride
     if ROWS == 2:
         gl.store(c_ptr + stride_cm + offs_n, (gl.sum(acc1, axis=0) * inv).to(gl.bfloat16), mask=mask_n)
 
+
 def constexprs(fmt: str, block_n: int, block_k: int, rows: int = 1) -> dict:
     w3, x2, s3 = layouts(block_n)
     return {"FMT": FMT_CODES[fmt], "ROWS": rows, "BLOCK_N": block_n, "G": block_k // SLICE, "W3": w3, "X2": x2,
