@@ -34,36 +34,13 @@ import json, os, re, subprocess, sys, tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 from blockscaled.kernels.triton.mx_gemv import mx_gemv_kernel
+from blockscaled.testing.sass import loop_ops
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 DDT = {1: "*fp8e4nv", 2: "*u8", 3: "*u8"}
 SDT = {1: "*u8", 2: "*u8", 3: "*fp8e4nv"}
 # integer arguments triton specializes as divisible by 16 at launch for these shapes
 DIV16 = ("N", "K", "stride_am", "stride_bn", "stride_cm", "stride_asm", "stride_bsn")
-
-
-def loop_ops(sass):
-    """Opcode counts of the largest loop (the K loop): instructions between a label and the
-    backward branch to it."""
-    instr, labels, best = [], {}, None
-    for line in sass.splitlines():
-        m = re.match(r"\s*\.(L_x_\d+):", line)
-        if m:
-            labels[m.group(1)] = len(instr)
-            continue
-        m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(.*?);", line)
-        if m:
-            instr.append(m.group(1))
-    for i, ins in enumerate(instr):
-        m = re.search(r"BRA\s+`?\(?\.?(L_x_\d+)", ins)
-        if m and m.group(1) in labels and labels[m.group(1)] <= i:
-            if best is None or i - labels[m.group(1)] > best[1] - best[0]:
-                best = (labels[m.group(1)], i)
-    ops = {}
-    for ins in instr[best[0]:best[1] + 1]:
-        op = re.sub(r"^@!?U?P\w+\s+", "", ins).split()[0]
-        ops[op] = ops.get(op, 0) + 1
-    return ops
 
 
 out = {}

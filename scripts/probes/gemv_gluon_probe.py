@@ -37,6 +37,7 @@ from triton.experimental.gluon import language as gl
 
 # private: the Triton GEMV's e2m1 decode (PRMT table), the same instructions in both kernels
 from blockscaled.kernels.triton.mx_gemv import _FP4_ASM
+from blockscaled.testing.sass import loop_ops
 
 FMT_CODES = {"mxfp4": 2, "nvfp4": 3}
 WARPS = 4
@@ -149,7 +150,7 @@ def constexprs(fmt: str, block_n: int, block_k: int, rows: int = 1) -> dict:
 
 
 def aot(fmt: str = "mxfp4", block_n: int = 8, block_k: int = 4096, rows: int = 1) -> dict:
-    """Build for sm_90a (no GPU) and count the K loop's SASS (tests/_aot.py's helpers)."""
+    """Build for sm_90a (no GPU) and count the K loop's SASS (blockscaled.testing.sass)."""
     import os
     import subprocess
     import tempfile
@@ -175,7 +176,7 @@ def aot(fmt: str = "mxfp4", block_n: int = 8, block_k: int = 4096, rows: int = 1
         open(os.path.join(d, "k.ptx"), "w").write(k.asm["ptx"])
         v = subprocess.run([os.path.join(binp, "ptxas"), "-arch=sm_90a", "-v", os.path.join(d, "k.ptx"), "-o",
                             os.path.join(d, "k2.cubin")], capture_output=True, text=True).stderr
-    ops = _loop_ops(sass)
+    ops = loop_ops(sass)
     regs = re.findall(r"Used (\d+) registers", v)
     spills = re.findall(r"(\d+) bytes spill stores", v)
     return {"fmt": fmt, "rows": rows, "block_n": block_n, "block_k": block_k, "triton": triton.__version__,
@@ -185,30 +186,6 @@ def aot(fmt: str = "mxfp4", block_n: int = 8, block_k: int = 4096, rows: int = 1
             "loop_ldg128": ops.get("LDG.E.128", 0) + ops.get("LDG.E.128.CONSTANT", 0),
             "loop_shared_ops": sorted(o for o in ops if o.split(".")[0] in ("STS", "LDS", "BAR", "SHFL")),
             "local_memory_ops": sorted({o for o in re.findall(r"\b(STL|LDL)\S*", sass)})}
-
-
-def _loop_ops(sass: str) -> dict:
-    """Opcode counts of the largest loop of a disassembly (the K loop): from a label to the backward
-    branch to it (as tests/test_aot_mx_gemv.py counts the Triton GEMV's)."""
-    instr, labels, best = [], {}, None
-    for line in sass.splitlines():
-        m = re.match(r"\s*\.(L_x_\d+):", line)
-        if m:
-            labels[m.group(1)] = len(instr)
-            continue
-        m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(.*?);", line)
-        if m:
-            instr.append(m.group(1))
-    for i, ins in enumerate(instr):
-        m = re.search(r"BRA\s+`?\(?\.?(L_x_\d+)", ins)
-        if m and m.group(1) in labels and labels[m.group(1)] <= i:
-            if best is None or i - labels[m.group(1)] > best[1] - best[0]:
-                best = (labels[m.group(1)], i)
-    ops = {}
-    for ins in instr[best[0]:best[1] + 1] if best else []:
-        op = re.sub(r"^@!?U?P\w+\s+", "", ins).split()[0]
-        ops[op] = ops.get(op, 0) + 1
-    return ops
 
 
 def _run_shape(fmt: str, m: int, n: int, k: int, rounds: int) -> dict:
