@@ -176,6 +176,13 @@ def test_help_on_cpu(rel):
                        env=_cpu_env(), timeout=180, cwd="/")
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.startswith("usage:") and len(r.stdout.splitlines()) > 3, r.stdout
+    # Each subcommand's help too: argparse formats a help string only when it is printed, so a stray
+    # '%' in one crashes `<script> <sub> --help` while the top level prints.
+    subs = re.search(r"^usage: \S+ \[-h\] \{([\w,-]+)\}", r.stdout, re.M)
+    for sub in subs.group(1).split(",") if subs else ():
+        rs = subprocess.run([sys.executable, os.path.join(SCRIPTS, rel), sub, "--help"], capture_output=True,
+                            text=True, env=_cpu_env(), timeout=180, cwd="/")
+        assert rs.returncode == 0 and rs.stdout.startswith("usage:"), f"{rel} {sub}: " + rs.stdout + rs.stderr
 
 
 # ------------------------------------------------------------------------- sanitize.py cases

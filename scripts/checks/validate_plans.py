@@ -200,7 +200,7 @@ def main(argv=None) -> int:
     r.add_argument("--part", default="0/1", help="i/n: every n-th shape from the i-th")
     r.add_argument("--limit", type=int, default=0)
     r.add_argument("--unaligned", action="store_true",
-                   help="only shapes whose bf16 output rows the compiler cannot store in vectors (N % 16 != 0)")
+                   help="only shapes whose bf16 output rows the compiler cannot store in vectors (N %% 16 != 0)")
     r.add_argument("--skip", type=int, default=0, help="skip the first shapes (a run that continues another)")
     r.add_argument("--tune", type=int, default=0, metavar="TOP",
                    help="also run blockscaled.tune (top TOP candidates, its own timings) on each shape and record its choice")
