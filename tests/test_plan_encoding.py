@@ -109,6 +109,25 @@ def test_mx_gemv_plans_roundtrip(mx_kernels, monkeypatch):
     assert len({c.block_k for c in cfgs}) > 2 and len({c.num_warps for c in cfgs}) > 1
 
 
+def test_gluon_gemv_plans_roundtrip(mx_kernels, monkeypatch):
+    """The Gluon GEMV's plans (triton 3.7 / 3.8: fp4 weight-only at one row on small weights): every field,
+    gluon=True included, comes back; the tiles vary (rows, warps) over the shapes."""
+    from blockscaled.plan import mx_gemv
+
+    monkeypatch.setattr(mx_gemv, "_GLUON_TRITON_OK", True)
+    monkeypatch.setattr(mx_gemv, "MX_GEMV_ROWS", mx_gemv.MX_GEMV_ROWS_BY_RELEASE[(3, 8)])
+    plans = set()
+    for dev, fmt, n, k in itertools.product(DEVICES[:2], ("mxfp4", "nvfp4"), (7, 1024, 2880, 7168),
+                                            (32, 1536, 2048, 2880, 5120, 8192)):
+        plan = plan_gemm(Problem("gemm", fmt, 1, n, k, a="bfloat16", b_block_rows=1), dev)
+        if n * k // 2 <= mx_gemv.MX_GEMV_GLUON_MAX_BYTES and dev.is_hopper:
+            assert plan.kernel == "gemv_gluon" and plan.config.gluon, plan
+            plans.add(plan)
+    _roundtrip_plans(plans)
+    cfgs = {p.config for p in plans}
+    assert len({c.block_n for c in cfgs}) > 1 and {c.num_warps for c in cfgs} == set(mx_gemv.MX_GEMV_GLUON_WARPS)
+
+
 def test_every_fp8_candidate_roundtrips():
     """Every candidate the cost model ranks (plan.dense.fp8_candidates), chosen or not, encodes:
     a forced config or a recalibrated model may run any of them."""
@@ -230,7 +249,8 @@ def test_every_field_travels():
         {"strategy": "dequant_matmul"}, {"strategy": "hopper"}, {"promote": False}, {"promote": None},
         {"group_m": 4}, {"swap_ab": True})]
     variants_g += [GemmConfig(16, 64, 128, 4, 4, 2, "stream", dequant_a=True),
-                   GemmConfig(8, 64, 128, 4, 1, 3, "direct", maxnreg=128)]
+                   GemmConfig(8, 64, 128, 4, 1, 3, "direct", maxnreg=128),
+                   GemmConfig(1, 8, 2048, 2, 1, 1, "gemv", gluon=True)]
     for base, variants in ((base_h, variants_h), (base_g, variants_g)):
         seen = _roundtrip_configs([base, *variants])
         assert len(seen) == 1 + len(variants)

@@ -336,6 +336,7 @@ def test_direct_takes_one_row_where_the_gemv_does_not_run(direct_on, monkeypatch
     from blockscaled.plan.direct import direct_min_m
 
     assert direct_min_m("mxfp4", 8192) == 2  # the GEMV on: it keeps the single row
+    monkeypatch.setattr(mx_gemv, "_GLUON_TRITON_OK", False)  # its Gluon build too (test_gluon_gemv_rule)
     monkeypatch.setattr(mx_gemv, "_TRITON_OK", False)
     plan_gemm.cache_clear()
     assert direct_min_m("mxfp4", 8192) == 1
@@ -358,6 +359,50 @@ def test_direct_takes_one_row_where_the_gemv_does_not_run(direct_on, monkeypatch
     monkeypatch.setattr(mx_gemv, "MX_GEMV_ENABLED", False)
     plan_gemm.cache_clear()
     assert _wo("nvfp4", 1, n=8192, k=8192).kernel == "hopper_direct"
+
+
+def test_gluon_gemv_rule(direct_on, monkeypatch):
+    """Triton 3.7 / 3.8 (MX_GEMV_GLUON_TRITON; 3.8's GEMV rows): weight-only fp4 at one row on weights up to
+    MX_GEMV_GLUON_MAX_BYTES runs the Gluon GEMV (kernel "gemv_gluon", explained), larger ones the
+    register-streaming kernel; its tiles keep >= MX_GEMV_GLUON_WARPS_PER_SM warps per SM with the least K
+    padding (the grid's rows of gemv-gluon-20261130.json); not for 2 rows, W x A, mxfp8, K % 32 != 0, off
+    Hopper, without Gluon, or on 3.6 (the Triton GEMV takes the row there)."""
+    from blockscaled.plan import mx_gemv
+    from blockscaled.plan.mx_gemv import MX_GEMV_GLUON_MAX_BYTES, gluon_gemv_reason
+
+    monkeypatch.setattr(mx_gemv, "_GLUON_TRITON_OK", True)
+    monkeypatch.setattr(mx_gemv, "MX_GEMV_ROWS", mx_gemv.MX_GEMV_ROWS_BY_RELEASE[(3, 8)])
+    plan_gemm.cache_clear()
+    from blockscaled.plan import H200_SXM as h200
+    # (n, k): (block_n, warps) of the rule on 132 SMs
+    tiles = {(2880, 2880): (8, 4), (7168, 2048): (8, 2), (1536, 1536): (2, 2), (5760, 2880): (8, 4),
+             (4096, 4096): (8, 4), (1024, 8192): (2, 4), (2048, 5120): (2, 2)}
+    for fmt in ("mxfp4", "nvfp4"):
+        for (n, k), (bn, warps) in tiles.items():
+            p = _wo(fmt, 1, n=n, k=k, dev=h200)
+            assert p.kernel == "gemv_gluon" and (p.config.block_n, p.config.num_warps) == (bn, warps), (n, k, p)
+            assert p.config.block_k == 1024 * warps and p.config.block_m == 1
+            assert "MX_GEMV_GLUON_MAX_BYTES" in str(p) and "gluon_gemv_config" in str(p), str(p)
+            # every tile keeps >= 8 warps per SM in flight, or none could (then the most rows, 4 warps)
+            assert -(-n // bn) * warps >= 8 * 132 or (bn, warps) == (mx_gemv.mx_gemv_config(fmt, 1, n, k, h200)
+                                                                     .block_n, 4)
+        big = _wo(fmt, 1, n=4608, k=7168, dev=h200)
+        assert 4608 * 7168 // 2 > MX_GEMV_GLUON_MAX_BYTES and big.kernel == "hopper_direct", big
+        assert "MX_GEMV_GLUON_MAX_BYTES" in gluon_gemv_reason(big.problem, h200, True)
+        assert _wo(fmt, 2, n=2880, k=2880, dev=h200).kernel == "hopper_direct"
+        assert _wo(fmt, 1, n=2880, k=2880, a="quantized", dev=h200).kernel == "hopper_stream"
+        assert _wo(fmt, 1, n=2880, k=2880 + 16, dev=h200).kernel != "gemv_gluon"
+        assert _wo(fmt, 1, n=2880, k=2880, gluon_ok=False, dev=h200).kernel != "gemv_gluon"
+        a100 = DeviceInfo("cuda", 108, (8, 0), 166912, 40 * 2**20, 2.0e12, "A100")
+        assert _wo(fmt, 1, n=2880, k=2880, dev=a100).kernel != "gemv_gluon"
+    assert _wo("mxfp8", 1, n=2880, k=2880, dev=h200).kernel == "gemv"  # the Triton build's mxfp8 row
+    monkeypatch.setattr(mx_gemv, "MX_GEMV_ROWS", mx_gemv.MX_GEMV_ROWS_BY_RELEASE[(3, 6)])  # 3.6: Triton's fp4 row
+    plan_gemm.cache_clear()
+    assert _wo("mxfp4", 1, n=2880, k=2880, dev=h200).kernel == "gemv"
+    monkeypatch.setattr(mx_gemv, "_GLUON_TRITON_OK", False)
+    monkeypatch.setattr(mx_gemv, "MX_GEMV_ROWS", mx_gemv.MX_GEMV_ROWS_BY_RELEASE[(3, 8)])
+    plan_gemm.cache_clear()
+    assert _wo("mxfp4", 1, n=2880, k=2880, dev=h200).kernel == "hopper_direct"
 
 
 def test_direct_split_model():

@@ -96,9 +96,8 @@ def test_the_kept_set():
         assert rel == "test.sh" or rel.split(os.sep)[0] in ("checks", "sweeps", "probes"), rel
     # 12 before the MX/NV kernels; their two GPU sweeps (mx_decode, mx_tiles) set planner constants
     # and stay until those are measured, host_cost.py measures the eager host path,
-    # carry_triton.sh takes other triton releases to the GPU machine (the MX / NV kernels' release gates)
-    # and gemv_gluon_probe.py is the fp4 decode GEMV with explicit layouts, to time on the GPU before the
-    # library takes it (the multicast probe's finding is recorded: NOTES, forty-first session)
+    # and carry_triton.sh takes other triton releases to the GPU machine (the MX / NV kernels' release gates);
+    # the multicast and Gluon GEMV probes' findings are recorded (NOTES, forty-first and forty-second sessions)
     assert len(PY_SCRIPTS + SH_SCRIPTS) <= 17, "keep scripts/ small: record one-off findings in benchmarks/NOTES.md"
 
 

@@ -27,6 +27,10 @@ Variants (comma list; the first is the baseline of the ratio column):
                   portable candidate, else the portable rules (plan/portable.py, grouped_portable.py)
   gemv            dense fp8_block at M = 1: the decode GEMV; MX / NV weights at M <= 8: their GEMV
                   (plan/mx_gemv.py tiles), also on releases where the planner keeps it off
+  gemv_gluon      mxfp4 / nvfp4 weight-only at M <= 2: the GEMV with explicit layouts (kernels/hopper/
+                  mx_gemv_gluon.py) with the planner's one-row tiles (plan/mx_gemv.py gluon_gemv_config;
+                  at 2 rows at most 4 weight rows), also where the planner does not run it (triton 3.6,
+                  large weights)
   dequant_matmul  dequantize to bf16 + cuBLAS
   cublas_bf16     dense gemm: cuBLAS bf16 (torch.matmul) on the operands dequantized to bf16 before
                   timing (the mx suite's baseline: what the same weights cost unquantized)
@@ -69,8 +73,8 @@ import json
 import statistics
 import sys
 
-KINDS = ("plan", "hopper", "wide", "skinny", "portable", "gemv", "dequant_matmul", "stream", "direct", "tiled",
-         "cands", "cublas_bf16", "deepgemm")
+KINDS = ("plan", "hopper", "wide", "skinny", "portable", "gemv", "gemv_gluon", "dequant_matmul", "stream", "direct",
+         "tiled", "cands", "cublas_bf16", "deepgemm")
 #: the cublas_bf16 variant's "config": not a plan, cuBLAS on bf16 copies of the dequantized operands
 CUBLAS_BF16 = "cublas_bf16"
 #: the deepgemm variant's "config": DeepGEMM's fp8 NT GEMM on the same fp8_block operands (the bench's baseline)
@@ -239,6 +243,14 @@ def resolve(case: Case, tokens: list[str], dev) -> list[tuple[str, object]]:
             cfg = (swiglu_hopper_config({"dense": 0, "contiguous": 1, "masked": 2}[case.layout], case.rows,
                                         case.m, case.n, sms, p.out_bytes) if case.op == "swiglu"
                    else grouped_hopper_config(case.m, case.n, case.k, sms, p.out_bytes, case.experts))
+        elif kind == "gemv_gluon":
+            from blockscaled.plan.mx_gemv import gluon_gemv_config
+
+            if case.op != "gemm" or case.fmt not in ("mxfp4", "nvfp4") or case.m > 2 or not case.weight_only:
+                raise SystemExit(f"variant {tok!r}: dense mxfp4 / nvfp4 weight-only at M <= 2")
+            cfg = gluon_gemv_config(dataclasses.replace(p, m=1), dev)
+            if case.m == 2:  # two activation rows: 4 weight rows (8 spill: tests/test_aot_mx_gemv_gluon.py)
+                cfg = dataclasses.replace(cfg, block_m=2, block_n=min(cfg.block_n, 4))
         elif mx_gemv:
             from blockscaled.plan.mx_gemv import MX_GEMV_MAX_M, mx_gemv_config
 

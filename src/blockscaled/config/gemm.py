@@ -108,6 +108,10 @@ class GemmConfig:
         128 (4 programs of 128 threads per SM) ptxas issues a step's loads before its MMAs instead of
         after them; the planner asks for it where the grid needs no more than 4 programs per SM
         (plan/direct.py ``DIRECT_HOIST_REGS``).
+    gluon: strategy "gemv" with mxfp4 / nvfp4 weights and bf16 / fp16 activations only: the GEMV with
+        explicit layouts (kernels/hopper/mx_gemv_gluon.py, sm_90) instead of the Triton one, whose fp4
+        builds lose their register layout on triton 3.7 / 3.8 (plan/mx_gemv.py ``MX_GEMV_GLUON_TRITON``);
+        block_m 1 or 2, block_n <= 8, num_warps 1 / 2 / 4 and block_k = 1024 x num_warps.
     """
 
     block_m: int = 128
@@ -122,6 +126,7 @@ class GemmConfig:
     swap_ab: bool = False
     dequant_a: bool = False
     maxnreg: int = 0
+    gluon: bool = False
 
     def __post_init__(self) -> None:
         # field types first: the eager path hands the object to the kernels as it is, and the
@@ -130,7 +135,7 @@ class GemmConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool):
                 raise TypeError(f"GemmConfig.{name}: expected an int, got {type(v).__name__} {v!r}")
-        for name in ("swap_ab", "dequant_a"):
+        for name in ("swap_ab", "dequant_a", "gluon"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"GemmConfig.{name}: expected a bool, got {getattr(self, name)!r}")
         if self.promote is not None and not isinstance(self.promote, bool):
@@ -144,6 +149,9 @@ class GemmConfig:
             raise ValueError(f"GemmConfig.dequant_a: only strategies 'stream', 'tiled' and 'direct' dequantize the "
                              f"activations first, "
                              f"got strategy {self.strategy!r}")
+        if self.gluon and self.strategy != "gemv":
+            raise ValueError(f"GemmConfig.gluon: only strategy 'gemv' has a Gluon build (the mxfp4 / nvfp4 decode "
+                             f"GEMV, kernels/hopper/mx_gemv_gluon.py), got strategy {self.strategy!r}")
         if self.strategy == "gemv":
             self._check_gemv()
             return
@@ -183,6 +191,12 @@ class GemmConfig:
                              f"got {self.split_k}")
         if self.num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"GemmConfig.num_warps: expected a power of two <= 16, got {self.num_warps}")
+        if self.gluon and (self.block_m > 2 or self.block_n > 8 or self.num_warps > 4
+                           or self.block_k != 1024 * self.num_warps):
+            raise ValueError(f"GemmConfig: the Gluon GEMV (gluon=True) runs block_m 1 or 2 activation rows, block_n <= 8 "
+                             f"weight rows, 1, 2 or 4 warps and block_k = 1024 x num_warps (one 32-element slice per "
+                             f"thread), got block_m={self.block_m}, block_n={self.block_n}, "
+                             f"block_k={self.block_k}, num_warps={self.num_warps}")
 
     def _check_stream(self) -> None:
         # kernels/hopper/stream.py: one warpgroup, 64 weight rows x 128 K per step, the

@@ -14,7 +14,8 @@ from .stream import (STREAM_FORMATS, STREAM_GATHER_MAX_MP, STREAM_MAX_M, stream_
                      stream_split_why, use_stream)
 from . import tuned as _tuned
 from .device import DeviceInfo
-from .mx_gemv import MX_GEMV_ROWS, mx_gemv_config, use_mx_gemv
+from .mx_gemv import (MX_GEMV_GLUON_MAX_BYTES, MX_GEMV_GLUON_WARPS_PER_SM, MX_GEMV_ROWS, gluon_gemv_config,
+                      gluon_gemv_reason, mx_gemv_config, use_mx_gemv)
 from .mx_packed import mixed_config_ok, plan_mixed
 from .portable import choose_portable, mx_bf16_applies
 from .tiled import (RS_DEQUANT_MARGIN, TILED_MIN_M, TILED_STAGES_2, dequant_matmul_us, kernel_words, tiled_config,
@@ -61,6 +62,18 @@ def plan_gemm(p: Problem, dev: DeviceInfo, forced=None, *, gluon_ok: bool = True
             strat = None
         return plan_fp8(p, dev, hopper=hopper_ok, forced_strategy=strat)
     scope = ("sm_90" if dev.is_hopper else f"sm_{dev.capability[0]}{dev.capability[1]} (portable kernels only)")
+    if gluon_gemv_reason(p, dev, gluon_ok) is None:
+        cfg = gluon_gemv_config(p, dev)
+        chunks = -(-p.k // cfg.block_k)
+        return Plan("gemm", "cuda", cfg, p, reasons=(
+            f"{p.fmt} weight-only on {scope}, one activation row",
+            f"decode GEMV with explicit layouts (kernels/hopper/mx_gemv_gluon.py; the Triton GEMV's fp4 build loses "
+            f"its register layout on this triton): {p.n * p.k / 2**21:.1f} MB of weights <= "
+            f"{MX_GEMV_GLUON_MAX_BYTES >> 20} MB, where its fixed cost beats the register-streaming kernel's "
+            f"(MX_GEMV_GLUON_MAX_BYTES)",
+            f"{cfg.block_n} weight rows x {cfg.block_k} K per chunk, {cfg.num_warps} warps: {-(-p.n // cfg.block_n)} "
+            f"programs, {chunks} chunk(s) covering K = {chunks * cfg.block_k} of {p.k}; the least K padding among "
+            f"the tiles that keep >= {MX_GEMV_GLUON_WARPS_PER_SM} warps per SM (plan/mx_gemv.py gluon_gemv_config)"))
     if direct_reason(p, dev, gluon_ok) is None:
         cfg = direct_config(p, dev)
         return Plan("gemm", "cuda", cfg, p, reasons=(

@@ -23,11 +23,13 @@ from .._experimental import mx_kernel_enabled
 from ..config.gemm import GEMV_MAX_M, GemmConfig, gemv_slice_elems
 from .device import DeviceInfo
 from .splits import cdiv
+from .types import Problem
 
 __all__ = ["MX_GEMV_FORMATS", "MX_GEMV_MAX_M", "MX_GEMV_ROWS", "MX_GEMV_ROWS_BY_RELEASE", "MX_GEMV_CHUNK_BYTES",
            "MX_GEMV_MAX_WARPS", "MX_GEMV_MAX_ROWS",
            "MX_GEMV_MAX_ROWS_AT_8", "MX_GEMV_MIN_PROGRAMS_PER_SM", "MX_GEMV_ODD_K_ROWS", "MX_GEMV_TRITON", "use_mx_gemv",
-           "mx_gemv_config"]
+           "mx_gemv_config", "MX_GEMV_GLUON_TRITON", "MX_GEMV_GLUON_MAX_BYTES", "MX_GEMV_GLUON_WARPS_PER_SM",
+           "MX_GEMV_GLUON_WARPS", "gluon_gemv_reason", "gluon_gemv_config"]
 
 MX_GEMV_FORMATS = ("mxfp8", "mxfp4", "nvfp4")
 #: Most activation rows the GEMV kernel takes (block_m; a forced config may use all of them). Each row costs one fp32
@@ -148,3 +150,75 @@ def mx_gemv_config(fmt: str, m: int, n: int, k: int, dev: DeviceInfo) -> GemmCon
            and cdiv(n, 2 * bn) >= MX_GEMV_MIN_PROGRAMS_PER_SM * dev.sm_count):
         bn *= 2
     return GemmConfig(block_m=bm, block_n=bn, block_k=block_k, num_warps=g // 32, num_stages=1, strategy="gemv")
+
+
+# ----------------------------------------------------------------------------- the Gluon build (fp4, M = 1)
+#: Triton releases on which the planner runs fp4 at one row on the GEMV with explicit layouts
+#: (kernels/hopper/mx_gemv_gluon.py): those whose Triton GEMV fp4 build is off (MX_GEMV_ROWS_BY_RELEASE).
+#: On 3.6 the Triton build stays: it measured 1.02-1.28x the Gluon one on the same tiles (H200, 7 shapes x
+#: mxfp4 / nvfp4 at M = 1, benchmarks/results/h200/archive/gemv-gluon-20261130.json).
+MX_GEMV_GLUON_TRITON = ((3, 7), (3, 8))
+_GLUON_TRITON_OK = _triton_release() in MX_GEMV_GLUON_TRITON
+#: Most weight bytes (packed e2m1, N x K / 2) the Gluon GEMV takes at M = 1; above, the register-streaming
+#: kernel (plan/direct.py). Both are issue-bound at ~10-11 SASS per weight byte on large weights (the same
+#: time within -8 .. +7 %); on small ones the GEMV's fixed cost is lower (one launch, no K split or partial
+#: reduction: 3.0 us on 1536^2 where the kernel takes 7.0). Measured (H200, triton 3.8.0, same process, CUDA
+#: graphs, inputs rotated past L2, every output checked against float64; gemv-gluon-20261130.json, 12 shapes x
+#: mxfp4 / nvfp4, the best Gluon tiles over the register-streaming kernel): 1.2-8.4 MB 1.12-2.29x (14 of 14
+#: rows), 16.5 MB 0.93-0.96x, 29-117 MB 0.92-1.07x. The threshold sits between 8.4 and 16.5 MB.
+MX_GEMV_GLUON_MAX_BYTES = 12 << 20
+#: Fewest warps per SM the tile choice keeps in flight (``gluon_gemv_config``): below it a program's chain of
+#: dependent chunk loads sets the time, above it the K padding of the last chunk does. Chosen on the grid of
+#: gemv-gluon-20261130.json (block_n 8 / 4 / 2 x 4 / 2 / 1 warps, the 14 rows of <= 12 MB the GEMV takes):
+#: with 4 or 2 warps per program, 8 (or 10) puts the rule's tiles within 5 % of the grid's best on 10 of 14
+#: rows, geomean 1.03x, worst 1.14x; 4-6 1.04x, 12 1.05x (worst 1.21x); the 4 warps of the Triton GEMV's
+#: tiles alone 1.11x. One warp per program is left out: it won 3 of 24 grid rows and lost up to 1.7x.
+MX_GEMV_GLUON_WARPS_PER_SM = 8
+#: warps per program the tile choice picks from (a forced config may also run 1)
+MX_GEMV_GLUON_WARPS = (4, 2)
+
+
+def gluon_gemv_reason(p: Problem, dev: DeviceInfo, gluon_ok: bool) -> str | None:
+    """None when the planner runs ``p`` on the Gluon GEMV, else why not (plain words)."""
+    if p.fmt not in ("mxfp4", "nvfp4"):
+        return f"{p.fmt} weights (the Gluon GEMV takes mxfp4 / nvfp4)"
+    if not dev.is_hopper or not gluon_ok or not _GLUON_TRITON_OK:
+        return ("not an sm_90 device on a triton release of MX_GEMV_GLUON_TRITON (3.7 / 3.8: where the Triton "
+                "GEMV's fp4 build is off) whose Gluon kernels build")
+    if not MX_GEMV_ENABLED:
+        return "switched off (BLOCKSCALED_MX_KERNELS without 'gemv')"
+    if p.op != "gemm" or p.grouping != "dense" or p.m != 1:
+        return "not a dense GEMM of one activation row"
+    if use_mx_gemv(p.fmt, 1, p.k):
+        return "the Triton GEMV takes the row on this release (MX_GEMV_ROWS)"
+    if p.a not in ("bfloat16", "float16"):
+        return f"{p.a} activations (it takes bf16 / fp16, weight-only)"
+    if p.k % 32 or p.k <= 0 or not p.tma:
+        return f"K = {p.k} not a positive multiple of 32 with 16-byte aligned weight rows"
+    nbytes = p.n * p.k // 2
+    if nbytes > MX_GEMV_GLUON_MAX_BYTES:
+        return (f"{nbytes / 2**20:.1f} MB of weights > {MX_GEMV_GLUON_MAX_BYTES >> 20} MB: issue-bound, where the "
+                f"register-streaming kernel is as fast (MX_GEMV_GLUON_MAX_BYTES)")
+    return None
+
+
+def gluon_gemv_config(p: Problem, dev: DeviceInfo) -> GemmConfig:
+    """The Gluon GEMV's tiles for one activation row: block_n weight rows (at most the Triton GEMV's
+    rows, ``mx_gemv_config``, and at least 2) and MX_GEMV_GLUON_WARPS warps (a chunk of 1024 x warps K elements).
+    Among the tiles that keep >= MX_GEMV_GLUON_WARPS_PER_SM warps per SM in flight, the least K padding
+    (the last chunk's idle slices still issue their instructions: 7168 x 2048 mxfp4 ran 9.8 us on
+    4096-K chunks, 6.5-7.1 on 2048), then the most rows, then the most warps; none keeping them: the
+    most rows, 4 warps."""
+    top = mx_gemv_config(p.fmt, 1, p.n, p.k, dev).block_n
+    best = None
+    for bn in [b for b in (8, 4, 2) if b <= top] or [top]:
+        for warps in MX_GEMV_GLUON_WARPS:
+            if cdiv(p.n, bn) * warps < MX_GEMV_GLUON_WARPS_PER_SM * dev.sm_count:
+                continue
+            chunk = 1024 * warps
+            key = (cdiv(p.k, chunk) * chunk, -bn, -warps)
+            if best is None or key < best[0]:
+                best = (key, bn, warps)
+    bn, warps = (best[1], best[2]) if best else (top, 4)
+    return GemmConfig(block_m=1, block_n=bn, block_k=1024 * warps, num_warps=warps, num_stages=1, strategy="gemv",
+                      gluon=True)

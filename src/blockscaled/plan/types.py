@@ -22,7 +22,8 @@ OPS = ("gemm", "grouped", "swiglu", "grouped_list", "quantize", "dequantize")
 BACKENDS = ("cuda", "interpreter", "reference")
 #: Plan.kernel values (derived from the config)
 KERNELS = ("portable", "gemv", "dequant_matmul", "hopper_wide", "hopper_skinny", "portable_grouped",
-           "grouped_dequant_matmul", "quantize", "reference", "hopper_stream", "hopper_tiled", "hopper_direct")
+           "grouped_dequant_matmul", "quantize", "reference", "hopper_stream", "hopper_tiled", "hopper_direct",
+           "gemv_gluon")
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,8 @@ def _config_desc(cfg) -> str:
                 + (", activations dequantized first" if cfg.dequant_a else ""))
     if cfg.strategy == "gemv":
         rows = f", {cfg.block_m} activation rows" if cfg.block_m > 1 else ""
-        return f"{cfg.block_n} weight rows x {cfg.block_k} K per chunk{rows}, {cfg.num_warps} warps"
+        return (f"{cfg.block_n} weight rows x {cfg.block_k} K per chunk{rows}, {cfg.num_warps} warps"
+                + (", Gluon layouts" if cfg.gluon else ""))
     s = (f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}{' swap-AB' if cfg.swap_ab else ''}"
          f"{' bf16-dequant' if cfg.promote is False else ''} {cfg.num_warps} warps {cfg.num_stages} stages")
     if cfg.split_k > 1:
@@ -145,6 +147,8 @@ class Plan:
             return "quantize" if self.op in ("quantize", "dequantize") and self.backend != "reference" else "reference"
         if isinstance(cfg, HopperConfig):
             return "hopper_" + cfg.variant
+        if cfg.strategy == "gemv" and cfg.gluon:
+            return "gemv_gluon"
         if cfg.strategy in ("stream", "tiled", "direct"):
             return "hopper_" + cfg.strategy
         if self.op in ("grouped", "swiglu", "grouped_list") and cfg.strategy != "gemv":

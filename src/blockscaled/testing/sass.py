@@ -1,7 +1,7 @@
 """Reading an sm_90 disassembly (``nvdisasm -c`` of a compiled kernel's cubin) in the AOT checks: the
 opcodes of a kernel's main loop, where a layout conversion (shared memory), a spill (local memory) or a
 narrower load shows up without a GPU. Used by tests/test_aot_mx_gemv.py and
-scripts/probes/gemv_gluon_probe.py."""
+tests/test_aot_mx_gemv_gluon.py."""
 
 from __future__ import annotations
 
