@@ -29,7 +29,7 @@ __all__ = ["MX_GEMV_FORMATS", "MX_GEMV_MAX_M", "MX_GEMV_ROWS", "MX_GEMV_ROWS_BY_
            "MX_GEMV_MAX_WARPS", "MX_GEMV_MAX_ROWS",
            "MX_GEMV_MAX_ROWS_AT_8", "MX_GEMV_MIN_PROGRAMS_PER_SM", "MX_GEMV_ODD_K_ROWS", "MX_GEMV_TRITON", "use_mx_gemv",
            "mx_gemv_config", "MX_GEMV_GLUON_TRITON", "MX_GEMV_GLUON_MAX_BYTES", "MX_GEMV_GLUON_WARPS_PER_SM",
-           "MX_GEMV_GLUON_WARPS", "gluon_gemv_reason", "gluon_gemv_config"]
+           "MX_GEMV_GLUON_WARPS", "MX_GEMV_GLUON_ROWS", "gluon_gemv_reason", "gluon_gemv_config"]
 
 MX_GEMV_FORMATS = ("mxfp8", "mxfp4", "nvfp4")
 #: Most activation rows the GEMV kernel takes (block_m; a forced config may use all of them). Each row costs one fp32
@@ -168,14 +168,19 @@ _GLUON_TRITON_OK = _triton_release() in MX_GEMV_GLUON_TRITON
 #: rows), 16.5 MB 0.93-0.96x, 29-117 MB 0.92-1.07x. The threshold sits between 8.4 and 16.5 MB.
 MX_GEMV_GLUON_MAX_BYTES = 12 << 20
 #: Fewest warps per SM the tile choice keeps in flight (``gluon_gemv_config``): below it a program's chain of
-#: dependent chunk loads sets the time, above it the K padding of the last chunk does. Chosen on the grid of
-#: gemv-gluon-20261130.json (block_n 8 / 4 / 2 x 4 / 2 / 1 warps, the 14 rows of <= 12 MB the GEMV takes):
-#: with 4 or 2 warps per program, 8 (or 10) puts the rule's tiles within 5 % of the grid's best on 10 of 14
-#: rows, geomean 1.03x, worst 1.14x; 4-6 1.04x, 12 1.05x (worst 1.21x); the 4 warps of the Triton GEMV's
-#: tiles alone 1.11x. One warp per program is left out: it won 3 of 24 grid rows and lost up to 1.7x.
+#: dependent chunk loads sets the time, above it the K padding of the last chunk does. Chosen on two tile
+#: grids of gemv-gluon-20261130.json (H200, <= 12 MB shapes x mxfp4 / nvfp4; triton 3.8.0: block_n 8 / 4 / 2 x
+#: 4 / 2 / 1 warps on 7 shapes, 3.7.1: 4 / 2 / 1 warps on 7 shapes), with MX_GEMV_GLUON_ROWS and
+#: MX_GEMV_GLUON_WARPS below: 8 (or 10) puts the rule's tiles within 5 % of the grid's best on 21 of 24 timed
+#: rows, geomean 1.014x, worst 1.06x, and >= 1.12x the register-streaming kernel on every one; 6 the same
+#: geomean, 21 of 22. The first rule (8 rows, 4 / 2 warps) measured 1.085x geomean, worst 1.43x, and lost to
+#: the register-streaming kernel on gpt-oss's 5760 x 2880 on 3.7 (0.83-0.95x).
 MX_GEMV_GLUON_WARPS_PER_SM = 8
-#: warps per program the tile choice picks from (a forced config may also run 1)
-MX_GEMV_GLUON_WARPS = (4, 2)
+#: warps per program the tile choice picks from (one warp: a chunk of 1024 K, the least padding at K = 2880)
+MX_GEMV_GLUON_WARPS = (4, 2, 1)
+#: weight rows per program it picks from: 8 rows tied or lost to 4 wherever both kept the warps in flight
+#: (3.7.1: 3584^2 6.0 vs 5.4 us, 7168 x 2048 6.1 vs 5.4; 3.8.0: 7168 x 2048 7.1 vs 6.5)
+MX_GEMV_GLUON_ROWS = (4, 2)
 
 
 def gluon_gemv_reason(p: Problem, dev: DeviceInfo, gluon_ok: bool) -> str | None:
@@ -203,15 +208,16 @@ def gluon_gemv_reason(p: Problem, dev: DeviceInfo, gluon_ok: bool) -> str | None
 
 
 def gluon_gemv_config(p: Problem, dev: DeviceInfo) -> GemmConfig:
-    """The Gluon GEMV's tiles for one activation row: block_n weight rows (at most the Triton GEMV's
-    rows, ``mx_gemv_config``, and at least 2) and MX_GEMV_GLUON_WARPS warps (a chunk of 1024 x warps K elements).
-    Among the tiles that keep >= MX_GEMV_GLUON_WARPS_PER_SM warps per SM in flight, the least K padding
-    (the last chunk's idle slices still issue their instructions: 7168 x 2048 mxfp4 ran 9.8 us on
-    4096-K chunks, 6.5-7.1 on 2048), then the most rows, then the most warps; none keeping them: the
-    most rows, 4 warps."""
+    """The Gluon GEMV's tiles for one activation row: block_n of MX_GEMV_GLUON_ROWS weight rows (at most
+    the Triton GEMV's rows, ``mx_gemv_config``) and MX_GEMV_GLUON_WARPS warps (a chunk of 1024 x warps K
+    elements). Among the tiles that keep >= MX_GEMV_GLUON_WARPS_PER_SM warps per SM in flight, the least K
+    padding (the last chunk's idle slices still issue their instructions: 7168 x 2048 mxfp4 ran 9.8 us on
+    4096-K chunks, 6.5-7.1 on 2048), then the most rows, then the most warps; none keeping them: the most
+    rows, 4 warps."""
     top = mx_gemv_config(p.fmt, 1, p.n, p.k, dev).block_n
+    rows = [b for b in MX_GEMV_GLUON_ROWS if b <= top] or [top]
     best = None
-    for bn in [b for b in (8, 4, 2) if b <= top] or [top]:
+    for bn in rows:
         for warps in MX_GEMV_GLUON_WARPS:
             if cdiv(p.n, bn) * warps < MX_GEMV_GLUON_WARPS_PER_SM * dev.sm_count:
                 continue
@@ -219,6 +225,6 @@ def gluon_gemv_config(p: Problem, dev: DeviceInfo) -> GemmConfig:
             key = (cdiv(p.k, chunk) * chunk, -bn, -warps)
             if best is None or key < best[0]:
                 best = (key, bn, warps)
-    bn, warps = (best[1], best[2]) if best else (top, 4)
+    bn, warps = (best[1], best[2]) if best else (rows[0], 4)
     return GemmConfig(block_m=1, block_n=bn, block_k=1024 * warps, num_warps=warps, num_stages=1, strategy="gemv",
                       gluon=True)
