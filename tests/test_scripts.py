@@ -754,6 +754,37 @@ def test_validate_plans_report_judges_tunes_choice_on_the_device_named(tmp_path,
     assert "blockscaled.tune's choice (top 6 timed apart, judged on the sweep's timings): 1/1" in out
 
 
+def test_validate_plans_confirmation(tmp_path, capsys):
+    """``confirm_pair`` picks the sweep's fastest other candidate within 25 % of the planned one (none when the
+    planned was not timed or the gap is larger); the report judges a shape with a ``confirm`` re-timing on it
+    (here the sweep's single timings put the planned one 1.2x off, the head-to-head 1.02x: within 5 %)."""
+    import json
+
+    from blockscaled.bench.plan_sweep import confirm_pair
+    from blockscaled.plan import H100_SXM, Problem
+    from blockscaled.plan.dense import ranked_candidates
+    from blockscaled.plan.encoding import config_key
+
+    assert confirm_pair("a", [{"key": "a", "ok": True, "us": 12.0}, {"key": "b", "ok": True, "us": 10.0},
+                              {"key": "c", "ok": True, "us": 11.0}, {"key": "d", "ok": False, "us": 1.0}]) == "b"
+    assert confirm_pair("a", [{"key": "a", "ok": True, "us": 13.0}, {"key": "b", "ok": True, "us": 10.0}]) is None
+    assert confirm_pair("a", [{"key": "a", "ok": True}, {"key": "b", "ok": True, "us": 10.0}]) is None
+    assert confirm_pair("a", [{"key": "a", "ok": True, "us": 9.0}, {"key": "b", "ok": True, "us": 10.0}]) == "b"
+    vp = _load("checks/validate_plans.py")
+    p = Problem("gemm", "fp8_block", 128, 4096, 7168)
+    ranked = [c for _, c in ranked_candidates(p, H100_SXM)][:4]
+    cands = [{"key": config_key(c), "desc": str(i), "ok": True, "us": 12.0 + i} for i, c in enumerate(ranked)]
+    cands[1]["us"] = 10.0
+    rec = {"set": "family", "family": "f", "layer": "l", "m": 128, "n": 4096, "k": 7168, "planned": cands[0]["key"],
+           "cands": cands, "confirm": {cands[0]["key"]: 10.2, cands[1]["key"]: 10.0}, "confirm_rounds": 5}
+    path = tmp_path / "s.jsonl"
+    path.write_text(json.dumps(rec) + "\n")
+    assert vp.report([str(path)], None, True, "h100") == 0
+    out = capsys.readouterr().out
+    assert "within 5% of the best candidate: 1/1" in out, out
+    assert "re-timing (5 interleaved rounds)" in out and "by the sweep's single timing 0/1, after the re-timing 1/1" in out
+
+
 def test_validate_plans_report_noise_floor_and_residuals(tmp_path, capsys):
     """A shape recorded in two runs gives the noise floor (the first run's fastest candidate judged by
     the second's timings); ``--residuals`` adds measured / predicted per tile, M band and output-row
