@@ -14,6 +14,8 @@ import torch
 import triton
 
 from ..config.gemm import GemmConfig
+from ..plan import device_info
+from . import _hopper
 from ._launch import fast
 
 __all__ = ["launch_mx_gemv_gluon", "gluon_gemv_operands_error"]
@@ -38,7 +40,8 @@ def _constexprs(fmt_name: str, rows: int, block_n: int, warps: int) -> dict:
 
 def gluon_gemv_operands_error(fmt_name: str, a2: torch.Tensor, a_s2, b_data: torch.Tensor, b_scale: torch.Tensor,
                               k: int, cfg: GemmConfig) -> str | None:
-    """Why these operands cannot run on the kernel (a forced config; the planner never plans them), or None."""
+    """Why these operands cannot run on the kernel (a forced config; the planner never plans them), or None:
+    the formats, activations, K and layouts first, then the device (sm_90) and whether Gluon builds."""
     if fmt_name not in ("mxfp4", "nvfp4"):
         return f"config.gluon: the Gluon GEMV takes mxfp4 / nvfp4 weights, got {fmt_name}"
     if a_s2 is not None or a2.dtype not in (torch.bfloat16, torch.float16):
@@ -51,19 +54,26 @@ def gluon_gemv_operands_error(fmt_name: str, a2: torch.Tensor, a_s2, b_data: tor
     if cfg.block_k != 1024 * cfg.num_warps:
         return (f"config.block_k: the Gluon GEMV's chunk is 1024 x num_warps K elements (one 32-element slice per "
                 f"thread), got block_k={cfg.block_k} with num_warps={cfg.num_warps}")
+    if not device_info(a2.device).is_hopper:
+        return f"config.gluon: the Gluon GEMV is an sm_90 (Hopper) kernel, got a {a2.device} tensor"
+    if _hopper.gluon_unavailable_reason() is not None:
+        return f"config.gluon: the Gluon kernels do not build here ({_hopper.gluon_unavailable_reason()})"
     return None
 
 
-def launch_mx_gemv_gluon(x: torch.Tensor, b_data: torch.Tensor, b_scale: torch.Tensor, b_gs, fmt_name: str,
-                         out: torch.Tensor, cfg: GemmConfig, bias: torch.Tensor | None = None) -> None:
-    """One launch: (N / block_n) x (M / block_m) programs.
+def launch_mx_gemv_gluon(x: torch.Tensor, x_scale, b_data: torch.Tensor, b_scale: torch.Tensor, b_gs, fmt_name: str,
+                         k: int, out: torch.Tensor, cfg: GemmConfig, bias: torch.Tensor | None = None) -> None:
+    """One launch: (N / block_n) x (M / block_m) programs, after ``gluon_gemv_operands_error`` (a ValueError
+    naming the argument where the operands do not fit).
 
-    x: bf16 / fp16 ``[M, K]``, K-contiguous; b_data: packed e2m1 ``[N, K / 2]`` uint8 with 16-byte aligned
-    rows; b_scale: E8M0 uint8 ``[N, K / 32]`` (mxfp4) or e4m3 ``[N, K / 16]`` (nvfp4), K-contiguous; b_gs:
-    nvfp4's fp32 global scale (0-d) or None; out: ``[M, N]`` any float dtype, unit column stride; bias:
-    ``[N]`` or None."""
+    x: bf16 / fp16 ``[M, K]``, K-contiguous (x_scale: None; quantized activations are refused); b_data:
+    packed e2m1 ``[N, K / 2]`` uint8 with 16-byte aligned rows; b_scale: E8M0 uint8 ``[N, K / 32]``
+    (mxfp4) or e4m3 ``[N, K / 16]`` (nvfp4), K-contiguous; b_gs: nvfp4's fp32 global scale (0-d) or None;
+    out: ``[M, N]`` any float dtype, unit column stride; bias: ``[N]`` or None."""
+    why = gluon_gemv_operands_error(fmt_name, x, x_scale, b_data, b_scale, k, cfg)
+    if why is not None:
+        raise ValueError(why)
     m, n = out.shape
-    k = x.shape[1]
     ce = _constexprs(fmt_name, cfg.block_m, cfg.block_n, cfg.num_warps)
     gs = b_gs if b_gs is not None else b_scale  # not read unless nvfp4
     _kernel()[(triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m))](

@@ -33,7 +33,7 @@ from ..plan.portable import default_promote
 from ..plan.splits import split_plan as _split_plan
 from . import _hopper
 from ._direct import launch_direct
-from ._mx_gemv_gluon import gluon_gemv_operands_error, launch_mx_gemv_gluon
+from ._mx_gemv_gluon import launch_mx_gemv_gluon
 from .mx_pack import encode_raw
 from ._stream import launch_stream, words_aligned
 from ._tiled import launch_tiled
@@ -336,15 +336,8 @@ def _launch_mx_gemv(a2, a_s2, a_gs, b_data, b_scale, b_gs, out2, bias, fmt: Form
                     cfg: GemmConfig) -> None:
     """kernels/triton/mx_gemv.py::mx_gemv_kernel with ``cfg``'s tiles (one program per weight-row
     block x activation-row block). nvfp4 global scales as gemm_kernel takes them (0-d tensors)."""
-    if cfg.gluon:
-        why = gluon_gemv_operands_error(fmt.name, a2, a_s2, b_data, b_scale, k, cfg)
-        if why is None and not device_info(a2.device).is_hopper:
-            why = f"config.gluon: the Gluon GEMV is an sm_90 (Hopper) kernel, got a {a2.device} tensor"
-        if why is None and _hopper.gluon_unavailable_reason() is not None:
-            why = f"config.gluon: the Gluon kernels do not build here ({_hopper.gluon_unavailable_reason()})"
-        if why is not None:
-            raise ValueError(why)
-        launch_mx_gemv_gluon(a2, b_data, b_scale, b_gs, fmt.name, out2, cfg, bias)
+    if cfg.gluon:  # kernels/hopper/mx_gemv_gluon.py (checks the operands, raises naming config.gluon)
+        launch_mx_gemv_gluon(a2, a_s2, b_data, b_scale, b_gs, fmt.name, k, out2, cfg, bias)
         return
     if cfg.block_n > 8:
         raise ValueError(f"config.block_n: the {fmt.name} GEMV holds a slice of every weight row of a program in "
