@@ -21,8 +21,8 @@ down as layouts, so no release can choose another:
   [G, BLOCK_N] registers, summed over the threads once at the end.
 
 AOT on sm_90a (tests/test_aot_mx_gemv_gluon.py, triton 3.6-3.9): per K step 12 128-bit loads at 8 rows,
-no shared or local memory in the loop, no spills, 10.8-11.6 SASS per weight byte (the Triton GEMV's
-3.6 build: 10.1-11.2).
+no shared or local memory in the loop, no spills, 10.0-11.1 SASS per weight byte at 8 rows and 12.4-12.7
+at 2 (the Triton GEMV's 3.6 build: 10.1-11.2 at 8).
 
 Numerics as the Triton GEMV: every product of decoded values exact in fp32, FMA chains per slice,
 one multiply by the block scale per slice and row, nvfp4 ``* 1 / gs`` (IEEE division), bias in fp32,
