@@ -97,7 +97,8 @@ def test_the_kept_set():
     # 12 before the MX/NV kernels; their two GPU sweeps (mx_decode, mx_tiles) set planner constants
     # and stay until those are measured, host_cost.py measures the eager host path,
     # and carry_triton.sh takes other triton releases to the GPU machine (the MX / NV kernels' release gates);
-    # the multicast and Gluon GEMV probes' findings are recorded (NOTES, forty-first and forty-second sessions)
+    # moe_gemv_probe.py is the grouped Gluon GEMV, to time on the GPU before the library takes it (the multicast
+    # and dense Gluon GEMV probes' findings are recorded: NOTES, forty-first and forty-second sessions)
     assert len(PY_SCRIPTS + SH_SCRIPTS) <= 17, "keep scripts/ small: record one-off findings in benchmarks/NOTES.md"
 
 
