@@ -388,6 +388,7 @@ def test_gluon_gemv_rule(direct_on, monkeypatch):
         big = _wo(fmt, 1, n=4608, k=7168, dev=h200)
         assert 4608 * 7168 // 2 > MX_GEMV_GLUON_MAX_BYTES and big.kernel == "hopper_direct", big
         assert "MX_GEMV_GLUON_MAX_BYTES" in gluon_gemv_reason(big.problem, h200, True)
+        assert "not the Gluon decode GEMV: 15.8 MB of weights > 12 MB" in str(big), str(big)  # explained
         assert _wo(fmt, 2, n=2880, k=2880, dev=h200).kernel == "hopper_direct"
         assert _wo(fmt, 1, n=2880, k=2880, a="quantized", dev=h200).kernel == "hopper_stream"
         assert _wo(fmt, 1, n=2880, k=2880 + 16, dev=h200).kernel != "gemv_gluon"

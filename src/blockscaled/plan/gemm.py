@@ -85,7 +85,8 @@ def plan_gemm(p: Problem, dev: DeviceInfo, forced=None, *, gluon_ok: bool = True
             f"or barrier in the K loop; {direct_split_why(p.n, p.k, p.fmt, dev.sm_count)[1]}",
             (f"{cfg.maxnreg} registers per thread for ptxas (the grid needs <= 4 programs per SM: it then issues "
              f"each step's loads before the MMAs; plan/direct.py DIRECT_HOIST_REGS)" if cfg.maxnreg else
-             "registers left to ptxas (more than 4 programs per SM must be resident: DIRECT_HOIST_REGS)")))
+             "registers left to ptxas (more than 4 programs per SM must be resident: DIRECT_HOIST_REGS)"))
+            + ((f"not the Gluon decode GEMV: {gluon_gemv_reason(p, dev, gluon_ok)}",) if p.m == 1 else ()))
     if use_mx_gemv(p.fmt, p.m, p.k):
         cfg = mx_gemv_config(p.fmt, p.m, p.n, p.k, dev)
         chunk_kb = cfg.block_n * min(p.k, cfg.block_k) * (1 if p.fmt == "mxfp8" else 0.5) / 1024
