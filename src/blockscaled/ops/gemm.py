@@ -336,8 +336,8 @@ def _launch_mx_gemv(a2, a_s2, a_gs, b_data, b_scale, b_gs, out2, bias, fmt: Form
                     cfg: GemmConfig) -> None:
     """kernels/triton/mx_gemv.py::mx_gemv_kernel with ``cfg``'s tiles (one program per weight-row
     block x activation-row block). nvfp4 global scales as gemm_kernel takes them (0-d tensors)."""
-    if cfg.gluon:  # kernels/hopper/mx_gemv_gluon.py (checks the operands, raises naming config.gluon)
-        launch_mx_gemv_gluon(a2, a_s2, b_data, b_scale, b_gs, fmt.name, k, out2, cfg, bias)
+    if cfg.gluon:  # kernels/hopper/mx_gemv_gluon.py (a forced config was checked by the planner)
+        launch_mx_gemv_gluon(a2, b_data, b_scale, b_gs, fmt.name, k, out2, cfg, bias)
         return
     if cfg.block_n > 8:
         raise ValueError(f"config.block_n: the {fmt.name} GEMV holds a slice of every weight row of a program in "

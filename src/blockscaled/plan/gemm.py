@@ -15,7 +15,7 @@ from .stream import (STREAM_FORMATS, STREAM_GATHER_MAX_MP, STREAM_MAX_M, stream_
 from . import tuned as _tuned
 from .device import DeviceInfo
 from .mx_gemv import (MX_GEMV_GLUON_MAX_BYTES, MX_GEMV_GLUON_WARPS_PER_SM, MX_GEMV_ROWS, gluon_gemv_config,
-                      gluon_gemv_reason, mx_gemv_config, use_mx_gemv)
+                      gluon_gemv_forced_error, gluon_gemv_reason, mx_gemv_config, use_mx_gemv)
 from .mx_packed import mixed_config_ok, plan_mixed
 from .portable import choose_portable, mx_bf16_applies
 from .tiled import (RS_DEQUANT_MARGIN, TILED_MIN_M, TILED_STAGES_2, dequant_matmul_us, kernel_words, tiled_config,
@@ -37,6 +37,10 @@ def plan_gemm(p: Problem, dev: DeviceInfo, forced=None, *, gluon_ok: bool = True
     the installed triton (else the portable kernels stand in)."""
     if p.a_fmt:
         return _plan_mixed_forced(p, dev, forced, gluon_ok)
+    if isinstance(forced, GemmConfig) and forced.gluon:
+        why = gluon_gemv_forced_error(p, dev, gluon_ok)
+        if why is not None:
+            raise ValueError(why)
     if dev.kind == "cpu":
         if not p.interpret:
             return Plan("gemm", "reference", None, p, reasons=(

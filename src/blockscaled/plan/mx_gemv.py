@@ -29,7 +29,8 @@ __all__ = ["MX_GEMV_FORMATS", "MX_GEMV_MAX_M", "MX_GEMV_ROWS", "MX_GEMV_ROWS_BY_
            "MX_GEMV_MAX_WARPS", "MX_GEMV_MAX_ROWS",
            "MX_GEMV_MAX_ROWS_AT_8", "MX_GEMV_MIN_PROGRAMS_PER_SM", "MX_GEMV_ODD_K_ROWS", "MX_GEMV_TRITON", "use_mx_gemv",
            "mx_gemv_config", "MX_GEMV_GLUON_TRITON", "MX_GEMV_GLUON_MAX_BYTES", "MX_GEMV_GLUON_WARPS_PER_SM",
-           "MX_GEMV_GLUON_WARPS", "MX_GEMV_GLUON_ROWS", "gluon_gemv_reason", "gluon_gemv_config"]
+           "MX_GEMV_GLUON_WARPS", "MX_GEMV_GLUON_ROWS", "gluon_gemv_reason", "gluon_gemv_config",
+           "gluon_gemv_forced_error"]
 
 MX_GEMV_FORMATS = ("mxfp8", "mxfp4", "nvfp4")
 #: Most activation rows the GEMV kernel takes (block_m; a forced config may use all of them). Each row costs one fp32
@@ -204,6 +205,22 @@ def gluon_gemv_reason(p: Problem, dev: DeviceInfo, gluon_ok: bool) -> str | None
     if nbytes > MX_GEMV_GLUON_MAX_BYTES:
         return (f"{nbytes / 2**20:.1f} MB of weights > {MX_GEMV_GLUON_MAX_BYTES >> 20} MB: issue-bound, where the "
                 f"register-streaming kernel is as fast (MX_GEMV_GLUON_MAX_BYTES)")
+    return None
+
+
+def gluon_gemv_forced_error(p: Problem, dev: DeviceInfo, gluon_ok: bool) -> str | None:
+    """Why a forced ``GemmConfig(gluon=True)`` cannot run ``p`` (naming the argument), or None. The planner
+    checks it once per call it plans (plan/gemm.py); the launcher checks only the operands' strides."""
+    if p.fmt not in ("mxfp4", "nvfp4"):
+        return f"config.gluon: the Gluon GEMV takes mxfp4 / nvfp4 weights, got {p.fmt}"
+    if p.a not in ("bfloat16", "float16"):
+        return f"config.gluon: the Gluon GEMV takes bf16 / fp16 activations (weight-only), got {p.a} activations"
+    if p.k % 32 or p.k <= 0:
+        return f"config.gluon: the Gluon GEMV needs K a positive multiple of 32, got K={p.k}"
+    if not dev.is_hopper:
+        return f"config.gluon: the Gluon GEMV is an sm_90 (Hopper) kernel, got a {dev.kind} device ({dev.name})"
+    if not gluon_ok:
+        return "config.gluon: the Gluon kernels do not build with this triton"
     return None
 
 

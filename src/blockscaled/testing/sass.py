@@ -28,6 +28,7 @@ def loop_ops(sass: str, innermost_with: str | None = None) -> dict[str, int]:
         m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(.*?);", line)
         if m:
             instr.append(m.group(1))
+
     def holds(lo, hi):
         return any(re.sub(r"^@!?U?P\w+\s+", "", ins).startswith(innermost_with) for ins in instr[lo:hi + 1])
 
